@@ -1,0 +1,42 @@
+# The two commands a newcomer needs (README): `make run` and `make test`.
+# Everything they need is installed here; nothing is assumed to be on the machine
+# beyond python3.11 with venv, gcc and network access to PyPI.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The CPU wheel of torch (an unpinned torch pulls a multi-GB CUDA build). On a GPU
+# machine: make install TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+BENCH_ARGS ?= --limit 3 --max-tokens 48
+
+.PHONY: install models workloads run bench test lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH_SPEC)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+models: install
+	$(BIN)/cosine models pull
+
+workloads: install
+	$(BIN)/cosine workloads build
+
+# The main job: the embedded system on real models and real prompts.
+run: models workloads
+	$(BIN)/cosine bench --workload mixed $(BENCH_ARGS) --out results/bench.json --plot results/bench.png
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

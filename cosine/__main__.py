@@ -1,0 +1,5 @@
+import sys
+
+from cosine.cli import main
+
+sys.exit(main())

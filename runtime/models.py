@@ -1,0 +1,204 @@
+"""Model runner: a causal LM with a per-request KV cache (prefill, extend by k tokens, roll back).
+
+This is the only module of the engine that calls the model's forward. Everything above it (drafters,
+verification, the generation loop) talks to it in token ids and logits, so a second backend (e.g.
+llama.cpp) can be added behind the same four calls: `new_sequence`, `forward`, `rollback`, `release`.
+
+A `Sequence` holds one request's KV cache and the token ids it covers. `forward(seq, ids)` appends
+`ids` to the cache in one pass and returns their logits; `rollback(seq, n)` drops all but the first
+`n` cached positions (rejected draft tokens), so no step recomputes the whole prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Sequence:
+    """One request's KV cache on one model.
+
+    `token_ids` are the tokens whose keys/values are in `cache`, in order; `len(token_ids)` is the
+    cache length. Owned by a single `ModelRunner`.
+    """
+
+    cache: DynamicCache
+    token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class ModelRunner:
+    """A causal LM (Hugging Face `transformers`) with per-request KV caches.
+
+    Args:
+        model: a causal LM in eval mode.
+        tokenizer: its tokenizer, or None for id-only use (tests with random-weight models).
+        name: registry name or path, for logs and metrics.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer=None, name: str = "model") -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.vocab_size: int = int(model.config.vocab_size)
+        self.max_context_tokens: int = int(getattr(model.config, "max_position_embeddings", 32768))
+
+    @classmethod
+    def load(cls, name_or_path: str, dtype: str = "float32") -> ModelRunner:
+        """Load a model made available by `cosine models pull` (or any local HF model directory).
+
+        Raises:
+            cosine.runtime.model_store.ModelNotAvailable: the model is not in the local cache.
+            ValueError: unknown dtype.
+        """
+        from cosine.runtime.model_store import resolve
+
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        path: Path = resolve(name_or_path)
+        t0 = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        log.info("loaded %s (%s) in %.1f s", name_or_path, dtype, time.perf_counter() - t0)
+        return cls(model, tokenizer, name=name_or_path)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Token ids that end generation (generation config's eos plus the tokenizer's)."""
+        ids: set[int] = set()
+        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif gen_eos:
+            ids.update(int(i) for i in gen_eos)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return frozenset(ids)
+
+    def new_sequence(self) -> Sequence:
+        return Sequence(cache=DynamicCache(config=self.model.config))
+
+    @torch.inference_mode()
+    def forward(self, seq: Sequence, token_ids: Seq[int], *, logits_to_keep: int = 0) -> torch.Tensor:
+        """Append `token_ids` to `seq`'s KV cache in one forward pass.
+
+        Args:
+            seq: the request's cache; extended in place by `len(token_ids)` positions.
+            token_ids: new tokens, at positions `seq.num_tokens ...`; at least one.
+            logits_to_keep: compute logits only for the last N positions (0 = all). The LM head over
+                a 151,936-token vocabulary is a large share of a pass, so prefill keeps 1.
+
+        Returns:
+            float32 logits, shape [n, vocab_size] with n = logits_to_keep or len(token_ids).
+
+        Raises:
+            ValueError: empty `token_ids`, or the sequence would exceed the model's context.
+        """
+        n = len(token_ids)
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        if seq.num_tokens + n > self.max_context_tokens:
+            raise ValueError(
+                f"sequence of {seq.num_tokens + n} tokens exceeds the context of {self.name} "
+                f"({self.max_context_tokens} tokens)"
+            )
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long)
+        out = self.model(
+            input_ids=input_ids,
+            past_key_values=seq.cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        seq.token_ids.extend(int(t) for t in token_ids)
+        return out.logits[0].float()  # [n, vocab]
+
+    def rollback(self, seq: Sequence, num_tokens: int) -> None:
+        """Keep only the first `num_tokens` cached positions (drop rejected draft tokens)."""
+        drop = seq.num_tokens - num_tokens
+        if drop < 0:
+            raise ValueError(f"cannot roll back to {num_tokens} tokens: only {seq.num_tokens} cached")
+        if drop:
+            seq.cache.crop(-drop)
+            del seq.token_ids[num_tokens:]
+
+    def sync(self, seq: Sequence, context_ids: Seq[int]) -> list[int]:
+        """Roll `seq` back to its longest common prefix with `context_ids`.
+
+        Returns the suffix of `context_ids` not yet in the cache (to be fed with `forward`).
+        """
+        common = 0
+        limit = min(seq.num_tokens, len(context_ids))
+        cached = seq.token_ids
+        while common < limit and cached[common] == context_ids[common]:
+            common += 1
+        self.rollback(seq, common)
+        return list(context_ids[common:])
+
+    def release(self, seq: Sequence) -> None:
+        """Free a request's KV cache."""
+        seq.cache = DynamicCache(config=self.model.config)
+        seq.token_ids.clear()
+
+    def encode_prompt(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        """Token ids of a prompt: chat messages get the model's chat template (with the generation
+        prompt); plain text is tokenized as is.
+
+        Raises:
+            ValueError: empty prompt, or no tokenizer.
+        """
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name} has no tokenizer")
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("prompt is empty")
+            if self.tokenizer.chat_template:
+                prompt = [{"role": "user", "content": prompt}]
+            else:
+                return list(self.tokenizer(prompt)["input_ids"])
+        if not prompt or not any(m.get("content", "").strip() for m in prompt):
+            raise ValueError("prompt is empty")
+        ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def decode(self, token_ids: Seq[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(str(t) for t in token_ids)
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+def tiny_qwen2(vocab_size: int = 64, seed: int = 0, num_layers: int = 2) -> ModelRunner:
+    """A random-weight Qwen2 model built from a config: same code path as the real models, in
+    milliseconds. For tests."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config).float()
+    with torch.no_grad():  # sharpen the output so random models have confident, diverse argmaxes
+        model.lm_head.weight.mul_(8.0)
+    return ModelRunner(model, None, name=f"tiny-qwen2-{seed}")
