@@ -1,0 +1,194 @@
+"""The drafter-pool scaling policy: balance draft generation against verification throughput.
+
+Pure (STYLE.md #3, #11): observations, policy and the previous state go in, decisions and the new
+state come out; no kopf, no HTTP, no clock (``now_s`` is passed in).
+
+The signal is the verifier's busy fraction ``u`` over the last interval, against the target
+``u*`` (``spec.autoscaling.targetVerifierUtilization``), CoSine's "balance draft generation and
+verification throughput" (arXiv:2503.10325) applied across the cluster:
+
+* ``u`` above ``u* (1 + tolerance)``: the verifier is the bottleneck; drafts beyond what it can
+  verify are wasted compute, so every pool shrinks in proportion ``u*/u``.
+* ``u`` below ``u* (1 - tolerance)`` while requests are in flight: the verifier waits for drafts,
+  so the drafting throughput should grow by ``u*/u`` (at most ``max_scale_up_factor``). The extra
+  tokens/s are split among pools by their routing share (their part of all drafted tokens), and
+  only pools whose drafts are accepted often enough (``min_acceptance``) get more replicas: a
+  pool that is mostly rejected would only add verification work.
+* no requests in flight: pools drift down to ``minReplicas``.
+* inside the tolerance band: hold (hysteresis, as the Kubernetes HPA's 10 % tolerance).
+
+Scale-up applies at once; a scale-down takes the highest recommendation of the last
+``stabilization_s`` seconds (the HPA's downscale stabilization window) and removes at most
+``max_scale_down_step`` replicas per decision, so an input that flaps does not make the output flap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class VerifierObservation:
+    """The verifier pods over the last interval (summed over replicas, utilization averaged)."""
+
+    utilization: float  # busy fraction, 0..1
+    tokens_verified_per_s: float
+    requests_running: float
+    requests_waiting: float
+
+
+@dataclass(frozen=True)
+class PoolObservation:
+    """One drafter pool over the last interval."""
+
+    name: str
+    replicas: int  # the scale target's current value
+    ready_replicas: int
+    draft_tokens_per_s: float  # drafted by all its pods together
+    acceptance_rate: float | None  # accepted / drafted tokens of this pool at the verifier, 0..1
+    share: float | None  # this pool's fraction of all tokens drafted (routing share), 0..1
+
+
+@dataclass(frozen=True)
+class Observations:
+    """One snapshot of the cluster; ``verifier`` is ``None`` when it could not be measured."""
+
+    verifier: VerifierObservation | None
+    pools: tuple[PoolObservation, ...]
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """A pool's bounds from the spec."""
+
+    name: str
+    min_replicas: int
+    max_replicas: int
+
+
+@dataclass(frozen=True)
+class ScalingPolicy:
+    """Knobs of :func:`desired_replicas`; the first three come from ``spec.autoscaling``."""
+
+    pools: tuple[PoolLimits, ...]
+    target_utilization: float = 0.8  # verifier busy fraction to aim at, 0..1
+    stabilization_s: float = 120.0  # scale-down looks back this far
+    max_scale_down_step: int = 1  # replicas per pool per decision
+    tolerance: float = 0.1  # relative band around the target where nothing changes
+    min_acceptance: float = 0.3  # a pool below this acceptance rate is not grown
+    max_scale_up_factor: float = 2.0  # drafting throughput grows at most this much per decision
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    """What to do with one pool, and why (recorded in status and as an Event)."""
+
+    pool: str
+    current: int
+    desired: int
+    reason: str
+
+    @property
+    def changed(self) -> bool:
+        return self.desired != self.current
+
+
+@dataclass(frozen=True)
+class ScalerState:
+    """Recent recommendations per pool: ``(time_s, replicas)``, oldest first."""
+
+    recommendations: Mapping[str, tuple[tuple[float, int], ...]] = field(default_factory=dict)
+
+
+def _clamp(replicas: int, limits: PoolLimits) -> int:
+    return max(limits.min_replicas, min(limits.max_replicas, replicas))
+
+
+def _shares(pools: tuple[PoolObservation, ...]) -> dict[str, float]:
+    """Routing shares; pools without a measurement share by their replica counts."""
+    if all(p.share is not None for p in pools):
+        return {p.name: float(p.share or 0.0) for p in pools}
+    total = sum(max(p.replicas, 0) for p in pools) or 1
+    return {p.name: max(p.replicas, 0) / total for p in pools}
+
+
+def _recommend(
+    obs: Observations, policy: ScalingPolicy, pool: PoolObservation, limits: PoolLimits
+) -> tuple[int, str]:
+    """The raw (unstabilized, clamped) recommendation for one pool, and its reason."""
+    v = obs.verifier
+    if v is None:
+        return _clamp(pool.replicas, limits), "no verifier metrics: holding"
+    target = policy.target_utilization
+    ratio = v.utilization / target if target > 0 else 1.0
+    in_flight = v.requests_running + v.requests_waiting
+    if in_flight <= 0 and v.utilization < target * (1 - policy.tolerance):
+        return limits.min_replicas, "no requests in flight: drifting to minReplicas"
+    if abs(ratio - 1.0) <= policy.tolerance:
+        return _clamp(pool.replicas, limits), (
+            f"verifier utilization {v.utilization:.2f} within {policy.tolerance:.0%} of target {target:.2f}"
+        )
+    if ratio > 1.0:
+        raw = round(pool.replicas / ratio)
+        return _clamp(raw, limits), (
+            f"verifier utilization {v.utilization:.2f} > target {target:.2f}: "
+            "drafting outpaces verification, shrinking"
+        )
+    # The verifier waits for drafts.
+    acceptance = pool.acceptance_rate
+    if acceptance is None or acceptance < policy.min_acceptance:
+        shown = "unknown" if acceptance is None else f"{acceptance:.2f}"
+        return _clamp(pool.replicas, limits), (
+            f"verifier idle ({v.utilization:.2f} < {target:.2f}) but pool acceptance {shown} "
+            f"< {policy.min_acceptance:.2f}: more of its drafts would not help"
+        )
+    ready = pool.ready_replicas or pool.replicas
+    if pool.draft_tokens_per_s <= 0 or ready <= 0:
+        return _clamp(pool.replicas, limits), "pool drafted nothing this interval: holding"
+    factor = min(1.0 / max(ratio, 1e-6), policy.max_scale_up_factor)
+    shares = _shares(obs.pools)
+    total_per_s = sum(p.draft_tokens_per_s for p in obs.pools)
+    extra_per_s = total_per_s * (factor - 1.0) * shares.get(pool.name, 0.0)
+    per_replica_per_s = pool.draft_tokens_per_s / ready
+    raw = math.ceil((pool.draft_tokens_per_s + extra_per_s) / per_replica_per_s - 1e-9)
+    return _clamp(max(raw, pool.replicas), limits), (
+        f"verifier utilization {v.utilization:.2f} < target {target:.2f} with acceptance "
+        f"{acceptance:.2f}: drafting is the bottleneck, growing"
+    )
+
+
+def desired_replicas(
+    obs: Observations, policy: ScalingPolicy, state: ScalerState, now_s: float
+) -> tuple[tuple[ScaleDecision, ...], ScalerState]:
+    """Decide every pool's replicas; returns the decisions and the state for the next call.
+
+    ``now_s`` is any monotonic time in seconds (the caller's clock); pools in ``policy.pools``
+    without an observation are left out.
+    """
+    by_name = {p.name: p for p in obs.pools}
+    decisions: list[ScaleDecision] = []
+    history: dict[str, tuple[tuple[float, int], ...]] = {}
+    for limits in policy.pools:
+        pool = by_name.get(limits.name)
+        if pool is None:
+            continue
+        raw, reason = _recommend(obs, policy, pool, limits)
+        window = tuple(
+            (t, r) for t, r in state.recommendations.get(limits.name, ()) if now_s - t < policy.stabilization_s
+        ) + ((now_s, raw),)
+        history[limits.name] = window
+        current = pool.replicas
+        if raw >= current:
+            desired = raw
+        else:
+            stabilized = max(r for _, r in window)
+            desired = max(stabilized, current - policy.max_scale_down_step, raw)
+            if desired > raw and desired >= current:
+                reason += f"; held by the {policy.stabilization_s:.0f}s stabilization window"
+            elif desired > raw:
+                reason += f"; scale-down limited to {policy.max_scale_down_step} per decision"
+        desired = _clamp(min(desired, max(current, raw)), limits)
+        decisions.append(ScaleDecision(limits.name, current, desired, reason))
+    return tuple(decisions), ScalerState(history)

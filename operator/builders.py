@@ -1,0 +1,364 @@
+"""Pure builders of a ``CoSineCluster``'s children: plain manifest dicts, no API calls.
+
+For a cluster ``N`` in namespace ``NS`` (the runtime contract, DESIGN.md §3):
+
+* ConfigMap ``N-config``, key ``cluster.yaml``: the CoSineCluster (apiVersion, kind, metadata.name,
+  spec) the runtime reads from ``/etc/cosine/cluster.yaml``;
+* Deployment + Service ``N-verifier`` (http 8000: gateway, /health, /metrics; grpc 50051) and the
+  gateway Service ``N-gateway`` (``spec.gateway.serviceType``, ``port`` → 8000);
+* per drafter pool ``P``: Deployment ``N-drafter-P``, headless Service ``N-drafter-P`` (grpc 50052,
+  metrics 9090) and the scale target ``CoSineDrafterPool`` ``N-P`` (HPA/KEDA can drive its
+  ``scale`` subresource instead of the operator's autoscaler).
+
+Owner references are not set here; the handlers ``kopf.adopt()`` every child.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from cosine.operator import settings as s
+
+CONFIG_DIR = "/etc/cosine"
+CONFIG_FILE = f"{CONFIG_DIR}/cluster.yaml"
+MODEL_CACHE_DIR = "/models"
+GPU_RESOURCE = "nvidia.com/gpu"
+# The taint GKE puts on GPU node pools and the one EKS GPU node groups are usually given.
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+CONFIG_HASH_ANNOTATION = "cosine.dev/config-hash"
+MANAGED_BY = "cosine-operator"
+CLUSTER_LABEL = "cosine.dev/cluster"
+POOL_LABEL = "cosine.dev/pool"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+RUN_AS_USER = 10001  # the image's non-root user (Dockerfile)
+
+Manifest = dict[str, Any]
+
+
+def config_name(cluster: str) -> str:
+    return f"{cluster}-config"
+
+
+def verifier_name(cluster: str) -> str:
+    return f"{cluster}-verifier"
+
+
+def gateway_name(cluster: str) -> str:
+    return f"{cluster}-gateway"
+
+
+def drafter_name(cluster: str, pool: str) -> str:
+    return f"{cluster}-drafter-{pool}"
+
+
+def pool_object_name(cluster: str, pool: str) -> str:
+    return f"{cluster}-{pool}"
+
+
+def labels(cluster: str, component: str, pool: str | None = None) -> dict[str, str]:
+    """Recommended labels plus ours; ``selector_labels`` is the immutable subset."""
+    out = {
+        "app.kubernetes.io/name": "cosine",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        **selector_labels(cluster, component, pool),
+    }
+    return out
+
+
+def selector_labels(cluster: str, component: str, pool: str | None = None) -> dict[str, str]:
+    out = {"app.kubernetes.io/instance": cluster, CLUSTER_LABEL: cluster, COMPONENT_LABEL: component}
+    if pool is not None:
+        out[POOL_LABEL] = pool
+    return out
+
+
+def runtime_document(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The CoSineCluster as the runtime reads it: apiVersion, kind, metadata.name, spec."""
+    return {
+        "apiVersion": f"{s.GROUP}/{s.VERSION}",
+        "kind": s.CLUSTER_KIND,
+        "metadata": {"name": name},
+        "spec": json.loads(json.dumps(dict(spec))),  # deep plain copy (kopf bodies are views)
+    }
+
+
+def config_hash(spec: Mapping[str, Any]) -> str:
+    """Hash of the spec minus replica counts and autoscaling (a scale must not restart pods)."""
+    doc = json.loads(json.dumps(dict(spec)))
+    doc.pop("autoscaling", None)
+    doc.get("verifier", {}).pop("replicas", None)
+    for pool in doc.get("drafterPools", []):
+        for key in ("replicas", "minReplicas", "maxReplicas"):
+            pool.pop(key, None)
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_config_map(name: str, namespace: str, spec: Mapping[str, Any]) -> Manifest:
+    """ConfigMap ``N-config`` with ``cluster.yaml``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": config_name(name), "namespace": namespace, "labels": labels(name, "config")},
+        "data": {"cluster.yaml": yaml.safe_dump(runtime_document(name, spec), sort_keys=False)},
+    }
+
+
+def _tolerations(pod: s.PodOverrides) -> list[dict[str, Any]]:
+    tolerations = [dict(t) for t in pod.tolerations]
+    wants_gpu = any(GPU_RESOURCE in (pod.resources.get(k) or {}) for k in ("limits", "requests"))
+    if wants_gpu and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
+        tolerations.append(dict(GPU_TOLERATION))
+    return tolerations
+
+
+def _pod_spec(
+    pod: s.PodOverrides, container: dict[str, Any], name: str, image: s.ImageSpec
+) -> dict[str, Any]:
+    container = {
+        "image": image.reference,
+        "imagePullPolicy": image.pull_policy,
+        "resources": json.loads(json.dumps(dict(pod.resources))),
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "models", "mountPath": MODEL_CACHE_DIR},
+        ],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        **container,
+    }
+    spec: dict[str, Any] = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "config", "configMap": {"name": config_name(name)}},
+            {"name": "models", "emptyDir": {}},
+        ],
+    }
+    if pod.node_selector:
+        spec["nodeSelector"] = dict(pod.node_selector)
+    tolerations = _tolerations(pod)
+    if tolerations:
+        spec["tolerations"] = tolerations
+    if pod.affinity:
+        spec["affinity"] = json.loads(json.dumps(dict(pod.affinity)))
+    return spec
+
+
+def _env(pod: s.PodOverrides, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"name": "COSINE_CACHE", "value": MODEL_CACHE_DIR}, *extra, *[dict(e) for e in pod.env]]
+
+
+def _deployment(
+    name: str,
+    namespace: str,
+    deployment: str,
+    component: str,
+    pool: str | None,
+    replicas: int,
+    pod_spec: dict[str, Any],
+    metrics_port: int,
+    spec_hash: str,
+) -> Manifest:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": deployment, "namespace": namespace, "labels": labels(name, component, pool)},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(name, component, pool)},
+            "template": {
+                "metadata": {
+                    "labels": labels(name, component, pool),
+                    "annotations": {
+                        CONFIG_HASH_ANNOTATION: spec_hash,
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(metrics_port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]) -> Manifest:
+    """Deployment ``N-verifier``: gateway + coordinator + verifier, one ``--drafter`` per pool."""
+    cluster = s.parse_cluster_spec(spec)
+    v = cluster.verifier
+    args = [
+        "verifier",
+        "--cluster", CONFIG_FILE,
+        "--http-port", str(s.VERIFIER_HTTP_PORT),
+        "--grpc-port", str(s.VERIFIER_GRPC_PORT),
+    ]
+    for pool in cluster.drafter_pools:
+        target = f"dns:///{drafter_name(name, pool.name)}.{namespace}.svc:{s.DRAFTER_GRPC_PORT}"
+        args += ["--drafter", f"{pool.name}={target}"]
+    extra_env: list[dict[str, Any]] = []
+    gw = cluster.gateway
+    if gw.api_key_secret_name:
+        ref = {"name": gw.api_key_secret_name, "key": gw.api_key_secret_key or "api-key"}
+        extra_env.append({"name": "COSINE_API_KEY", "valueFrom": {"secretKeyRef": ref}})
+    container = {
+        "name": "verifier",
+        "command": ["cosine"],
+        "args": args,
+        "env": _env(v.pod, extra_env),
+        "ports": [
+            {"name": "http", "containerPort": s.VERIFIER_HTTP_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": s.VERIFIER_GRPC_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": s.VERIFIER_HTTP_PORT},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+    }
+    pod_spec = _pod_spec(v.pod, container, name, cluster.image)
+    return _deployment(
+        name, namespace, verifier_name(name), "verifier", None, v.replicas, pod_spec,
+        s.VERIFIER_HTTP_PORT, config_hash(spec),
+    )
+
+
+def build_drafter_deployment(
+    name: str, namespace: str, spec: Mapping[str, Any], pool: str, replicas: int
+) -> Manifest:
+    """Deployment ``N-drafter-P`` with ``replicas`` pods (the scale target's value, not the spec's)."""
+    cluster = s.parse_cluster_spec(spec)
+    p = cluster.pool(pool)
+    container = {
+        "name": "drafter",
+        "command": ["cosine"],
+        "args": [
+            "drafter",
+            "--cluster", CONFIG_FILE,
+            "--pool", p.name,
+            "--grpc-port", str(s.DRAFTER_GRPC_PORT),
+            "--metrics-port", str(s.DRAFTER_METRICS_PORT),
+        ],
+        "env": _env(p.pod, []),
+        "ports": [
+            {"name": "grpc", "containerPort": s.DRAFTER_GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": s.DRAFTER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {"grpc": {"port": s.DRAFTER_GRPC_PORT}, "periodSeconds": 5, "failureThreshold": 3},
+    }
+    pod_spec = _pod_spec(p.pod, container, name, cluster.image)
+    return _deployment(
+        name, namespace, drafter_name(name, p.name), "drafter", p.name, replicas, pod_spec,
+        s.DRAFTER_METRICS_PORT, config_hash(spec),
+    )
+
+
+def build_verifier_service(name: str, namespace: str) -> Manifest:
+    """Service ``N-verifier``: in-cluster http (8000) and grpc (50051)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": verifier_name(name), "namespace": namespace, "labels": labels(name, "verifier")},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(name, "verifier"),
+            "ports": [
+                {"name": "http", "port": s.VERIFIER_HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "grpc", "port": s.VERIFIER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def build_gateway_service(name: str, namespace: str, spec: Mapping[str, Any]) -> Manifest:
+    """Service ``N-gateway``: the OpenAI API, ``spec.gateway.port`` → the verifier's 8000."""
+    gw = s.parse_cluster_spec(spec).gateway
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": gateway_name(name), "namespace": namespace, "labels": labels(name, "gateway")},
+        "spec": {
+            "type": gw.service_type,
+            "selector": selector_labels(name, "verifier"),
+            "ports": [{"name": "http", "port": gw.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_drafter_service(name: str, namespace: str, pool: str) -> Manifest:
+    """Headless Service ``N-drafter-P``: one DNS record per pod for the verifier's gRPC balancing."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": drafter_name(name, pool),
+            "namespace": namespace,
+            "labels": labels(name, "drafter", pool),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(name, "drafter", pool),
+            "ports": [
+                {"name": "grpc", "port": s.DRAFTER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+                {"name": "metrics", "port": s.DRAFTER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def build_pool_scaler(name: str, namespace: str, spec: Mapping[str, Any], pool: str, replicas: int) -> Manifest:
+    """``CoSineDrafterPool`` ``N-P``: the pool's scale target (``spec.replicas`` drives the Deployment)."""
+    p = s.parse_cluster_spec(spec).pool(pool)
+    return {
+        "apiVersion": f"{s.GROUP}/{s.VERSION}",
+        "kind": s.POOL_KIND,
+        "metadata": {
+            "name": pool_object_name(name, pool),
+            "namespace": namespace,
+            "labels": labels(name, "drafter", pool),
+        },
+        "spec": {
+            "clusterName": name,
+            "pool": pool,
+            "replicas": replicas,
+            "minReplicas": p.min_replicas,
+            "maxReplicas": p.max_replicas,
+        },
+    }
+
+
+def build_children(
+    name: str, namespace: str, spec: Mapping[str, Any], pool_replicas: Mapping[str, int]
+) -> list[Manifest]:
+    """Every child, in creation order; ``pool_replicas`` gives each pool's current scale."""
+    cluster = s.parse_cluster_spec(spec)
+    children = [
+        build_config_map(name, namespace, spec),
+        build_verifier_service(name, namespace),
+        build_gateway_service(name, namespace, spec),
+    ]
+    for pool in cluster.drafter_pools:
+        replicas = pool_replicas.get(pool.name, pool.replicas)
+        children += [
+            build_drafter_service(name, namespace, pool.name),
+            build_pool_scaler(name, namespace, spec, pool.name, replicas),
+            build_drafter_deployment(name, namespace, spec, pool.name, replicas),
+        ]
+    children.append(build_verifier_deployment(name, namespace, spec))
+    return children
+
+
+def clamp(replicas: int, pool: s.DrafterPoolSpec) -> int:
+    """``replicas`` within the pool's ``[minReplicas, maxReplicas]``."""
+    return max(pool.min_replicas, min(pool.max_replicas, replicas))

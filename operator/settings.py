@@ -1,0 +1,239 @@
+"""Typed views of a ``CoSineCluster`` spec and of the operator's own configuration.
+
+The CRD (``crds/cosine.dev_cosineclusters.yaml``) is the one source of truth for the spec's shape
+and defaults; the API server applies them. These dataclasses repeat the defaults only so that the
+operator behaves the same on a server that did not default (the test emulator, an old object),
+and ``tests/operator/test_settings.py`` checks that every default here equals the CRD's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+GROUP = "cosine.dev"
+VERSION = "v1alpha1"
+CLUSTER_PLURAL = "cosineclusters"
+POOL_PLURAL = "cosinedrafterpools"
+CLUSTER_KIND = "CoSineCluster"
+POOL_KIND = "CoSineDrafterPool"
+
+# Port numbers of the runtime contract (see DESIGN.md §3 and the runtime's CLI).
+VERIFIER_HTTP_PORT = 8000  # gateway (OpenAI API), /health and /metrics
+VERIFIER_GRPC_PORT = 50051
+DRAFTER_GRPC_PORT = 50052
+DRAFTER_METRICS_PORT = 9090
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """The one image every role runs (``cosine`` entrypoint)."""
+
+    repository: str = "ghcr.io/cosine-project/cosine"
+    tag: str = "0.1.0"
+    pull_policy: str = "IfNotPresent"
+
+    @property
+    def reference(self) -> str:
+        """``repository:tag``."""
+        return f"{self.repository}:{self.tag}"
+
+
+@dataclass(frozen=True)
+class PodOverrides:
+    """Scheduling and environment overrides copied verbatim into a pod template."""
+
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] = field(default_factory=dict)
+    env: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class VerifierSpec:
+    """The target model's pods: gateway, coordinator and batched verifier."""
+
+    model: str
+    tokenizer: str | None = None
+    dtype: str = "float32"
+    replicas: int = 1
+    threads: int = 1  # torch CPU threads per process
+    max_batch_tokens: int = 512
+    pod: PodOverrides = field(default_factory=PodOverrides)
+
+    @property
+    def tokenizer_family(self) -> str:
+        """The declared tokenizer, or the model name when none is declared."""
+        return self.tokenizer or self.model
+
+
+@dataclass(frozen=True)
+class DrafterPoolSpec:
+    """One pool of identical drafter pods (a model drafter or a model-free n-gram drafter)."""
+
+    name: str
+    kind: str = "model"
+    model: str | None = None
+    tokenizer: str | None = None
+    translate_tokenizer: bool = False
+    expertise: tuple[str, ...] = ()
+    replicas: int = 1
+    min_replicas: int = 1
+    max_replicas: int = 4
+    threads: int = 1
+    pod: PodOverrides = field(default_factory=PodOverrides)
+
+    @property
+    def tokenizer_family(self) -> str | None:
+        """The declared tokenizer, else the model name; ``None`` for n-gram pools (no tokenizer)."""
+        return self.tokenizer or self.model
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    """How the operator scales drafter pools against verifier throughput."""
+
+    enabled: bool = True
+    interval_s: int = 30
+    stabilization_s: int = 120
+    target_verifier_utilization: float = 0.8  # busy fraction of the verifier, 0..1
+    max_scale_down_step: int = 1  # replicas removed per pool per decision, at most
+    prometheus_url: str | None = None
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    """The OpenAI-compatible front door's Service."""
+
+    service_type: str = "ClusterIP"
+    port: int = 8000
+    api_key_secret_name: str | None = None
+    api_key_secret_key: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A whole ``CoSineCluster.spec``; ``speculation`` is passed to the runtime as is."""
+
+    verifier: VerifierSpec
+    drafter_pools: tuple[DrafterPoolSpec, ...]
+    image: ImageSpec = field(default_factory=ImageSpec)
+    autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
+    gateway: GatewaySpec = field(default_factory=GatewaySpec)
+
+    def pool(self, name: str) -> DrafterPoolSpec:
+        """The pool named ``name`` (``KeyError`` if absent)."""
+        for pool in self.drafter_pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(name)
+
+
+def _pod(raw: Mapping[str, Any]) -> PodOverrides:
+    return PodOverrides(
+        resources=dict(raw.get("resources") or {}),
+        node_selector=dict(raw.get("nodeSelector") or {}),
+        tolerations=tuple(raw.get("tolerations") or ()),
+        affinity=dict(raw.get("affinity") or {}),
+        env=tuple(raw.get("env") or ()),
+    )
+
+
+def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
+    """Map a (possibly not defaulted) ``spec`` dict onto :class:`ClusterSpec`.
+
+    Raises ``KeyError``/``ValueError`` on a spec the CRD schema would have rejected.
+    """
+    v = spec["verifier"]
+    verifier = VerifierSpec(
+        model=v["model"],
+        tokenizer=v.get("tokenizer"),
+        dtype=v.get("dtype", VerifierSpec.dtype),
+        replicas=int(v.get("replicas", VerifierSpec.replicas)),
+        threads=int(v.get("threads", VerifierSpec.threads)),
+        max_batch_tokens=int(v.get("maxBatchTokens", VerifierSpec.max_batch_tokens)),
+        pod=_pod(v),
+    )
+    pools = tuple(
+        DrafterPoolSpec(
+            name=p["name"],
+            kind=p.get("kind", DrafterPoolSpec.kind),
+            model=p.get("model"),
+            tokenizer=p.get("tokenizer"),
+            translate_tokenizer=bool(p.get("translateTokenizer", DrafterPoolSpec.translate_tokenizer)),
+            expertise=tuple(p.get("expertise") or ()),
+            replicas=int(p.get("replicas", DrafterPoolSpec.replicas)),
+            min_replicas=int(p.get("minReplicas", DrafterPoolSpec.min_replicas)),
+            max_replicas=int(p.get("maxReplicas", DrafterPoolSpec.max_replicas)),
+            threads=int(p.get("threads", DrafterPoolSpec.threads)),
+            pod=_pod(p),
+        )
+        for p in spec.get("drafterPools") or ()
+    )
+    if not pools:
+        raise ValueError("spec.drafterPools must name at least one pool")
+    img = spec.get("image") or {}
+    image = ImageSpec(
+        repository=img.get("repository", ImageSpec.repository),
+        tag=str(img.get("tag", ImageSpec.tag)),
+        pull_policy=img.get("pullPolicy", ImageSpec.pull_policy),
+    )
+    a = spec.get("autoscaling") or {}
+    autoscaling = AutoscalingSpec(
+        enabled=bool(a.get("enabled", AutoscalingSpec.enabled)),
+        interval_s=int(a.get("intervalSeconds", AutoscalingSpec.interval_s)),
+        stabilization_s=int(a.get("stabilizationSeconds", AutoscalingSpec.stabilization_s)),
+        target_verifier_utilization=float(
+            a.get("targetVerifierUtilization", AutoscalingSpec.target_verifier_utilization)
+        ),
+        max_scale_down_step=int(a.get("maxScaleDownStep", AutoscalingSpec.max_scale_down_step)),
+        prometheus_url=a.get("prometheusUrl"),
+    )
+    g = spec.get("gateway") or {}
+    secret = g.get("apiKeySecretRef") or {}
+    gateway = GatewaySpec(
+        service_type=g.get("serviceType", GatewaySpec.service_type),
+        port=int(g.get("port", GatewaySpec.port)),
+        api_key_secret_name=secret.get("name"),
+        api_key_secret_key=secret.get("key"),
+    )
+    return ClusterSpec(verifier, pools, image, autoscaling, gateway)
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """The operator process's own settings (chart values → container env), read once at start-up.
+
+    ``webhook_port``: where the validating admission webhook listens (HTTPS), ``None`` = off.
+    ``webhook_cert_dir``: ``tls.crt``/``tls.key`` for it (cert-manager or the chart's self-signed
+    secret); empty = kopf generates a self-signed pair. ``webhook_insecure``: plain HTTP (tests).
+    ``metrics_port``: the operator's Prometheus endpoint, ``None`` = off.
+    ``scrape_timeout_s``: per-pod ``/metrics`` request timeout.
+    ``tick_s``: how often the per-cluster autoscaler timer wakes; each cluster is then scraped
+    every ``spec.autoscaling.intervalSeconds``.
+    """
+
+    webhook_port: int | None = None
+    webhook_cert_dir: str = ""
+    webhook_insecure: bool = False
+    metrics_port: int | None = None
+    scrape_timeout_s: float = 2.0
+    tick_s: float = 1.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> OperatorConfig:
+        """Read ``COSINE_OPERATOR_*`` variables (the chart sets them); absent means default."""
+
+        def opt_int(key: str) -> int | None:
+            value = env.get(key, "")
+            return int(value) if value else None
+
+        return cls(
+            webhook_port=opt_int("COSINE_OPERATOR_WEBHOOK_PORT"),
+            webhook_cert_dir=env.get("COSINE_OPERATOR_WEBHOOK_CERT_DIR", ""),
+            webhook_insecure=env.get("COSINE_OPERATOR_WEBHOOK_INSECURE", "") in ("1", "true"),
+            metrics_port=opt_int("COSINE_OPERATOR_METRICS_PORT"),
+            scrape_timeout_s=float(env.get("COSINE_OPERATOR_SCRAPE_TIMEOUT_S", "2.0")),
+        )

@@ -1,0 +1,49 @@
+"""The operator's own Prometheus metrics (reconciles, scale decisions, scrapes).
+
+Kept in a registry of their own, created at start-up and held in kopf's ``memo`` (no module
+globals). Served on ``COSINE_OPERATOR_METRICS_PORT`` when set; liveness is kopf's ``--liveness``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+
+@dataclass(frozen=True)
+class OperatorMetrics:
+    """Counters and gauges; ``cosine_operator_`` prefix."""
+
+    registry: CollectorRegistry
+    reconciles: Counter  # labels: event (create/update/resume), outcome (ok/error)
+    scale_decisions: Counter  # labels: pool, direction (up/down)
+    scrape_failures: Counter  # labels: role
+    desired_replicas: Gauge  # labels: namespace, cluster, pool
+
+    @classmethod
+    def create(cls) -> OperatorMetrics:
+        registry = CollectorRegistry()
+        return cls(
+            registry=registry,
+            reconciles=Counter(
+                "cosine_operator_reconciles", "CoSineCluster reconciliations.", ["event", "outcome"],
+                registry=registry,
+            ),
+            scale_decisions=Counter(
+                "cosine_operator_scale_decisions", "Drafter pool replica changes by the autoscaler.",
+                ["pool", "direction"], registry=registry,
+            ),
+            scrape_failures=Counter(
+                "cosine_operator_scrape_failures", "Pods whose /metrics could not be read.", ["role"],
+                registry=registry,
+            ),
+            desired_replicas=Gauge(
+                "cosine_operator_desired_replicas", "The autoscaler's latest desired replicas per pool.",
+                ["namespace", "cluster", "pool"], registry=registry,
+            ),
+        )
+
+    def serve(self, port: int) -> None:
+        """Serve ``/metrics`` on ``port`` (a daemon thread)."""
+        start_http_server(port, registry=self.registry)

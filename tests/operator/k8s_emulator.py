@@ -1,0 +1,262 @@
+"""A stateful Kubernetes API for tests: ``kmock`` 0.8 plus a thin realism layer (DESIGN.md §6).
+
+kmock stores objects, merges/JSON-patches them and streams watch events. This layer adds what
+kopf and our operator rely on: ``uid``/``resourceVersion``/``generation``/``creationTimestamp``,
+resourceVersion bumped on every write, 422 on a failed JSON-patch ``test``, 409 on a stale
+resourceVersion in a merge patch, ``status`` subresource semantics, ``kind`` in lists, equality
+label selectors, and cascading deletion through ``ownerReferences`` (the garbage collector).
+No built-in controllers: tests play the Deployment controller by patching ``status``.
+
+:class:`EmulatorThread` runs it on loopback in a thread of its own (the operator runs in
+another, via ``kopf.testing.KopfRunner``) and writes a kubeconfig pointing at it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import itertools
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonpatch
+import kmock
+import yaml
+from kmock._internal import enums, rendering
+
+# group/version/plural -> (kind, subresources)
+RESOURCES: dict[str, tuple[str, set[str]]] = {
+    "cosine.dev/v1alpha1/cosineclusters": ("CoSineCluster", {"status"}),
+    "cosine.dev/v1alpha1/cosinedrafterpools": ("CoSineDrafterPool", {"status", "scale"}),
+    "apps/v1/deployments": ("Deployment", {"status", "scale"}),
+    "v1/pods": ("Pod", {"status"}),
+    "v1/services": ("Service", {"status"}),
+    "v1/configmaps": ("ConfigMap", set()),
+    "v1/events": ("Event", set()),
+}
+# Cluster-scoped resources kopf's "backbone" waits for in discovery (it watches CRDs; with -A it
+# never lists namespaces, which kmock 0.8 serves wrongly).
+CLUSTER_RESOURCES: dict[str, str] = {
+    "v1/namespaces": "Namespace",
+    "apiextensions.k8s.io/v1/customresourcedefinitions": "CustomResourceDefinition",
+}
+
+
+class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
+    """kmock's emulator with server-side metadata, conflicts, subresources and GC."""
+
+    _counter = itertools.count(1)
+
+    def _find(self, request: rendering.Request) -> tuple[Any, Any] | None:
+        for key, obj in self.objects.items():
+            resource, namespace, name = key
+            if resource == request.resource and namespace == request.namespace and name == request.name:
+                return key, obj
+        return None
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        if request.resource is None:
+            return await super()._handle(request)
+        rv = str(next(self._counter))
+        if request.action == enums.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            meta.setdefault("namespace", request.namespace)
+            meta.update(
+                uid=str(uuid.uuid4()),
+                resourceVersion=rv,
+                generation=1,
+                creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            )
+            if request.data.get("kind") == "Deployment":
+                request.data.setdefault("status", {})
+        elif request.action == enums.action.UPDATE and request.name is not None:
+            found = self._find(request)
+            if found is None or found[1].deleted:
+                raise kmock.KubernetesNotFoundError()
+            current = copy.deepcopy(found[1].raw)
+            self._rewrite_patch(request, current, rv)
+        elif request.action == enums.action.DELETE and request.name is not None:
+            found = self._find(request)
+            uid = None if found is None or found[1].deleted else found[1].raw["metadata"].get("uid")
+            response = await super()._handle(request)
+            if uid is not None and found is not None and found[1].deleted:
+                await self._collect_garbage(uid)
+            return response
+        return await super()._handle(request)
+
+    def _rewrite_patch(self, request: rendering.Request, current: dict[str, Any], rv: str) -> None:
+        data = request.data
+        if isinstance(data, list):  # JSON patch: the `test` ops must hold, as on a real server
+            try:
+                jsonpatch.apply_patch(current, data)
+            except (jsonpatch.JsonPatchTestFailed, jsonpatch.JsonPatchConflict) as e:
+                raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from e
+            if request.subresource is None and any(op.get("path", "").startswith("/spec") for op in data):
+                data.append({"op": "replace", "path": "/metadata/generation",
+                             "value": current["metadata"].get("generation", 1) + 1})
+            data.append({"op": "replace", "path": "/metadata/resourceVersion", "value": rv})
+            return
+        if not isinstance(data, dict):
+            return
+        wanted_rv = (data.get("metadata") or {}).get("resourceVersion")
+        if wanted_rv is not None and wanted_rv != current["metadata"].get("resourceVersion"):
+            raise kmock.KubernetesError(status=409, reason="Conflict", message="the object has been modified")
+        subresources = RESOURCES.get(self._key(request), ("", set()))[1]
+        if request.subresource == "status":
+            data = {"status": data.get("status")}
+        elif request.subresource == "scale":
+            data = {"spec": {"replicas": (data.get("spec") or {}).get("replicas")}}
+        elif "status" in subresources:
+            data = {k: v for k, v in data.items() if k != "status"}
+        meta = data.setdefault("metadata", {})
+        meta["resourceVersion"] = rv
+        if "spec" in data:
+            merged = _merge(current, data)
+            if merged.get("spec") != current.get("spec"):
+                meta["generation"] = current["metadata"].get("generation", 1) + 1
+        request.data.clear()
+        request.data.update(data)
+
+    @staticmethod
+    def _key(request: rendering.Request) -> str:
+        r = request.resource
+        return f"{r.group}/{r.version}/{r.plural}" if r.group else f"{r.version}/{r.plural}"
+
+    async def _collect_garbage(self, owner_uid: str) -> None:
+        """Delete every object owned by ``owner_uid``, recursively (background propagation)."""
+        async with self._lock:
+            doomed = []
+            for key, obj in self.objects.items():
+                if obj.deleted:
+                    continue
+                refs = obj.raw.get("metadata", {}).get("ownerReferences") or []
+                if any(ref.get("uid") == owner_uid for ref in refs):
+                    doomed.append((key, obj))
+            uids = []
+            for key, obj in doomed:
+                raw = obj.raw
+                obj.delete()
+                uids.append(raw["metadata"].get("uid"))
+                await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+        for uid in uids:
+            await self._collect_garbage(uid)
+
+    async def _serve_list(self, request: rendering.Request) -> Any:
+        result = await super()._serve_list(request)
+        selector = request.params.get("labelSelector")
+        items = result["items"]
+        if selector:
+            pairs = [term.split("=", 1) for term in selector.split(",") if "=" in term]
+            items = [i for i in items
+                     if all((i.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in pairs)]
+        kind = RESOURCES.get(self._key(request), ("Object", set()))[0]
+        return {"apiVersion": "v1", "kind": f"{kind}List", "metadata": {"resourceVersion": "1"}, "items": items}
+
+
+def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+class EmulatorThread:
+    """The emulator on 127.0.0.1 in a background thread; ``kubeconfig`` points at it."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.kubeconfig = workdir / "kubeconfig"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self.emulator: RealisticEmulator | None = None
+        self.url = ""
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        async with RealisticEmulator() as emulator, kmock.Server(emulator, host="127.0.0.1") as server:
+            for key, (kind, subresources) in RESOURCES.items():
+                emulator.resources[key] = kmock.ResourceInfo(
+                    namespaced=True, kind=kind, subresources=subresources,
+                    verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
+                )
+            for key, kind in CLUSTER_RESOURCES.items():
+                emulator.resources[key] = kmock.ResourceInfo(
+                    namespaced=False, kind=kind, verbs={"get", "list", "watch"},
+                )
+            self.emulator = emulator
+            self.url = str(server.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> EmulatorThread:
+        self._thread.start()
+        self._future = asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
+        if not self._ready.wait(10):
+            raise RuntimeError(f"emulator did not start: {self._future.exception(timeout=1)!r}")
+        self.kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "tester", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester",
+                                                         "namespace": "default"}}],
+        }))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._future.result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+class Kube:
+    """A small synchronous client for tests: paths in, dicts out."""
+
+    def __init__(self, url: str) -> None:
+        self.http = httpx.Client(base_url=url, timeout=10)
+
+    @staticmethod
+    def path(resource: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+        group_version, plural = resource.rsplit("/", 1)
+        prefix = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
+        out = f"{prefix}/namespaces/{namespace}/{plural}"
+        return out + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        r = self.http.get(self.path(resource, namespace, name))
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        return dict(r.json())
+
+    def list(self, resource: str, namespace: str) -> list[dict[str, Any]]:
+        r = self.http.get(self.path(resource, namespace))
+        r.raise_for_status()
+        return list(r.json()["items"])
+
+    def create(self, resource: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = self.http.post(self.path(resource, namespace), json=body)
+        r.raise_for_status()
+        return dict(r.json())
+
+    def patch(self, resource: str, namespace: str, name: str, body: dict[str, Any],
+              sub: str | None = None) -> dict[str, Any]:
+        r = self.http.patch(self.path(resource, namespace, name, sub), json=body,
+                            headers={"Content-Type": "application/merge-patch+json"})
+        r.raise_for_status()
+        return dict(r.json())
+
+    def delete(self, resource: str, namespace: str, name: str) -> None:
+        self.http.delete(self.path(resource, namespace, name)).raise_for_status()
