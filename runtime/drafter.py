@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from cosine.runtime.compression import CompressedDist, Compression, round_trip
 from cosine.runtime.models import ModelRunner, Sequence
 from cosine.runtime.speculative_sampling import SamplingParams, logits_to_probs
 
@@ -26,7 +27,8 @@ class Draft:
     token_ids: k draft tokens. probs: [k, vocab] float32 q each token was sampled from, or None
     (greedy drafting, or point-mass proposals). confidences: the drafter's top probability at each
     position, in [0, 1]. drafter: name of the drafter. draft_s: wall seconds spent drafting
-    (including catching up on accepted tokens).
+    (including catching up on accepted tokens). compressed: the wire form of `probs` when the
+    drafter compresses (then `probs` is exactly its decompression).
     """
 
     token_ids: tuple[int, ...]
@@ -34,6 +36,7 @@ class Draft:
     confidences: tuple[float, ...]
     drafter: str
     draft_s: float
+    compressed: tuple[CompressedDist, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -62,11 +65,14 @@ class ModelDrafter:
 
     Greedy requests get the drafter's argmax; sampled requests get tokens sampled from the drafter's
     distribution q under the same temperature/top-k/top-p, and q is returned for verification.
+    With `compression`, q is replaced by its top-K quantized form q~ before sampling, and q~ is
+    what is returned (and sent), so verification stays exact (see `compression`).
     """
 
-    def __init__(self, runner: ModelRunner, name: str | None = None) -> None:
+    def __init__(self, runner: ModelRunner, name: str | None = None, compression: Compression | None = None) -> None:
         self.runner = runner
         self.name = name or runner.name
+        self.compression = compression
         self._seqs: dict[str, Sequence] = {}
 
     def propose(
@@ -78,12 +84,15 @@ class ModelDrafter:
         *,
         min_confidence: float = 0.0,
         generator: torch.Generator | None = None,
+        compression: Compression | None = None,
     ) -> Draft:
         """Draft up to `max_tokens` tokens continuing `context_ids` (prompt + all emitted tokens).
 
         Stops early at the first position whose top probability is below `min_confidence`.
-        Returns an empty draft when `max_tokens` is 0.
+        `compression` overrides the drafter's own setting for this call. Returns an empty draft
+        when `max_tokens` is 0.
         """
+        compression = compression or self.compression
         t0 = time.perf_counter()
         if max_tokens <= 0:
             return Draft((), None, (), self.name, 0.0)
@@ -98,6 +107,7 @@ class ModelDrafter:
         tokens: list[int] = []
         confidences: list[float] = []
         rows: list[torch.Tensor] = []
+        wire: list[CompressedDist] = []
         for i in range(max_tokens):
             if params.greedy:
                 probs = None
@@ -105,6 +115,9 @@ class ModelDrafter:
                 conf, tok = float(top), int(logits.argmax())
             else:
                 probs = logits_to_probs(logits[None], params)[0]
+                if compression is not None:
+                    probs, cd = round_trip(probs, compression)
+                    wire.append(cd)
                 conf = float(probs.max())
                 tok = int(torch.multinomial(probs, 1, generator=generator))
             if conf < min_confidence:
@@ -116,7 +129,9 @@ class ModelDrafter:
             if i + 1 < max_tokens:
                 logits = self.runner.forward(seq, [tok])[-1]
         q = torch.stack(rows) if rows else None
-        return Draft(tuple(tokens), q, tuple(confidences), self.name, time.perf_counter() - t0)
+        return Draft(
+            tuple(tokens), q, tuple(confidences), self.name, time.perf_counter() - t0, tuple(wire[: len(tokens)])
+        )
 
     def release(self, request_id: str) -> None:
         seq = self._seqs.pop(request_id, None)

@@ -1,0 +1,140 @@
+"""Client side of the drafter service: a `Drafter` whose model lives in another process.
+
+Sends context deltas (the drafter keeps the tokens it was sent), with a deadline on every call;
+gRPC's own retry policy (service config) retries UNAVAILABLE with backoff. A request the drafter
+does not know (it restarted, or evicted it) is resent whole. Errors propagate to the caller: the
+coordinator's failover treats the drafter as down for a while and decodes without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Sequence as Seq
+
+import grpc
+import torch
+
+from cosine.runtime.compression import Compression
+from cosine.runtime.drafter import Draft
+from cosine.runtime.speculative_sampling import SamplingParams
+from cosine.runtime.transport import codec
+from cosine.runtime.transport import drafter_pb2 as pb
+from cosine.runtime.transport import drafter_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+_RETRY_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "cosine.v1.Drafter"}],
+                "retryPolicy": {
+                    "maxAttempts": 3,
+                    "initialBackoff": "0.05s",
+                    "maxBackoff": "0.5s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+
+class RemoteDrafter:
+    """A drafter reached over gRPC.
+
+    Args:
+        address: gRPC target, e.g. `127.0.0.1:50052` or `dns:///demo-drafter-code.ns.svc:50052`.
+        name: pool name used in metrics and routing.
+        vocab_size: the target's vocabulary size (to rebuild q~).
+        compression: top-K / bits requested for sampled drafts.
+        base_timeout_s, per_token_timeout_s: the deadline of a Propose call is
+            base + per_token * (draft tokens + context tokens sent / 16).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        vocab_size: int,
+        *,
+        compression: Compression | None = Compression(),
+        base_timeout_s: float = 5.0,
+        per_token_timeout_s: float = 1.0,
+    ) -> None:
+        self.address = address
+        self.name = name
+        self.vocab_size = vocab_size
+        self.compression = compression
+        self.base_timeout_s = base_timeout_s
+        self.per_token_timeout_s = per_token_timeout_s
+        self._channel = grpc.insecure_channel(
+            address, options=[("grpc.service_config", _RETRY_CONFIG), ("grpc.enable_retries", 1)]
+        )
+        self._stub = pb_grpc.DrafterStub(self._channel)
+        self._sent: dict[str, list[int]] = {}
+        self.bytes_received = 0
+        self.calls = 0
+
+    def info(self, timeout_s: float = 5.0) -> pb.InfoResponse:
+        return self._stub.Info(pb.InfoRequest(), timeout=timeout_s)
+
+    def propose(
+        self,
+        request_id: str,
+        context_ids: Seq[int],
+        max_tokens: int,
+        params: SamplingParams,
+        *,
+        min_confidence: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> Draft:
+        """Draft remotely. Raises grpc.RpcError (deadline, unavailable, …) on failure."""
+        if max_tokens <= 0:
+            return Draft((), None, (), self.name, 0.0)
+        sent = self._sent.get(request_id, [])
+        common = _common_prefix(sent, context_ids)
+        seed = int(torch.randint(0, 2**62, (), generator=generator)) if generator is not None else random.getrandbits(62)
+        try:
+            resp = self._call(request_id, context_ids, common, max_tokens, params, min_confidence, seed)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            log.info("drafter %s lost request %s; resending its context", self.name, request_id)
+            resp = self._call(request_id, context_ids, 0, max_tokens, params, min_confidence, seed)
+        self._sent[request_id] = list(context_ids)
+        self.calls += 1
+        self.bytes_received += resp.ByteSize()
+        return codec.draft_from_proto(resp, self.vocab_size, self.name)
+
+    def _call(self, request_id, context_ids, common, max_tokens, params, min_confidence, seed) -> pb.ProposeResponse:
+        new = list(context_ids[common:])
+        req = pb.ProposeRequest(
+            request_id=request_id, num_cached=common, new_token_ids=new, max_tokens=max_tokens,
+            min_confidence=min_confidence, sampling=codec.sampling_to_proto(params), seed=seed,
+            compression=codec.compression_to_proto(self.compression),
+        )
+        timeout = self.base_timeout_s + self.per_token_timeout_s * (max_tokens + len(new) / 16)
+        return self._stub.Propose(req, timeout=timeout)
+
+    def release(self, request_id: str) -> None:
+        if self._sent.pop(request_id, None) is None:
+            return
+        try:
+            self._stub.Release(pb.ReleaseRequest(request_id=request_id), timeout=1.0)
+        except grpc.RpcError as e:  # best effort: the drafter evicts least-recently-used contexts anyway
+            log.debug("release %s on %s failed: %s", request_id, self.name, e.code())
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _common_prefix(a: Seq[int], b: Seq[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
