@@ -8,7 +8,7 @@ The signal is the verifier's busy fraction ``u`` over the last interval, against
 verification throughput" (arXiv:2503.10325) applied across the cluster:
 
 * ``u`` above ``u* (1 + tolerance)``: the verifier is the bottleneck; drafts beyond what it can
-  verify are wasted compute, so every pool shrinks in proportion ``u*/u``.
+  verify are wasted compute, so every pool shrinks to ``floor(replicas u*/u)``.
 * ``u`` below ``u* (1 - tolerance)`` while requests are in flight: the verifier waits for drafts,
   so the drafting throughput should grow by ``u*/u`` (at most ``max_scale_up_factor``). The extra
   tokens/s are split among pools by their routing share (their part of all drafted tokens), and
@@ -131,7 +131,7 @@ def _recommend(
             f"verifier utilization {v.utilization:.2f} within {policy.tolerance:.0%} of target {target:.2f}"
         )
     if ratio > 1.0:
-        raw = round(pool.replicas / ratio)
+        raw = math.floor(pool.replicas / ratio)  # floor: a saturated verifier always sheds a drafter
         return _clamp(raw, limits), (
             f"verifier utilization {v.utilization:.2f} > target {target:.2f}: "
             "drafting outpaces verification, shrinking"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,29 +22,51 @@ PODS = "v1/pods"
 EVENTS = "v1/events"
 
 
-@pytest.fixture()
-def emulator(tmp_path: Path) -> Iterator[EmulatorThread]:
-    with EmulatorThread(tmp_path) as emu:
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorThread]:
+    with EmulatorThread(tmp_path_factory.mktemp("emulator")) as emu:
         yield emu
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def kube(emulator: EmulatorThread) -> Kube:
     return Kube(emulator.url)
 
 
-@pytest.fixture()
-def operator(emulator: EmulatorThread, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """``cosine-operator --standalone -A`` (kopf run) in a thread, pointed at the emulator."""
+@pytest.fixture(scope="module")
+def webhook_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def operator(emulator: EmulatorThread, webhook_port: int) -> Iterator[Any]:
+    """``cosine-operator --standalone -A`` (kopf run) in a thread, pointed at the emulator,
+    with the admission webhook on plain HTTP at ``webhook_port``. One operator per test module."""
     from kopf.testing import KopfRunner
 
     from cosine.operator.__main__ import kopf_args
 
-    monkeypatch.setenv("KUBECONFIG", str(emulator.kubeconfig))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    args = kopf_args(["--standalone", "-A", "--verbose"], os.environ)
-    with KopfRunner(args, timeout=30) as runner:
-        yield runner
+    env = {
+        "KUBECONFIG": str(emulator.kubeconfig),
+        "COSINE_OPERATOR_WEBHOOK_PORT": str(webhook_port),
+        "COSINE_OPERATOR_WEBHOOK_INSECURE": "1",
+        "COSINE_OPERATOR_SCRAPE_TIMEOUT_S": "1",
+    }
+    saved = {k: os.environ.get(k) for k in [*env, "KUBERNETES_SERVICE_HOST"]}
+    os.environ.update(env)
+    os.environ.pop("KUBERNETES_SERVICE_HOST", None)
+    try:
+        args = kopf_args(["--standalone", "-A"], os.environ)
+        with KopfRunner(args, timeout=30) as runner:
+            yield runner
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     assert runner.exception is None, runner.output
     assert runner.exit_code == 0, runner.output
 

@@ -59,12 +59,17 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         return None
 
     async def _handle(self, request: rendering.Request) -> Any:
+        # kmock matches each request against its recorded history (for its assertion DSL), which
+        # makes a request cost O(requests so far); we assert on objects, so keep only this one.
+        del self._requests[:-1]
         if request.resource is None:
             return await super()._handle(request)
         rv = str(next(self._counter))
         if request.action == enums.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             meta.setdefault("namespace", request.namespace)
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
             meta.update(
                 uid=str(uuid.uuid4()),
                 resourceVersion=rv,
@@ -73,17 +78,15 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             )
             if request.data.get("kind") == "Deployment":
                 request.data.setdefault("status", {})
-        elif request.action == enums.action.UPDATE and request.name is not None:
+        elif request.action in (enums.action.UPDATE, enums.action.DELETE) and request.name is not None:
             found = self._find(request)
             if found is None or found[1].deleted:
                 raise kmock.KubernetesNotFoundError()
-            current = copy.deepcopy(found[1].raw)
-            self._rewrite_patch(request, current, rv)
-        elif request.action == enums.action.DELETE and request.name is not None:
-            found = self._find(request)
-            uid = None if found is None or found[1].deleted else found[1].raw["metadata"].get("uid")
+            uid = found[1].raw["metadata"].get("uid")
+            if request.action == enums.action.UPDATE:
+                self._rewrite_patch(request, copy.deepcopy(found[1].raw), rv)
             response = await super()._handle(request)
-            if uid is not None and found is not None and found[1].deleted:
+            if found[1].deleted and uid:  # gone now (no finalizers left): collect its dependents
                 await self._collect_garbage(uid)
             return response
         return await super()._handle(request)
@@ -102,6 +105,7 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             return
         if not isinstance(data, dict):
             return
+        data = copy.deepcopy(data)  # rebuilt below, then written back into the request
         wanted_rv = (data.get("metadata") or {}).get("resourceVersion")
         if wanted_rv is not None and wanted_rv != current["metadata"].get("resourceVersion"):
             raise kmock.KubernetesError(status=409, reason="Conflict", message="the object has been modified")
