@@ -1,0 +1,43 @@
+# One image for every CoSine role: `cosine verifier`, `cosine drafter` (runtime) and
+# `cosine-operator` (control plane). Non-root (uid 10001). CPU torch by default; for GPUs:
+#   docker build --build-arg TORCH_SPEC="torch==2.13.0" \
+#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 -t cosine:cuda .
+# The GPU driver comes from the node (NVIDIA device plugin); the CUDA runtime ships in the torch wheel.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ARG TORCH_SPEC="torch==2.13.0"
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/cosine
+ENV PATH=/opt/cosine/bin:$PATH
+# torch first, alone: the layer is large and changes rarely.
+RUN pip install --index-url "${TORCH_INDEX_URL}" ${TORCH_SPEC}
+WORKDIR /src
+COPY pyproject.toml ./
+COPY cosine ./cosine
+COPY runtime ./runtime
+COPY operator ./operator
+COPY proto ./proto
+COPY crds ./crds
+# pyproject names README.md as the long description; the image does not need its text.
+RUN test -f README.md || echo "# CoSine" > README.md
+RUN pip install . && python -c "import cosine.operator.handlers, cosine.runtime"
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="cosine" \
+      org.opencontainers.image.description="CoSine collaborative speculative LLM inference: verifier, drafter and operator" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --gid 10001 cosine && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/cosine cosine \
+    && mkdir -p /models /etc/cosine && chown 10001:10001 /models
+COPY --from=build /opt/cosine /opt/cosine
+COPY --from=build /src/crds /opt/cosine/share/crds
+ENV PATH=/opt/cosine/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    COSINE_CACHE=/models \
+    HF_HOME=/models/hf
+USER 10001
+WORKDIR /home/cosine
+EXPOSE 8000 50051 50052 9090
+ENTRYPOINT ["cosine"]
+CMD ["--help"]

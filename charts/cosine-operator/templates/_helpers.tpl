@@ -1,0 +1,71 @@
+{{/* Chart name, truncated to 63 characters (DNS label). */}}
+{{- define "cosine-operator.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: release-chart unless the release name already contains it. */}}
+{{- define "cosine-operator.fullname" -}}
+{{- if contains .Chart.Name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "cosine-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "cosine-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cosine-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "cosine-operator.labels" -}}
+helm.sh/chart: {{ include "cosine-operator.chart" . }}
+{{ include "cosine-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "cosine-operator.serviceAccountName" -}}
+{{- default (include "cosine-operator.fullname" .) .Values.serviceAccount.name }}
+{{- end }}
+
+{{- define "cosine-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The webhook's TLS secret and the Service name the API server calls. */}}
+{{- define "cosine-operator.webhookSecret" -}}
+{{- printf "%s-webhook-tls" (include "cosine-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* RBAC rules: exactly what cosine.operator.kube.CALLS and kopf itself use (tests/operator/test_chart.py). */}}
+{{- define "cosine-operator.namespacedRules" -}}
+- apiGroups: ["cosine.dev"]
+  resources: ["cosineclusters"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["cosine.dev"]
+  resources: ["cosineclusters/status"]
+  verbs: ["patch"]
+- apiGroups: ["cosine.dev"]
+  resources: ["cosinedrafterpools"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["cosine.dev"]
+  resources: ["cosinedrafterpools/status"]
+  verbs: ["patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services", "configmaps"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}

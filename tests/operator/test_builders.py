@@ -1,0 +1,104 @@
+"""Pure builders: the runtime contract (names, ports, commands), GPU scheduling, roll-out hashing."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from cosine.operator import builders
+
+SPEC: dict[str, Any] = {
+    "verifier": {
+        "model": "qwen2.5-coder-1.5b-instruct",
+        "resources": {"limits": {"nvidia.com/gpu": 1, "memory": "16Gi"}},
+        "nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-l4"},
+        "env": [{"name": "HF_HOME", "value": "/models/hf"}],
+    },
+    "drafterPools": [
+        {"name": "code", "model": "qwen2.5-coder-0.5b-instruct", "replicas": 2},
+        {"name": "ngram", "kind": "ngram"},
+    ],
+    "gateway": {"serviceType": "LoadBalancer", "port": 80, "apiKeySecretRef": {"name": "cosine-key", "key": "token"}},
+}
+
+
+def test_config_map_holds_the_cluster_document() -> None:
+    cm = builders.build_config_map("demo", "ns", SPEC)
+    assert cm["metadata"]["name"] == "demo-config"
+    doc = yaml.safe_load(cm["data"]["cluster.yaml"])
+    assert doc == {"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster",
+                   "metadata": {"name": "demo"}, "spec": SPEC}
+
+
+def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
+    d = builders.build_verifier_deployment("demo", "ns", SPEC)
+    pod = d["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["command"] == ["cosine"]
+    assert c["args"] == [
+        "verifier", "--cluster", "/etc/cosine/cluster.yaml", "--http-port", "8000", "--grpc-port", "50051",
+        "--drafter", "code=dns:///demo-drafter-code.ns.svc:50052",
+        "--drafter", "ngram=dns:///demo-drafter-ngram.ns.svc:50052",
+    ]
+    assert {p["containerPort"] for p in c["ports"]} == {8000, 50051}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    env = {e["name"]: e for e in c["env"]}
+    assert env["COSINE_CACHE"]["value"] == "/models"
+    assert env["COSINE_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "cosine-key", "key": "token"}
+    assert env["HF_HOME"]["value"] == "/models/hf"
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts == {"/etc/cosine", "/models"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "8000"
+
+
+def test_drafter_deployment_and_headless_service() -> None:
+    d = builders.build_drafter_deployment("demo", "ns", SPEC, "code", replicas=3)
+    c = d["spec"]["template"]["spec"]["containers"][0]
+    assert d["metadata"]["name"] == "demo-drafter-code" and d["spec"]["replicas"] == 3
+    assert c["args"] == ["drafter", "--cluster", "/etc/cosine/cluster.yaml", "--pool", "code",
+                         "--grpc-port", "50052", "--metrics-port", "9090"]
+    assert c["readinessProbe"]["grpc"] == {"port": 50052}
+    assert "tolerations" not in d["spec"]["template"]["spec"]  # no GPU asked for
+    svc = builders.build_drafter_service("demo", "ns", "code")
+    assert svc["spec"]["clusterIP"] == "None"
+    assert {p["port"] for p in svc["spec"]["ports"]} == {50052, 9090}
+    assert d["spec"]["selector"]["matchLabels"].items() <= svc["spec"]["selector"].items() | \
+        d["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_gateway_service_maps_port_to_8000() -> None:
+    svc = builders.build_gateway_service("demo", "ns", SPEC)
+    assert svc["spec"]["type"] == "LoadBalancer"
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    assert svc["spec"]["selector"] == builders.selector_labels("demo", "verifier")
+
+
+def test_scaling_does_not_change_the_pod_template_but_a_model_change_does() -> None:
+    base = builders.config_hash(SPEC)
+    scaled = copy.deepcopy(SPEC)
+    scaled["drafterPools"][0]["replicas"] = 4
+    scaled["autoscaling"] = {"enabled": False}
+    assert builders.config_hash(scaled) == base
+    changed = copy.deepcopy(SPEC)
+    changed["verifier"]["model"] = "qwen2.5-coder-3b-instruct"
+    assert builders.config_hash(changed) != base
+    resources = copy.deepcopy(SPEC)
+    resources["drafterPools"][0]["resources"] = {"limits": {"cpu": "2"}}
+    assert builders.config_hash(resources) != base
+
+
+def test_build_children_uses_the_scale_targets_replicas() -> None:
+    children = builders.build_children("demo", "ns", SPEC, {"code": 5})
+    kinds = [(c["kind"], c["metadata"]["name"]) for c in children]
+    assert kinds[0] == ("ConfigMap", "demo-config")
+    assert ("CoSineDrafterPool", "demo-code") in kinds
+    by_name = {c["metadata"]["name"]: c for c in children if c["kind"] == "Deployment"}
+    assert by_name["demo-drafter-code"]["spec"]["replicas"] == 5
+    assert by_name["demo-drafter-ngram"]["spec"]["replicas"] == 1
+    assert all(c["metadata"]["namespace"] == "ns" for c in children)

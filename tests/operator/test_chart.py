@@ -1,0 +1,131 @@
+"""The Helm chart, offline: lint, render in several configurations, validate every object with
+kubernetes-validate (strict schemas), the CRD copy is byte-identical, RBAC = what the operator calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+from cosine.operator import kube
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "cosine-operator"
+K8S_VERSION = "1.33.0"
+# Kinds from other projects' CRDs (not in kubernetes-validate's schemas).
+EXTERNAL_KINDS = {"ServiceMonitor", "Certificate", "Issuer", "CoSineCluster"}
+# What kopf itself needs beyond cosine.operator.kube.CALLS: watching its resources, patching
+# its annotations on handled objects, posting Events, observing CRDs.
+KOPF_NEEDS: dict[tuple[str, str], set[str]] = {
+    ("cosine.dev", "cosineclusters"): {"list", "watch", "patch"},
+    ("cosine.dev", "cosinedrafterpools"): {"list", "watch", "patch"},
+    ("apps", "deployments"): {"list", "watch"},
+    ("", "events"): {"create"},
+}
+
+
+def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(values or {})
+        out = chart.render(values or {}, name="cosine", namespace="cosine-system", is_install=True)
+    return [doc for path, text in out.items() if path.endswith(".yaml")
+            for doc in yaml.safe_load_all(text) if doc]
+
+
+def test_crds_in_chart_are_byte_identical_to_crds_dir() -> None:
+    source = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+    assert source == sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    for name in source:
+        assert (CHART / "crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), name
+
+
+def test_lint_is_clean() -> None:
+    report = helm.lint(CHART, strict=True, kube_version=f"v{K8S_VERSION}")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("values", [
+    {},
+    {"watchNamespaces": ["team-a", "team-b"], "metrics": {"serviceMonitor": {"enabled": True}}},
+    {"webhook": {"enabled": False}},
+    {"webhook": {"certManager": {"enabled": True}}},
+    {"sampleCluster": {"name": "demo", "spec": {"verifier": {"model": "m"},
+                                                "drafterPools": [{"name": "p", "kind": "ngram"}]}}},
+], ids=["default", "namespaced", "no-webhook", "cert-manager", "sample"])
+def test_every_rendered_object_is_valid(values: dict[str, Any]) -> None:
+    docs = render(values)
+    assert docs
+    for doc in docs:
+        if doc["kind"] in EXTERNAL_KINDS:
+            continue
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    crds = [yaml.safe_load(p.read_text()) for p in (CHART / "crds").glob("*.yaml")]
+    for crd in crds:
+        kubernetes_validate.validate(crd, K8S_VERSION, strict=True)
+
+
+def test_values_schema_rejects_unknown_keys() -> None:
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"webhook": {"enabeld": True}})
+
+
+def _grants(docs: list[dict[str, Any]], kinds: set[str]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for doc in docs:
+        if doc["kind"] not in kinds:
+            continue
+        for rule in doc["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def _expected() -> dict[tuple[str, str], set[str]]:
+    want: dict[tuple[str, str], set[str]] = {}
+    for source in (kube.CALLS, KOPF_NEEDS):
+        for key, verbs in source.items():
+            want.setdefault(key, set()).update(verbs)
+    return want
+
+
+def test_rbac_grants_exactly_what_the_operator_calls_cluster_wide() -> None:
+    grants = _grants(render(), {"ClusterRole"})
+    crds = grants.pop(("apiextensions.k8s.io", "customresourcedefinitions"))
+    assert crds == {"list", "watch"}
+    assert grants == _expected()
+
+
+def test_rbac_per_namespace_uses_roles() -> None:
+    docs = render({"watchNamespaces": ["team-a", "team-b"]})
+    roles = [d for d in docs if d["kind"] == "Role"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert _grants(roles[:1], {"Role"}) == _expected()
+    cluster = _grants(docs, {"ClusterRole"})
+    assert cluster == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+                       ("", "namespaces"): {"list", "watch"}}
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--all-namespaces" not in args
+
+
+def test_operator_deployment_wiring() -> None:
+    docs = render()
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["cosine-operator"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert "--log-format=json" in container["args"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["COSINE_OPERATOR_WEBHOOK_PORT"] == "9443"
+    webhook = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")
+    config = webhook["webhooks"][0]["clientConfig"]
+    assert config["service"]["path"] == "/validate-cosinecluster"  # the kopf handler's id
+    assert config["caBundle"]
+    secret = next(d for d in docs if d["kind"] == "Secret")
+    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}

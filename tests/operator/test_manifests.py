@@ -1,0 +1,159 @@
+"""Plain manifests and examples: CRD schema validation of every example (jsonschema), the CRD's
+defaults equal the operator's, manifests/cosine-operator.yaml matches the chart, the Dockerfile's
+references exist."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from cosine.operator import builders, settings
+from cosine.operator.webhook import validate_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+
+
+def crd_schema(name: str = "cosine.dev_cosineclusters.yaml") -> dict[str, Any]:
+    crd = yaml.safe_load((ROOT / "crds" / name).read_text())
+    return dict(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
+
+def to_jsonschema(node: Any) -> Any:
+    """OpenAPI v3 (Kubernetes flavour) → JSON Schema: int-or-string, drop k8s extensions."""
+    if isinstance(node, list):
+        return [to_jsonschema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: to_jsonschema(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("pattern", None)
+    return out
+
+
+def test_examples_exist() -> None:
+    assert {p.name for p in EXAMPLES} == {"embedded.yaml", "gke-gpu.yaml", "eks-gpu.yaml"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_validate_against_the_crd_and_the_webhook(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    jsonschema.validate(doc, to_jsonschema(crd_schema()))
+    assert validate_cluster(doc["metadata"]["name"], doc["spec"]) == []
+    children = builders.build_children(doc["metadata"]["name"], "ns", doc["spec"], {})
+    gpu_pods = [c for c in children if c["kind"] == "Deployment"
+                and "nvidia.com/gpu" in str(c["spec"]["template"]["spec"]["containers"][0]["resources"])]
+    if "gpu" in path.name:
+        assert gpu_pods
+        for d in gpu_pods:
+            pod = d["spec"]["template"]["spec"]
+            assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+            assert pod["nodeSelector"]
+
+
+def test_schema_rejects_what_it_should() -> None:
+    schema = to_jsonschema(crd_schema())
+    good = yaml.safe_load((ROOT / "manifests/examples/embedded.yaml").read_text())
+    for mutate in (
+        lambda s: s["spec"].update(drafterPools=[]),
+        lambda s: s["spec"]["speculation"].update(maxDraftLen=64),
+        lambda s: s["spec"]["drafterPools"][0].update(kind="tree"),
+        lambda s: s["spec"]["drafterPools"][0].update(name="Not_DNS"),
+        lambda s: s["spec"]["verifier"].update(dtype="int4"),
+    ):
+        bad = copy.deepcopy(good)
+        mutate(bad)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+def test_cel_rules_are_present() -> None:
+    spec = crd_schema()["properties"]["spec"]
+    rules = [r["rule"] for r in spec["x-kubernetes-validations"]]
+    assert any("exists_one" in r for r in rules)
+    pool_rules = [r["rule"] for r in spec["properties"]["drafterPools"]["items"]["x-kubernetes-validations"]]
+    assert "self.minReplicas <= self.maxReplicas" in pool_rules
+
+
+def _defaults(schema: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, prop in (schema.get("properties") or {}).items():
+        if "default" in prop and prop["default"] != {}:
+            out[prefix + key] = prop["default"]
+        out.update(_defaults(prop, f"{prefix}{key}."))
+        if prop.get("type") == "array":
+            out.update(_defaults(prop.get("items") or {}, f"{prefix}{key}[]."))
+    return out
+
+
+def test_crd_defaults_equal_the_operators_defaults() -> None:
+    defaults = _defaults(crd_schema()["properties"]["spec"])
+    parsed = settings.parse_cluster_spec({"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "model": "m"}]})
+    pool = parsed.drafter_pools[0]
+    mine = {
+        "image.repository": parsed.image.repository, "image.tag": parsed.image.tag,
+        "image.pullPolicy": parsed.image.pull_policy,
+        "verifier.dtype": parsed.verifier.dtype, "verifier.replicas": parsed.verifier.replicas,
+        "verifier.threads": parsed.verifier.threads, "verifier.maxBatchTokens": parsed.verifier.max_batch_tokens,
+        "drafterPools[].kind": pool.kind, "drafterPools[].translateTokenizer": pool.translate_tokenizer,
+        "drafterPools[].replicas": pool.replicas, "drafterPools[].minReplicas": pool.min_replicas,
+        "drafterPools[].maxReplicas": pool.max_replicas, "drafterPools[].threads": pool.threads,
+        "autoscaling.enabled": parsed.autoscaling.enabled,
+        "autoscaling.intervalSeconds": parsed.autoscaling.interval_s,
+        "autoscaling.stabilizationSeconds": parsed.autoscaling.stabilization_s,
+        "autoscaling.targetVerifierUtilization": parsed.autoscaling.target_verifier_utilization,
+        "autoscaling.maxScaleDownStep": parsed.autoscaling.max_scale_down_step,
+        "gateway.serviceType": parsed.gateway.service_type, "gateway.port": parsed.gateway.port,
+    }
+    runtime_only = {k: v for k, v in defaults.items() if k.startswith("speculation.")}
+    assert runtime_only == {"speculation.maxDraftLen": 8, "speculation.adaptive": True, "speculation.fusion": True,
+                            "speculation.compression.topK": 32, "speculation.compression.bits": 8}
+    assert {k: v for k, v in defaults.items() if k not in runtime_only} == mine
+
+
+def test_every_field_has_a_description() -> None:
+    def walk(node: dict[str, Any], path: str) -> list[str]:
+        missing = []
+        for key, prop in (node.get("properties") or {}).items():
+            if key != "metadata" and not prop.get("description"):
+                missing.append(f"{path}.{key}")
+            missing += walk(prop, f"{path}.{key}")
+            missing += walk(prop.get("items") or {}, f"{path}.{key}[]")
+        return missing
+    for name in ("cosine.dev_cosineclusters.yaml", "cosine.dev_cosinedrafterpools.yaml"):
+        assert walk(crd_schema(name), "") == []
+
+
+def test_plain_manifests_match_the_chart() -> None:
+    spec = importlib.util.spec_from_file_location("render_manifests", ROOT / "manifests" / "render.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("render_manifests", module)
+    spec.loader.exec_module(module)
+    assert (ROOT / "manifests" / "cosine-operator.yaml").read_text() == module.render(), \
+        "run: python manifests/render.py"
+
+
+def test_dockerfile_copies_existing_files_and_names_real_entry_points() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    for line in text.splitlines():
+        m = re.match(r"^COPY\s+(?!--from)(.+)\s+\S+$", line.strip())
+        if m:
+            for src in m.group(1).split():
+                if not src.startswith("--"):
+                    assert (ROOT / src).exists(), src
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for script in ("cosine", "cosine-operator"):
+        assert re.search(rf'^{script} = "', pyproject, re.M), script
+    assert 'ENTRYPOINT ["cosine"]' in text
+    assert re.search(r"^USER 10001", text, re.M)
+    assert "ARG TORCH_SPEC" in text
+    assert (ROOT / ".dockerignore").exists()

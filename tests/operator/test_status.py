@@ -1,0 +1,46 @@
+"""Status builders: conditions in the standard shape, transitions, autoscaler fields."""
+
+from __future__ import annotations
+
+from cosine.operator.autoscaling import Observations, PoolObservation, ScaleDecision, VerifierObservation
+from cosine.operator.status import autoscaler_status, build_status
+
+SPEC = {"verifier": {"model": "m"}, "drafterPools": [{"name": "code", "model": "m"}]}
+
+
+def deployments(v_ready: int, d_ready: int) -> dict:
+    return {
+        "demo-verifier": {"spec": {"replicas": 1}, "status": {"readyReplicas": v_ready}},
+        "demo-drafter-code": {"spec": {"replicas": 2}, "status": {"readyReplicas": d_ready}},
+    }
+
+
+def conds(status: dict) -> dict:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_pending_then_ready_keeps_transition_times_of_unchanged_conditions() -> None:
+    first = build_status("demo", "ns", 1, SPEC, deployments(1, 0), None, "t1")
+    assert first["phase"] == "Degraded"
+    c = conds(first)
+    assert (c["VerifierReady"]["status"], c["DraftersReady"]["status"], c["Ready"]["status"]) == ("True", "False", "False")
+    assert c["Ready"]["observedGeneration"] == 1
+    second = build_status("demo", "ns", 1, SPEC, deployments(1, 2), first, "t2")
+    c2 = conds(second)
+    assert second["phase"] == "Ready" and c2["Ready"]["status"] == "True"
+    assert c2["Ready"]["lastTransitionTime"] == "t2"
+    assert c2["VerifierReady"]["lastTransitionTime"] == "t1"  # unchanged since t1
+    assert second["verifier"]["ready"] == "1/1" and second["drafters"]["ready"] == "2/2"
+    assert second["gatewayUrl"] == "http://demo-gateway.ns.svc:8000"
+
+
+def test_autoscaler_status_records_measurements_and_decisions() -> None:
+    previous = build_status("demo", "ns", 1, SPEC, deployments(1, 2), None, "t1")
+    o = Observations(VerifierObservation(0.4, 120.0, 3, 0), (PoolObservation("code", 2, 2, 50.0, 0.75, 1.0),))
+    out = autoscaler_status(previous, o, [ScaleDecision("code", 2, 3, "growing")], True, "Measuring", "ok", 1, "t2")
+    assert out["acceptanceRate"] == 0.75 and out["verifierUtilization"] == 0.4
+    pool = out["pools"][0]
+    assert pool["desiredReplicas"] == 3 and pool["readyReplicas"] == 2 and pool["acceptanceRate"] == 0.75
+    assert "code: 2→3 (growing)" in out["lastScaleDecision"]
+    c = conds(out)
+    assert c["ScalingActive"]["status"] == "True" and c["Ready"]["status"] == "True"
