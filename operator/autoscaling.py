@@ -176,7 +176,9 @@ def desired_replicas(
             continue
         raw, reason = _recommend(obs, policy, pool, limits)
         window = tuple(
-            (t, r) for t, r in state.recommendations.get(limits.name, ()) if now_s - t < policy.stabilization_s
+            (t, r)
+            for t, r in state.recommendations.get(limits.name, ())
+            if now_s - t < policy.stabilization_s
         ) + ((now_s, raw),)
         history[limits.name] = window
         current = pool.replicas

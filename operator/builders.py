@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-
 from cosine.operator import settings as s
 
 CONFIG_DIR = "/etc/cosine"
@@ -200,9 +199,12 @@ def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]
     v = cluster.verifier
     args = [
         "verifier",
-        "--cluster", CONFIG_FILE,
-        "--http-port", str(s.VERIFIER_HTTP_PORT),
-        "--grpc-port", str(s.VERIFIER_GRPC_PORT),
+        "--cluster",
+        CONFIG_FILE,
+        "--http-port",
+        str(s.VERIFIER_HTTP_PORT),
+        "--grpc-port",
+        str(s.VERIFIER_GRPC_PORT),
     ]
     for pool in cluster.drafter_pools:
         target = f"dns:///{drafter_name(name, pool.name)}.{namespace}.svc:{s.DRAFTER_GRPC_PORT}"
@@ -229,8 +231,15 @@ def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]
     }
     pod_spec = _pod_spec(v.pod, container, name, cluster.image)
     return _deployment(
-        name, namespace, verifier_name(name), "verifier", None, v.replicas, pod_spec,
-        s.VERIFIER_HTTP_PORT, config_hash(spec),
+        name,
+        namespace,
+        verifier_name(name),
+        "verifier",
+        None,
+        v.replicas,
+        pod_spec,
+        s.VERIFIER_HTTP_PORT,
+        config_hash(spec),
     )
 
 
@@ -245,10 +254,14 @@ def build_drafter_deployment(
         "command": ["cosine"],
         "args": [
             "drafter",
-            "--cluster", CONFIG_FILE,
-            "--pool", p.name,
-            "--grpc-port", str(s.DRAFTER_GRPC_PORT),
-            "--metrics-port", str(s.DRAFTER_METRICS_PORT),
+            "--cluster",
+            CONFIG_FILE,
+            "--pool",
+            p.name,
+            "--grpc-port",
+            str(s.DRAFTER_GRPC_PORT),
+            "--metrics-port",
+            str(s.DRAFTER_METRICS_PORT),
         ],
         "env": _env(p.pod, []),
         "ports": [
@@ -259,8 +272,15 @@ def build_drafter_deployment(
     }
     pod_spec = _pod_spec(p.pod, container, name, cluster.image)
     return _deployment(
-        name, namespace, drafter_name(name, p.name), "drafter", p.name, replicas, pod_spec,
-        s.DRAFTER_METRICS_PORT, config_hash(spec),
+        name,
+        namespace,
+        drafter_name(name, p.name),
+        "drafter",
+        p.name,
+        replicas,
+        pod_spec,
+        s.DRAFTER_METRICS_PORT,
+        config_hash(spec),
     )
 
 
@@ -311,13 +331,20 @@ def build_drafter_service(name: str, namespace: str, pool: str) -> Manifest:
             "selector": selector_labels(name, "drafter", pool),
             "ports": [
                 {"name": "grpc", "port": s.DRAFTER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
-                {"name": "metrics", "port": s.DRAFTER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+                {
+                    "name": "metrics",
+                    "port": s.DRAFTER_METRICS_PORT,
+                    "targetPort": "metrics",
+                    "protocol": "TCP",
+                },
             ],
         },
     }
 
 
-def build_pool_scaler(name: str, namespace: str, spec: Mapping[str, Any], pool: str, replicas: int) -> Manifest:
+def build_pool_scaler(
+    name: str, namespace: str, spec: Mapping[str, Any], pool: str, replicas: int
+) -> Manifest:
     """``CoSineDrafterPool`` ``N-P``: the pool's scale target (``spec.replicas`` drives the Deployment)."""
     p = s.parse_cluster_spec(spec).pool(pool)
     return {

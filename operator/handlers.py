@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-
 from cosine.operator import builders, kube, status
 from cosine.operator import settings as s
 from cosine.operator.autoscaling import PoolLimits, ScalerState, ScalingPolicy, desired_replicas
@@ -124,14 +123,23 @@ async def _refresh_status(
     api: Any, name: str, namespace: str, generation: int | None, spec: dict[str, Any], previous: Any
 ) -> dict[str, Any]:
     cluster = s.parse_cluster_spec(spec)
-    names = [builders.verifier_name(name)] + [builders.drafter_name(name, p.name) for p in cluster.drafter_pools]
+    names = [builders.verifier_name(name)] + [
+        builders.drafter_name(name, p.name) for p in cluster.drafter_pools
+    ]
     deployments = {n: await kube.get(api, "Deployment", namespace, n) for n in names}
     return status.build_status(name, namespace, generation, spec, deployments, previous, _now())
 
 
 async def _reconcile(
-    event: str, body: kopf.Body, spec: Any, name: str, namespace: str, old_spec: Any,
-    memo: kopf.Memo, patch: kopf.Patch, logger: Any,
+    event: str,
+    body: kopf.Body,
+    spec: Any,
+    name: str,
+    namespace: str,
+    old_spec: Any,
+    memo: kopf.Memo,
+    patch: kopf.Patch,
+    logger: Any,
 ) -> None:
     try:
         plain_spec = dict(spec)
@@ -154,22 +162,47 @@ async def _reconcile(
 
 
 @kopf.on.create(*CLUSTER)
-async def cosinecluster_create(body: kopf.Body, spec: Any, name: str, namespace: str, memo: kopf.Memo,
-                               patch: kopf.Patch, logger: Any, **_: Any) -> None:
+async def cosinecluster_create(
+    body: kopf.Body,
+    spec: Any,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    patch: kopf.Patch,
+    logger: Any,
+    **_: Any,
+) -> None:
     """Create the children of a new CoSineCluster."""
     await _reconcile("create", body, spec, name, namespace, None, memo, patch, logger)
 
 
 @kopf.on.update(*CLUSTER, field="spec")
-async def cosinecluster_update(body: kopf.Body, spec: Any, old: Any, name: str, namespace: str,
-                               memo: kopf.Memo, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+async def cosinecluster_update(
+    body: kopf.Body,
+    spec: Any,
+    old: Any,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    patch: kopf.Patch,
+    logger: Any,
+    **_: Any,
+) -> None:
     """Roll out a changed spec (new pod templates, scaled or removed pools)."""
     await _reconcile("update", body, spec, name, namespace, old, memo, patch, logger)
 
 
 @kopf.on.resume(*CLUSTER)
-async def cosinecluster_resume(body: kopf.Body, spec: Any, name: str, namespace: str, memo: kopf.Memo,
-                               patch: kopf.Patch, logger: Any, **_: Any) -> None:
+async def cosinecluster_resume(
+    body: kopf.Body,
+    spec: Any,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    patch: kopf.Patch,
+    logger: Any,
+    **_: Any,
+) -> None:
     """Re-apply the children when the operator restarts (drift repair)."""
     await _reconcile("resume", body, spec, name, namespace, None, memo, patch, logger)
 
@@ -187,21 +220,33 @@ async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, log
         return
     meta, spec = owner["metadata"], owner.get("spec") or {}
     try:
-        new = await _refresh_status(api, cluster_name, namespace, meta.get("generation"), spec, owner.get("status"))
+        new = await _refresh_status(
+            api, cluster_name, namespace, meta.get("generation"), spec, owner.get("status")
+        )
     except (KeyError, ValueError):
         return
     await kube.patch(api, s.CLUSTER_KIND, namespace, cluster_name, {"status": new}, subresource="status")
     pool = labels.get(builders.POOL_LABEL)
     if pool:
         replicas, ready = status._counts(body)
-        selector = ",".join(f"{k}={v}" for k, v in builders.selector_labels(cluster_name, "drafter", pool).items())
+        selector = ",".join(
+            f"{k}={v}" for k, v in builders.selector_labels(cluster_name, "drafter", pool).items()
+        )
         pool_status = {"status": {"replicas": replicas, "readyReplicas": ready, "selector": selector}}
-        await kube.patch(api, s.POOL_KIND, namespace, builders.pool_object_name(cluster_name, pool),
-                         pool_status, subresource="status")
+        await kube.patch(
+            api,
+            s.POOL_KIND,
+            namespace,
+            builders.pool_object_name(cluster_name, pool),
+            pool_status,
+            subresource="status",
+        )
 
 
 @kopf.on.field(*POOL, field="spec.replicas")
-async def cosinedrafterpool_replicas(spec: Any, namespace: str, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+async def cosinedrafterpool_replicas(
+    spec: Any, namespace: str, memo: kopf.Memo, logger: Any, **_: Any
+) -> None:
     """The scale target changed (autoscaler, HPA/KEDA via ``/scale``): resize the pool's Deployment."""
     lo, hi = int(spec.get("minReplicas", 0)), int(spec.get("maxReplicas", 1 << 20))
     replicas = max(lo, min(hi, int(spec.get("replicas", lo))))
@@ -210,12 +255,18 @@ async def cosinedrafterpool_replicas(spec: Any, namespace: str, memo: kopf.Memo,
     logger.info(f"pool {spec['pool']}: Deployment {deployment} scaled to {replicas}")
 
 
-async def _scrape(api: Any, name: str, namespace: str, cluster: s.ClusterSpec, config: s.OperatorConfig) -> Scrape:
+async def _scrape(
+    api: Any, name: str, namespace: str, cluster: s.ClusterSpec, config: s.OperatorConfig
+) -> Scrape:
     now_s = time.monotonic()
     if cluster.autoscaling.prometheus_url:
         return await scrape_prometheus(
-            cluster.autoscaling.prometheus_url, namespace, name, [p.name for p in cluster.drafter_pools],
-            config.scrape_timeout_s, now_s,
+            cluster.autoscaling.prometheus_url,
+            namespace,
+            name,
+            [p.name for p in cluster.drafter_pools],
+            config.scrape_timeout_s,
+            now_s,
         )
     targets = []
     for pod in await kube.list_owned(api, "Pod", namespace, name):
@@ -230,13 +281,24 @@ async def _scrape(api: Any, name: str, namespace: str, cluster: s.ClusterSpec, c
         default_port = s.VERIFIER_HTTP_PORT if role == "verifier" else s.DRAFTER_METRICS_PORT
         port = annotations.get("prometheus.io/port", str(default_port))
         path = annotations.get("prometheus.io/path", "/metrics")
-        targets.append(ScrapeTarget(meta["name"], role, labels.get(builders.POOL_LABEL), f"http://{ip}:{port}{path}"))
+        targets.append(
+            ScrapeTarget(meta["name"], role, labels.get(builders.POOL_LABEL), f"http://{ip}:{port}{path}")
+        )
     return await scrape_pods(targets, config.scrape_timeout_s, now_s)
 
 
 @kopf.timer(*CLUSTER, interval=1.0, initial_delay=1.0)
-async def cosinecluster_autoscale(body: kopf.Body, spec: Any, name: str, namespace: str, uid: str,
-                                  memo: kopf.Memo, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+async def cosinecluster_autoscale(
+    body: kopf.Body,
+    spec: Any,
+    name: str,
+    namespace: str,
+    uid: str,
+    memo: kopf.Memo,
+    patch: kopf.Patch,
+    logger: Any,
+    **_: Any,
+) -> None:
     """Every ``spec.autoscaling.intervalSeconds``: scrape, decide with ``desired_replicas``, scale."""
     try:
         cluster = s.parse_cluster_spec(dict(spec))
@@ -248,11 +310,19 @@ async def cosinecluster_autoscale(body: kopf.Body, spec: Any, name: str, namespa
         memo.autoscalers.pop(uid, None)
         conds = {c.get("type"): c for c in previous_status.get("conditions") or ()}
         if (conds.get("ScalingActive") or {}).get("reason") != "Disabled":
-            patch.status.update(status.autoscaler_status(
-                previous_status, None, (), False, "Disabled",
-                "spec.autoscaling.enabled is false: replicas come from the spec or the pools' scale subresource",
-                generation, _now(),
-            ))
+            patch.status.update(
+                status.autoscaler_status(
+                    previous_status,
+                    None,
+                    (),
+                    False,
+                    "Disabled",
+                    "spec.autoscaling.enabled is false: replicas come from the spec or the pools' "
+                    "scale subresource",
+                    generation,
+                    _now(),
+                )
+            )
         return
     mem: _AutoscalerMemory = memo.autoscalers.setdefault(uid, _AutoscalerMemory())
     now_s = time.monotonic()
@@ -286,17 +356,36 @@ async def cosinecluster_autoscale(body: kopf.Body, spec: Any, name: str, namespa
             continue
         direction = "up" if d.desired > d.current else "down"
         memo.metrics.scale_decisions.labels(d.pool, direction).inc()
-        await kube.patch(api, s.POOL_KIND, namespace, builders.pool_object_name(name, d.pool),
-                         {"spec": {"replicas": d.desired}})
-        await kube.patch(api, "Deployment", namespace, builders.drafter_name(name, d.pool),
-                         {"spec": {"replicas": d.desired}})
-        kopf.info(body, reason=f"Scaled{direction.capitalize()}",
-                  message=f"drafter pool {d.pool}: {d.current} → {d.desired} replicas: {d.reason}")
+        await kube.patch(
+            api,
+            s.POOL_KIND,
+            namespace,
+            builders.pool_object_name(name, d.pool),
+            {"spec": {"replicas": d.desired}},
+        )
+        await kube.patch(
+            api,
+            "Deployment",
+            namespace,
+            builders.drafter_name(name, d.pool),
+            {"spec": {"replicas": d.desired}},
+        )
+        kopf.info(
+            body,
+            reason=f"Scaled{direction.capitalize()}",
+            message=f"drafter pool {d.pool}: {d.current} → {d.desired} replicas: {d.reason}",
+        )
         logger.info(f"pool {d.pool}: {d.current} -> {d.desired}: {d.reason}")
     measured = observations.verifier is not None
-    patch.status.update(status.autoscaler_status(
-        previous_status, observations, decisions, measured,
-        "Measuring" if measured else "NoMetrics",
-        "balancing drafting to verification throughput" if measured else "verifier /metrics not readable",
-        generation, _now(),
-    ))
+    patch.status.update(
+        status.autoscaler_status(
+            previous_status,
+            observations,
+            decisions,
+            measured,
+            "Measuring" if measured else "NoMetrics",
+            "balancing drafting to verification throughput" if measured else "verifier /metrics not readable",
+            generation,
+            _now(),
+        )
+    )

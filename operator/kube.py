@@ -11,10 +11,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from cosine.operator import settings as s
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
-
-from cosine.operator import settings as s
 
 Body = dict[str, Any]
 
@@ -104,11 +103,17 @@ async def list_owned(api: client.ApiClient, kind: str, namespace: str, cluster: 
     """
     query = [("labelSelector", f"cosine.dev/cluster={cluster}")]
     items = (await _call(api, "GET", _path(kind, namespace), query=query)).get("items") or []
-    return [i for i in items if (i.get("metadata", {}).get("labels") or {}).get("cosine.dev/cluster") == cluster]
+    return [
+        i for i in items if (i.get("metadata", {}).get("labels") or {}).get("cosine.dev/cluster") == cluster
+    ]
 
 
 async def patch(
-    api: client.ApiClient, kind: str, namespace: str, name: str, body: Mapping[str, Any],
+    api: client.ApiClient,
+    kind: str,
+    namespace: str,
+    name: str,
+    body: Mapping[str, Any],
     subresource: str | None = None,
 ) -> Body | None:
     """JSON merge-patch; ``None`` if the object is gone."""
@@ -138,7 +143,9 @@ async def delete(api: client.ApiClient, kind: str, namespace: str, name: str) ->
     """Delete (background propagation); ``False`` if it was already gone."""
     try:
         await _call(
-            api, "DELETE", _path(kind, namespace, name),
+            api,
+            "DELETE",
+            _path(kind, namespace, name),
             {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"},
         )
         return True

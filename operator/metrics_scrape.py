@@ -20,9 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
-
 from cosine.operator.autoscaling import Observations, PoolObservation, VerifierObservation
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @dataclass(frozen=True)
@@ -114,9 +113,7 @@ def _delta(now: float, before: float | None) -> float:
     return now - before
 
 
-def observe(
-    prev: Scrape, cur: Scrape, pool_replicas: Mapping[str, tuple[int, int]]
-) -> Observations:
+def observe(prev: Scrape, cur: Scrape, pool_replicas: Mapping[str, tuple[int, int]]) -> Observations:
     """Rates between two scrapes → observations; ``pool_replicas``: pool → (replicas, ready).
 
     Only pods present in both scrapes count (a new pod's counters cover an unknown span).
@@ -177,7 +174,7 @@ async def _fetch(session: aiohttp.ClientSession, target: ScrapeTarget) -> tuple[
             if response.status != 200:
                 return target, None
             return target, await response.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+    except (TimeoutError, aiohttp.ClientError, OSError):
         return target, None
 
 

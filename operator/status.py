@@ -88,17 +88,28 @@ def build_status(
     ready = verifier_ok and pools_ready
     conditions = [
         condition(
-            "VerifierReady", verifier_ok, "ReplicasReady" if verifier_ok else "ReplicasNotReady",
-            f"{v_ready}/{cluster.verifier.replicas} verifier replicas ready", generation, now,
+            "VerifierReady",
+            verifier_ok,
+            "ReplicasReady" if verifier_ok else "ReplicasNotReady",
+            f"{v_ready}/{cluster.verifier.replicas} verifier replicas ready",
+            generation,
+            now,
         ),
         condition(
-            "DraftersReady", pools_ready, "ReplicasReady" if pools_ready else "ReplicasNotReady",
-            f"{d_ready}/{d_desired} drafter replicas ready in {len(pools)} pool(s)", generation, now,
+            "DraftersReady",
+            pools_ready,
+            "ReplicasReady" if pools_ready else "ReplicasNotReady",
+            f"{d_ready}/{d_desired} drafter replicas ready in {len(pools)} pool(s)",
+            generation,
+            now,
         ),
         condition(
-            "Ready", ready, "AllReplicasReady" if ready else "Waiting",
+            "Ready",
+            ready,
+            "AllReplicasReady" if ready else "Waiting",
             "verifier and every drafter pool serve" if ready else "waiting for verifier or drafter pods",
-            generation, now,
+            generation,
+            now,
         ),
     ]
     phase = "Ready" if ready else ("Degraded" if v_ready or d_ready else "Pending")
@@ -158,7 +169,9 @@ def autoscaler_status(
     changed = [d for d in decisions if d.changed]
     if changed:
         out["lastScaleTime"] = now
-        out["lastScaleDecision"] = "; ".join(f"{d.pool}: {d.current}→{d.desired} ({d.reason})" for d in changed)
+        out["lastScaleDecision"] = "; ".join(
+            f"{d.pool}: {d.current}→{d.desired} ({d.reason})" for d in changed
+        )
     out["conditions"] = merge_conditions(
         previous.get("conditions"), [condition("ScalingActive", active, reason, message, generation, now)]
     )

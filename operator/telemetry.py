@@ -27,20 +27,28 @@ class OperatorMetrics:
         return cls(
             registry=registry,
             reconciles=Counter(
-                "cosine_operator_reconciles", "CoSineCluster reconciliations.", ["event", "outcome"],
+                "cosine_operator_reconciles",
+                "CoSineCluster reconciliations.",
+                ["event", "outcome"],
                 registry=registry,
             ),
             scale_decisions=Counter(
-                "cosine_operator_scale_decisions", "Drafter pool replica changes by the autoscaler.",
-                ["pool", "direction"], registry=registry,
+                "cosine_operator_scale_decisions",
+                "Drafter pool replica changes by the autoscaler.",
+                ["pool", "direction"],
+                registry=registry,
             ),
             scrape_failures=Counter(
-                "cosine_operator_scrape_failures", "Pods whose /metrics could not be read.", ["role"],
+                "cosine_operator_scrape_failures",
+                "Pods whose /metrics could not be read.",
+                ["role"],
                 registry=registry,
             ),
             desired_replicas=Gauge(
-                "cosine_operator_desired_replicas", "The autoscaler's latest desired replicas per pool.",
-                ["namespace", "cluster", "pool"], registry=registry,
+                "cosine_operator_desired_replicas",
+                "The autoscaler's latest desired replicas per pool.",
+                ["namespace", "cluster", "pool"],
+                registry=registry,
             ),
         )
 

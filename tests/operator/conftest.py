@@ -4,22 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from k8s_emulator import EmulatorThread, Kube
-
-CLUSTERS = "cosine.dev/v1alpha1/cosineclusters"
-POOLS = "cosine.dev/v1alpha1/cosinedrafterpools"
-DEPLOYMENTS = "apps/v1/deployments"
-SERVICES = "v1/services"
-CONFIGMAPS = "v1/configmaps"
-PODS = "v1/pods"
-EVENTS = "v1/events"
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +33,8 @@ def webhook_port() -> int:
 def operator(emulator: EmulatorThread, webhook_port: int) -> Iterator[Any]:
     """``cosine-operator --standalone -A`` (kopf run) in a thread, pointed at the emulator,
     with the admission webhook on plain HTTP at ``webhook_port``. One operator per test module."""
-    from kopf.testing import KopfRunner
-
     from cosine.operator.__main__ import kopf_args
+    from kopf.testing import KopfRunner
 
     env = {
         "KUBECONFIG": str(emulator.kubeconfig),
@@ -69,18 +57,3 @@ def operator(emulator: EmulatorThread, webhook_port: int) -> Iterator[Any]:
                 os.environ[key] = value
     assert runner.exception is None, runner.output
     assert runner.exit_code == 0, runner.output
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` every 50 ms until it returns something truthy."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-        except (KeyError, TypeError, IndexError):
-            last = None
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")

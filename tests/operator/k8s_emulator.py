@@ -18,7 +18,9 @@ import copy
 import datetime
 import itertools
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,14 @@ import jsonpatch
 import kmock
 import yaml
 from kmock._internal import enums, rendering
+
+CLUSTERS = "cosine.dev/v1alpha1/cosineclusters"
+POOLS = "cosine.dev/v1alpha1/cosinedrafterpools"
+DEPLOYMENTS = "apps/v1/deployments"
+SERVICES = "v1/services"
+CONFIGMAPS = "v1/configmaps"
+PODS = "v1/pods"
+EVENTS = "v1/events"
 
 # group/version/plural -> (kind, subresources)
 RESOURCES: dict[str, tuple[str, set[str]]] = {
@@ -99,8 +109,13 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             except (jsonpatch.JsonPatchTestFailed, jsonpatch.JsonPatchConflict) as e:
                 raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from e
             if request.subresource is None and any(op.get("path", "").startswith("/spec") for op in data):
-                data.append({"op": "replace", "path": "/metadata/generation",
-                             "value": current["metadata"].get("generation", 1) + 1})
+                data.append(
+                    {
+                        "op": "replace",
+                        "path": "/metadata/generation",
+                        "value": current["metadata"].get("generation", 1) + 1,
+                    }
+                )
             data.append({"op": "replace", "path": "/metadata/resourceVersion", "value": rv})
             return
         if not isinstance(data, dict):
@@ -155,10 +170,18 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         items = result["items"]
         if selector:
             pairs = [term.split("=", 1) for term in selector.split(",") if "=" in term]
-            items = [i for i in items
-                     if all((i.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in pairs)]
+            items = [
+                i
+                for i in items
+                if all((i.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in pairs)
+            ]
         kind = RESOURCES.get(self._key(request), ("Object", set()))[0]
-        return {"apiVersion": "v1", "kind": f"{kind}List", "metadata": {"resourceVersion": "1"}, "items": items}
+        return {
+            "apiVersion": "v1",
+            "kind": f"{kind}List",
+            "metadata": {"resourceVersion": "1"},
+            "items": items,
+        }
 
 
 def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -191,12 +214,16 @@ class EmulatorThread:
         async with RealisticEmulator() as emulator, kmock.Server(emulator, host="127.0.0.1") as server:
             for key, (kind, subresources) in RESOURCES.items():
                 emulator.resources[key] = kmock.ResourceInfo(
-                    namespaced=True, kind=kind, subresources=subresources,
+                    namespaced=True,
+                    kind=kind,
+                    subresources=subresources,
                     verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
                 )
             for key, kind in CLUSTER_RESOURCES.items():
                 emulator.resources[key] = kmock.ResourceInfo(
-                    namespaced=False, kind=kind, verbs={"get", "list", "watch"},
+                    namespaced=False,
+                    kind=kind,
+                    verbs={"get", "list", "watch"},
                 )
             self.emulator = emulator
             self.url = str(server.url).rstrip("/")
@@ -208,13 +235,23 @@ class EmulatorThread:
         self._future = asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
         if not self._ready.wait(10):
             raise RuntimeError(f"emulator did not start: {self._future.exception(timeout=1)!r}")
-        self.kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "tester", "user": {"token": "test-token"}}],
-            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester",
-                                                         "namespace": "default"}}],
-        }))
+        self.kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "emulator",
+                    "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+                    "users": [{"name": "tester", "user": {"token": "test-token"}}],
+                    "contexts": [
+                        {
+                            "name": "emulator",
+                            "context": {"cluster": "emulator", "user": "tester", "namespace": "default"},
+                        }
+                    ],
+                }
+            )
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -255,12 +292,31 @@ class Kube:
         r.raise_for_status()
         return dict(r.json())
 
-    def patch(self, resource: str, namespace: str, name: str, body: dict[str, Any],
-              sub: str | None = None) -> dict[str, Any]:
-        r = self.http.patch(self.path(resource, namespace, name, sub), json=body,
-                            headers={"Content-Type": "application/merge-patch+json"})
+    def patch(
+        self, resource: str, namespace: str, name: str, body: dict[str, Any], sub: str | None = None
+    ) -> dict[str, Any]:
+        r = self.http.patch(
+            self.path(resource, namespace, name, sub),
+            json=body,
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
         r.raise_for_status()
         return dict(r.json())
 
     def delete(self, resource: str, namespace: str, name: str) -> None:
         self.http.delete(self.path(resource, namespace, name)).raise_for_status()
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` every 50 ms until it returns something truthy."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except (KeyError, TypeError, IndexError):
+            last = None
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")

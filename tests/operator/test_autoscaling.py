@@ -13,27 +13,38 @@ from cosine.operator.autoscaling import (
 )
 
 
-def obs(util: float, replicas: int = 2, acceptance: float | None = 0.8, running: float = 4,
-        draft_per_s: float = 200.0) -> Observations:
+def obs(
+    util: float,
+    replicas: int = 2,
+    acceptance: float | None = 0.8,
+    running: float = 4,
+    draft_per_s: float = 200.0,
+) -> Observations:
     return Observations(
-        verifier=VerifierObservation(utilization=util, tokens_verified_per_s=100.0,
-                                     requests_running=running, requests_waiting=0),
+        verifier=VerifierObservation(
+            utilization=util, tokens_verified_per_s=100.0, requests_running=running, requests_waiting=0
+        ),
         pools=(PoolObservation("code", replicas, replicas, draft_per_s, acceptance, 1.0),),
     )
 
 
-POLICY = ScalingPolicy(pools=(PoolLimits("code", 1, 8),), target_utilization=0.8, stabilization_s=60,
-                       max_scale_down_step=1)
+POLICY = ScalingPolicy(
+    pools=(PoolLimits("code", 1, 8),), target_utilization=0.8, stabilization_s=60, max_scale_down_step=1
+)
 
 
-def decide(o: Observations, policy: ScalingPolicy = POLICY, state: ScalerState | None = None, now_s: float = 0.0):
+def decide(
+    o: Observations, policy: ScalingPolicy = POLICY, state: ScalerState | None = None, now_s: float = 0.0
+):
     decisions, new_state = desired_replicas(o, policy, state or ScalerState(), now_s)
     return decisions[0], new_state
 
 
 def test_overloaded_verifier_means_fewer_drafters() -> None:
-    d, _ = decide(obs(util=1.0, replicas=4), ScalingPolicy(pools=(PoolLimits("code", 1, 8),), stabilization_s=0,
-                                                           max_scale_down_step=4))
+    d, _ = decide(
+        obs(util=1.0, replicas=4),
+        ScalingPolicy(pools=(PoolLimits("code", 1, 8),), stabilization_s=0, max_scale_down_step=4),
+    )
     assert d.desired == 3  # floor(4 * 0.8 / 1.0)
     assert "outpaces verification" in d.reason
 
@@ -59,7 +70,10 @@ def test_growth_is_clamped_to_max_and_split_by_share() -> None:
     policy = ScalingPolicy(pools=(PoolLimits("code", 1, 3), PoolLimits("chat", 1, 8)))
     o = Observations(
         verifier=VerifierObservation(0.2, 50.0, 8, 2),
-        pools=(PoolObservation("code", 2, 2, 300.0, 0.9, 0.75), PoolObservation("chat", 2, 2, 100.0, 0.9, 0.25)),
+        pools=(
+            PoolObservation("code", 2, 2, 300.0, 0.9, 0.75),
+            PoolObservation("chat", 2, 2, 100.0, 0.9, 0.25),
+        ),
     )
     decisions, _ = desired_replicas(o, policy, ScalerState(), 0.0)
     by_pool = {d.pool: d.desired for d in decisions}

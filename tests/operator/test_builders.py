@@ -6,7 +6,6 @@ import copy
 from typing import Any
 
 import yaml
-
 from cosine.operator import builders
 
 SPEC: dict[str, Any] = {
@@ -20,7 +19,11 @@ SPEC: dict[str, Any] = {
         {"name": "code", "model": "qwen2.5-coder-0.5b-instruct", "replicas": 2},
         {"name": "ngram", "kind": "ngram"},
     ],
-    "gateway": {"serviceType": "LoadBalancer", "port": 80, "apiKeySecretRef": {"name": "cosine-key", "key": "token"}},
+    "gateway": {
+        "serviceType": "LoadBalancer",
+        "port": 80,
+        "apiKeySecretRef": {"name": "cosine-key", "key": "token"},
+    },
 }
 
 
@@ -28,8 +31,12 @@ def test_config_map_holds_the_cluster_document() -> None:
     cm = builders.build_config_map("demo", "ns", SPEC)
     assert cm["metadata"]["name"] == "demo-config"
     doc = yaml.safe_load(cm["data"]["cluster.yaml"])
-    assert doc == {"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster",
-                   "metadata": {"name": "demo"}, "spec": SPEC}
+    assert doc == {
+        "apiVersion": "cosine.dev/v1alpha1",
+        "kind": "CoSineCluster",
+        "metadata": {"name": "demo"},
+        "spec": SPEC,
+    }
 
 
 def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
@@ -38,9 +45,17 @@ def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
     c = pod["containers"][0]
     assert c["command"] == ["cosine"]
     assert c["args"] == [
-        "verifier", "--cluster", "/etc/cosine/cluster.yaml", "--http-port", "8000", "--grpc-port", "50051",
-        "--drafter", "code=dns:///demo-drafter-code.ns.svc:50052",
-        "--drafter", "ngram=dns:///demo-drafter-ngram.ns.svc:50052",
+        "verifier",
+        "--cluster",
+        "/etc/cosine/cluster.yaml",
+        "--http-port",
+        "8000",
+        "--grpc-port",
+        "50051",
+        "--drafter",
+        "code=dns:///demo-drafter-code.ns.svc:50052",
+        "--drafter",
+        "ngram=dns:///demo-drafter-ngram.ns.svc:50052",
     ]
     assert {p["containerPort"] for p in c["ports"]} == {8000, 50051}
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
@@ -61,15 +76,26 @@ def test_drafter_deployment_and_headless_service() -> None:
     d = builders.build_drafter_deployment("demo", "ns", SPEC, "code", replicas=3)
     c = d["spec"]["template"]["spec"]["containers"][0]
     assert d["metadata"]["name"] == "demo-drafter-code" and d["spec"]["replicas"] == 3
-    assert c["args"] == ["drafter", "--cluster", "/etc/cosine/cluster.yaml", "--pool", "code",
-                         "--grpc-port", "50052", "--metrics-port", "9090"]
+    assert c["args"] == [
+        "drafter",
+        "--cluster",
+        "/etc/cosine/cluster.yaml",
+        "--pool",
+        "code",
+        "--grpc-port",
+        "50052",
+        "--metrics-port",
+        "9090",
+    ]
     assert c["readinessProbe"]["grpc"] == {"port": 50052}
     assert "tolerations" not in d["spec"]["template"]["spec"]  # no GPU asked for
     svc = builders.build_drafter_service("demo", "ns", "code")
     assert svc["spec"]["clusterIP"] == "None"
     assert {p["port"] for p in svc["spec"]["ports"]} == {50052, 9090}
-    assert d["spec"]["selector"]["matchLabels"].items() <= svc["spec"]["selector"].items() | \
-        d["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        d["spec"]["selector"]["matchLabels"].items()
+        <= svc["spec"]["selector"].items() | d["spec"]["template"]["metadata"]["labels"].items()
+    )
 
 
 def test_gateway_service_maps_port_to_8000() -> None:

@@ -10,7 +10,6 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-
 from cosine.operator import kube
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,8 +31,9 @@ def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     with helm.Chart.load(CHART) as chart:
         chart.validate_schema(values or {})
         out = chart.render(values or {}, name="cosine", namespace="cosine-system", is_install=True)
-    return [doc for path, text in out.items() if path.endswith(".yaml")
-            for doc in yaml.safe_load_all(text) if doc]
+    return [
+        doc for path, text in out.items() if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc
+    ]
 
 
 def test_crds_in_chart_are_byte_identical_to_crds_dir() -> None:
@@ -49,14 +49,22 @@ def test_lint_is_clean() -> None:
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
-@pytest.mark.parametrize("values", [
-    {},
-    {"watchNamespaces": ["team-a", "team-b"], "metrics": {"serviceMonitor": {"enabled": True}}},
-    {"webhook": {"enabled": False}},
-    {"webhook": {"certManager": {"enabled": True}}},
-    {"sampleCluster": {"name": "demo", "spec": {"verifier": {"model": "m"},
-                                                "drafterPools": [{"name": "p", "kind": "ngram"}]}}},
-], ids=["default", "namespaced", "no-webhook", "cert-manager", "sample"])
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"watchNamespaces": ["team-a", "team-b"], "metrics": {"serviceMonitor": {"enabled": True}}},
+        {"webhook": {"enabled": False}},
+        {"webhook": {"certManager": {"enabled": True}}},
+        {
+            "sampleCluster": {
+                "name": "demo",
+                "spec": {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}]},
+            }
+        },
+    ],
+    ids=["default", "namespaced", "no-webhook", "cert-manager", "sample"],
+)
 def test_every_rendered_object_is_valid(values: dict[str, Any]) -> None:
     docs = render(values)
     assert docs
@@ -107,8 +115,10 @@ def test_rbac_per_namespace_uses_roles() -> None:
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert _grants(roles[:1], {"Role"}) == _expected()
     cluster = _grants(docs, {"ClusterRole"})
-    assert cluster == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-                       ("", "namespaces"): {"list", "watch"}}
+    assert cluster == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        ("", "namespaces"): {"list", "watch"},
+    }
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--all-namespaces" not in args

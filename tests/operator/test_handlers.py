@@ -11,9 +11,8 @@ import copy
 from typing import Any
 
 import httpx
-from conftest import CLUSTERS, CONFIGMAPS, DEPLOYMENTS, EVENTS, PODS, POOLS, SERVICES, wait_for
 from fake_metrics import Counters, serve
-from k8s_emulator import Kube
+from k8s_emulator import CLUSTERS, CONFIGMAPS, DEPLOYMENTS, EVENTS, PODS, POOLS, SERVICES, Kube, wait_for
 
 NS = "default"
 
@@ -28,8 +27,12 @@ def cluster_body(name: str, **spec_overrides: Any) -> dict[str, Any]:
         "autoscaling": {"enabled": False},
     }
     spec.update(spec_overrides)
-    return {"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster",
-            "metadata": {"name": name, "namespace": NS}, "spec": spec}
+    return {
+        "apiVersion": "cosine.dev/v1alpha1",
+        "kind": "CoSineCluster",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }
 
 
 def replicas(kube: Kube, name: str) -> int:
@@ -51,10 +54,17 @@ def test_create_children_owner_references_and_status(operator: Any, kube: Kube) 
     created = kube.create(CLUSTERS, NS, cluster_body("alpha"))
     uid = created["metadata"]["uid"]
     verifier = wait_for(lambda: kube.get(DEPLOYMENTS, NS, "alpha-verifier"), what="verifier Deployment")
-    children = [(CONFIGMAPS, "alpha-config"), (SERVICES, "alpha-verifier"), (SERVICES, "alpha-gateway"),
-                (DEPLOYMENTS, "alpha-drafter-code"), (SERVICES, "alpha-drafter-code"),
-                (DEPLOYMENTS, "alpha-drafter-ngram"), (SERVICES, "alpha-drafter-ngram"),
-                (POOLS, "alpha-code"), (POOLS, "alpha-ngram")]
+    children = [
+        (CONFIGMAPS, "alpha-config"),
+        (SERVICES, "alpha-verifier"),
+        (SERVICES, "alpha-gateway"),
+        (DEPLOYMENTS, "alpha-drafter-code"),
+        (SERVICES, "alpha-drafter-code"),
+        (DEPLOYMENTS, "alpha-drafter-ngram"),
+        (SERVICES, "alpha-drafter-ngram"),
+        (POOLS, "alpha-code"),
+        (POOLS, "alpha-ngram"),
+    ]
     for resource, name in children:
         obj = kube.get(resource, NS, name)
         assert obj is not None, name
@@ -85,22 +95,36 @@ def test_scale_pool_change_model_and_remove_pool(operator: Any, kube: Kube) -> N
     kube.patch(CLUSTERS, NS, "beta", {"spec": {"drafterPools": spec["drafterPools"]}})
     wait_for(lambda: replicas(kube, "beta-drafter-code") == 3, what="code pool at 3")
     assert kube.get(POOLS, NS, "beta-code")["spec"]["replicas"] == 3
-    new_annotations = kube.get(DEPLOYMENTS, NS, "beta-drafter-code")["spec"]["template"]["metadata"]["annotations"]
+    new_annotations = kube.get(DEPLOYMENTS, NS, "beta-drafter-code")["spec"]["template"]["metadata"][
+        "annotations"
+    ]
     assert new_annotations == old_hash
 
     # Change the verifier's model: a new pod template (config hash) and the new ConfigMap.
     kube.patch(CLUSTERS, NS, "beta", {"spec": {"verifier": {"model": "qwen2.5-coder-3b-instruct"}}})
-    wait_for(lambda: "qwen2.5-coder-3b-instruct" in kube.get(CONFIGMAPS, NS, "beta-config")["data"]["cluster.yaml"],
-             what="ConfigMap with the new model")
-    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "beta-drafter-code")["spec"]["template"]["metadata"]["annotations"]
-             != old_hash, what="new pod template")
+    wait_for(
+        lambda: (
+            "qwen2.5-coder-3b-instruct" in kube.get(CONFIGMAPS, NS, "beta-config")["data"]["cluster.yaml"]
+        ),
+        what="ConfigMap with the new model",
+    )
+    wait_for(
+        lambda: (
+            kube.get(DEPLOYMENTS, NS, "beta-drafter-code")["spec"]["template"]["metadata"]["annotations"]
+            != old_hash
+        ),
+        what="new pod template",
+    )
     assert replicas(kube, "beta-drafter-code") == 3  # the rollout kept the scale
 
     # Remove the ngram pool: its Deployment, Service and scale target go.
     spec = copy.deepcopy(kube.get(CLUSTERS, NS, "beta")["spec"])
     kube.patch(CLUSTERS, NS, "beta", {"spec": {"drafterPools": spec["drafterPools"][:1]}})
-    for resource, name in [(DEPLOYMENTS, "beta-drafter-ngram"), (SERVICES, "beta-drafter-ngram"),
-                           (POOLS, "beta-ngram")]:
+    for resource, name in [
+        (DEPLOYMENTS, "beta-drafter-ngram"),
+        (SERVICES, "beta-drafter-ngram"),
+        (POOLS, "beta-ngram"),
+    ]:
         wait_for(lambda: kube.get(resource, NS, name) is None, what=f"{name} deleted")  # noqa: B023
     args = kube.get(DEPLOYMENTS, NS, "beta-verifier")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not any("ngram=" in a for a in args)
@@ -116,31 +140,62 @@ def test_scale_subresource_drives_the_pool(operator: Any, kube: Kube) -> None:
     wait_for(lambda: replicas(kube, "gamma-drafter-code") == 4, what="clamped to maxReplicas 4")
 
 
-def _fake_pod(kube: Kube, cluster: str, name: str, component: str, port: int, pool: str | None = None) -> None:
+def _fake_pod(
+    kube: Kube, cluster: str, name: str, component: str, port: int, pool: str | None = None
+) -> None:
     labels = {"cosine.dev/cluster": cluster, "app.kubernetes.io/component": component}
     if pool:
         labels["cosine.dev/pool"] = pool
-    kube.create(PODS, NS, {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": labels,
-                     "annotations": {"prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}},
-        "status": {"phase": "Running", "podIP": "127.0.0.1"},
-    })
+    kube.create(
+        PODS,
+        NS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "labels": labels,
+                "annotations": {"prometheus.io/port": str(port), "prometheus.io/path": "/metrics"},
+            },
+            "status": {"phase": "Running", "podIP": "127.0.0.1"},
+        },
+    )
 
 
 def test_autoscaler_scales_up_when_verifier_idles_and_down_when_overloaded(operator: Any, kube: Kube) -> None:
-    verifier = Counters(**{
-        "cosine:verifier_busy_seconds_total": 0.2, "cosine:verifier_idle_seconds_total": 0.8,
-        "cosine:spec_decode_num_draft_tokens_total|code": 100.0,
-        "cosine:spec_decode_num_accepted_tokens_total|code": 80.0,
-        "cosine:verifier_tokens_verified_total": 100.0,
-    })
+    verifier = Counters(
+        **{
+            "cosine:verifier_busy_seconds_total": 0.2,
+            "cosine:verifier_idle_seconds_total": 0.8,
+            "cosine:spec_decode_num_draft_tokens_total|code": 100.0,
+            "cosine:spec_decode_num_accepted_tokens_total|code": 80.0,
+            "cosine:verifier_tokens_verified_total": 100.0,
+        }
+    )
     verifier.gauges["cosine:num_requests_running"] = 4
-    drafter = Counters(**{"cosine:drafter_draft_tokens_total": 100.0, "cosine:drafter_busy_seconds_total": 0.9})
-    body = cluster_body("delta", autoscaling={"enabled": True, "intervalSeconds": 1, "stabilizationSeconds": 0,
-                                              "targetVerifierUtilization": 0.8, "maxScaleDownStep": 1})
-    body["spec"]["drafterPools"] = [{"name": "code", "model": "qwen2.5-coder-0.5b-instruct", "replicas": 1,
-                                     "minReplicas": 1, "maxReplicas": 4}]
+    drafter = Counters(
+        **{"cosine:drafter_draft_tokens_total": 100.0, "cosine:drafter_busy_seconds_total": 0.9}
+    )
+    body = cluster_body(
+        "delta",
+        autoscaling={
+            "enabled": True,
+            "intervalSeconds": 1,
+            "stabilizationSeconds": 0,
+            "targetVerifierUtilization": 0.8,
+            "maxScaleDownStep": 1,
+        },
+    )
+    body["spec"]["drafterPools"] = [
+        {
+            "name": "code",
+            "model": "qwen2.5-coder-0.5b-instruct",
+            "replicas": 1,
+            "minReplicas": 1,
+            "maxReplicas": 4,
+        }
+    ]
     with serve(verifier) as v_port, serve(drafter) as d_port:
         _fake_pod(kube, "delta", "delta-verifier-abc-1", "verifier", v_port)
         _fake_pod(kube, "delta", "delta-drafter-code-abc-1", "drafter", d_port, pool="code")
@@ -149,30 +204,42 @@ def test_autoscaler_scales_up_when_verifier_idles_and_down_when_overloaded(opera
         mark_ready(kube, "delta-drafter-code")
         wait_for(lambda: replicas(kube, "delta-drafter-code") >= 2, timeout_s=15, what="scale up")
         assert kube.get(POOLS, NS, "delta-code")["spec"]["replicas"] >= 2
-        status = wait_for(lambda: kube.get(CLUSTERS, NS, "delta")["status"].get("lastScaleDecision"),
-                          what="decision in status")
+        status = wait_for(
+            lambda: kube.get(CLUSTERS, NS, "delta")["status"].get("lastScaleDecision"),
+            what="decision in status",
+        )
         assert "growing" in status
         active = condition(kube, "delta", "ScalingActive")
         assert active is not None and active["status"] == "True"
         assert abs(kube.get(CLUSTERS, NS, "delta")["status"]["acceptanceRate"] - 0.8) < 0.05
-        events = wait_for(lambda: [e for e in kube.list(EVENTS, NS) if e.get("reason") == "ScaledUp"],
-                          what="ScaledUp event")
+        events = wait_for(
+            lambda: [e for e in kube.list(EVENTS, NS) if e.get("reason") == "ScaledUp"], what="ScaledUp event"
+        )
         assert "drafter pool code: 1 → " in events[0]["message"]
 
         # The verifier saturates: drafting is wasted, the pool shrinks one step at a time.
-        verifier.set_rates(**{"cosine:verifier_busy_seconds_total": 1.0, "cosine:verifier_idle_seconds_total": 0.0})
+        verifier.set_rates(
+            **{"cosine:verifier_busy_seconds_total": 1.0, "cosine:verifier_idle_seconds_total": 0.0}
+        )
         peak = replicas(kube, "delta-drafter-code")
         wait_for(lambda: replicas(kube, "delta-drafter-code") < peak, timeout_s=15, what="scale down")
         assert replicas(kube, "delta-drafter-code") == peak - 1 or replicas(kube, "delta-drafter-code") >= 1
-        wait_for(lambda: any(e.get("reason") == "ScaledDown" for e in kube.list(EVENTS, NS)), what="ScaledDown event")
+        wait_for(
+            lambda: any(e.get("reason") == "ScaledDown" for e in kube.list(EVENTS, NS)),
+            what="ScaledDown event",
+        )
 
 
 def test_webhook_rejects_incompatible_tokenizer_and_admits_valid(operator: Any, webhook_port: int) -> None:
     def review(spec: dict[str, Any]) -> dict[str, Any]:
         request = {
-            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
             "request": {
-                "uid": "0a1b", "operation": "CREATE", "namespace": NS, "name": "eps",
+                "uid": "0a1b",
+                "operation": "CREATE",
+                "namespace": NS,
+                "name": "eps",
                 "kind": {"group": "cosine.dev", "version": "v1alpha1", "kind": "CoSineCluster"},
                 "resource": {"group": "cosine.dev", "version": "v1alpha1", "resource": "cosineclusters"},
                 "userInfo": {"username": "tester"},
@@ -187,8 +254,13 @@ def test_webhook_rejects_incompatible_tokenizer_and_admits_valid(operator: Any, 
     assert bad["status"]["code"] == 422
     assert "spec.drafterPools[0].model" in bad["status"]["message"]
     assert "translateTokenizer" in bad["status"]["message"]
-    good = review({"drafterPools": [{"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
-                                     "translateTokenizer": True}]})
+    good = review(
+        {
+            "drafterPools": [
+                {"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "translateTokenizer": True}
+            ]
+        }
+    )
     assert good["allowed"] is True
 
 
@@ -207,6 +279,11 @@ def test_delete_cluster_removes_children(operator: Any, kube: Kube) -> None:
     assert all(f.startswith("kopf.zalando.org/") for f in finalizers), finalizers
     kube.delete(CLUSTERS, NS, "zeta")
     wait_for(lambda: kube.get(CLUSTERS, NS, "zeta") is None, what="cluster gone")
-    for resource, name in [(DEPLOYMENTS, "zeta-verifier"), (DEPLOYMENTS, "zeta-drafter-code"),
-                           (SERVICES, "zeta-gateway"), (CONFIGMAPS, "zeta-config"), (POOLS, "zeta-code")]:
+    for resource, name in [
+        (DEPLOYMENTS, "zeta-verifier"),
+        (DEPLOYMENTS, "zeta-drafter-code"),
+        (SERVICES, "zeta-gateway"),
+        (CONFIGMAPS, "zeta-config"),
+        (POOLS, "zeta-code"),
+    ]:
         assert kube.get(resource, NS, name) is None, name

@@ -14,7 +14,6 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-
 from cosine.operator import builders, settings
 from cosine.operator.webhook import validate_cluster
 
@@ -49,8 +48,12 @@ def test_examples_validate_against_the_crd_and_the_webhook(path: Path) -> None:
     jsonschema.validate(doc, to_jsonschema(crd_schema()))
     assert validate_cluster(doc["metadata"]["name"], doc["spec"]) == []
     children = builders.build_children(doc["metadata"]["name"], "ns", doc["spec"], {})
-    gpu_pods = [c for c in children if c["kind"] == "Deployment"
-                and "nvidia.com/gpu" in str(c["spec"]["template"]["spec"]["containers"][0]["resources"])]
+    gpu_pods = [
+        c
+        for c in children
+        if c["kind"] == "Deployment"
+        and "nvidia.com/gpu" in str(c["spec"]["template"]["spec"]["containers"][0]["resources"])
+    ]
     if "gpu" in path.name:
         assert gpu_pods
         for d in gpu_pods:
@@ -96,26 +99,40 @@ def _defaults(schema: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def test_crd_defaults_equal_the_operators_defaults() -> None:
     defaults = _defaults(crd_schema()["properties"]["spec"])
-    parsed = settings.parse_cluster_spec({"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "model": "m"}]})
+    parsed = settings.parse_cluster_spec(
+        {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "model": "m"}]}
+    )
     pool = parsed.drafter_pools[0]
     mine = {
-        "image.repository": parsed.image.repository, "image.tag": parsed.image.tag,
+        "image.repository": parsed.image.repository,
+        "image.tag": parsed.image.tag,
         "image.pullPolicy": parsed.image.pull_policy,
-        "verifier.dtype": parsed.verifier.dtype, "verifier.replicas": parsed.verifier.replicas,
-        "verifier.threads": parsed.verifier.threads, "verifier.maxBatchTokens": parsed.verifier.max_batch_tokens,
-        "drafterPools[].kind": pool.kind, "drafterPools[].translateTokenizer": pool.translate_tokenizer,
-        "drafterPools[].replicas": pool.replicas, "drafterPools[].minReplicas": pool.min_replicas,
-        "drafterPools[].maxReplicas": pool.max_replicas, "drafterPools[].threads": pool.threads,
+        "verifier.dtype": parsed.verifier.dtype,
+        "verifier.replicas": parsed.verifier.replicas,
+        "verifier.threads": parsed.verifier.threads,
+        "verifier.maxBatchTokens": parsed.verifier.max_batch_tokens,
+        "drafterPools[].kind": pool.kind,
+        "drafterPools[].translateTokenizer": pool.translate_tokenizer,
+        "drafterPools[].replicas": pool.replicas,
+        "drafterPools[].minReplicas": pool.min_replicas,
+        "drafterPools[].maxReplicas": pool.max_replicas,
+        "drafterPools[].threads": pool.threads,
         "autoscaling.enabled": parsed.autoscaling.enabled,
         "autoscaling.intervalSeconds": parsed.autoscaling.interval_s,
         "autoscaling.stabilizationSeconds": parsed.autoscaling.stabilization_s,
         "autoscaling.targetVerifierUtilization": parsed.autoscaling.target_verifier_utilization,
         "autoscaling.maxScaleDownStep": parsed.autoscaling.max_scale_down_step,
-        "gateway.serviceType": parsed.gateway.service_type, "gateway.port": parsed.gateway.port,
+        "gateway.serviceType": parsed.gateway.service_type,
+        "gateway.port": parsed.gateway.port,
     }
     runtime_only = {k: v for k, v in defaults.items() if k.startswith("speculation.")}
-    assert runtime_only == {"speculation.maxDraftLen": 8, "speculation.adaptive": True, "speculation.fusion": True,
-                            "speculation.compression.topK": 32, "speculation.compression.bits": 8}
+    assert runtime_only == {
+        "speculation.maxDraftLen": 8,
+        "speculation.adaptive": True,
+        "speculation.fusion": True,
+        "speculation.compression.topK": 32,
+        "speculation.compression.bits": 8,
+    }
     assert {k: v for k, v in defaults.items() if k not in runtime_only} == mine
 
 
@@ -128,6 +145,7 @@ def test_every_field_has_a_description() -> None:
             missing += walk(prop, f"{path}.{key}")
             missing += walk(prop.get("items") or {}, f"{path}.{key}[]")
         return missing
+
     for name in ("cosine.dev_cosineclusters.yaml", "cosine.dev_cosinedrafterpools.yaml"):
         assert walk(crd_schema(name), "") == []
 
@@ -138,8 +156,9 @@ def test_plain_manifests_match_the_chart() -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("render_manifests", module)
     spec.loader.exec_module(module)
-    assert (ROOT / "manifests" / "cosine-operator.yaml").read_text() == module.render(), \
+    assert (ROOT / "manifests" / "cosine-operator.yaml").read_text() == module.render(), (
         "run: python manifests/render.py"
+    )
 
 
 def test_dockerfile_copies_existing_files_and_names_real_entry_points() -> None:

@@ -7,8 +7,6 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from fake_metrics import Counters, serve
-
 from cosine.operator.metrics_scrape import (
     DrafterSample,
     Scrape,
@@ -20,6 +18,7 @@ from cosine.operator.metrics_scrape import (
     scrape_pods,
     scrape_prometheus,
 )
+from fake_metrics import Counters, serve
 
 VERIFIER_TEXT = """# HELP cosine:verifier_busy_seconds_total Busy.
 # TYPE cosine:verifier_busy_seconds_total counter
@@ -45,14 +44,35 @@ def test_parse_verifier_and_drafter() -> None:
 
 
 def test_observe_rates_acceptance_share_and_counter_reset() -> None:
-    prev = Scrape(0.0, {"v-1": VerifierSample(busy_s=10, idle_s=10, draft_tokens={"code": 0, "chat": 0},
-                                               accepted_tokens={"code": 0, "chat": 0})},
-                  {"code": {"d-1": DrafterSample(100, 0)}, "chat": {"d-2": DrafterSample(500, 0)}})
-    cur = Scrape(10.0, {"v-1": VerifierSample(busy_s=19, idle_s=11, requests_running=2, tokens_verified=300,
-                                              draft_tokens={"code": 300, "chat": 100},
-                                              accepted_tokens={"code": 240, "chat": 20})},
-                 {"code": {"d-1": DrafterSample(400, 0), "d-new": DrafterSample(999, 0)},
-                  "chat": {"d-2": DrafterSample(50, 0)}})  # chat's pod restarted: counter reset
+    prev = Scrape(
+        0.0,
+        {
+            "v-1": VerifierSample(
+                busy_s=10,
+                idle_s=10,
+                draft_tokens={"code": 0, "chat": 0},
+                accepted_tokens={"code": 0, "chat": 0},
+            )
+        },
+        {"code": {"d-1": DrafterSample(100, 0)}, "chat": {"d-2": DrafterSample(500, 0)}},
+    )
+    cur = Scrape(
+        10.0,
+        {
+            "v-1": VerifierSample(
+                busy_s=19,
+                idle_s=11,
+                requests_running=2,
+                tokens_verified=300,
+                draft_tokens={"code": 300, "chat": 100},
+                accepted_tokens={"code": 240, "chat": 20},
+            )
+        },
+        {
+            "code": {"d-1": DrafterSample(400, 0), "d-new": DrafterSample(999, 0)},
+            "chat": {"d-2": DrafterSample(50, 0)},
+        },
+    )  # chat's pod restarted: counter reset
     o = observe(prev, cur, {"code": (2, 1), "chat": (1, 1)})
     assert o.verifier is not None
     assert abs(o.verifier.utilization - 0.9) < 1e-9
@@ -73,8 +93,10 @@ def test_observe_without_a_common_verifier_pod_has_no_verifier() -> None:
 def test_scrape_pods_reads_loopback_endpoints_and_skips_dead_ones() -> None:
     counters = Counters(**{"cosine:drafter_draft_tokens_total": 10.0})
     with serve(counters) as port:
-        targets = [ScrapeTarget("d-1", "drafter", "code", f"http://127.0.0.1:{port}/metrics"),
-                   ScrapeTarget("v-1", "verifier", None, "http://127.0.0.1:9/metrics")]
+        targets = [
+            ScrapeTarget("d-1", "drafter", "code", f"http://127.0.0.1:{port}/metrics"),
+            ScrapeTarget("v-1", "verifier", None, "http://127.0.0.1:9/metrics"),
+        ]
         scrape = asyncio.run(scrape_pods(targets, timeout_s=1.0, time_s=1.0))
     assert "d-1" in scrape.drafters["code"]
     assert scrape.verifiers == {}
@@ -82,21 +104,38 @@ def test_scrape_pods_reads_loopback_endpoints_and_skips_dead_ones() -> None:
 
 def test_scrape_prometheus_maps_pods_to_roles_and_pools() -> None:
     result = [
-        {"metric": {"__name__": "cosine:verifier_busy_seconds_total", "pod": "c-verifier-7d9f-abcde"},
-         "value": [0, "5"]},
-        {"metric": {"__name__": "cosine:spec_decode_num_draft_tokens_total", "pod": "c-verifier-7d9f-abcde",
-                    "pool": "code-large"}, "value": [0, "40"]},
-        {"metric": {"__name__": "cosine:drafter_draft_tokens_total", "pod": "c-drafter-code-large-5c-x1y2z"},
-         "value": [0, "40"]},
-        {"metric": {"__name__": "cosine:drafter_draft_tokens_total", "pod": "c-drafter-code-6f-q1w2e"},
-         "value": [0, "7"]},
+        {
+            "metric": {"__name__": "cosine:verifier_busy_seconds_total", "pod": "c-verifier-7d9f-abcde"},
+            "value": [0, "5"],
+        },
+        {
+            "metric": {
+                "__name__": "cosine:spec_decode_num_draft_tokens_total",
+                "pod": "c-verifier-7d9f-abcde",
+                "pool": "code-large",
+            },
+            "value": [0, "40"],
+        },
+        {
+            "metric": {
+                "__name__": "cosine:drafter_draft_tokens_total",
+                "pod": "c-drafter-code-large-5c-x1y2z",
+            },
+            "value": [0, "40"],
+        },
+        {
+            "metric": {"__name__": "cosine:drafter_draft_tokens_total", "pod": "c-drafter-code-6f-q1w2e"},
+            "value": [0, "7"],
+        },
     ]
     seen = {}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
             seen["path"] = self.path
-            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+            body = json.dumps(
+                {"status": "success", "data": {"resultType": "vector", "result": result}}
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()

@@ -23,7 +23,11 @@ def test_pending_then_ready_keeps_transition_times_of_unchanged_conditions() -> 
     first = build_status("demo", "ns", 1, SPEC, deployments(1, 0), None, "t1")
     assert first["phase"] == "Degraded"
     c = conds(first)
-    assert (c["VerifierReady"]["status"], c["DraftersReady"]["status"], c["Ready"]["status"]) == ("True", "False", "False")
+    assert (c["VerifierReady"]["status"], c["DraftersReady"]["status"], c["Ready"]["status"]) == (
+        "True",
+        "False",
+        "False",
+    )
     assert c["Ready"]["observedGeneration"] == 1
     second = build_status("demo", "ns", 1, SPEC, deployments(1, 2), first, "t2")
     c2 = conds(second)
@@ -37,7 +41,9 @@ def test_pending_then_ready_keeps_transition_times_of_unchanged_conditions() -> 
 def test_autoscaler_status_records_measurements_and_decisions() -> None:
     previous = build_status("demo", "ns", 1, SPEC, deployments(1, 2), None, "t1")
     o = Observations(VerifierObservation(0.4, 120.0, 3, 0), (PoolObservation("code", 2, 2, 50.0, 0.75, 1.0),))
-    out = autoscaler_status(previous, o, [ScaleDecision("code", 2, 3, "growing")], True, "Measuring", "ok", 1, "t2")
+    out = autoscaler_status(
+        previous, o, [ScaleDecision("code", 2, 3, "growing")], True, "Measuring", "ok", 1, "t2"
+    )
     assert out["acceptanceRate"] == 0.75 and out["verifierUtilization"] == 0.4
     pool = out["pools"][0]
     assert pool["desiredReplicas"] == 3 and pool["readyReplicas"] == 2 and pool["acceptanceRate"] == 0.75

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import pytest
-
 from cosine.operator.webhook import tokenizer_family, validate_cluster
 
 
-@pytest.mark.parametrize(("name", "family"), [
-    ("qwen2.5-coder-1.5b-instruct", "qwen2"),
-    ("Qwen/Qwen2.5-Coder-0.5B-Instruct", "qwen2"),
-    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "qwen2"),
-    ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm"),
-    ("google/gemma-3-270m", "gemma3"),
-    ("/models/my-own-model", None),
-])
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        ("qwen2.5-coder-1.5b-instruct", "qwen2"),
+        ("Qwen/Qwen2.5-Coder-0.5B-Instruct", "qwen2"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "qwen2"),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm"),
+        ("google/gemma-3-270m", "gemma3"),
+        ("/models/my-own-model", None),
+    ],
+)
 def test_tokenizer_family(name: str, family: str | None) -> None:
     assert tokenizer_family(name) == family
 
@@ -24,24 +26,42 @@ def spec(*pools: dict) -> dict:
 
 
 def test_same_family_ngram_and_unknown_models_pass() -> None:
-    assert validate_cluster("demo", spec(
-        {"name": "code", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct"},
-        {"name": "ngram", "kind": "ngram"},
-        {"name": "local", "model": "/models/custom"},
-    )) == []
+    assert (
+        validate_cluster(
+            "demo",
+            spec(
+                {"name": "code", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct"},
+                {"name": "ngram", "kind": "ngram"},
+                {"name": "local", "model": "/models/custom"},
+            ),
+        )
+        == []
+    )
 
 
 def test_incompatible_tokenizer_is_rejected_with_the_field_path() -> None:
-    problems = validate_cluster("demo", spec({"name": "code", "model": "qwen2.5-coder-0.5b-instruct"},
-                                             {"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct"}))
+    problems = validate_cluster(
+        "demo",
+        spec(
+            {"name": "code", "model": "qwen2.5-coder-0.5b-instruct"},
+            {"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+        ),
+    )
     assert len(problems) == 1
     assert problems[0].startswith("spec.drafterPools[1].model: tokenizer family 'smollm'")
     assert "spec.drafterPools[1].translateTokenizer: true" in problems[0]
 
 
 def test_translate_tokenizer_or_declared_tokenizer_decide() -> None:
-    assert validate_cluster("demo", spec({"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
-                                          "translateTokenizer": True})) == []
+    assert (
+        validate_cluster(
+            "demo",
+            spec(
+                {"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "translateTokenizer": True}
+            ),
+        )
+        == []
+    )
     problems = validate_cluster("demo", spec({"name": "x", "model": "/models/x", "tokenizer": "gemma-3"}))
     assert problems and problems[0].startswith("spec.drafterPools[0].tokenizer:")
 

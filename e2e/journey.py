@@ -1,0 +1,140 @@
+"""The user's journey, written once for two back ends.
+
+``RealCluster`` drives ``kubectl`` against ``$KUBECONFIG`` (kind/k3d on a workstation, GKE/EKS):
+install the CRDs and the operator from ``manifests/``, apply an example cluster, wait for Ready,
+send a completion through the gateway Service (``kubectl port-forward``), scale a pool, delete.
+``EmulatedCluster`` does the same against the in-process API emulator with the real operator; the
+parts no emulator has (kubelet, Deployment controller, Service routing) are played by the test:
+ready replicas are patched in, and the gateway pod is a loopback HTTP server found through the
+Service's selector, as kube-proxy would.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTERS = "cosine.dev/v1alpha1/cosineclusters"
+
+
+class Cluster(Protocol):
+    def install(self) -> None: ...
+    def apply(self, doc: dict[str, Any]) -> None: ...
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def patch(self, resource: str, namespace: str, name: str, body: dict[str, Any]) -> None: ...
+    def delete(self, resource: str, namespace: str, name: str) -> None: ...
+    def settle(self, namespace: str, cluster: str) -> None: ...
+    def complete(self, namespace: str, cluster: str, prompt: str) -> dict[str, Any]: ...
+
+
+def wait(predicate: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s: {what}")
+
+
+def ready(cluster: Cluster, namespace: str, name: str) -> bool:
+    obj = cluster.get(CLUSTERS, namespace, name) or {}
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in (obj.get("status") or {}).get("conditions") or []
+    )
+
+
+class RealCluster:
+    """``kubectl`` on ``$KUBECONFIG``; the image must be pullable by the cluster."""
+
+    def __init__(self, namespace: str = "cosine-e2e") -> None:
+        if shutil.which("kubectl") is None:
+            raise RuntimeError("kubectl is needed for the real-cluster journey")
+        self.namespace = namespace
+
+    def _kubectl(self, *args: str, stdin: str | None = None) -> str:
+        done = subprocess.run(["kubectl", *args], input=stdin, capture_output=True, text=True, check=True)
+        return done.stdout
+
+    def install(self) -> None:
+        self._kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+        self._kubectl("create", "namespace", "cosine-system", "--dry-run=client", "-o", "yaml")
+        subprocess.run(["kubectl", "create", "namespace", "cosine-system"], capture_output=True)
+        subprocess.run(["kubectl", "create", "namespace", self.namespace], capture_output=True)
+        self._kubectl("apply", "-f", str(ROOT / "manifests" / "cosine-operator.yaml"))
+        self._kubectl(
+            "-n", "cosine-system", "rollout", "status", "deployment/cosine-cosine-operator", "--timeout=300s"
+        )
+
+    def apply(self, doc: dict[str, Any]) -> None:
+        self._kubectl("apply", "-n", self.namespace, "-f", "-", stdin=yaml.safe_dump(doc))
+
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        plural = resource.rsplit("/", 1)[1]
+        group = resource.split("/")[0] if resource.count("/") == 2 else ""
+        kind = f"{plural}.{group}" if group else plural
+        done = subprocess.run(
+            ["kubectl", "get", "-n", namespace, kind, name, "-o", "json"], capture_output=True, text=True
+        )
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def patch(self, resource: str, namespace: str, name: str, body: dict[str, Any]) -> None:
+        plural = resource.rsplit("/", 1)[1]
+        group = resource.split("/")[0] if resource.count("/") == 2 else ""
+        self._kubectl(
+            "patch",
+            "-n",
+            namespace,
+            f"{plural}.{group}" if group else plural,
+            name,
+            "--type=merge",
+            "-p",
+            json.dumps(body),
+        )
+
+    def delete(self, resource: str, namespace: str, name: str) -> None:
+        plural = resource.rsplit("/", 1)[1]
+        group = resource.split("/")[0] if resource.count("/") == 2 else ""
+        self._kubectl(
+            "delete", "-n", namespace, f"{plural}.{group}" if group else plural, name, "--wait=true"
+        )
+
+    def settle(self, namespace: str, cluster: str) -> None:
+        """A real cluster needs no help: kubelets and controllers do the work."""
+
+    def complete(self, namespace: str, cluster: str, prompt: str) -> dict[str, Any]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        forward = subprocess.Popen(
+            ["kubectl", "-n", namespace, "port-forward", f"svc/{cluster}-gateway", f"{port}:8000"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+
+            def post() -> dict[str, Any] | None:
+                try:
+                    r = httpx.post(
+                        f"http://127.0.0.1:{port}/v1/completions",
+                        timeout=300,
+                        json={"model": "cosine", "prompt": prompt, "max_tokens": 16},
+                    )
+                    return dict(r.json()) if r.status_code == 200 else None
+                except httpx.HTTPError:
+                    return None
+
+            return dict(wait(post, 600, "a completion through the gateway"))
+        finally:
+            forward.terminate()
+            forward.wait(timeout=10)
