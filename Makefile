@@ -33,7 +33,7 @@ run: models workloads
 	$(BIN)/cosine bench --workload mixed $(BENCH_ARGS) --out results/bench.json --plot results/bench.png
 
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -P -m pytest $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

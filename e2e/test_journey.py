@@ -54,9 +54,10 @@ class EmulatedCluster:
     """The emulator plus the real operator; the test plays kubelet, Deployment controller, kube-proxy."""
 
     def __init__(self, stack: ExitStack, tmp: Path) -> None:
-        from cosine.operator.__main__ import kopf_args
         from k8s_emulator import EmulatorThread, Kube
         from kopf.testing import KopfRunner
+
+        from cosine.operator.__main__ import kopf_args
 
         self.emulator = stack.enter_context(EmulatorThread(tmp))
         self.kube = Kube(self.emulator.url)

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
+
 from cosine.operator import settings as s
 
 CONFIG_DIR = "/etc/cosine"

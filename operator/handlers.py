@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+
 from cosine.operator import builders, kube, status
 from cosine.operator import settings as s
 from cosine.operator.autoscaling import PoolLimits, ScalerState, ScalingPolicy, desired_replicas

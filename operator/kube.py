@@ -11,9 +11,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from cosine.operator import settings as s
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from cosine.operator import settings as s
 
 Body = dict[str, Any]
 

@@ -20,8 +20,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
-from cosine.operator.autoscaling import Observations, PoolObservation, VerifierObservation
 from prometheus_client.parser import text_string_to_metric_families
+
+from cosine.operator.autoscaling import Observations, PoolObservation, VerifierObservation
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+
 from cosine.operator import builders
 from cosine.operator import settings as s
 

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -131,7 +131,7 @@ class Coordinator:
         if self._started:
             self._thread.join(timeout_s)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[StepOutput]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[StepOutput, None]:
         """Stream the request's steps. Raises `Overloaded` at admission, `ValueError` for a bad
         request (empty prompt, max_tokens < 1, over the context). Cancelling the consumer (client
         disconnect) frees the request's slot."""
@@ -151,8 +151,13 @@ class Coordinator:
 
     def _admit(self, request: GenerationRequest) -> _Active:
         with self._cv:
-            if len(self._waiting) >= self.max_waiting:
-                raise Overloaded(f"{len(self._waiting)} requests waiting (max {self.max_waiting})", 1)
+            if self._stopping:
+                raise Overloaded("server shutting down", 5)
+            if len(self._running) + len(self._waiting) >= self.max_running + self.max_waiting:
+                raise Overloaded(
+                    f"{len(self._running)} requests running and {len(self._waiting)} waiting "
+                    f"(max {self.max_running} + {self.max_waiting})", 1
+                )
             stats = GenerationStats()
             steps = generate_stream(
                 self.target, list(request.prompt_ids), request.max_tokens, request.params,
@@ -211,8 +216,9 @@ class Coordinator:
             with self._cv:
                 if a in self._running:
                     self._running.remove(a)
-            if self.metrics and not a.cancelled:
-                self.metrics.request_finished(a.stats, time.perf_counter() - a.submitted_at)
+            if self.metrics:
+                reason = "abort" if a.cancelled and not a.stats.finish_reason else a.stats.finish_reason or "abort"
+                self.metrics.request_finished(a.stats, time.perf_counter() - a.submitted_at, reason)
 
     def _record(self, a: _Active, out: StepOutput, before: tuple[int, int, int]) -> None:
         if not self.metrics:

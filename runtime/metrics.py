@@ -34,8 +34,12 @@ class ServingMetrics:
             registry=r,
         )
         self.running = Gauge("cosine:num_requests_running", "Requests being decoded.", ["model_name"], registry=r)
-        self.waiting = Gauge("cosine:num_requests_waiting", "Requests queued for admission.", ["model_name"], registry=r)
-        self.prompt_tokens = Counter("cosine:prompt_tokens_total", "Prefilled prompt tokens.", ["model_name"], registry=r)
+        self.waiting = Gauge(
+            "cosine:num_requests_waiting", "Requests queued for admission.", ["model_name"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "cosine:prompt_tokens_total", "Prefilled prompt tokens.", ["model_name"], registry=r
+        )
         self.generation_tokens = Counter(
             "cosine:generation_tokens_total", "Emitted output tokens.", ["model_name"], registry=r
         )
@@ -73,6 +77,9 @@ class ServingMetrics:
             "cosine:verifier_idle_seconds_total", "Seconds the verifier engine waited for work.", ["model_name"],
             registry=r,
         )
+        self.rejected = Counter(
+            "cosine:request_rejected_total", "Requests refused at admission (overload).", ["model_name"], registry=r
+        )
         self.draft_bytes = Counter(
             "cosine:draft_bytes_total", "Bytes of draft messages received from drafters.", ["model_name", "pool"],
             registry=r,
@@ -82,6 +89,9 @@ class ServingMetrics:
     def set_queue(self, running: int, waiting: int) -> None:
         self.running.labels(**self._labels).set(running)
         self.waiting.labels(**self._labels).set(waiting)
+
+    def request_rejected(self) -> None:
+        self.rejected.labels(**self._labels).inc()
 
     def first_token(self, ttft_s: float) -> None:
         self.ttft.labels(**self._labels).observe(ttft_s)
@@ -103,9 +113,8 @@ class ServingMetrics:
     def verifier_idle(self, seconds: float) -> None:
         self.idle_s.labels(**self._labels).inc(max(0.0, seconds))
 
-    def request_finished(self, stats, e2e_s: float) -> None:
-        """`stats` is the request's `GenerationStats`."""
-        reason = "length" if stats.output_tokens else "abort"
+    def request_finished(self, stats, e2e_s: float, reason: str) -> None:
+        """`stats` is the request's `GenerationStats`; reason: "stop", "length" or "abort"."""
         self.requests_total.labels(**self._labels, finished_reason=reason).inc()
         self.prompt_tokens.labels(**self._labels).inc(stats.prompt_tokens)
         self.generation_tokens.labels(**self._labels).inc(stats.output_tokens)

@@ -68,6 +68,7 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     draft_lens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (EOS) or "length", once finished
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -145,6 +146,8 @@ def generate_stream(
         emitted = 1
         finished = first in stop or emitted >= max_new_tokens
         stats.output_tokens, stats.wall_s = 1, time.perf_counter() - t0
+        if finished:
+            stats.finish_reason = "stop" if first in stop else "length"
         yield StepOutput((first,), 0, 0, finished)
         state = initial_state(settings)
         while not finished:
@@ -172,6 +175,8 @@ def generate_stream(
                 stats.draft_lens.append(draft.num_tokens)
                 state = observe(state, settings, draft.num_tokens, result.num_accepted)
             stats.output_tokens, stats.wall_s = emitted, time.perf_counter() - t0
+            if finished:
+                stats.finish_reason = "stop" if new[-1] in stop else "length"
             yield StepOutput(new, draft.num_tokens, result.num_accepted, finished)
     finally:
         target.release(seq)

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from cosine.runtime.compression import Compression
 from cosine.runtime.drafter import ModelDrafter
+from cosine.runtime.ngram_drafter import NgramDrafter
 from cosine.runtime.transport import codec
 from cosine.runtime.transport import drafter_pb2 as pb
 from cosine.runtime.transport import drafter_pb2_grpc as pb_grpc
@@ -49,16 +50,19 @@ class DrafterServicer(pb_grpc.DrafterServicer):
     """Serves `Propose`/`Release`/`Info` for one `ModelDrafter`.
 
     Args:
-        drafter: the model drafter (its runner is used by one call at a time).
+        drafter: a `ModelDrafter` or `NgramDrafter` (called by one request at a time).
         pool: the drafter pool's name. tokenizer_family: for the verifier's compatibility check.
         max_requests: contexts kept; the least recently used beyond this are released.
     """
 
     def __init__(
-        self, drafter: ModelDrafter, pool: str, tokenizer_family: str = "", *, max_requests: int = 256,
-        metrics: DrafterMetrics | None = None,
+        self, drafter: ModelDrafter | NgramDrafter, pool: str, tokenizer_family: str = "", *, max_requests: int = 256,
+        metrics: DrafterMetrics | None = None, vocab_size: int | None = None,
     ) -> None:
         self.drafter = drafter
+        runner = getattr(drafter, "runner", None)
+        self.vocab_size = vocab_size or (runner.vocab_size if runner is not None else 0)
+        self.model_name = runner.name if runner is not None else drafter.name
         self.pool = pool
         self.tokenizer_family = tokenizer_family
         self.max_requests = max_requests
@@ -85,7 +89,7 @@ class DrafterServicer(pb_grpc.DrafterServicer):
                 generator = torch.Generator().manual_seed(int(request.seed))
                 compression = codec.compression_from_proto(
                     request.compression, request.HasField("compression")
-                ) or Compression(top_k=self.drafter.runner.vocab_size, bits=32)
+                ) or Compression(top_k=max(1, self.vocab_size), bits=32)
             t0 = time.perf_counter()
             draft = self.drafter.propose(
                 rid, ctx, int(request.max_tokens), params, min_confidence=request.min_confidence,
@@ -105,8 +109,8 @@ class DrafterServicer(pb_grpc.DrafterServicer):
 
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
         return pb.InfoResponse(
-            model=self.drafter.runner.name, tokenizer_family=self.tokenizer_family,
-            vocab_size=self.drafter.runner.vocab_size, pool=self.pool,
+            model=self.model_name, tokenizer_family=self.tokenizer_family,
+            vocab_size=self.vocab_size, pool=self.pool,
         )
 
     def _evict(self) -> None:
@@ -132,5 +136,5 @@ def serve(servicer: DrafterServicer, port: int, host: str = "127.0.0.1", max_wor
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     server.bound_port = bound  # type: ignore[attr-defined]
-    log.info("drafter %s (pool %s) serving on %s:%d", servicer.drafter.name, servicer.pool, host, bound)
+    log.info("drafter %s (pool %s) serving on %s:%d", servicer.model_name, servicer.pool, host, bound)
     return server

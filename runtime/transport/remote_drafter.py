@@ -97,7 +97,10 @@ class RemoteDrafter:
             return Draft((), None, (), self.name, 0.0)
         sent = self._sent.get(request_id, [])
         common = _common_prefix(sent, context_ids)
-        seed = int(torch.randint(0, 2**62, (), generator=generator)) if generator is not None else random.getrandbits(62)
+        if generator is not None:
+            seed = int(torch.randint(0, 2**62, (), generator=generator))
+        else:
+            seed = random.getrandbits(62)
         try:
             resp = self._call(request_id, context_ids, common, max_tokens, params, min_confidence, seed)
         except grpc.RpcError as e:

@@ -33,8 +33,9 @@ def webhook_port() -> int:
 def operator(emulator: EmulatorThread, webhook_port: int) -> Iterator[Any]:
     """``cosine-operator --standalone -A`` (kopf run) in a thread, pointed at the emulator,
     with the admission webhook on plain HTTP at ``webhook_port``. One operator per test module."""
-    from cosine.operator.__main__ import kopf_args
     from kopf.testing import KopfRunner
+
+    from cosine.operator.__main__ import kopf_args
 
     env = {
         "KUBECONFIG": str(emulator.kubeconfig),

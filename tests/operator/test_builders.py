@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import yaml
+
 from cosine.operator import builders
 
 SPEC: dict[str, Any] = {

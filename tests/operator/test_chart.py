@@ -10,6 +10,7 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+
 from cosine.operator import kube
 
 ROOT = Path(__file__).resolve().parents[2]

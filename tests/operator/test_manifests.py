@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+
 from cosine.operator import builders, settings
 from cosine.operator.webhook import validate_cluster
 

@@ -7,6 +7,8 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from fake_metrics import Counters, serve
+
 from cosine.operator.metrics_scrape import (
     DrafterSample,
     Scrape,
@@ -18,7 +20,6 @@ from cosine.operator.metrics_scrape import (
     scrape_pods,
     scrape_prometheus,
 )
-from fake_metrics import Counters, serve
 
 VERIFIER_TEXT = """# HELP cosine:verifier_busy_seconds_total Busy.
 # TYPE cosine:verifier_busy_seconds_total counter

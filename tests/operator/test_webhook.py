@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from cosine.operator.webhook import tokenizer_family, validate_cluster
 
 

