@@ -1,10 +1,8 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -16,7 +14,7 @@ class SamplingParams(_message.Message):
     temperature: float
     top_p: float
     top_k: int
-    def __init__(self, temperature: float | None = ..., top_p: float | None = ..., top_k: int | None = ...) -> None: ...
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ...) -> None: ...
 
 class Compression(_message.Message):
     __slots__ = ("top_k", "bits")
@@ -24,7 +22,7 @@ class Compression(_message.Message):
     BITS_FIELD_NUMBER: _ClassVar[int]
     top_k: int
     bits: int
-    def __init__(self, top_k: int | None = ..., bits: int | None = ...) -> None: ...
+    def __init__(self, top_k: _Optional[int] = ..., bits: _Optional[int] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("request_id", "num_cached", "new_token_ids", "max_tokens", "min_confidence", "sampling", "seed", "compression")
@@ -44,7 +42,7 @@ class ProposeRequest(_message.Message):
     sampling: SamplingParams
     seed: int
     compression: Compression
-    def __init__(self, request_id: str | None = ..., num_cached: int | None = ..., new_token_ids: _Iterable[int] | None = ..., max_tokens: int | None = ..., min_confidence: float | None = ..., sampling: SamplingParams | _Mapping | None = ..., seed: int | None = ..., compression: Compression | _Mapping | None = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., num_cached: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., min_confidence: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., compression: _Optional[_Union[Compression, _Mapping]] = ...) -> None: ...
 
 class DraftDistribution(_message.Message):
     __slots__ = ("token_ids", "codes")
@@ -52,7 +50,7 @@ class DraftDistribution(_message.Message):
     CODES_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     codes: bytes
-    def __init__(self, token_ids: _Iterable[int] | None = ..., codes: bytes | None = ...) -> None: ...
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., codes: _Optional[bytes] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("token_ids", "confidences", "dists", "bits", "draft_s", "drafter")
@@ -68,13 +66,13 @@ class ProposeResponse(_message.Message):
     bits: int
     draft_s: float
     drafter: str
-    def __init__(self, token_ids: _Iterable[int] | None = ..., confidences: _Iterable[float] | None = ..., dists: _Iterable[DraftDistribution | _Mapping] | None = ..., bits: int | None = ..., draft_s: float | None = ..., drafter: str | None = ...) -> None: ...
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., confidences: _Optional[_Iterable[float]] = ..., dists: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ..., bits: _Optional[int] = ..., draft_s: _Optional[float] = ..., drafter: _Optional[str] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    def __init__(self, request_id: str | None = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ()
@@ -94,4 +92,4 @@ class InfoResponse(_message.Message):
     tokenizer_family: str
     vocab_size: int
     pool: str
-    def __init__(self, model: str | None = ..., tokenizer_family: str | None = ..., vocab_size: int | None = ..., pool: str | None = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., tokenizer_family: _Optional[str] = ..., vocab_size: _Optional[int] = ..., pool: _Optional[str] = ...) -> None: ...
