@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # machine: make install TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-BENCH_ARGS ?= --limit 3 --max-tokens 48
+BENCH_ARGS ?= --limit 2 --max-tokens 48
 
 .PHONY: install models workloads run bench test lint clean
 

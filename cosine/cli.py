@@ -129,6 +129,24 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drafter(args: argparse.Namespace) -> int:
+    from cosine.roles import run_drafter
+
+    return run_drafter(args.cluster, args.pool, args.grpc_port, args.metrics_port, args.host)
+
+
+def _verifier(args: argparse.Namespace) -> int:
+    from cosine.roles import run_verifier
+
+    return run_verifier(args.cluster, args.http_port, args.host, args.drafter, os.environ.get("COSINE_API_KEY"))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from cosine.roles import run_serve
+
+    return run_serve(args.cluster, args.port, args.host, os.environ.get("COSINE_API_KEY"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cosine", description="CoSine: collaborative speculative inference")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -178,6 +196,30 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--plot", type=Path, default=None)
     model_flags(be)
     be.set_defaults(func=_bench)
+
+    cluster_help = "CoSineCluster manifest (default: the single-machine cluster shipped with cosine)"
+    dr = sub.add_parser("drafter", help="serve one drafter pool over gRPC (a drafter pod)")
+    dr.add_argument("--cluster", type=Path, default=None, help=cluster_help)
+    dr.add_argument("--pool", required=True, help="drafter pool name in the manifest")
+    dr.add_argument("--grpc-port", type=int, default=50052)
+    dr.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (0 = off)")
+    dr.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in a pod)")
+    dr.set_defaults(func=_drafter)
+
+    ve = sub.add_parser("verifier", help="target model + coordinator + OpenAI gateway (the verifier pod)")
+    ve.add_argument("--cluster", type=Path, default=None, help=cluster_help)
+    ve.add_argument("--http-port", type=int, default=8000)
+    ve.add_argument("--grpc-port", type=int, default=50051, help="reserved for verifier-side gRPC")
+    ve.add_argument("--drafter", action="append", default=[], metavar="POOL=ADDRESS",
+                    help="a drafter pool's gRPC address, e.g. code=dns:///demo-drafter-code:50052 (repeatable)")
+    ve.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in a pod)")
+    ve.set_defaults(func=_verifier)
+
+    se = sub.add_parser("serve", help="embedded cluster: drafter processes + verifier + gateway on this machine")
+    se.add_argument("--cluster", type=Path, default=None, help=cluster_help)
+    se.add_argument("--port", type=int, default=8000, help="gateway port")
+    se.add_argument("--host", default="127.0.0.1", help="gateway bind address")
+    se.set_defaults(func=_serve)
     return p
 
 

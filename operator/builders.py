@@ -206,6 +206,8 @@ def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]
         str(s.VERIFIER_HTTP_PORT),
         "--grpc-port",
         str(s.VERIFIER_GRPC_PORT),
+        "--host",
+        "0.0.0.0",  # the runtime binds loopback unless told otherwise
     ]
     for pool in cluster.drafter_pools:
         target = f"dns:///{drafter_name(name, pool.name)}.{namespace}.svc:{s.DRAFTER_GRPC_PORT}"
@@ -263,6 +265,8 @@ def build_drafter_deployment(
             str(s.DRAFTER_GRPC_PORT),
             "--metrics-port",
             str(s.DRAFTER_METRICS_PORT),
+            "--host",
+            "0.0.0.0",
         ],
         "env": _env(p.pod, []),
         "ports": [

@@ -53,6 +53,8 @@ def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
         "8000",
         "--grpc-port",
         "50051",
+        "--host",
+        "0.0.0.0",
         "--drafter",
         "code=dns:///demo-drafter-code.ns.svc:50052",
         "--drafter",
@@ -87,6 +89,8 @@ def test_drafter_deployment_and_headless_service() -> None:
         "50052",
         "--metrics-port",
         "9090",
+        "--host",
+        "0.0.0.0",
     ]
     assert c["readinessProbe"]["grpc"] == {"port": 50052}
     assert "tolerations" not in d["spec"]["template"]["spec"]  # no GPU asked for
