@@ -4,7 +4,9 @@ Systems (DESIGN.md §5):
 - `target-only`: our runtime, no speculation (k = 0), KV cache, one token per target pass;
 - `hf-generate`: plain `transformers` `generate` (greedy) on the same weights;
 - `hf-assisted`: `transformers` assisted generation with the same drafter (the peer to beat);
-- `cosine`: our speculative decoding with the model drafter and adaptive speculation length.
+- `cosine`: our speculative decoding: prompt lookup (n-gram, free) first, the model drafter where
+  lookup finds nothing, adaptive speculation length, acceptance carried across requests;
+- `cosine-no-lookup`: the same without prompt lookup (ablation: model drafter only).
 
 Each request records its output token ids, wall time, TTFT and draft/accept counters; results are
 aggregated per system and domain (plus `"all"`) into `results[]` objects with the fields named in
@@ -28,13 +30,14 @@ from tqdm import tqdm
 
 from cosine.runtime.drafter import ModelDrafter
 from cosine.runtime.models import ModelRunner
-from cosine.runtime.speculation_control import CostModel, SpeculationSettings
+from cosine.runtime.ngram_drafter import NgramDrafter
+from cosine.runtime.speculation_control import CostModel, SpeculationSettings, initial_state
 from cosine.runtime.speculative_decoding import GenerationStats, generate, measure_cost_model
 from cosine.workloads import Prompt
 
 log = logging.getLogger(__name__)
 
-SYSTEMS = ("target-only", "hf-generate", "hf-assisted", "cosine")
+SYSTEMS = ("target-only", "hf-generate", "hf-assisted", "cosine", "cosine-no-lookup")
 
 
 @dataclass
@@ -95,9 +98,14 @@ def run_bench(
     encoded = [target.encode_prompt(p.messages()) for p in prompts]
     cost = measure_cost_model(target, drafter)
     log.info("cost model: %s", cost)
+    model_drafter, lookup = ModelDrafter(drafter), NgramDrafter()
+    measured: dict[str, float] = {}
     runners: dict[str, Runner] = {
-        "target-only": lambda p, ids: _run_ours("target-only", target, None, p, ids, config, cost),
-        "cosine": lambda p, ids: _run_ours("cosine", target, ModelDrafter(drafter), p, ids, config, cost),
+        "target-only": lambda p, ids: _run_ours("target-only", target, None, None, p, ids, config, cost, measured),
+        "cosine": lambda p, ids: _run_ours("cosine", target, model_drafter, lookup, p, ids, config, cost, measured),
+        "cosine-no-lookup": lambda p, ids: _run_ours(
+            "cosine-no-lookup", target, model_drafter, None, p, ids, config, cost, measured
+        ),
         "hf-generate": lambda p, ids: _run_hf("hf-generate", target, None, p, ids, config),
         "hf-assisted": lambda p, ids: _run_hf("hf-assisted", target, drafter, p, ids, config),
     }
@@ -174,15 +182,24 @@ def _run_ours(
     system: str,
     target: ModelRunner,
     drafter: ModelDrafter | None,
+    lookup: NgramDrafter | None,
     prompt: Prompt,
     ids: list[int],
     config: BenchConfig,
     cost: CostModel,
+    measured: dict[str, float],
 ) -> RequestRecord:
+    """`measured`: system -> its drafter's acceptance on earlier requests (updated here)."""
+    start = initial_state(config.speculation, measured.get(system))
     t0 = time.perf_counter()
-    res = generate(target, ids, config.max_tokens, drafter=drafter, settings=config.speculation, cost=cost)
+    res = generate(
+        target, ids, config.max_tokens, drafter=drafter, lookup=lookup, settings=config.speculation, cost=cost,
+        initial=start,
+    )
     wall = time.perf_counter() - t0
     s: GenerationStats = res.stats
+    if s.speculation_state is not None:
+        measured[system] = s.speculation_state.acceptance_rate
     return RequestRecord(
         system, prompt.id, prompt.domain, len(ids), list(res.token_ids), wall, s.ttft_s,
         s.num_drafts, s.draft_tokens, s.accepted_tokens,

@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--workload", default="mixed", help="JSONL file or a built workload name (mixed, code, …)")
     be.add_argument("--limit", type=int, default=0, help="prompts per domain (0 = all)")
     be.add_argument("--max-tokens", type=int, default=64)
-    be.add_argument("--systems", default="target-only,hf-generate,hf-assisted,cosine")
+    be.add_argument("--systems", default="target-only,hf-generate,hf-assisted,cosine,cosine-no-lookup")
     be.add_argument("--out", type=Path, default=Path("results/bench.json"))
     be.add_argument("--plot", type=Path, default=None)
     model_flags(be)

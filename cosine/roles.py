@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -119,6 +120,7 @@ def run_verifier(
     from cosine.runtime.gateway import create_app
     from cosine.runtime.metrics import ServingMetrics
     from cosine.runtime.models import ModelRunner
+    from cosine.runtime.ngram_drafter import NgramDrafter
     from cosine.runtime.speculative_decoding import measure_cost_model
     from cosine.runtime.transport.remote_drafter import RemoteDrafter
 
@@ -138,7 +140,8 @@ def run_verifier(
         cost = _with_remote_draft_cost(cost, remotes[0], target)
     model_name = spec.verifier.model
     metrics = ServingMetrics(model_name)
-    coordinator = Coordinator(target, remotes, settings, cost, metrics=metrics)
+    # prompt lookup costs microseconds and no model: every verifier has it in-process
+    coordinator = Coordinator(target, remotes, settings, cost, metrics=metrics, lookup=NgramDrafter("lookup"))
     coordinator.start()
     app = create_app(coordinator, target, model_name=model_name, api_key=api_key, metrics=metrics)
     log.info("gateway on http://%s:%d/v1 (model %s, drafters %s)", host, http_port, model_name,
@@ -177,6 +180,12 @@ class Child:
     name: str
     process: subprocess.Popen
     grpc_port: int
+    cmd: list[str]
+    env: dict[str, str]
+    restarts: int = 0
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.cmd, env=self.env, preexec_fn=_die_with_parent)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -204,7 +213,7 @@ def start_drafters(manifest: Path | None, host: str = "127.0.0.1") -> list[Child
                 cmd += ["--cluster", str(manifest)]
             env = {**os.environ, "OMP_NUM_THREADS": str(pool.threads)}
             proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
-            children.append(Child(f"{pool.name}-{replica}", proc, port))
+            children.append(Child(f"{pool.name}-{replica}", proc, port, cmd, env))
             log.info("started drafter %s-%d (pid %d) on %s:%d", pool.name, replica, proc.pid, host, port)
     return children
 
@@ -245,13 +254,28 @@ def stop_children(children: list[Child], timeout_s: float = 10) -> None:
             c.process.wait()
 
 
+def supervise(children: list[Child], stop: threading.Event, period_s: float = 1.0) -> None:
+    """Restart drafter processes that exit (as a Deployment would); the verifier's client
+    reconnects and its failover lets the drafter back in."""
+    while not stop.wait(period_s):
+        for c in children:
+            if c.process.poll() is not None and not stop.is_set():
+                c.restarts += 1
+                log.warning("drafter %s exited with %s; restarting (restart %d)", c.name, c.process.returncode,
+                            c.restarts)
+                c.start()
+
+
 def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None) -> int:
     children = start_drafters(manifest, "127.0.0.1")
+    stop = threading.Event()
     try:
         wait_healthy(children)
+        threading.Thread(target=supervise, args=(children, stop), name="cosine-supervisor", daemon=True).start()
         drafters = [f"{c.name.rsplit('-', 1)[0]}=127.0.0.1:{c.grpc_port}" for c in children]
         return run_verifier(manifest, port, host, drafters, api_key)
     finally:
+        stop.set()
         stop_children(children)
 
 

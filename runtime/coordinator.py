@@ -79,6 +79,7 @@ class Coordinator:
         settings: speculation policy. cost: measured costs for adaptive k (None = fixed k).
         max_running: requests stepped concurrently. max_waiting: queued beyond that before 429.
         metrics: a `cosine.runtime.metrics.ServingMetrics`, or None.
+        lookup: a free drafter tried first at each step (prompt lookup), see `generate_stream`.
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class Coordinator:
         max_waiting: int = 64,
         drafter_retry_s: float = 5.0,
         metrics=None,
+        lookup: Drafter | None = None,
     ) -> None:
         self.target = target
         self.settings = settings
@@ -99,6 +101,7 @@ class Coordinator:
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.metrics = metrics
+        self.lookup = lookup
         self._drafter = _FailoverDrafter(list(drafters), drafter_retry_s) if drafters else None
         self._waiting: deque[_Active] = deque()
         self._running: list[_Active] = []
@@ -162,7 +165,7 @@ class Coordinator:
             steps = generate_stream(
                 self.target, list(request.prompt_ids), request.max_tokens, request.params,
                 drafter=self._drafter, settings=self.settings, cost=self.cost,
-                stop_token_ids=request.stop_token_ids, stats=stats,
+                stop_token_ids=request.stop_token_ids, stats=stats, lookup=self.lookup,
             )
             active = _Active(request, steps, asyncio.get_running_loop(), asyncio.Queue(), stats, time.perf_counter())
             self._waiting.append(active)
@@ -254,7 +257,8 @@ class _FailoverDrafter:
                 self.last_name = d.name
                 return draft
             except Exception as e:
-                log.warning("drafter %s failed (%s); marking it down for %.0f s", d.name, e, self.retry_s)
+                reason = e.code() if hasattr(e, "code") else e  # grpc.RpcError: the status code is enough
+                log.warning("drafter %s failed (%s); marking it down for %.0f s", d.name, reason, self.retry_s)
                 self.down_until[d.name] = now + self.retry_s
         return Draft((), None, (), "none", 0.0)
 

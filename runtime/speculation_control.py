@@ -76,8 +76,12 @@ class SpeculationState:
         return self.accepted_ema / self.trials_ema if self.trials_ema > 0 else 0.0
 
 
-def initial_state(settings: SpeculationSettings) -> SpeculationState:
-    return SpeculationState(accepted_ema=settings.acceptance_prior, trials_ema=1.0)
+def initial_state(settings: SpeculationSettings, acceptance_rate: float | None = None) -> SpeculationState:
+    """Fresh estimate: `acceptance_rate` measured for this drafter on earlier requests (its agreement
+    with the target), else the settings' prior. Weighted as one trial, so the request's own
+    outcomes take over quickly."""
+    alpha = settings.acceptance_prior if acceptance_rate is None else min(max(acceptance_rate, 0.0), 1.0)
+    return SpeculationState(accepted_ema=alpha, trials_ema=1.0)
 
 
 def expected_tokens(alpha: float, k: int) -> float:

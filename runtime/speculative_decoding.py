@@ -26,6 +26,7 @@ from cosine.runtime.models import ModelRunner
 from cosine.runtime.speculation_control import (
     CostModel,
     SpeculationSettings,
+    SpeculationState,
     initial_state,
     next_draft_len,
     observe,
@@ -69,6 +70,7 @@ class GenerationStats:
     verify_s: float = 0.0
     draft_lens: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" (EOS) or "length", once finished
+    speculation_state: SpeculationState | None = None  # the drafter's acceptance estimate at the end
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -104,6 +106,8 @@ def generate_stream(
     cost: CostModel | None = None,
     stop_token_ids: frozenset[int] | None = None,
     stats: GenerationStats | None = None,
+    lookup: Drafter | None = None,
+    initial: SpeculationState | None = None,
 ) -> Iterator[StepOutput]:
     """Generate up to `max_new_tokens` tokens after `prompt_ids`, yielding each step's tokens.
 
@@ -116,6 +120,12 @@ def generate_stream(
         settings, cost: speculation policy and measured costs (see `speculation_control`).
         stop_token_ids: generation ends after emitting one of these (default: the target's EOS).
         stats: filled in as generation proceeds, if given.
+        lookup: a free drafter (prompt lookup, `NgramDrafter`) tried first at every step; its draft
+            is used when it proposes at least 2 tokens, otherwise `drafter` drafts. Its proposals
+            cost no model pass, so it is consulted even when the policy says k = 0.
+        initial: the drafter's acceptance estimate to start from (e.g. measured on earlier
+            requests); default the settings' prior. The final estimate is left in
+            `stats.speculation_state`.
 
     Raises:
         ValueError: empty prompt, max_new_tokens < 1, or prompt + output beyond the context.
@@ -149,14 +159,19 @@ def generate_stream(
         if finished:
             stats.finish_reason = "stop" if first in stop else "length"
         yield StepOutput((first,), 0, 0, finished)
-        state = initial_state(settings)
+        state = initial or initial_state(settings)
         while not finished:
             remaining = max_new_tokens - emitted
-            k = 0
-            if drafter is not None:
-                state, k = next_draft_len(state, settings, cost)
-                k = min(k, remaining - 1)
-            draft = _propose(drafter, request_id, context, k, params, settings, generator)
+            draft = _propose(lookup, request_id, context, min(settings.max_draft_tokens, remaining - 1), params,
+                             settings, generator)
+            model_drafted = False
+            if draft.num_tokens < 2:
+                k = 0
+                if drafter is not None:
+                    state, k = next_draft_len(state, settings, cost)
+                    k = min(k, remaining - 1)
+                draft = _propose(drafter, request_id, context, k, params, settings, generator)
+                model_drafted = draft.num_tokens > 0
             t_v = time.perf_counter()
             logits = target.forward(seq, [context[-1], *draft.token_ids])  # [k + 1, vocab]
             result = _verify(draft, logits, params, generator)
@@ -173,15 +188,18 @@ def generate_stream(
                 stats.accepted_tokens += result.num_accepted
                 stats.draft_s += draft.draft_s
                 stats.draft_lens.append(draft.num_tokens)
-                state = observe(state, settings, draft.num_tokens, result.num_accepted)
+                if model_drafted:
+                    state = observe(state, settings, draft.num_tokens, result.num_accepted)
+                    stats.speculation_state = state
             stats.output_tokens, stats.wall_s = emitted, time.perf_counter() - t0
             if finished:
                 stats.finish_reason = "stop" if new[-1] in stop else "length"
             yield StepOutput(new, draft.num_tokens, result.num_accepted, finished)
     finally:
         target.release(seq)
-        if drafter is not None:
-            drafter.release(request_id)
+        for d in (drafter, lookup):
+            if d is not None:
+                d.release(request_id)
 
 
 def generate(

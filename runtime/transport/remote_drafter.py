@@ -72,7 +72,14 @@ class RemoteDrafter:
         self.base_timeout_s = base_timeout_s
         self.per_token_timeout_s = per_token_timeout_s
         self._channel = grpc.insecure_channel(
-            address, options=[("grpc.service_config", _RETRY_CONFIG), ("grpc.enable_retries", 1)]
+            address,
+            options=[
+                ("grpc.service_config", _RETRY_CONFIG),
+                ("grpc.enable_retries", 1),
+                # a restarted drafter should be found within seconds, not gRPC's default 2 minutes
+                ("grpc.initial_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", 2000),
+            ],
         )
         self._stub = pb_grpc.DrafterStub(self._channel)
         self._sent: dict[str, list[int]] = {}

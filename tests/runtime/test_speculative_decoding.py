@@ -46,6 +46,19 @@ def test_adaptive_and_confidence_paths_are_lossless(target):
         assert got.token_ids == want
 
 
+def test_lookup_then_model_drafter_is_lossless(target):
+    from cosine.runtime.ngram_drafter import NgramDrafter
+
+    prompt = [5, 6, 7, 8] * 3 + [1, 2]
+    want = generate(target, prompt, 40, stop_token_ids=NO_STOP).token_ids
+    res = generate(
+        target, prompt, 40, drafter=ModelDrafter(tiny_qwen2(seed=2)), lookup=NgramDrafter(),
+        settings=SpeculationSettings(max_draft_tokens=4, adaptive=False), stop_token_ids=NO_STOP,
+    )
+    assert res.token_ids == want
+    assert res.stats.draft_tokens > 0
+
+
 def test_stops_at_eos_and_limit(target):
     prompt = [5, 17, 33]
     free = generate(target, prompt, 20, stop_token_ids=NO_STOP).token_ids
