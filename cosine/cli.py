@@ -55,8 +55,9 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from cosine.runtime.drafter import ModelDrafter
+    from cosine.runtime.ngram_drafter import NgramDrafter
     from cosine.runtime.speculation_control import SpeculationSettings
-    from cosine.runtime.speculative_decoding import generate_stream, measure_cost_model
+    from cosine.runtime.speculative_decoding import GenerationStats, generate_stream, measure_cost_model
     from cosine.runtime.speculative_sampling import SamplingParams
 
     torch.set_num_threads(args.threads)
@@ -68,14 +69,14 @@ def _generate(args: argparse.Namespace) -> int:
     settings = SpeculationSettings(max_draft_tokens=args.max_draft_tokens, min_confidence=args.min_confidence)
     cost = measure_cost_model(target, drafter_runner) if drafter_runner else None
     drafter = ModelDrafter(drafter_runner) if drafter_runner else None
-    from cosine.runtime.speculative_decoding import GenerationStats
-
+    lookup = NgramDrafter() if drafter_runner else None  # --drafter none: plain target decoding
     stats = GenerationStats()
     tokens: list[int] = []
     printed = ""
     t0 = time.perf_counter()
     for step in generate_stream(
-        target, prompt_ids, args.max_tokens, params, drafter=drafter, settings=settings, cost=cost, stats=stats
+        target, prompt_ids, args.max_tokens, params, drafter=drafter, settings=settings, cost=cost, stats=stats,
+        lookup=lookup,
     ):
         tokens.extend(step.token_ids)
         text = target.decode(tokens)
@@ -85,11 +86,10 @@ def _generate(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     sys.stdout.write("\n")
     acc = stats.mean_acceptance_length
+    spec = f"mean acceptance length {acc:.2f}" if acc else "no speculation"
     print(
-        f"[{len(tokens)} tokens in {wall:.2f} s: {len(tokens) / wall:.2f} tok/s, TTFT {stats.ttft_s * 1e3:.0f} ms, "
-        f"mean acceptance length {acc:.2f}]" if acc else
-        f"[{len(tokens)} tokens in {wall:.2f} s: {len(tokens) / wall:.2f} tok/s, TTFT {stats.ttft_s * 1e3:.0f} ms, "
-        "no speculation]",
+        f"[{len(tokens)} tokens in {wall:.2f} s: {len(tokens) / wall:.2f} tok/s, "
+        f"TTFT {stats.ttft_s * 1e3:.0f} ms, {spec}]",
         file=sys.stderr,
     )
     return 0

@@ -14,7 +14,7 @@ Modules, one concept each: ``settings`` (typed spec), ``builders`` (pure manifes
 if __name__ == "operator":  # pragma: no cover - exercised by every `python -m` run from the root
     import sys as _sys
 
-    _stdlib_operator = _sys.modules["os"].__file__.rsplit("/", 1)[0] + "/operator.py"
+    _stdlib_operator = str(_sys.modules["os"].__file__).rsplit("/", 1)[0] + "/operator.py"
     with open(_stdlib_operator, encoding="utf-8") as _source:
         exec(compile(_source.read(), _stdlib_operator, "exec"), globals())  # noqa: S102
     del _sys, _source, _stdlib_operator

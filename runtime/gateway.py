@@ -304,8 +304,8 @@ class _Gateway:
         if isinstance(body.prompt, str):
             if not body.prompt:
                 raise _ApiError(400, "Invalid 'prompt': empty.", code="invalid_value", param="prompt")
-            # Raw text, no chat template (that is /v1/chat/completions); `encode_prompt` would apply it.
-            prompt_ids = [int(i) for i in self.runner.tokenizer(body.prompt)["input_ids"]]
+            # Raw text, no chat template (that is /v1/chat/completions).
+            prompt_ids = self.runner.encode_text(body.prompt)
         else:
             bad = [t for t in body.prompt if not 0 <= t < self.runner.vocab_size]
             if bad:

@@ -165,16 +165,25 @@ class ModelRunner:
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("prompt is empty")
-            if self.tokenizer.chat_template:
-                prompt = [{"role": "user", "content": prompt}]
-            else:
-                return list(self.tokenizer(prompt)["input_ids"])
+            if not self.tokenizer.chat_template:
+                return self.encode_text(prompt)
+            prompt = [{"role": "user", "content": prompt}]
         if not prompt or not any(m.get("content", "").strip() for m in prompt):
             raise ValueError("prompt is empty")
         ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return [int(i) for i in ids]
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of raw text, without the chat template (for `/v1/completions`).
+
+        Raises:
+            ValueError: no tokenizer.
+        """
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name} has no tokenizer")
+        return [int(i) for i in self.tokenizer(text)["input_ids"]]
 
     def decode(self, token_ids: Seq[int]) -> str:
         if self.tokenizer is None:

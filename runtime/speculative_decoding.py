@@ -13,7 +13,6 @@ single-request core and the reference the tests compare against.
 
 from __future__ import annotations
 
-import statistics
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -217,25 +216,26 @@ def generate(
 
 
 def measure_cost_model(
-    target: ModelRunner, drafter_runner: ModelRunner | None, *, context_tokens: int = 96, k: int = 8, repeats: int = 3
+    target: ModelRunner, drafter_runner: ModelRunner | None, *, context_tokens: int = 96, k: int = 8, repeats: int = 5
 ) -> CostModel:
     """Measure draft and verification costs once at start-up (seconds), on a synthetic context.
 
     verify_token_s comes from the difference between a (k + 1)-token and a 1-token target pass.
-    Without a drafter, draft_token_s is 0 (e.g. an n-gram drafter).
+    Without a drafter, draft_token_s is 0 (e.g. an n-gram drafter). Each figure is the minimum over
+    `repeats` passes (after one warm-up): on a shared machine interference only ever adds time.
     """
 
     def timed_pass(runner: ModelRunner, n: int) -> float:
         seq = runner.new_sequence()
         runner.forward(seq, [i % 1000 + 10 for i in range(context_tokens)], logits_to_keep=1)
         times = []
-        for _ in range(repeats):
+        for _ in range(repeats + 1):
             t = time.perf_counter()
             runner.forward(seq, list(range(100, 100 + n)))
             times.append(time.perf_counter() - t)
             runner.rollback(seq, context_tokens)
         runner.release(seq)
-        return statistics.median(times)
+        return min(times[1:])
 
     base = timed_pass(target, 1)
     wide = timed_pass(target, k + 1)
