@@ -9,6 +9,7 @@ STAMP  := $(VENV)/.installed
 # machine: make install TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+RUN_ARGS ?=
 BENCH_ARGS ?= --limit 2 --max-tokens 48
 
 .PHONY: install models workloads run bench test lint clean
@@ -28,8 +29,13 @@ models: install
 workloads: install
 	$(BIN)/cosine workloads build
 
-# The main job: the embedded system on real models and real prompts.
+# The main job: the embedded cluster (drafter + verifier processes, OpenAI gateway) on the real
+# default models, sent real workload prompts; then it keeps serving (RUN_ARGS=--exit stops it).
 run: models workloads
+	$(BIN)/cosine demo --workload mixed $(RUN_ARGS)
+
+# Every system on the same prompts, as ratios to target-only: JSON + plot in results/.
+bench: models workloads
 	$(BIN)/cosine bench --workload mixed $(BENCH_ARGS) --out results/bench.json --plot results/bench.png
 
 test: install

@@ -6,7 +6,10 @@ Systems (DESIGN.md §5):
 - `hf-assisted`: `transformers` assisted generation with the same drafter (the peer to beat);
 - `cosine`: our speculative decoding: prompt lookup (n-gram, free) first, the model drafter where
   lookup finds nothing, adaptive speculation length, acceptance carried across requests;
-- `cosine-no-lookup`: the same without prompt lookup (ablation: model drafter only).
+- `cosine-no-lookup`: the same without prompt lookup (ablation: model drafter only);
+- `cosine-cluster`: the deployment path: `cosine serve` in child processes (drafter and verifier
+  processes over gRPC, one torch thread each, per the default manifest), prompts sent over HTTP
+  with the OpenAI client; identity is checked on the text.
 
 Each request records its output token ids, wall time, TTFT and draft/accept counters; results are
 aggregated per system and domain (plus `"all"`) into `results[]` objects with the fields named in
@@ -37,7 +40,7 @@ from cosine.workloads import Prompt
 
 log = logging.getLogger(__name__)
 
-SYSTEMS = ("target-only", "hf-generate", "hf-assisted", "cosine", "cosine-no-lookup")
+SYSTEMS = ("target-only", "hf-generate", "hf-assisted", "cosine", "cosine-no-lookup", "cosine-cluster")
 
 
 @dataclass
@@ -54,10 +57,16 @@ class RequestRecord:
     num_drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    output_text: str = ""
+    http_tokens: int = 0  # tokens reported by the server, when only text came back (cosine-cluster)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.output_ids) or self.http_tokens
 
     @property
     def tpot_s(self) -> float | None:
-        n = len(self.output_ids)
+        n = self.num_tokens
         if n < 2 or self.ttft_s is None:
             return None
         return (self.wall_s - self.ttft_s) / (n - 1)
@@ -109,13 +118,22 @@ def run_bench(
         "hf-generate": lambda p, ids: _run_hf("hf-generate", target, None, p, ids, config),
         "hf-assisted": lambda p, ids: _run_hf("hf-assisted", target, drafter, p, ids, config),
     }
-    # one short warm-up per system so first-call costs (allocator, kernels) are not charged to it
-    for s in ordered:
-        _ = runners[s](prompts[0], encoded[0][:32])
+    cluster = _Cluster(target, config) if "cosine-cluster" in ordered else None
+    if cluster is not None:
+        runners["cosine-cluster"] = cluster.run
     records: list[RequestRecord] = []
-    for s in ordered:
-        for p, ids in tqdm(list(zip(prompts, encoded, strict=True)), desc=f"{s:>12}", disable=not progress, unit="req"):
-            records.append(runners[s](p, ids))
+    try:
+        for s in ordered:
+            # one short warm-up per system so first-call costs (allocator, kernels) are not charged to it
+            _ = runners[s](prompts[0], encoded[0][:32])
+            for p, ids in tqdm(list(zip(prompts, encoded, strict=True)), desc=f"{s:>16}", disable=not progress,
+                               unit="req"):
+                r = runners[s](p, ids)
+                r.output_text = r.output_text or target.decode(r.output_ids)
+                records.append(r)
+    finally:
+        if cluster is not None:
+            cluster.close()
     return {
         "config": {
             "target": target.name,
@@ -139,7 +157,14 @@ def run_bench(
 
 def aggregate(records: Sequence[RequestRecord]) -> list[dict]:
     """Per system and domain (and `"all"`): totals, p50 latencies, acceptance, identity, speedup."""
-    reference = {r.prompt_id: r.output_ids for r in records if r.system == "target-only"}
+    reference = {r.prompt_id: r for r in records if r.system == "target-only"}
+
+    def identical(r: RequestRecord) -> bool:
+        ref = reference.get(r.prompt_id)
+        if ref is None:
+            return False
+        return r.output_ids == ref.output_ids if r.output_ids else r.output_text == ref.output_text
+
     systems = list(dict.fromkeys(r.system for r in records))
     domains = ["all", *sorted({r.domain for r in records})]
     rows: list[dict] = []
@@ -149,7 +174,7 @@ def aggregate(records: Sequence[RequestRecord]) -> list[dict]:
             rs = [r for r in records if r.system == system and domain in ("all", r.domain)]
             if not rs:
                 continue
-            tokens = sum(len(r.output_ids) for r in rs)
+            tokens = sum(r.num_tokens for r in rs)
             wall = sum(r.wall_s for r in rs)
             tps = tokens / wall if wall > 0 else 0.0
             if system == "target-only":
@@ -171,7 +196,7 @@ def aggregate(records: Sequence[RequestRecord]) -> list[dict]:
                     "ttft_ms_p50": round(1e3 * statistics.median(ttfts), 2) if ttfts else None,
                     "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
                     "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
-                    "identical_to_target": all(r.output_ids == reference.get(r.prompt_id) for r in rs),
+                    "identical_to_target": all(identical(r) for r in rs),
                     "speedup_vs_target_only": round(tps / base_tps, 3) if base_tps else None,
                 }
             )
@@ -245,6 +270,53 @@ def _run_hf(
     new = out[0, len(ids):].tolist()
     ttft = timer.first_token_at - t0 if timer.first_token_at else None
     return RequestRecord(system, prompt.id, prompt.domain, len(ids), [int(t) for t in new], wall, ttft)
+
+
+class _Cluster:
+    """`cosine serve` (default manifest) in child processes, driven over HTTP."""
+
+    def __init__(self, target: ModelRunner, config: BenchConfig) -> None:
+        from openai import OpenAI
+
+        from cosine.roles import free_port, load_manifest, parse_spec, start_cluster, wait_ready
+
+        self.model = parse_spec(load_manifest(None)).verifier.model
+        if self.model != target.name:
+            raise ValueError(f"cosine-cluster serves {self.model}, but the bench target is {target.name}")
+        self.target, self.config = target, config
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        self.proc = start_cluster(None, port)
+        wait_ready(self.base, self.proc)
+        self.client = OpenAI(base_url=f"{self.base}/v1", api_key="none", max_retries=0, timeout=900)
+        self._counters = self._spec_counters()
+
+    def _spec_counters(self) -> tuple[float, float, float]:
+        from cosine.demo import spec_decode_counters
+
+        c = spec_decode_counters(self.base)
+        return (c.get("cosine:spec_decode_num_drafts_total", 0.0),
+                c.get("cosine:spec_decode_num_draft_tokens_total", 0.0),
+                c.get("cosine:spec_decode_num_accepted_tokens_total", 0.0))
+
+    def run(self, prompt: Prompt, ids: list[int]) -> RequestRecord:
+        from cosine.demo import ask
+
+        if len(ids) <= 32 and ids != self.target.encode_prompt(prompt.messages()):  # the warm-up call
+            prompt = Prompt(prompt.id, prompt.domain, "Say hello.")
+        before = self._counters
+        a = ask(self.client, self.model, prompt, self.config.max_tokens)
+        self._counters = after = self._spec_counters()
+        drafts, drafted, accepted = (int(x - y) for x, y in zip(after, before, strict=True))
+        return RequestRecord(
+            "cosine-cluster", prompt.id, prompt.domain, len(ids), [], a.wall_s, a.ttft_s, drafts, drafted, accepted,
+            output_text=a.text, http_tokens=a.completion_tokens,
+        )
+
+    def close(self) -> None:
+        from cosine.roles import stop_cluster
+
+        stop_cluster(self.proc)
 
 
 def write_report(report: dict, out: Path) -> None:

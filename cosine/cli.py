@@ -101,15 +101,7 @@ def _bench(args: argparse.Namespace) -> int:
     from cosine.workloads import load, resolve_workload
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    prompts = load(resolve_workload(args.workload))
-    if args.limit:
-        per_domain: dict[str, int] = {}
-        kept = []
-        for p in prompts:
-            if per_domain.get(p.domain, 0) < args.limit:
-                per_domain[p.domain] = per_domain.get(p.domain, 0) + 1
-                kept.append(p)
-        prompts = kept
+    prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     config = BenchConfig(
@@ -145,6 +137,29 @@ def _serve(args: argparse.Namespace) -> int:
     from cosine.roles import run_serve
 
     return run_serve(args.cluster, args.port, args.host, os.environ.get("COSINE_API_KEY"))
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from cosine.demo import run_demo
+    from cosine.workloads import load, resolve_workload
+
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
+    return run_demo(args.cluster, prompts, args.max_tokens, args.port, keep_serving=not args.exit)
+
+
+def _per_domain(prompts: list, limit: int) -> list:
+    """The first `limit` prompts of each domain (0 = all), in workload order."""
+    if not limit:
+        return prompts
+    counts: dict[str, int] = {}
+    kept = []
+    for p in prompts:
+        if counts.get(p.domain, 0) < limit:
+            counts[p.domain] = counts.get(p.domain, 0) + 1
+            kept.append(p)
+    return kept
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,6 +235,15 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--port", type=int, default=8000, help="gateway port")
     se.add_argument("--host", default="127.0.0.1", help="gateway bind address")
     se.set_defaults(func=_serve)
+
+    de = sub.add_parser("demo", help="start the embedded cluster, send it workload prompts, report, keep serving")
+    de.add_argument("--cluster", type=Path, default=None, help=cluster_help)
+    de.add_argument("--workload", default="mixed")
+    de.add_argument("--limit", type=int, default=2, help="prompts per domain (0 = all)")
+    de.add_argument("--max-tokens", type=int, default=64)
+    de.add_argument("--port", type=int, default=8000, help="gateway port (0 = any free port)")
+    de.add_argument("--exit", action="store_true", help="stop the cluster after the report")
+    de.set_defaults(func=_demo)
     return p
 
 

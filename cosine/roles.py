@@ -289,3 +289,43 @@ def _wait_for_signal() -> None:
     signal.signal(signal.SIGINT, handler)
     while not stop["now"]:
         time.sleep(0.2)
+
+
+# ---------------------------------------------------------------- a cluster as a subprocess (demo, bench)
+
+
+def start_cluster(manifest: Path | None, port: int, *, quiet: bool = True) -> subprocess.Popen:
+    """Start `cosine serve` in a child process (its own drafter processes under it)."""
+    cmd = [sys.executable, "-P", "-m", "cosine", "serve", "--port", str(port)]
+    if manifest:
+        cmd += ["--cluster", str(manifest)]
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.Popen(cmd, stdout=out, stderr=out, preexec_fn=_die_with_parent)
+
+
+def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float = 900) -> None:
+    """Poll `GET /health` until 200. Raises RuntimeError if the server exits or times out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"cosine serve exited with code {proc.returncode} during start-up")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"cluster at {base_url} not ready after {timeout_s:.0f} s")
+        time.sleep(1)
+
+
+def stop_cluster(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -24,6 +24,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -241,6 +242,8 @@ class _FailoverDrafter:
     def __init__(self, drafters: list[Drafter], retry_s: float) -> None:
         self.drafters = drafters
         self.retry_s = retry_s
+        # drafts ahead (post-verify) run here, so the engine thread verifies meanwhile
+        self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosine-draft-ahead")
         self.down_until: dict[str, float] = {}
         self.name = "failover"
         self.last_name = drafters[0].name
@@ -261,6 +264,14 @@ class _FailoverDrafter:
                 log.warning("drafter %s failed (%s); marking it down for %.0f s", d.name, reason, self.retry_s)
                 self.down_until[d.name] = now + self.retry_s
         return Draft((), None, (), "none", 0.0)
+
+    def propose_async(self, request_id, context_ids, max_tokens, params, *, min_confidence=0.0, generator=None):
+        """`propose` on a background thread; returns a Future[Draft]. The drafters are remote
+        processes, so drafting ahead overlaps the target's verification pass."""
+        return self._ahead.submit(
+            self.propose, request_id, list(context_ids), max_tokens, params, min_confidence=min_confidence,
+            generator=generator,
+        )
 
     def release(self, request_id: str) -> None:
         for d in self.drafters:

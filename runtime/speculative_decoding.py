@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -70,6 +71,7 @@ class GenerationStats:
     draft_lens: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" (EOS) or "length", once finished
     speculation_state: SpeculationState | None = None  # the drafter's acceptance estimate at the end
+    prefetch_hits: int = 0  # steps whose draft was drafted ahead, during the previous verification
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -159,18 +161,37 @@ def generate_stream(
             stats.finish_reason = "stop" if first in stop else "length"
         yield StepOutput((first,), 0, 0, finished)
         state = initial or initial_state(settings)
+        propose_async = getattr(drafter, "propose_async", None)
+        prefetch: _Prefetch | None = None
         while not finished:
             remaining = max_new_tokens - emitted
-            draft = _propose(lookup, request_id, context, min(settings.max_draft_tokens, remaining - 1), params,
-                             settings, generator)
-            model_drafted = False
-            if draft.num_tokens < 2:
-                k = 0
-                if drafter is not None:
-                    state, k = next_draft_len(state, settings, cost)
-                    k = min(k, remaining - 1)
-                draft = _propose(drafter, request_id, context, k, params, settings, generator)
-                model_drafted = draft.num_tokens > 0
+            draft = _take_prefetch(prefetch, context, remaining - 1)
+            prefetch = None
+            model_drafted = draft is not None
+            if draft is not None:
+                stats.prefetch_hits += 1
+            else:
+                draft = _propose(lookup, request_id, context, min(settings.max_draft_tokens, remaining - 1), params,
+                                 settings, generator)
+                if draft.num_tokens < 2:
+                    k = 0
+                    if drafter is not None:
+                        state, k = next_draft_len(state, settings, cost)
+                        k = min(k, remaining - 1)
+                    draft = _propose(drafter, request_id, context, k, params, settings, generator)
+                    model_drafted = draft.num_tokens > 0
+            if propose_async is not None and model_drafted and remaining - 1 - draft.num_tokens >= 2:
+                # Post-verify drafting (PEARL, arXiv:2408.11850): while the target verifies this
+                # draft, the drafter (another process) drafts on, assuming every token is accepted.
+                # Its first token is a guess of the bonus token; the rest is used only if the
+                # guess is right, so the next proposal is then ready when verification ends.
+                ahead = [*context, *draft.token_ids]
+                child = None  # the other thread gets its own RNG, seeded from ours: reproducible
+                if generator is not None:
+                    child = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (), generator=generator)))
+                fut = propose_async(request_id, ahead, draft.num_tokens + 1, params,
+                                    min_confidence=settings.min_confidence, generator=child)
+                prefetch = _Prefetch(tuple(ahead), fut)
             t_v = time.perf_counter()
             logits = target.forward(seq, [context[-1], *draft.token_ids])  # [k + 1, vocab]
             result = _verify(draft, logits, params, generator)
@@ -195,6 +216,8 @@ def generate_stream(
                 stats.finish_reason = "stop" if new[-1] in stop else "length"
             yield StepOutput(new, draft.num_tokens, result.num_accepted, finished)
     finally:
+        if prefetch is not None:
+            _wait_quietly(prefetch.future)
         target.release(seq)
         for d in (drafter, lookup):
             if d is not None:
@@ -241,6 +264,42 @@ def measure_cost_model(
     wide = timed_pass(target, k + 1)
     draft = timed_pass(drafter_runner, 1) if drafter_runner is not None else 0.0
     return CostModel(draft_token_s=draft, verify_base_s=base, verify_token_s=max(0.0, (wide - base) / k))
+
+
+@dataclass(frozen=True)
+class _Prefetch:
+    """A draft requested for `context` (the current context + all draft tokens) before verification."""
+
+    context: tuple[int, ...]
+    future: Future
+
+
+def _take_prefetch(prefetch: _Prefetch | None, context: list[int], max_tokens: int) -> Draft | None:
+    """The prefetched draft minus its first token, if every draft token was accepted and that first
+    token equals the bonus token the target chose; else None (the prefetch is wasted work)."""
+    if prefetch is None:
+        return None
+    try:
+        pre: Draft = prefetch.future.result()
+    except Exception:  # a failed drafter costs speed, not the request: draft afresh
+        return None
+    n = len(prefetch.context)
+    if len(context) != n + 1 or tuple(context[:n]) != prefetch.context:
+        return None
+    if pre.num_tokens < 2 or pre.token_ids[0] != context[-1] or max_tokens < 1:
+        return None
+    m = min(pre.num_tokens, max_tokens + 1)
+    return Draft(
+        pre.token_ids[1:m], pre.probs[1:m] if pre.probs is not None else None, pre.confidences[1:m], pre.drafter,
+        pre.draft_s, pre.compressed[1:m],
+    )
+
+
+def _wait_quietly(future: Future) -> None:
+    try:
+        future.result()
+    except Exception:  # the request is over; the drafter's failure was already counted or is moot
+        pass
 
 
 def _fresh_seed() -> int:

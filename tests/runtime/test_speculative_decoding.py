@@ -110,3 +110,70 @@ def test_sampled_generation_matches_target_distribution():
     pvalue = chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
     tv = 0.5 * float((counts / n - exact).abs().sum())
     assert pvalue > 1e-3 and tv < 0.08, f"p-value {pvalue:.2e}, TV {tv:.3f}"
+
+
+class _AheadDrafter(ModelDrafter):
+    """A model drafter with `propose_async` (as the coordinator's remote drafters have), to exercise
+    post-verify drafting in-process."""
+
+    def __init__(self, runner):
+        from concurrent.futures import ThreadPoolExecutor
+
+        super().__init__(runner)
+        self._pool = ThreadPoolExecutor(1)
+
+    def propose_async(self, *args, **kw):
+        return self._pool.submit(self.propose, *args, **kw)
+
+
+def test_drafting_ahead_keeps_the_target_distribution():
+    """Marginal of the 5th token with post-verify drafting vs the exact target marginal (vocab 4).
+    (The rejection rule makes any proposal lossless as long as q is the distribution each draft
+    token was drawn from; `test_take_prefetch_alignment` checks that q stays aligned.)"""
+    import itertools
+
+    vocab, temp, prompt = 4, 1.5, [1, 2, 3]
+    t = tiny_qwen2(vocab_size=vocab, seed=20)
+    with torch.no_grad():
+        def cond(prefix):
+            return torch.softmax(t.forward(t.new_sequence(), prompt + list(prefix))[-1] / temp, -1)
+
+        exact = torch.zeros(vocab)
+        for prefix in itertools.product(range(vocab), repeat=4):
+            pr = 1.0
+            for i in range(4):
+                pr *= float(cond(prefix[:i])[prefix[i]])
+            exact += pr * cond(prefix)
+    drafter = _AheadDrafter(tiny_qwen2(vocab_size=vocab, seed=20))  # q = p: many steps draft ahead
+    settings = SpeculationSettings(max_draft_tokens=2, adaptive=False)
+    counts, hits, n = torch.zeros(vocab), 0, 800
+    for i in range(n):
+        res = generate(t, prompt, 6, SamplingParams(temperature=temp, seed=i), drafter=drafter, settings=settings,
+                       stop_token_ids=NO_STOP)
+        counts[res.token_ids[4]] += 1
+        hits += res.stats.prefetch_hits
+    assert hits > n // 8, "the drafting-ahead path was exercised"
+    pvalue = chisquare(counts.numpy(), (exact * n).numpy()).pvalue
+    assert pvalue > 1e-3, f"p-value {pvalue:.2e}: {counts / n} vs {exact}"
+
+
+def test_take_prefetch_alignment():
+    """A prefetched draft for context C + D is used for C + D + b only if its first token is b, and
+    then its tokens and q rows 1.. are used (row i is the distribution token i was drawn from)."""
+    from concurrent.futures import Future
+
+    from cosine.runtime.drafter import Draft
+    from cosine.runtime.speculative_decoding import _Prefetch, _take_prefetch
+
+    probs = torch.arange(12, dtype=torch.float32).reshape(4, 3)  # row i marks position i
+    fut: Future = Future()
+    fut.set_result(Draft((7, 8, 9, 5), probs, (0.9, 0.8, 0.7, 0.6), "d", 0.1))
+    pre = _Prefetch((1, 2, 3), fut)
+    got = _take_prefetch(pre, [1, 2, 3, 7], max_tokens=8)
+    assert got is not None and got.token_ids == (8, 9, 5) and torch.equal(got.probs, probs[1:])
+    assert _take_prefetch(pre, [1, 2, 3, 6], max_tokens=8) is None  # bonus token guessed wrong
+    assert _take_prefetch(pre, [1, 2, 4, 7], max_tokens=8) is None  # a draft token was rejected
+    assert _take_prefetch(pre, [1, 2, 3, 7], max_tokens=1).token_ids == (8,)
+    failed: Future = Future()
+    failed.set_exception(RuntimeError("drafter died"))
+    assert _take_prefetch(_Prefetch((1,), failed), [1, 7], max_tokens=4) is None

@@ -93,3 +93,25 @@ def test_dead_drafter_costs_speed_not_the_request():
     assert failover.down_until  # marked down
     with pytest.raises(grpc.RpcError):
         remote.propose("x", [1, 2], 2, SamplingParams())
+
+
+def test_drafting_ahead_is_lossless_and_hits(drafter_server):
+    """Post-verify drafting through the failover wrapper: greedy output unchanged, sampled output
+    still valid, and with a drafter equal to the target most drafts come from the previous step."""
+    target = tiny_qwen2(seed=0)
+    servicer = DrafterServicer(ModelDrafter(tiny_qwen2(seed=0)), pool="same")
+    server = serve(servicer, port=0)
+    try:
+        for seed, drafter_port in ((0, server.bound_port), (1, drafter_server[0].bound_port)):
+            remote = RemoteDrafter(f"127.0.0.1:{drafter_port}", "p", target.vocab_size)
+            failover = _FailoverDrafter([remote], retry_s=5)
+            want = generate(target, [7, 3, 9], 40, stop_token_ids=NO_STOP).token_ids
+            got = generate(target, [7, 3, 9], 40, drafter=failover, settings=K4, stop_token_ids=NO_STOP)
+            assert got.token_ids == want
+            if seed == 0:
+                assert got.stats.prefetch_hits >= 3
+        sampled = generate(target, [7, 3, 9], 30, SamplingParams(temperature=1.0, seed=5), drafter=failover,
+                           settings=K4, stop_token_ids=NO_STOP)
+        assert len(sampled.token_ids) == 30
+    finally:
+        server.stop(None)

@@ -1,0 +1,104 @@
+"""`cosine demo` (what `make run` runs): start the embedded cluster, send it real workload prompts
+through the official OpenAI client, print a short report, then keep serving (or exit).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cosine.roles import free_port, load_manifest, parse_spec, start_cluster, stop_cluster, wait_ready
+from cosine.workloads import Prompt
+
+
+@dataclass(frozen=True)
+class Answer:
+    prompt: Prompt
+    text: str
+    completion_tokens: int
+    ttft_s: float
+    wall_s: float
+
+
+def ask(client, model: str, prompt: Prompt, max_tokens: int) -> Answer:
+    """One streamed, greedy chat completion; TTFT is the arrival of the first content chunk."""
+    t0 = time.perf_counter()
+    ttft = None
+    parts: list[str] = []
+    tokens = 0
+    stream = client.chat.completions.create(
+        model=model, messages=prompt.messages(), temperature=0, max_tokens=max_tokens, stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            if choice.delta.content:
+                ttft = ttft if ttft is not None else time.perf_counter() - t0
+                parts.append(choice.delta.content)
+    wall = time.perf_counter() - t0
+    return Answer(prompt, "".join(parts), tokens, ttft if ttft is not None else wall, wall)
+
+
+def spec_decode_counters(base_url: str) -> dict[str, float]:
+    """Summed `cosine:spec_decode_*` counters from the gateway's /metrics."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics", timeout=5).text):
+        for s in family.samples:
+            if s.name.startswith("cosine:spec_decode_") and s.name.endswith("_total"):
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port: int, keep_serving: bool) -> int:
+    from openai import OpenAI
+
+    spec = parse_spec(load_manifest(manifest))
+    model = spec.verifier.model
+    port = port or free_port()
+    base = f"http://127.0.0.1:{port}"
+    print(f"starting the embedded cluster (verifier {model}, drafter pools "
+          f"{[p.name for p in spec.drafter_pools]}) on {base} ...", flush=True)
+    proc = start_cluster(manifest, port, quiet=False)
+    try:
+        wait_ready(base, proc)
+        client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=600)
+        print(f"\n{'id':>14}  {'domain':>6}  {'tokens':>6}  {'TTFT s':>6}  {'tok/s':>6}  answer")
+        answers = []
+        for p in prompts:
+            a = ask(client, model, p, max_tokens)
+            answers.append(a)
+            rate = a.completion_tokens / max(1e-9, a.wall_s - a.ttft_s) if a.completion_tokens > 1 else 0.0
+            snippet = " ".join(a.text.split())[:60]
+            print(f"{p.id:>14}  {p.domain:>6}  {a.completion_tokens:>6}  {a.ttft_s:6.2f}  {rate:6.2f}  {snippet}",
+                  flush=True)
+        c = spec_decode_counters(base)
+        drafts = c.get("cosine:spec_decode_num_drafts_total", 0.0)
+        drafted = c.get("cosine:spec_decode_num_draft_tokens_total", 0.0)
+        accepted = c.get("cosine:spec_decode_num_accepted_tokens_total", 0.0)
+        total_tokens = sum(a.completion_tokens for a in answers)
+        total_s = sum(a.wall_s for a in answers)
+        print(f"\n{len(answers)} requests, {total_tokens} tokens in {total_s:.1f} s "
+              f"({total_tokens / max(total_s, 1e-9):.2f} tok/s), TTFT p50 "
+              f"{statistics.median(a.ttft_s for a in answers):.2f} s")
+        if drafts:
+            print(f"acceptance rate {accepted / max(drafted, 1):.2f}, mean acceptance length "
+                  f"{1 + accepted / drafts:.2f} ({int(drafted)} draft tokens)")
+        print(f"\nServing on {base}/v1 — try:\n  curl -s {base}/v1/chat/completions -H 'content-type: "
+              f"application/json' -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": "
+              f"\"Write a Python function that reverses a string.\"}}], \"temperature\": 0}}'")
+        if keep_serving:
+            print("Ctrl-C stops the cluster.", flush=True)
+            try:
+                proc.wait()
+            except KeyboardInterrupt:
+                pass
+        return 0
+    finally:
+        stop_cluster(proc)
