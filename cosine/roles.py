@@ -141,7 +141,9 @@ def run_verifier(
     model_name = spec.verifier.model
     metrics = ServingMetrics(model_name)
     # prompt lookup costs microseconds and no model: every verifier has it in-process
-    coordinator = Coordinator(target, remotes, settings, cost, metrics=metrics, lookup=NgramDrafter("lookup"))
+    expertise = {p.name: tuple(p.expertise) for p in spec.drafter_pools}
+    coordinator = Coordinator(target, remotes, settings, cost, metrics=metrics, lookup=NgramDrafter("lookup"),
+                              expertise=expertise)
     coordinator.start()
     app = create_app(coordinator, target, model_name=model_name, api_key=api_key, metrics=metrics)
     log.info("gateway on http://%s:%d/v1 (model %s, drafters %s)", host, http_port, model_name,

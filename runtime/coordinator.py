@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from cosine.runtime import routing
 from cosine.runtime.drafter import Draft, Drafter
 from cosine.runtime.models import ModelRunner
 from cosine.runtime.speculation_control import CostModel, SpeculationSettings
@@ -55,6 +57,7 @@ class GenerationRequest:
     params: SamplingParams = SamplingParams()
     stop_token_ids: frozenset[int] | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    domain: str | None = None  # routing label; None = classified from the prompt
 
 
 @dataclass
@@ -81,6 +84,7 @@ class Coordinator:
         max_running: requests stepped concurrently. max_waiting: queued beyond that before 429.
         metrics: a `cosine.runtime.metrics.ServingMetrics`, or None.
         lookup: a free drafter tried first at each step (prompt lookup), see `generate_stream`.
+        expertise: declared domains per drafter name (the routing prior).
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class Coordinator:
         drafter_retry_s: float = 5.0,
         metrics=None,
         lookup: Drafter | None = None,
+        expertise: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.target = target
         self.settings = settings
@@ -103,7 +108,7 @@ class Coordinator:
         self.max_waiting = max_waiting
         self.metrics = metrics
         self.lookup = lookup
-        self._drafter = _FailoverDrafter(list(drafters), drafter_retry_s) if drafters else None
+        self._drafter = _RoutedDrafters(list(drafters), drafter_retry_s, expertise) if drafters else None
         self._waiting: deque[_Active] = deque()
         self._running: list[_Active] = []
         self._cv = threading.Condition()
@@ -163,10 +168,13 @@ class Coordinator:
                     f"(max {self.max_running} + {self.max_waiting})", 1
                 )
             stats = GenerationStats()
+            if self._drafter is not None:
+                domain = request.domain or routing.classify_prompt(self.target.decode(request.prompt_ids[-256:]))
+                self._drafter.assign(request.request_id, domain)
             steps = generate_stream(
                 self.target, list(request.prompt_ids), request.max_tokens, request.params,
                 drafter=self._drafter, settings=self.settings, cost=self.cost,
-                stop_token_ids=request.stop_token_ids, stats=stats, lookup=self.lookup,
+                stop_token_ids=request.stop_token_ids, stats=stats, lookup=self.lookup, request_id=request.request_id,
             )
             active = _Active(request, steps, asyncio.get_running_loop(), asyncio.Queue(), stats, time.perf_counter())
             self._waiting.append(active)
@@ -225,44 +233,75 @@ class Coordinator:
                 self.metrics.request_finished(a.stats, time.perf_counter() - a.submitted_at, reason)
 
     def _record(self, a: _Active, out: StepOutput, before: tuple[int, int, int]) -> None:
+        if self._drafter is not None and out.num_draft_tokens:
+            self._drafter.observe(a.request.request_id, out.drafter, out.num_draft_tokens, out.num_accepted,
+                                  out.mean_confidence)
         if not self.metrics:
             return
         s = a.stats
         if s.steps == 0:
             self.metrics.first_token(s.ttft_s)
         if out.num_draft_tokens:
-            name = self._drafter.last_name if self._drafter else "none"
-            self.metrics.spec_step(name, out.num_draft_tokens, out.num_accepted)
+            self.metrics.spec_step(out.drafter, out.num_draft_tokens, out.num_accepted)
         self.metrics.tokens_verified(out.num_draft_tokens + 1)
 
 
-class _FailoverDrafter:
-    """Tries drafters in order; one that raises is skipped for `retry_s` (costs speed, not the request)."""
+class _RoutedDrafters:
+    """The drafter pools behind one `Drafter` interface: per request, pools are ordered by the
+    routing policy (`routing.route`, expertise and measured acceptance on the request's domain);
+    a pool that fails is skipped for `retry_s` (costs speed, not the request); each verification
+    outcome updates the router's statistics."""
 
-    def __init__(self, drafters: list[Drafter], retry_s: float) -> None:
-        self.drafters = drafters
+    def __init__(
+        self, drafters: list[Drafter], retry_s: float, expertise: dict[str, tuple[str, ...]] | None = None,
+        settings: routing.RoutingSettings = routing.RoutingSettings(), seed: int = 0,
+    ) -> None:
+        self.drafters = {d.name: d for d in drafters}
+        self.profiles = [routing.DrafterProfile(d.name, (expertise or {}).get(d.name, ())) for d in drafters]
         self.retry_s = retry_s
+        self.settings = settings
+        self.state = routing.RouterState()
+        self._rng = random.Random(seed)
+        self._routes: dict[str, tuple[str, list[str]]] = {}  # request id -> (domain, pools in order)
+        self._lock = threading.Lock()
         # drafts ahead (post-verify) run here, so the engine thread verifies meanwhile
         self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosine-draft-ahead")
         self.down_until: dict[str, float] = {}
-        self.name = "failover"
-        self.last_name = drafters[0].name
+        self.name = "routed"
+
+    def _up(self, name: str) -> bool:
+        return self.down_until.get(name, 0.0) <= time.monotonic()
+
+    def assign(self, request_id: str, domain: str) -> list[str]:
+        """Route a new request: the pools to try, best first."""
+        with self._lock:
+            s = replace(self.settings, max_drafters=len(self.profiles))
+            order = routing.route(domain, self.profiles, self.state, s, self._rng.betavariate)
+            self._routes[request_id] = (domain, order)
+        return order
+
+    def observe(self, request_id: str, drafter: str, num_draft_tokens: int, num_accepted: int,
+                mean_confidence: float) -> None:
+        with self._lock:
+            domain = self._routes.get(request_id, ("chat", []))[0]
+            if drafter in self.drafters:
+                self.state = routing.observe(
+                    self.state, drafter, domain, num_draft_tokens, num_accepted, mean_confidence, self.settings
+                )
 
     def propose(self, request_id, context_ids, max_tokens, params, *, min_confidence=0.0, generator=None) -> Draft:
-        now = time.monotonic()
-        for d in self.drafters:
-            if self.down_until.get(d.name, 0.0) > now:
+        order = self._routes.get(request_id, ("", list(self.drafters)))[1] or list(self.drafters)
+        for name in order:
+            if not self._up(name):
                 continue
             try:
-                draft = d.propose(
+                return self.drafters[name].propose(
                     request_id, context_ids, max_tokens, params, min_confidence=min_confidence, generator=generator
                 )
-                self.last_name = d.name
-                return draft
             except Exception as e:
                 reason = e.code() if hasattr(e, "code") else e  # grpc.RpcError: the status code is enough
-                log.warning("drafter %s failed (%s); marking it down for %.0f s", d.name, reason, self.retry_s)
-                self.down_until[d.name] = now + self.retry_s
+                log.warning("drafter %s failed (%s); marking it down for %.0f s", name, reason, self.retry_s)
+                self.down_until[name] = time.monotonic() + self.retry_s
         return Draft((), None, (), "none", 0.0)
 
     def propose_async(self, request_id, context_ids, max_tokens, params, *, min_confidence=0.0, generator=None):
@@ -274,7 +313,9 @@ class _FailoverDrafter:
         )
 
     def release(self, request_id: str) -> None:
-        for d in self.drafters:
+        with self._lock:
+            self._routes.pop(request_id, None)
+        for d in self.drafters.values():
             try:
                 d.release(request_id)
             except Exception as e:  # release is best effort; the drafter's cache expires on its own

@@ -48,6 +48,8 @@ class StepOutput:
     num_draft_tokens: int
     num_accepted: int
     finished: bool
+    drafter: str = ""  # who drafted this step's tokens ("" = no draft)
+    mean_confidence: float = 0.0  # the drafter's mean top probability over its draft tokens
 
 
 @dataclass
@@ -109,6 +111,7 @@ def generate_stream(
     stats: GenerationStats | None = None,
     lookup: Drafter | None = None,
     initial: SpeculationState | None = None,
+    request_id: str | None = None,
 ) -> Iterator[StepOutput]:
     """Generate up to `max_new_tokens` tokens after `prompt_ids`, yielding each step's tokens.
 
@@ -146,7 +149,7 @@ def generate_stream(
     generator = None
     if not params.greedy:
         generator = torch.Generator().manual_seed(params.seed if params.seed is not None else _fresh_seed())
-    request_id = uuid.uuid4().hex
+    request_id = request_id or uuid.uuid4().hex
     seq = target.new_sequence()
     t0 = time.perf_counter()
     try:
@@ -214,7 +217,9 @@ def generate_stream(
             stats.output_tokens, stats.wall_s = emitted, time.perf_counter() - t0
             if finished:
                 stats.finish_reason = "stop" if new[-1] in stop else "length"
-            yield StepOutput(new, draft.num_tokens, result.num_accepted, finished)
+            conf = sum(draft.confidences) / len(draft.confidences) if draft.confidences else 0.0
+            yield StepOutput(new, draft.num_tokens, result.num_accepted, finished,
+                             draft.drafter if draft.num_tokens else "", conf)
     finally:
         if prefetch is not None:
             _wait_quietly(prefetch.future)

@@ -1,0 +1,98 @@
+"""Routing policy, tested with synthetic acceptance streams (plain numbers, seeded draws)."""
+
+import random
+
+from cosine.runtime.routing import (
+    DrafterProfile,
+    RouterState,
+    RoutingSettings,
+    classify_prompt,
+    expected_acceptance,
+    observe,
+    route,
+)
+
+A, B = DrafterProfile("coder", ("code", "math")), DrafterProfile("chatty", ("chat",))
+S = RoutingSettings()
+
+
+def simulate(truth, steps, rng, state=None, domain="code"):
+    """truth: drafter -> per-token acceptance probability. Returns (state, choices)."""
+    state = state or RouterState()
+    choices = []
+    for _ in range(steps):
+        name = route(domain, [A, B], state, S, rng.betavariate)[0]
+        choices.append(name)
+        k, n = 4, 0
+        while n < k and rng.random() < truth[name]:
+            n += 1
+        state = observe(state, name, domain, k, n, 0.6, S)
+    return state, choices
+
+
+def test_expertise_is_the_prior():
+    assert expected_acceptance(RouterState(), A, "code", S) > expected_acceptance(RouterState(), B, "code", S)
+    assert expected_acceptance(RouterState(), B, "chat", S) > expected_acceptance(RouterState(), A, "chat", S)
+
+
+def test_converges_to_the_best_drafter_per_domain():
+    rng = random.Random(0)
+    _, choices = simulate({"coder": 0.85, "chatty": 0.3}, 200, rng, domain="code")
+    assert choices[-50:].count("coder") >= 45
+    # against the declared expertise: on chat the coder turns out better, and the router learns it
+    _, choices = simulate({"coder": 0.8, "chatty": 0.2}, 300, rng, domain="chat")
+    assert choices[-50:].count("coder") >= 40
+
+
+def test_recovers_after_a_drafter_degrades():
+    rng = random.Random(1)
+    state, _ = simulate({"coder": 0.9, "chatty": 0.5}, 200, rng)
+    state, choices = simulate({"coder": 0.05, "chatty": 0.5}, 300, rng, state)  # coder's quality drops
+    assert choices[-50:].count("chatty") >= 40
+
+
+def test_skips_unavailable_drafters():
+    assert route("code", [A, B], RouterState(), S, random.Random(0).betavariate, lambda n: n != "coder") == ["chatty"]
+    assert route("code", [A, B], RouterState(), S, random.Random(0).betavariate, lambda n: False) == []
+
+
+def test_classify_prompt():
+    assert classify_prompt("Write a Python function that reverses a string.") == "code"
+    assert classify_prompt("```python\ndef f(x):\n    return x\n```\nRename f to g.") == "edit"
+    assert classify_prompt("Janet has 3 apples and buys 5 more. How many apples does she have?") == "math"
+    assert classify_prompt("What are good tips for a job interview?") == "chat"
+
+
+def test_coordinator_routes_to_the_drafter_that_agrees():
+    """Through the real coordinator: a drafter equal to the target wins the domain over a random one,
+    and every output is still the target's greedy output."""
+    import asyncio
+
+    from cosine.runtime.coordinator import Coordinator, GenerationRequest
+    from cosine.runtime.drafter import ModelDrafter
+    from cosine.runtime.models import tiny_qwen2
+    from cosine.runtime.speculation_control import SpeculationSettings
+    from cosine.runtime.speculative_decoding import generate
+
+    target = tiny_qwen2(seed=0)
+    good, bad = ModelDrafter(tiny_qwen2(seed=0), name="good"), ModelDrafter(tiny_qwen2(seed=5), name="bad")
+    coord = Coordinator(target, [bad, good], SpeculationSettings(max_draft_tokens=4, adaptive=False),
+                        expertise={"bad": ("code",)})
+
+    async def run(prompt):
+        out = []
+        req = GenerationRequest(tuple(prompt), 12, stop_token_ids=frozenset(), domain="code")
+        async for step in coord.generate(req):
+            out.extend(step.token_ids)
+        return tuple(out)
+
+    try:
+        for i in range(12):
+            prompt = [3 + i, 7, 11]
+            assert asyncio.run(run(prompt)) == generate(target, prompt, 12, stop_token_ids=frozenset()).token_ids
+    finally:
+        coord.stop()
+    arms = coord._drafter.state.arms
+    from cosine.runtime.routing import ArmStats
+
+    assert arms[("good", "code")].accepted > arms.get(("bad", "code"), ArmStats()).accepted
