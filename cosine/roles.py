@@ -59,7 +59,7 @@ def parse_spec(obj: dict[str, Any]):
 
 
 def speculation_settings(obj: dict[str, Any]):
-    """spec.speculation -> SpeculationSettings and Compression."""
+    """spec.speculation -> SpeculationSettings, Compression and whether compression adapts."""
     from cosine.runtime.compression import Compression
     from cosine.runtime.speculation_control import SpeculationSettings
 
@@ -70,7 +70,8 @@ def speculation_settings(obj: dict[str, Any]):
         adaptive=bool(spec.get("adaptive", True)),
         min_confidence=float(spec.get("minConfidence", 0.3)),
     )
-    return settings, Compression(top_k=int(comp.get("topK", 32)), bits=int(comp.get("bits", 8)))
+    compression = Compression(top_k=int(comp.get("topK", 32)), bits=int(comp.get("bits", 8)))
+    return settings, compression, bool(comp.get("adaptive", True))
 
 
 # ---------------------------------------------------------------- drafter
@@ -126,7 +127,7 @@ def run_verifier(
 
     obj = load_manifest(manifest)
     spec = parse_spec(obj)
-    settings, compression = speculation_settings(obj)
+    settings, compression, adaptive = speculation_settings(obj)
     torch.set_num_threads(spec.verifier.threads)
     target = ModelRunner.load(spec.verifier.model, dtype=spec.verifier.dtype)
     remotes = []
@@ -134,7 +135,8 @@ def run_verifier(
         name, _, address = item.partition("=")
         if not address:
             raise ValueError(f"--drafter must be POOL=ADDRESS, got {item!r}")
-        remotes.append(RemoteDrafter(address, name, target.vocab_size, compression=compression))
+        remotes.append(RemoteDrafter(address, name, target.vocab_size, compression=compression,
+                                     adaptive_compression=adaptive))
     cost = measure_cost_model(target, None)
     if remotes:
         cost = _with_remote_draft_cost(cost, remotes[0], target)

@@ -33,7 +33,7 @@ import torch
 from cosine.runtime import routing
 from cosine.runtime.drafter import Draft, Drafter
 from cosine.runtime.models import ModelRunner
-from cosine.runtime.speculation_control import CostModel, SpeculationSettings
+from cosine.runtime.speculation_control import CostModel, SpeculationSettings, initial_state
 from cosine.runtime.speculative_decoding import GenerationStats, StepOutput, generate_stream
 from cosine.runtime.speculative_sampling import SamplingParams
 
@@ -168,13 +168,17 @@ class Coordinator:
                     f"(max {self.max_running} + {self.max_waiting})", 1
                 )
             stats = GenerationStats()
+            initial = None
             if self._drafter is not None:
                 domain = request.domain or routing.classify_prompt(self.target.decode(request.prompt_ids[-256:]))
-                self._drafter.assign(request.request_id, domain)
+                order = self._drafter.assign(request.request_id, domain)
+                if order:  # start from the routed pool's measured acceptance on this domain
+                    initial = initial_state(self.settings, self._drafter.expected_acceptance(order[0], domain))
             steps = generate_stream(
                 self.target, list(request.prompt_ids), request.max_tokens, request.params,
                 drafter=self._drafter, settings=self.settings, cost=self.cost,
                 stop_token_ids=request.stop_token_ids, stats=stats, lookup=self.lookup, request_id=request.request_id,
+                initial=initial,
             )
             active = _Active(request, steps, asyncio.get_running_loop(), asyncio.Queue(), stats, time.perf_counter())
             self._waiting.append(active)
@@ -279,6 +283,12 @@ class _RoutedDrafters:
             order = routing.route(domain, self.profiles, self.state, s, self._rng.betavariate)
             self._routes[request_id] = (domain, order)
         return order
+
+    def expected_acceptance(self, drafter: str, domain: str) -> float:
+        """The router's posterior mean acceptance of `drafter` on `domain`."""
+        profile = next(p for p in self.profiles if p.name == drafter)
+        with self._lock:
+            return routing.expected_acceptance(self.state, profile, domain, self.settings)
 
     def observe(self, request_id: str, drafter: str, num_draft_tokens: int, num_accepted: int,
                 mean_confidence: float) -> None:

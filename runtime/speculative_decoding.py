@@ -189,10 +189,12 @@ def generate_stream(
                 # Its first token is a guess of the bonus token; the rest is used only if the
                 # guess is right, so the next proposal is then ready when verification ends.
                 ahead = [*context, *draft.token_ids]
+                state, k_ahead = next_draft_len(state, settings, cost)  # the policy sets the next k too
+                k_ahead = max(1, min(k_ahead, remaining - 2 - draft.num_tokens))
                 child = None  # the other thread gets its own RNG, seeded from ours: reproducible
                 if generator is not None:
                     child = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (), generator=generator)))
-                fut = propose_async(request_id, ahead, draft.num_tokens + 1, params,
+                fut = propose_async(request_id, ahead, k_ahead + 1, params,
                                     min_confidence=settings.min_confidence, generator=child)
                 prefetch = _Prefetch(tuple(ahead), fut)
             t_v = time.perf_counter()

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 from collections.abc import Sequence as Seq
 
 import grpc
 import torch
 
-from cosine.runtime.compression import Compression
+from cosine.runtime.compression import Compression, choose_compression
 from cosine.runtime.drafter import Draft
 from cosine.runtime.speculative_sampling import SamplingParams
 from cosine.runtime.transport import codec
@@ -50,7 +51,8 @@ class RemoteDrafter:
         address: gRPC target, e.g. `127.0.0.1:50052` or `dns:///demo-drafter-code.ns.svc:50052`.
         name: pool name used in metrics and routing.
         vocab_size: the target's vocabulary size (to rebuild q~).
-        compression: top-K / bits requested for sampled drafts.
+        compression: top-K / bits requested for sampled drafts (the starting point when adaptive).
+        adaptive_compression: re-choose top-K / bits from the measured bandwidth of this link.
         base_timeout_s, per_token_timeout_s: the deadline of a Propose call is
             base + per_token * (draft tokens + context tokens sent / 16).
     """
@@ -64,6 +66,7 @@ class RemoteDrafter:
         compression: Compression | None = Compression(),
         base_timeout_s: float = 5.0,
         per_token_timeout_s: float = 1.0,
+        adaptive_compression: bool = False,
     ) -> None:
         self.address = address
         self.name = name
@@ -85,6 +88,8 @@ class RemoteDrafter:
         self._sent: dict[str, list[int]] = {}
         self.bytes_received = 0
         self.calls = 0
+        self.adaptive_compression = adaptive_compression
+        self.bandwidth_bytes_per_s: float | None = None
 
     def info(self, timeout_s: float = 5.0) -> pb.InfoResponse:
         return self._stub.Info(pb.InfoRequest(), timeout=timeout_s)
@@ -108,6 +113,7 @@ class RemoteDrafter:
             seed = int(torch.randint(0, 2**62, (), generator=generator))
         else:
             seed = random.getrandbits(62)
+        t0 = time.perf_counter()
         try:
             resp = self._call(request_id, context_ids, common, max_tokens, params, min_confidence, seed)
         except grpc.RpcError as e:
@@ -117,8 +123,21 @@ class RemoteDrafter:
             resp = self._call(request_id, context_ids, 0, max_tokens, params, min_confidence, seed)
         self._sent[request_id] = list(context_ids)
         self.calls += 1
-        self.bytes_received += resp.ByteSize()
+        size = resp.ByteSize()
+        self.bytes_received += size
+        if self.adaptive_compression and resp.dists and resp.token_ids:
+            self._adapt(size, time.perf_counter() - t0 - resp.draft_s, resp.draft_s / len(resp.token_ids))
         return codec.draft_from_proto(resp, self.vocab_size, self.name)
+
+    def _adapt(self, size_bytes: int, transfer_s: float, draft_token_s: float) -> None:
+        """Track the link's bandwidth (EMA of response bytes over time not spent drafting) and pick
+        the next calls' top-K and bit-width with `compression.choose_compression` (after COACH)."""
+        if transfer_s <= 0:
+            return
+        bw = size_bytes / transfer_s
+        prev = self.bandwidth_bytes_per_s
+        self.bandwidth_bytes_per_s = bw if prev is None else 0.8 * prev + 0.2 * bw
+        self.compression = choose_compression(self.bandwidth_bytes_per_s, draft_token_s)
 
     def _call(self, request_id, context_ids, common, max_tokens, params, min_confidence, seed) -> pb.ProposeResponse:
         new = list(context_ids[common:])

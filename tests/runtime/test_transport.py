@@ -115,3 +115,52 @@ def test_drafting_ahead_is_lossless_and_hits(drafter_server):
         assert len(sampled.token_ids) == 30
     finally:
         server.stop(None)
+
+
+def test_compression_adapts_to_the_link(drafter_server):
+    """The client measures the link (response bytes over the time not spent drafting) and re-chooses
+    top-K / bits with the pure policy; sampling stays exact whatever is chosen."""
+    from cosine.runtime.compression import Compression, choose_compression
+
+    server, _ = drafter_server
+    target = tiny_qwen2(seed=0)
+    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", target.vocab_size,
+                           compression=Compression(8, 8), adaptive_compression=True)
+    res = generate(target, [1, 2, 3], 20, SamplingParams(temperature=1.0, seed=1), drafter=remote, settings=K4,
+                   stop_token_ids=NO_STOP)
+    assert len(res.token_ids) == 20
+    assert remote.bandwidth_bytes_per_s and remote.bandwidth_bytes_per_s > 0
+    fast = choose_compression(remote.bandwidth_bytes_per_s * 1e4, draft_token_s=0.1)  # a 10,000x faster link
+    assert (fast.top_k, fast.bits) > (remote.compression.top_k, remote.compression.bits) or fast.top_k == 256
+
+
+class _HangingDrafter(ModelDrafter):
+    """Answers after `hang_s`: a drafter that is alive but stuck."""
+
+    hang_s = 3.0
+
+    def propose(self, *args, **kw):
+        import time
+
+        time.sleep(self.hang_s)
+        return super().propose(*args, **kw)
+
+
+def test_hung_drafter_is_cut_off_by_the_deadline():
+    import time
+
+    target = tiny_qwen2(seed=0)
+    server = serve(DrafterServicer(_HangingDrafter(tiny_qwen2(seed=0)), pool="stuck"), port=0)
+    try:
+        remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "stuck", target.vocab_size, base_timeout_s=0.2,
+                               per_token_timeout_s=0.01)
+        routed = _RoutedDrafters([remote], retry_s=60)
+        want = generate(target, [2, 4, 6], 20, stop_token_ids=NO_STOP).token_ids
+        t0 = time.perf_counter()
+        got = generate(target, [2, 4, 6], 20, drafter=routed, settings=K4, stop_token_ids=NO_STOP)
+        elapsed = time.perf_counter() - t0
+        assert got.token_ids == want
+        assert routed.down_until, "the stuck drafter is marked down"
+        assert elapsed < 2.5, f"one deadline (~0.3 s) is all a hung drafter may cost, took {elapsed:.1f} s"
+    finally:
+        server.stop(None)
