@@ -133,6 +133,7 @@ def test_crd_defaults_equal_the_operators_defaults() -> None:
         "speculation.fusion": True,
         "speculation.compression.topK": 32,
         "speculation.compression.bits": 8,
+        "speculation.compression.adaptive": True,
     }
     assert {k: v for k, v in defaults.items() if k not in runtime_only} == mine
 

@@ -39,7 +39,7 @@ def cluster(tmp_path_factory):
         "spec": {
             "verifier": {"model": MODEL, "threads": 1},
             "drafterPools": [{"name": "small", "model": MODEL, "replicas": 1, "threads": 1}],
-            "speculation": {"maxDraftLen": 4},
+            "speculation": {"maxDraftLen": 4, "adaptive": False},  # same model drafts: always speculate
         },
     }
     path = tmp_path_factory.mktemp("cluster") / "cluster.yaml"
@@ -131,9 +131,10 @@ def test_killed_drafter_costs_speed_not_requests(cluster, reference):
     assert _accepted(base) > before, "the restarted drafter drafts again"
 
 
-def _accepted(base: str) -> float:
+def _accepted(base: str, pool: str = "small") -> float:
+    """Accepted draft tokens of one drafter pool (prompt lookup counts under pool="lookup")."""
     for line in httpx.get(f"{base}/metrics").text.splitlines():
-        if line.startswith("cosine:spec_decode_num_accepted_tokens_total{"):
+        if line.startswith("cosine:spec_decode_num_accepted_tokens_total{") and f'pool="{pool}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
