@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-POLICY = ["runtime/speculation_control.py", "runtime/routing.py", "operator/autoscaling.py", "operator/settings.py"]
+POLICY = ["runtime/speculation_control.py", "runtime/routing.py", "runtime/batching.py", "operator/autoscaling.py",
+          "operator/settings.py"]
 
 
 def test_policy_modules_are_strictly_typed():
