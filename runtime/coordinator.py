@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
 from cosine.runtime import routing
-from cosine.runtime.drafter import Draft, Drafter
+from cosine.runtime.collaborative import CollaborativeDrafters
+from cosine.runtime.drafter import Drafter
 from cosine.runtime.models import ModelRunner
 from cosine.runtime.speculation_control import CostModel, SpeculationSettings, initial_state
 from cosine.runtime.speculative_decoding import GenerationStats, StepOutput, generate_stream
@@ -85,6 +84,8 @@ class Coordinator:
         metrics: a `cosine.runtime.metrics.ServingMetrics`, or None.
         lookup: a free drafter tried first at each step (prompt lookup), see `generate_stream`.
         expertise: declared domains per drafter name (the routing prior).
+        fusion_width, tree_budget: pools drafting each request together and the token-tree size
+            (see `collaborative.CollaborativeDrafters`); `drafters` may also be one already built.
     """
 
     def __init__(
@@ -100,6 +101,8 @@ class Coordinator:
         metrics=None,
         lookup: Drafter | None = None,
         expertise: dict[str, tuple[str, ...]] | None = None,
+        fusion_width: int = 1,
+        tree_budget: int = 16,
     ) -> None:
         self.target = target
         self.settings = settings
@@ -108,7 +111,12 @@ class Coordinator:
         self.max_waiting = max_waiting
         self.metrics = metrics
         self.lookup = lookup
-        self._drafter = _RoutedDrafters(list(drafters), drafter_retry_s, expertise) if drafters else None
+        self._drafter = None
+        if isinstance(drafters, CollaborativeDrafters):
+            self._drafter = drafters
+        elif drafters:
+            self._drafter = CollaborativeDrafters(list(drafters), expertise, fusion_width=fusion_width,
+                                                  tree_budget=tree_budget, retry_s=drafter_retry_s)
         self._waiting: deque[_Active] = deque()
         self._running: list[_Active] = []
         self._cv = threading.Condition()
@@ -237,9 +245,10 @@ class Coordinator:
                 self.metrics.request_finished(a.stats, time.perf_counter() - a.submitted_at, reason)
 
     def _record(self, a: _Active, out: StepOutput, before: tuple[int, int, int]) -> None:
-        if self._drafter is not None and out.num_draft_tokens:
-            self._drafter.observe(a.request.request_id, out.drafter, out.num_draft_tokens, out.num_accepted,
-                                  out.mean_confidence)
+        if self._drafter is not None:
+            for o in out.outcomes:
+                self._drafter.observe(a.request.request_id, o.drafter, o.num_draft_tokens, o.num_accepted,
+                                      o.mean_confidence)
         if not self.metrics:
             return
         s = a.stats
@@ -248,88 +257,6 @@ class Coordinator:
         if out.num_draft_tokens:
             self.metrics.spec_step(out.drafter, out.num_draft_tokens, out.num_accepted)
         self.metrics.tokens_verified(out.num_draft_tokens + 1)
-
-
-class _RoutedDrafters:
-    """The drafter pools behind one `Drafter` interface: per request, pools are ordered by the
-    routing policy (`routing.route`, expertise and measured acceptance on the request's domain);
-    a pool that fails is skipped for `retry_s` (costs speed, not the request); each verification
-    outcome updates the router's statistics."""
-
-    def __init__(
-        self, drafters: list[Drafter], retry_s: float, expertise: dict[str, tuple[str, ...]] | None = None,
-        settings: routing.RoutingSettings = routing.RoutingSettings(), seed: int = 0,
-    ) -> None:
-        self.drafters = {d.name: d for d in drafters}
-        self.profiles = [routing.DrafterProfile(d.name, (expertise or {}).get(d.name, ())) for d in drafters]
-        self.retry_s = retry_s
-        self.settings = settings
-        self.state = routing.RouterState()
-        self._rng = random.Random(seed)
-        self._routes: dict[str, tuple[str, list[str]]] = {}  # request id -> (domain, pools in order)
-        self._lock = threading.Lock()
-        # drafts ahead (post-verify) run here, so the engine thread verifies meanwhile
-        self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosine-draft-ahead")
-        self.down_until: dict[str, float] = {}
-        self.name = "routed"
-
-    def _up(self, name: str) -> bool:
-        return self.down_until.get(name, 0.0) <= time.monotonic()
-
-    def assign(self, request_id: str, domain: str) -> list[str]:
-        """Route a new request: the pools to try, best first."""
-        with self._lock:
-            s = replace(self.settings, max_drafters=len(self.profiles))
-            order = routing.route(domain, self.profiles, self.state, s, self._rng.betavariate)
-            self._routes[request_id] = (domain, order)
-        return order
-
-    def expected_acceptance(self, drafter: str, domain: str) -> float:
-        """The router's posterior mean acceptance of `drafter` on `domain`."""
-        profile = next(p for p in self.profiles if p.name == drafter)
-        with self._lock:
-            return routing.expected_acceptance(self.state, profile, domain, self.settings)
-
-    def observe(self, request_id: str, drafter: str, num_draft_tokens: int, num_accepted: int,
-                mean_confidence: float) -> None:
-        with self._lock:
-            domain = self._routes.get(request_id, ("chat", []))[0]
-            if drafter in self.drafters:
-                self.state = routing.observe(
-                    self.state, drafter, domain, num_draft_tokens, num_accepted, mean_confidence, self.settings
-                )
-
-    def propose(self, request_id, context_ids, max_tokens, params, *, min_confidence=0.0, generator=None) -> Draft:
-        order = self._routes.get(request_id, ("", list(self.drafters)))[1] or list(self.drafters)
-        for name in order:
-            if not self._up(name):
-                continue
-            try:
-                return self.drafters[name].propose(
-                    request_id, context_ids, max_tokens, params, min_confidence=min_confidence, generator=generator
-                )
-            except Exception as e:
-                reason = e.code() if hasattr(e, "code") else e  # grpc.RpcError: the status code is enough
-                log.warning("drafter %s failed (%s); marking it down for %.0f s", name, reason, self.retry_s)
-                self.down_until[name] = time.monotonic() + self.retry_s
-        return Draft((), None, (), "none", 0.0)
-
-    def propose_async(self, request_id, context_ids, max_tokens, params, *, min_confidence=0.0, generator=None):
-        """`propose` on a background thread; returns a Future[Draft]. The drafters are remote
-        processes, so drafting ahead overlaps the target's verification pass."""
-        return self._ahead.submit(
-            self.propose, request_id, list(context_ids), max_tokens, params, min_confidence=min_confidence,
-            generator=generator,
-        )
-
-    def release(self, request_id: str) -> None:
-        with self._lock:
-            self._routes.pop(request_id, None)
-        for d in self.drafters.values():
-            try:
-                d.release(request_id)
-            except Exception as e:  # release is best effort; the drafter's cache expires on its own
-                log.debug("release on %s failed: %s", d.name, e)
 
 
 def _validate(request: GenerationRequest, max_context_tokens: int) -> None:

@@ -126,6 +126,64 @@ class ModelRunner:
         seq.token_ids.extend(int(t) for t in token_ids)
         return out.logits[0].float()  # [n, vocab]
 
+    @torch.inference_mode()
+    def forward_tree(self, seq: Sequence, token_ids: Seq[int], parents: Seq[int]) -> torch.Tensor:
+        """Append a token tree to `seq`'s KV cache in one forward pass (tree attention, SpecInfer,
+        Miao et al. 2024, arXiv:2305.09781, §4).
+
+        Node i holds `token_ids[i]`; `parents[i]` is the index of its parent node, or -1 for a root
+        that continues the cached sequence directly. Parents come before children. Each node sees
+        the whole cache and its own ancestors, at position `seq.num_tokens + depth(i)`, through a
+        4D attention mask, so its logits are those of the sequence cache + path to the node.
+        Afterwards the cache holds every node; `keep_path` keeps only the accepted path.
+
+        Returns:
+            float32 logits, shape [n, vocab_size], row i scoring the token after node i.
+
+        Raises:
+            ValueError: empty tree, a parent index not before its child, or over the context.
+        """
+        n = len(token_ids)
+        if n == 0 or len(parents) != n:
+            raise ValueError(f"a tree needs >= 1 node and one parent per node, got {n} and {len(parents)}")
+        depth: list[int] = []
+        for i, parent in enumerate(parents):
+            if not -1 <= parent < i:
+                raise ValueError(f"node {i}: parent {parent} must be -1 or an earlier node")
+            depth.append(0 if parent < 0 else depth[parent] + 1)
+        past = seq.num_tokens
+        if past + max(depth) + 1 > self.max_context_tokens:
+            raise ValueError(f"tree of depth {max(depth) + 1} exceeds the context of {self.name}")
+        mask = torch.zeros(1, 1, n, past + n, dtype=torch.bool)
+        mask[..., :past] = True
+        for i, parent in enumerate(parents):
+            mask[0, 0, i, past + i] = True
+            if parent >= 0:
+                mask[0, 0, i, past:] |= mask[0, 0, parent, past:]
+        out = self.model(
+            input_ids=torch.tensor([list(token_ids)], dtype=torch.long),
+            attention_mask=mask,
+            position_ids=torch.tensor([[past + d for d in depth]], dtype=torch.long),
+            past_key_values=seq.cache,
+            use_cache=True,
+        )
+        seq.token_ids.extend(int(t) for t in token_ids)
+        return out.logits[0].float()
+
+    def keep_path(self, seq: Sequence, num_prefix: int, node_offsets: Seq[int]) -> None:
+        """Keep the first `num_prefix` cached positions plus the positions `num_prefix + j` for j in
+        `node_offsets` (ascending): the accepted path of a tree appended by `forward_tree`."""
+        keep = [*range(num_prefix), *(num_prefix + j for j in node_offsets)]
+        if keep == list(range(len(keep))):
+            self.rollback(seq, len(keep))
+            return
+        index = torch.tensor(keep, dtype=torch.long)
+        for layer in seq.cache.layers:
+            if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(-2, index)
+                layer.values = layer.values.index_select(-2, index)
+        seq.token_ids[:] = [seq.token_ids[i] for i in keep]
+
     def rollback(self, seq: Sequence, num_tokens: int) -> None:
         """Keep only the first `num_tokens` cached positions (drop rejected draft tokens)."""
         drop = seq.num_tokens - num_tokens

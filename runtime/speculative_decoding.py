@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cosine.runtime import fusion
 from cosine.runtime.drafter import Draft, Drafter
 from cosine.runtime.models import ModelRunner
 from cosine.runtime.speculation_control import (
@@ -33,23 +34,46 @@ from cosine.runtime.speculation_control import (
 )
 from cosine.runtime.speculative_sampling import (
     SamplingParams,
+    TreeVerificationResult,
     VerificationResult,
     logits_to_probs,
     verify_greedy,
     verify_sampling,
+    verify_tree_greedy,
+    verify_tree_sampling,
 )
+
+_EMPTY = Draft((), None, (), "none", 0.0)
+
+
+@dataclass(frozen=True)
+class DraftOutcome:
+    """One drafter's part in a verification: its draft tokens and how many of them the target
+    accepted (for a fused tree: the accepted path's agreement with this drafter's own draft)."""
+
+    drafter: str
+    num_draft_tokens: int
+    num_accepted: int
+    mean_confidence: float
 
 
 @dataclass(frozen=True)
 class StepOutput:
-    """Tokens emitted by one step (prefill or one verification), in order."""
+    """Tokens emitted by one step (prefill or one verification), in order.
+
+    num_draft_tokens: draft tokens verified (tree nodes for a fused tree). drafter: the drafter
+    whose draft the accepted tokens came from ("" = no draft; "fused" when several drafters tie).
+    outcomes: per drafter that drafted this step, its draft and accepted counts (for routing).
+    """
 
     token_ids: tuple[int, ...]
     num_draft_tokens: int
     num_accepted: int
     finished: bool
-    drafter: str = ""  # who drafted this step's tokens ("" = no draft)
+    drafter: str = ""
     mean_confidence: float = 0.0  # the drafter's mean top probability over its draft tokens
+    outcomes: tuple[DraftOutcome, ...] = ()
+    tree_nodes: int = 0  # token-tree nodes verified (0: a single chain)
 
 
 @dataclass
@@ -74,6 +98,8 @@ class GenerationStats:
     finish_reason: str | None = None  # "stop" (EOS) or "length", once finished
     speculation_state: SpeculationState | None = None  # the drafter's acceptance estimate at the end
     prefetch_hits: int = 0  # steps whose draft was drafted ahead, during the previous verification
+    tree_steps: int = 0  # verifications of a fused token tree (several drafters' drafts)
+    accepted_by: dict[str, int] = field(default_factory=dict)  # accepted draft tokens per drafter
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -164,64 +190,107 @@ def generate_stream(
             stats.finish_reason = "stop" if first in stop else "length"
         yield StepOutput((first,), 0, 0, finished)
         state = initial or initial_state(settings)
-        propose_async = getattr(drafter, "propose_async", None)
+        propose_async = getattr(drafter, "propose_async", None) if getattr(drafter, "drafts_ahead", True) else None
+        fuse_many = drafter.propose_many if getattr(drafter, "fuses", False) else None  # type: ignore[union-attr]
+        weights_of = getattr(drafter, "weights", None)
+        tree_budget = getattr(drafter, "tree_budget", settings.max_draft_tokens)
         prefetch: _Prefetch | None = None
         while not finished:
             remaining = max_new_tokens - emitted
             draft = _take_prefetch(prefetch, context, remaining - 1)
             prefetch = None
             model_drafted = draft is not None
+            drafts: list[Draft] = []
             if draft is not None:
                 stats.prefetch_hits += 1
             else:
                 draft = _propose(lookup, request_id, context, min(settings.max_draft_tokens, remaining - 1), params,
                                  settings, generator)
-                if draft.num_tokens < 2:
+                if fuse_many is not None:
+                    # collaborative drafting: the routed pools draft too, and the drafts are fused
+                    state, k = next_draft_len(state, settings, cost)
+                    k = min(k, remaining - 1)
+                    many = fuse_many(request_id, context, k, params, min_confidence=settings.min_confidence,
+                                     generator=generator) if k > 0 else []
+                    model_drafted = bool(many)
+                    drafts = [d for d in (draft, *many) if d.num_tokens]
+                    draft = drafts[0] if len(drafts) == 1 else _EMPTY
+                elif draft.num_tokens < 2:
                     k = 0
                     if drafter is not None:
                         state, k = next_draft_len(state, settings, cost)
                         k = min(k, remaining - 1)
                     draft = _propose(drafter, request_id, context, k, params, settings, generator)
                     model_drafted = draft.num_tokens > 0
-            if propose_async is not None and model_drafted and remaining - 1 - draft.num_tokens >= 2:
-                # Post-verify drafting (PEARL, arXiv:2408.11850): while the target verifies this
-                # draft, the drafter (another process) drafts on, assuming every token is accepted.
-                # Its first token is a guess of the bonus token; the rest is used only if the
-                # guess is right, so the next proposal is then ready when verification ends.
-                ahead = [*context, *draft.token_ids]
-                state, k_ahead = next_draft_len(state, settings, cost)  # the policy sets the next k too
-                k_ahead = max(1, min(k_ahead, remaining - 2 - draft.num_tokens))
-                child = None  # the other thread gets its own RNG, seeded from ours: reproducible
-                if generator is not None:
-                    child = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (), generator=generator)))
-                fut = propose_async(request_id, ahead, k_ahead + 1, params,
-                                    min_confidence=settings.min_confidence, generator=child)
-                prefetch = _Prefetch(tuple(ahead), fut)
-            t_v = time.perf_counter()
-            logits = target.forward(seq, [context[-1], *draft.token_ids])  # [k + 1, vocab]
-            result = _verify(draft, logits, params, generator)
-            target.rollback(seq, len(context) + result.num_accepted)
-            stats.verify_s += time.perf_counter() - t_v
-            new = _truncate(result.output_token_ids, stop, remaining)
+            if len(drafts) > 1:
+                t_v = time.perf_counter()
+                tree = fusion.fuse([_path(d) for d in drafts], max(1, min(tree_budget, remaining - 1)),
+                                   weights_of(request_id) if weights_of else None)
+                logits = target.forward_tree(seq, [context[-1], *tree.token_ids],
+                                             [-1, *(p + 1 for p in tree.parents)])
+                tv = _verify_tree(tree, logits, params, generator)
+                target.keep_path(seq, len(context) - 1, [0, *(i + 1 for i in tv.path)])
+                stats.verify_s += time.perf_counter() - t_v
+                outcomes = tuple(_outcome(d, tree, tv.path) for d in drafts)
+                result_tokens, num_accepted, num_draft = tv.output_token_ids, tv.num_accepted, tree.num_nodes
+                stats.tree_steps += 1
+                stats.draft_s += sum(d.draft_s for d in drafts)
+                winner = max(outcomes, key=lambda o: o.num_accepted)
+                model_outcomes = [o for o in outcomes if lookup is None or o.drafter != lookup.name]
+                if model_drafted and model_outcomes:
+                    best = max(model_outcomes, key=lambda o: o.num_accepted)
+                    state = observe(state, settings, best.num_draft_tokens, best.num_accepted)
+                    stats.speculation_state = state
+                step_drafter = winner.drafter if num_accepted else "fused"
+                tree_nodes = tree.num_nodes
+            else:
+                if propose_async is not None and model_drafted and remaining - 1 - draft.num_tokens >= 2:
+                    # Post-verify drafting (PEARL, arXiv:2408.11850): while the target verifies this
+                    # draft, the drafter (another process) drafts on, assuming every token is
+                    # accepted. Its first token is a guess of the bonus token; the rest is used only
+                    # if the guess is right, so the next proposal is then ready when verification ends.
+                    ahead = [*context, *draft.token_ids]
+                    state, k_ahead = next_draft_len(state, settings, cost)  # the policy sets the next k too
+                    k_ahead = max(1, min(k_ahead, remaining - 2 - draft.num_tokens))
+                    child = None  # the other thread gets its own RNG, seeded from ours: reproducible
+                    if generator is not None:
+                        child = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (), generator=generator)))
+                    fut = propose_async(request_id, ahead, k_ahead + 1, params,
+                                        min_confidence=settings.min_confidence, generator=child)
+                    prefetch = _Prefetch(tuple(ahead), fut)
+                t_v = time.perf_counter()
+                logits = target.forward(seq, [context[-1], *draft.token_ids])  # [k + 1, vocab]
+                result = _verify(draft, logits, params, generator)
+                target.rollback(seq, len(context) + result.num_accepted)
+                stats.verify_s += time.perf_counter() - t_v
+                result_tokens, num_accepted, num_draft = result.output_token_ids, result.num_accepted, draft.num_tokens
+                conf = sum(draft.confidences) / len(draft.confidences) if draft.confidences else 0.0
+                outcomes = (DraftOutcome(draft.drafter, draft.num_tokens, num_accepted, conf),) if num_draft else ()
+                if num_draft:
+                    stats.draft_s += draft.draft_s
+                    if model_drafted:
+                        state = observe(state, settings, draft.num_tokens, num_accepted)
+                        stats.speculation_state = state
+                step_drafter = draft.drafter if num_draft else ""
+                tree_nodes = 0
+            new = _truncate(result_tokens, stop, remaining)
             finished = (new[-1] in stop) or emitted + len(new) >= max_new_tokens
             context.extend(new)
             emitted += len(new)
             stats.steps += 1
-            if draft.num_tokens:
+            if num_draft:
                 stats.num_drafts += 1
-                stats.draft_tokens += draft.num_tokens
-                stats.accepted_tokens += result.num_accepted
-                stats.draft_s += draft.draft_s
-                stats.draft_lens.append(draft.num_tokens)
-                if model_drafted:
-                    state = observe(state, settings, draft.num_tokens, result.num_accepted)
-                    stats.speculation_state = state
+                stats.draft_tokens += num_draft
+                stats.accepted_tokens += num_accepted
+                stats.draft_lens.append(num_draft)
+                for o in outcomes:
+                    if o.num_accepted:
+                        stats.accepted_by[o.drafter] = stats.accepted_by.get(o.drafter, 0) + o.num_accepted
             stats.output_tokens, stats.wall_s = emitted, time.perf_counter() - t0
             if finished:
                 stats.finish_reason = "stop" if new[-1] in stop else "length"
-            conf = sum(draft.confidences) / len(draft.confidences) if draft.confidences else 0.0
-            yield StepOutput(new, draft.num_tokens, result.num_accepted, finished,
-                             draft.drafter if draft.num_tokens else "", conf)
+            mean_conf = outcomes[0].mean_confidence if len(outcomes) == 1 else 0.0
+            yield StepOutput(new, num_draft, num_accepted, finished, step_drafter, mean_conf, outcomes, tree_nodes)
     finally:
         if prefetch is not None:
             _wait_quietly(prefetch.future)
@@ -339,6 +408,28 @@ def _verify(
     if params.greedy:
         return verify_greedy(draft.token_ids, logits)
     return verify_sampling(draft.token_ids, draft.probs, logits_to_probs(logits, params), generator)
+
+
+def _verify_tree(tree: fusion.TokenTree, logits: torch.Tensor, params: SamplingParams,
+                 generator: torch.Generator | None) -> TreeVerificationResult:
+    if params.greedy:
+        return verify_tree_greedy(tree, logits)
+    return verify_tree_sampling(tree, logits_to_probs(logits, params), generator)
+
+
+def _path(draft: Draft) -> fusion.DraftPath:
+    rows = list(draft.probs) if draft.probs is not None else None
+    return fusion.DraftPath(draft.drafter, draft.token_ids, draft.confidences, rows)
+
+
+def _outcome(draft: Draft, tree: fusion.TokenTree, path: Sequence[int]) -> DraftOutcome:
+    """How far the accepted path follows `draft`'s own tokens (its acceptance, for routing)."""
+    n = 0
+    while n < len(path) and n < draft.num_tokens and tree.nodes[path[n]].token_id == draft.token_ids[n]:
+        n += 1
+    kept = sum(1 for node in tree.nodes if any(p.drafter == draft.drafter for p in node.proposals))
+    conf = sum(draft.confidences) / len(draft.confidences) if draft.confidences else 0.0
+    return DraftOutcome(draft.drafter, kept, n, conf)
 
 
 def _truncate(tokens: Sequence[int], stop: frozenset[int], limit: int) -> tuple[int, ...]:

@@ -183,3 +183,103 @@ def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None = None) -> list[int]:
     """One token per row of probs [n, vocab]."""
     return torch.multinomial(probs, 1, generator=generator)[:, 0].tolist()
+
+
+@dataclass(frozen=True)
+class TreeVerificationResult:
+    """Outcome of verifying a token tree.
+
+    path: indices of the accepted tree nodes, root to leaf (length = accepted tokens).
+    output_token_ids: the accepted nodes' tokens followed by one recovered or bonus token.
+    bonus: whether the last token is a bonus token (the accepted path ended at a leaf).
+    """
+
+    path: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    bonus: bool
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.path)
+
+
+def verify_tree_greedy(tree, target_logits: torch.Tensor) -> TreeVerificationResult:
+    """Greedy tree verification: from the root, descend into the child whose token is the target's
+    argmax, until no child matches; then emit that argmax (SpecInfer, arXiv:2305.09781, §4).
+
+    Args:
+        tree: a `fusion.TokenTree` of n nodes.
+        target_logits: [n + 1, vocab]; row 0 scores the token after the root (the last accepted
+            token), row i + 1 the token after node i.
+    """
+    _check_tree_rows(tree, target_logits)
+    argmax = target_logits.argmax(dim=-1).tolist()
+    path: list[int] = []
+    node = -1
+    while True:
+        want = argmax[node + 1]
+        kids = tree.children(node)
+        nxt = next((c for c in kids if tree.nodes[c].token_id == want), None)
+        if nxt is None:
+            tokens = tuple(tree.nodes[i].token_id for i in path) + (want,)
+            return TreeVerificationResult(tuple(path), tokens, bonus=not kids)
+        path.append(nxt)
+        node = nxt
+
+
+def verify_tree_sampling(
+    tree, target_probs: torch.Tensor, generator: torch.Generator | None = None
+) -> TreeVerificationResult:
+    """Lossless multi-step speculative sampling over a token tree (SpecInfer, Miao et al. 2024,
+    arXiv:2305.09781, §4.2, Algorithm 2).
+
+    At a node, each child proposal (a drafter's token x_i, drawn independently from its q_i, or a
+    point mass when q_i is None) is tried in priority order: accept with probability
+    min(1, p(x_i) / q_i(x_i)); on rejection p <- norm(max(0, p - q_i)). On acceptance the walk
+    descends into that child; when every proposal is rejected, a token is sampled from the residual
+    p; at a leaf, the bonus token is sampled from p. A token proposed by two drafters is one node
+    with two proposals, tried in turn; each drafter's deeper tokens stay independent draws from its
+    own q given the path, so the output is distributed exactly as the target's.
+
+    Args:
+        tree: a `fusion.TokenTree` of n nodes; proposals carry q as a [vocab] float32 row or None.
+        target_probs: [n + 1, vocab] float32 target distributions (row 0: after the root).
+        generator: torch RNG for the accept tests and resampling.
+    """
+    _check_tree_rows(tree, target_probs)
+    path: list[int] = []
+    node = -1
+    while True:
+        p = target_probs[node + 1]
+        kids = tree.children(node)
+        if not kids:
+            tokens = tuple(tree.nodes[i].token_id for i in path) + (_sample(p, generator),)
+            return TreeVerificationResult(tuple(path), tokens, bonus=True)
+        attempts = sorted(((prop.priority, c, prop) for c in kids for prop in tree.nodes[c].proposals),
+                          key=lambda a: -a[0])
+        accepted = None
+        for _, child, prop in attempts:
+            x = tree.nodes[child].token_id
+            q = prop.q if prop.q is not None and float(prop.q.sum()) > 0 else _point_mass(x, p)
+            px, qx = float(p[x]), float(q[x])
+            u = float(torch.rand((), generator=generator))
+            if qx > 0 and u < min(1.0, px / qx):
+                accepted = child
+                break
+            p = _residual(p, q)
+        if accepted is None:
+            tokens = tuple(tree.nodes[i].token_id for i in path) + (_sample(p, generator),)
+            return TreeVerificationResult(tuple(path), tokens, bonus=False)
+        path.append(accepted)
+        node = accepted
+
+
+def _point_mass(x: int, like: torch.Tensor) -> torch.Tensor:
+    q = torch.zeros_like(like)
+    q[x] = 1.0
+    return q
+
+
+def _check_tree_rows(tree, rows: torch.Tensor) -> None:
+    if rows.shape[0] != tree.num_nodes + 1:
+        raise ValueError(f"expected {tree.num_nodes + 1} rows (root + tree nodes), got {rows.shape[0]}")

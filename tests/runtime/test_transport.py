@@ -5,7 +5,7 @@ import filecmp
 import grpc
 import pytest
 
-from cosine.runtime.coordinator import _RoutedDrafters
+from cosine.runtime.collaborative import CollaborativeDrafters
 from cosine.runtime.drafter import ModelDrafter
 from cosine.runtime.models import tiny_qwen2
 from cosine.runtime.speculation_control import SpeculationSettings
@@ -79,7 +79,7 @@ def test_dead_drafter_costs_speed_not_the_request():
     servicer = DrafterServicer(ModelDrafter(tiny_qwen2(seed=0)), pool="code")
     server = serve(servicer, port=0)
     remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", target.vocab_size, base_timeout_s=0.5)
-    failover = _RoutedDrafters([remote], retry_s=60)
+    failover = CollaborativeDrafters([remote], retry_s=60)
     want = generate(target, [9, 9, 1], 40, stop_token_ids=NO_STOP).token_ids
     got = []
     from cosine.runtime.speculative_decoding import generate_stream
@@ -104,7 +104,7 @@ def test_drafting_ahead_is_lossless_and_hits(drafter_server):
     try:
         for seed, drafter_port in ((0, server.bound_port), (1, drafter_server[0].bound_port)):
             remote = RemoteDrafter(f"127.0.0.1:{drafter_port}", "p", target.vocab_size)
-            failover = _RoutedDrafters([remote], retry_s=5)
+            failover = CollaborativeDrafters([remote], retry_s=5)
             want = generate(target, [7, 3, 9], 40, stop_token_ids=NO_STOP).token_ids
             got = generate(target, [7, 3, 9], 40, drafter=failover, settings=K4, stop_token_ids=NO_STOP)
             assert got.token_ids == want
@@ -154,7 +154,7 @@ def test_hung_drafter_is_cut_off_by_the_deadline():
     try:
         remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "stuck", target.vocab_size, base_timeout_s=0.2,
                                per_token_timeout_s=0.01)
-        routed = _RoutedDrafters([remote], retry_s=60)
+        routed = CollaborativeDrafters([remote], retry_s=60)
         want = generate(target, [2, 4, 6], 20, stop_token_ids=NO_STOP).token_ids
         t0 = time.perf_counter()
         got = generate(target, [2, 4, 6], 20, drafter=routed, settings=K4, stop_token_ids=NO_STOP)

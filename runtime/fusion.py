@@ -1,0 +1,153 @@
+"""Confidence-based token fusion: several drafters' drafts merged into one token tree.
+
+CoSine fuses the drafts of cooperating drafters by confidence (Gao et al. 2025, arXiv:2503.10325,
+"confidence-based token fusion"): per position the most confident candidate continues the shared
+draft. Here the drafters draft independently (they are separate processes; drafting in lock step
+would cost a network round trip per token), and fusion happens over their drafts:
+- the drafts are merged into a token tree (a trie rooted at the request's last accepted token), so
+  one verification pass can accept whichever branch the target agrees with (SpecInfer, Miao et al.
+  2024, arXiv:2305.09781, §3-4);
+- at every node the children are ordered by confidence: the first child at each node is the fused
+  draft (the most confident candidate per position), the others are its alternatives. Sampling
+  verification tries children in that order;
+- a node's priority is the product, along its path, of each token's score, where a token's score
+  is the geometric mean of its drafter's own confidence and the drafter's measured acceptance
+  (`weights`, e.g. from the router): the paper combines confidence with agreement. The tree keeps
+  the `budget` highest-priority nodes; priorities shrink along a path, so every kept node's
+  parent is kept.
+
+Pure (STYLE.md #3): no torch, no clock. A proposal's `q` is carried opaquely (a [vocab] tensor row
+or None for a point-mass proposal) for the verifier.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DraftPath:
+    """One drafter's draft: `token_ids[i]` drafted with top probability `confidences[i]` from
+    distribution `q_rows[i]` (None: point-mass proposals, e.g. greedy or model-free drafting)."""
+
+    drafter: str
+    token_ids: tuple[int, ...]
+    confidences: tuple[float, ...]
+    q_rows: Sequence[Any] | None = None
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A drafter's claim on a tree node: its score there and the distribution it drew the token from."""
+
+    drafter: str
+    priority: float
+    q: Any = None  # [vocab] float32 tensor, or None (point mass)
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    """token_id at depth `depth` (1 = right after the last accepted token) under node `parent` (-1:
+    the root, i.e. the last accepted token). proposals: best first."""
+
+    token_id: int
+    parent: int
+    depth: int
+    proposals: tuple[Proposal, ...]
+
+    @property
+    def priority(self) -> float:
+        return self.proposals[0].priority
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """Nodes in topological order (parents first), children of each node in priority order."""
+
+    nodes: tuple[TreeNode, ...]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def parents(self) -> list[int]:
+        return [n.parent for n in self.nodes]
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [n.token_id for n in self.nodes]
+
+    @property
+    def depth(self) -> int:
+        return max((n.depth for n in self.nodes), default=0)
+
+    def children(self, index: int) -> list[int]:
+        """Indices of the children of node `index` (-1: the root), best first."""
+        kids = [i for i, n in enumerate(self.nodes) if n.parent == index]
+        return sorted(kids, key=lambda i: -self.nodes[i].priority)
+
+    def is_chain(self) -> bool:
+        return all(n.parent == i - 1 for i, n in enumerate(self.nodes))
+
+    def path_of(self, drafter: str) -> list[int]:
+        """The node indices of `drafter`'s draft, root to leaf."""
+        return [i for i, n in enumerate(self.nodes) if any(p.drafter == drafter for p in n.proposals)]
+
+
+def token_score(confidence: float, weight: float) -> float:
+    """A draft token's fusion score in [0, 1]: sqrt(confidence x measured acceptance)."""
+    return math.sqrt(min(1.0, max(0.0, confidence)) * min(1.0, max(0.0, weight)))
+
+
+def fuse(drafts: Sequence[DraftPath], budget: int, weights: Mapping[str, float] | None = None) -> TokenTree:
+    """Merge drafts into a token tree of at most `budget` nodes (see the module docstring).
+
+    Args:
+        drafts: one draft per drafter (empty drafts are ignored).
+        budget: maximum tree nodes (draft tokens verified in one pass, excluding the root).
+        weights: per drafter, its measured acceptance rate in [0, 1] (default 1: confidence alone).
+
+    Raises:
+        ValueError: budget < 0, or a draft whose confidences or q rows do not match its tokens.
+    """
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    weights = weights or {}
+    # trie: (parent index, token) -> node index; node -> proposals
+    index: dict[tuple[int, int], int] = {}
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    claims: list[list[Proposal]] = []
+    for d in drafts:
+        if len(d.confidences) != len(d.token_ids) or (d.q_rows is not None and len(d.q_rows) != len(d.token_ids)):
+            raise ValueError(f"draft of {d.drafter}: {len(d.token_ids)} tokens but {len(d.confidences)} "
+                             f"confidences / {None if d.q_rows is None else len(d.q_rows)} q rows")
+        parent, priority = -1, 1.0
+        w = weights.get(d.drafter, 1.0)
+        for i, token in enumerate(d.token_ids):
+            priority *= token_score(d.confidences[i], w)
+            key = (parent, int(token))
+            node = index.get(key)
+            if node is None:
+                node = index[key] = len(tokens)
+                tokens.append(int(token))
+                parents.append(parent)
+                depths.append(i + 1)
+                claims.append([])
+            claims[node].append(Proposal(d.drafter, priority, None if d.q_rows is None else d.q_rows[i]))
+            parent = node
+    best = [max(p.priority for p in c) for c in claims]
+    # keep the `budget` best nodes; ties go to the shallower node, so a parent ranks before its child
+    kept = sorted(sorted(range(len(tokens)), key=lambda i: (-best[i], depths[i], i))[:budget])
+    remap = {old: new for new, old in enumerate(kept)}
+    nodes = tuple(
+        TreeNode(tokens[i], remap[parents[i]] if parents[i] >= 0 else -1, depths[i],
+                 tuple(sorted(claims[i], key=lambda p: -p.priority)))
+        for i in kept
+    )
+    return TokenTree(nodes)
