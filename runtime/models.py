@@ -170,6 +170,117 @@ class ModelRunner:
         seq.token_ids.extend(int(t) for t in token_ids)
         return out.logits[0].float()
 
+    @torch.inference_mode()
+    def forward_batch(
+        self,
+        seqs: Seq[Sequence],
+        token_ids: Seq[Seq[int]],
+        parents: Seq[Seq[int] | None] | None = None,
+        logits_to_keep: Seq[int] | None = None,
+    ) -> list[torch.Tensor]:
+        """One forward pass over several requests (continuous batching at the verifier).
+
+        Request b appends `token_ids[b]` to `seqs[b]`: a chain, or a token tree when
+        `parents[b]` is given (as in `forward_tree`). The per-request KV caches are gathered into
+        one right-padded batch cache ([B, heads, max cached, head dim] per layer), the new tokens
+        padded to the longest, and a 4D mask gives each query exactly its own cache and ancestors,
+        with explicit positions; afterwards each request's cache gets back its own positions and
+        new tokens. Copying the caches costs about (cached tokens x 2 x layers x kv heads x head dim
+        x 4 bytes) per pass, small next to the pass itself on the models served here.
+
+        `logits_to_keep[b]` > 0 keeps only request b's last rows (a prefill needs one).
+
+        Returns:
+            per request, float32 logits [len(token_ids[b]) or logits_to_keep[b], vocab_size].
+
+        Raises:
+            ValueError: mismatched lengths, an empty request, or a bad tree.
+        """
+        b = len(seqs)
+        keep = list(logits_to_keep) if logits_to_keep is not None else [0] * b
+        if b != len(token_ids) or (parents is not None and len(parents) != b) or len(keep) != b:
+            raise ValueError("forward_batch needs one token list (and parent list, logits_to_keep) per sequence")
+        if b == 1:
+            tree = parents[0] if parents is not None else None
+            if tree is None:
+                return [self.forward(seqs[0], token_ids[0], logits_to_keep=keep[0])]
+            return [self.forward_tree(seqs[0], token_ids[0], tree)]
+        depths: list[list[int]] = []
+        for i in range(b):
+            n = len(token_ids[i])
+            if n == 0:
+                raise ValueError(f"request {i} of the batch has no tokens")
+            tree = parents[i] if parents is not None else None
+            if tree is None:
+                depths.append(list(range(n)))
+                continue
+            d: list[int] = []
+            for j, parent in enumerate(tree):
+                if not -1 <= parent < j:
+                    raise ValueError(f"request {i}, node {j}: parent {parent} must be -1 or an earlier node")
+                d.append(0 if parent < 0 else d[parent] + 1)
+            depths.append(d)
+        past = [s.num_tokens for s in seqs]
+        for i in range(b):
+            if past[i] + max(depths[i]) + 1 > self.max_context_tokens:
+                raise ValueError(f"request {i} of the batch exceeds the context of {self.name}")
+        lmax, qmax = max(past), max(len(t) for t in token_ids)
+        mask = torch.zeros(b, 1, qmax, lmax + qmax, dtype=torch.bool)
+        ids = torch.zeros(b, qmax, dtype=torch.long)
+        pos = torch.zeros(b, qmax, dtype=torch.long)
+        for i in range(b):
+            n = len(token_ids[i])
+            ids[i, :n] = torch.tensor(list(token_ids[i]), dtype=torch.long)
+            pos[i, :n] = torch.tensor([past[i] + d for d in depths[i]], dtype=torch.long)
+            mask[i, 0, :, : past[i]] = True
+            tree = parents[i] if parents is not None else None
+            for j in range(n):
+                mask[i, 0, j, lmax + j] = True
+                parent = (j - 1) if tree is None else tree[j]
+                if parent >= 0:
+                    mask[i, 0, j, lmax:] |= mask[i, 0, parent, lmax:]
+            for j in range(n, qmax):  # padding queries see only themselves (no all-masked rows)
+                mask[i, 0, j, lmax + j] = True
+        cache = DynamicCache(config=self.model.config)
+        for li in range(len(seqs[0].cache.layers) if lmax else 0):
+            ks, vs = [], []
+            for i, s in enumerate(seqs):
+                layer = s.cache.layers[li] if li < len(s.cache.layers) else None
+                k = layer.keys if layer is not None and getattr(layer, "keys", None) is not None else None
+                if k is None or past[i] == 0:
+                    ref = next(x.cache.layers[li].keys for x in seqs if x.num_tokens)
+                    k = v = ref.new_zeros(1, ref.shape[1], 0, ref.shape[3])
+                else:
+                    v = layer.values
+                pad = lmax - k.shape[-2]
+                if pad:
+                    k = torch.nn.functional.pad(k, (0, 0, 0, pad))
+                    v = torch.nn.functional.pad(v, (0, 0, 0, pad))
+                ks.append(k)
+                vs.append(v)
+            cache.update(torch.cat(ks), torch.cat(vs), li)
+        base = self.model.get_decoder()
+        hidden = base(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                      use_cache=True).last_hidden_state  # [B, qmax, hidden]
+        rows = [list(range(len(t) - (keep[i] or len(t)), len(t))) for i, t in enumerate(token_ids)]
+        flat = torch.cat([hidden[i, r] for i, r in enumerate(rows)])
+        logits_all = self.model.lm_head(flat).float()
+        results = []
+        start = 0
+        for i, s in enumerate(seqs):
+            n = len(token_ids[i])
+            for li, layer in enumerate(cache.layers):
+                k = torch.cat([layer.keys[i : i + 1, :, : past[i]], layer.keys[i : i + 1, :, lmax : lmax + n]], -2)
+                v = torch.cat([layer.values[i : i + 1, :, : past[i]], layer.values[i : i + 1, :, lmax : lmax + n]], -2)
+                if li < len(s.cache.layers) and getattr(s.cache.layers[li], "keys", None) is not None:
+                    s.cache.layers[li].keys, s.cache.layers[li].values = k, v
+                else:
+                    s.cache.update(k, v, li)
+            s.token_ids.extend(int(t) for t in token_ids[i])
+            results.append(logits_all[start : start + len(rows[i])])
+            start += len(rows[i])
+        return results
+
     def keep_path(self, seq: Sequence, num_prefix: int, node_offsets: Seq[int]) -> None:
         """Keep the first `num_prefix` cached positions plus the positions `num_prefix + j` for j in
         `node_offsets` (ascending): the accepted path of a tree appended by `forward_tree`."""

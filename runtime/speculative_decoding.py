@@ -160,144 +160,242 @@ def generate_stream(
     Raises:
         ValueError: empty prompt, max_new_tokens < 1, or prompt + output beyond the context.
     """
-    if not prompt_ids:
-        raise ValueError("prompt is empty")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_new_tokens}")
-    if len(prompt_ids) + max_new_tokens > target.max_context_tokens:
-        raise ValueError(
-            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_new_tokens}) exceeds the model's "
-            f"context of {target.max_context_tokens} tokens"
-        )
-    stop = target.eos_token_ids if stop_token_ids is None else stop_token_ids
-    stats = stats if stats is not None else GenerationStats()
-    stats.prompt_tokens = len(prompt_ids)
-    generator = None
-    if not params.greedy:
-        generator = torch.Generator().manual_seed(params.seed if params.seed is not None else _fresh_seed())
-    request_id = request_id or uuid.uuid4().hex
-    seq = target.new_sequence()
-    t0 = time.perf_counter()
+    gen = Generation(target, prompt_ids, max_new_tokens, params, drafter=drafter, settings=settings, cost=cost,
+                     stop_token_ids=stop_token_ids, stats=stats, lookup=lookup, initial=initial,
+                     request_id=request_id)
     try:
-        logits = target.forward(seq, prompt_ids, logits_to_keep=1)  # [1, vocab]
-        first = _pick(logits[-1], params, generator)
-        stats.ttft_s = time.perf_counter() - t0
-        context = [*map(int, prompt_ids), first]
-        emitted = 1
-        finished = first in stop or emitted >= max_new_tokens
-        stats.output_tokens, stats.wall_s = 1, time.perf_counter() - t0
-        if finished:
-            stats.finish_reason = "stop" if first in stop else "length"
-        yield StepOutput((first,), 0, 0, finished)
-        state = initial or initial_state(settings)
-        propose_async = getattr(drafter, "propose_async", None) if getattr(drafter, "drafts_ahead", True) else None
-        fuse_many = drafter.propose_many if getattr(drafter, "fuses", False) else None  # type: ignore[union-attr]
-        weights_of = getattr(drafter, "weights", None)
-        tree_budget = getattr(drafter, "tree_budget", settings.max_draft_tokens)
-        prefetch: _Prefetch | None = None
-        while not finished:
-            remaining = max_new_tokens - emitted
-            draft = _take_prefetch(prefetch, context, remaining - 1)
-            prefetch = None
-            model_drafted = draft is not None
-            drafts: list[Draft] = []
-            if draft is not None:
-                stats.prefetch_hits += 1
-            else:
-                draft = _propose(lookup, request_id, context, min(settings.max_draft_tokens, remaining - 1), params,
-                                 settings, generator)
-                if fuse_many is not None:
-                    # collaborative drafting: the routed pools draft too, and the drafts are fused
-                    state, k = next_draft_len(state, settings, cost)
-                    k = min(k, remaining - 1)
-                    many = fuse_many(request_id, context, k, params, min_confidence=settings.min_confidence,
-                                     generator=generator) if k > 0 else []
-                    model_drafted = bool(many)
-                    drafts = [d for d in (draft, *many) if d.num_tokens]
-                    draft = drafts[0] if len(drafts) == 1 else _EMPTY
-                elif draft.num_tokens < 2:
-                    k = 0
-                    if drafter is not None:
-                        state, k = next_draft_len(state, settings, cost)
-                        k = min(k, remaining - 1)
-                    draft = _propose(drafter, request_id, context, k, params, settings, generator)
-                    model_drafted = draft.num_tokens > 0
-            if len(drafts) > 1:
-                t_v = time.perf_counter()
-                tree = fusion.fuse([_path(d) for d in drafts], max(1, min(tree_budget, remaining - 1)),
-                                   weights_of(request_id) if weights_of else None)
-                logits = target.forward_tree(seq, [context[-1], *tree.token_ids],
-                                             [-1, *(p + 1 for p in tree.parents)])
-                tv = _verify_tree(tree, logits, params, generator)
-                target.keep_path(seq, len(context) - 1, [0, *(i + 1 for i in tv.path)])
-                stats.verify_s += time.perf_counter() - t_v
-                outcomes = tuple(_outcome(d, tree, tv.path) for d in drafts)
-                result_tokens, num_accepted, num_draft = tv.output_token_ids, tv.num_accepted, tree.num_nodes
-                stats.tree_steps += 1
-                stats.draft_s += sum(d.draft_s for d in drafts)
-                winner = max(outcomes, key=lambda o: o.num_accepted)
-                model_outcomes = [o for o in outcomes if lookup is None or o.drafter != lookup.name]
-                if model_drafted and model_outcomes:
-                    best = max(model_outcomes, key=lambda o: o.num_accepted)
-                    state = observe(state, settings, best.num_draft_tokens, best.num_accepted)
-                    stats.speculation_state = state
-                step_drafter = winner.drafter if num_accepted else "fused"
-                tree_nodes = tree.num_nodes
-            else:
-                if propose_async is not None and model_drafted and remaining - 1 - draft.num_tokens >= 2:
-                    # Post-verify drafting (PEARL, arXiv:2408.11850): while the target verifies this
-                    # draft, the drafter (another process) drafts on, assuming every token is
-                    # accepted. Its first token is a guess of the bonus token; the rest is used only
-                    # if the guess is right, so the next proposal is then ready when verification ends.
-                    ahead = [*context, *draft.token_ids]
-                    state, k_ahead = next_draft_len(state, settings, cost)  # the policy sets the next k too
-                    k_ahead = max(1, min(k_ahead, remaining - 2 - draft.num_tokens))
-                    child = None  # the other thread gets its own RNG, seeded from ours: reproducible
-                    if generator is not None:
-                        child = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (), generator=generator)))
-                    fut = propose_async(request_id, ahead, k_ahead + 1, params,
-                                        min_confidence=settings.min_confidence, generator=child)
-                    prefetch = _Prefetch(tuple(ahead), fut)
-                t_v = time.perf_counter()
-                logits = target.forward(seq, [context[-1], *draft.token_ids])  # [k + 1, vocab]
-                result = _verify(draft, logits, params, generator)
-                target.rollback(seq, len(context) + result.num_accepted)
-                stats.verify_s += time.perf_counter() - t_v
-                result_tokens, num_accepted, num_draft = result.output_token_ids, result.num_accepted, draft.num_tokens
-                conf = sum(draft.confidences) / len(draft.confidences) if draft.confidences else 0.0
-                outcomes = (DraftOutcome(draft.drafter, draft.num_tokens, num_accepted, conf),) if num_draft else ()
-                if num_draft:
-                    stats.draft_s += draft.draft_s
-                    if model_drafted:
-                        state = observe(state, settings, draft.num_tokens, num_accepted)
-                        stats.speculation_state = state
-                step_drafter = draft.drafter if num_draft else ""
-                tree_nodes = 0
-            new = _truncate(result_tokens, stop, remaining)
-            finished = (new[-1] in stop) or emitted + len(new) >= max_new_tokens
-            context.extend(new)
-            emitted += len(new)
-            stats.steps += 1
-            if num_draft:
-                stats.num_drafts += 1
-                stats.draft_tokens += num_draft
-                stats.accepted_tokens += num_accepted
-                stats.draft_lens.append(num_draft)
-                for o in outcomes:
-                    if o.num_accepted:
-                        stats.accepted_by[o.drafter] = stats.accepted_by.get(o.drafter, 0) + o.num_accepted
-            stats.output_tokens, stats.wall_s = emitted, time.perf_counter() - t0
-            if finished:
-                stats.finish_reason = "stop" if new[-1] in stop else "length"
-            mean_conf = outcomes[0].mean_confidence if len(outcomes) == 1 else 0.0
-            yield StepOutput(new, num_draft, num_accepted, finished, step_drafter, mean_conf, outcomes, tree_nodes)
+        while not gen.finished:
+            work = gen.plan()
+            logits = target.forward_batch([gen.seq], [work.token_ids], [work.parents], [work.logits_to_keep])[0]
+            yield gen.apply(logits)
     finally:
-        if prefetch is not None:
-            _wait_quietly(prefetch.future)
-        target.release(seq)
-        for d in (drafter, lookup):
+        gen.close()
+
+
+@dataclass(frozen=True)
+class VerifyWork:
+    """What one request needs from the next target pass: `token_ids` appended to its KV cache (the
+    prompt at prefill; else the last accepted token then the draft tokens or tree nodes), with
+    `parents` for a tree (None: a chain), and `logits_to_keep` rows (0 = all; prefill keeps 1)."""
+
+    token_ids: tuple[int, ...]
+    parents: tuple[int, ...] | None = None
+    logits_to_keep: int = 0
+    is_prefill: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class Generation:
+    """One request's speculative decoding as a state machine, so a scheduler can batch many:
+    `plan()` drafts and returns the request's `VerifyWork`; the caller runs the target over it
+    (alone, or batched with other requests through `ModelRunner.forward_batch` on `self.seq`);
+    `apply(logits)` verifies, keeps the accepted KV, and returns the step's `StepOutput`.
+    `generate_stream` is this loop for one request. Arguments as `generate_stream`.
+
+    Raises:
+        ValueError: empty prompt, max_new_tokens < 1, or prompt + output beyond the context.
+    """
+
+    def __init__(
+        self,
+        target: ModelRunner,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        params: SamplingParams = SamplingParams(),
+        *,
+        drafter: Drafter | None = None,
+        settings: SpeculationSettings = SpeculationSettings(),
+        cost: CostModel | None = None,
+        stop_token_ids: frozenset[int] | None = None,
+        stats: GenerationStats | None = None,
+        lookup: Drafter | None = None,
+        initial: SpeculationState | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_new_tokens}")
+        if len(prompt_ids) + max_new_tokens > target.max_context_tokens:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_new_tokens}) exceeds the model's "
+                f"context of {target.max_context_tokens} tokens"
+            )
+        self.target, self.params, self.settings, self.cost = target, params, settings, cost
+        self.drafter, self.lookup = drafter, lookup
+        self.prompt_ids = [int(t) for t in prompt_ids]
+        self.max_new_tokens = max_new_tokens
+        self.stop = target.eos_token_ids if stop_token_ids is None else stop_token_ids
+        self.stats = stats if stats is not None else GenerationStats()
+        self.stats.prompt_tokens = len(prompt_ids)
+        self.generator = None
+        if not params.greedy:
+            self.generator = torch.Generator().manual_seed(params.seed if params.seed is not None else _fresh_seed())
+        self.request_id = request_id or uuid.uuid4().hex
+        self.seq = target.new_sequence()
+        self.context: list[int] = []
+        self.emitted = 0
+        self.finished = False
+        self.state = initial or initial_state(settings)
+        self.cap_tokens: int | None = None  # a load-dependent cap on k, set by the scheduler
+        self._propose_async = (getattr(drafter, "propose_async", None)
+                               if getattr(drafter, "drafts_ahead", True) else None)
+        self._fuse_many = drafter.propose_many if getattr(drafter, "fuses", False) else None  # type: ignore
+        self._weights_of = getattr(drafter, "weights", None)
+        self._tree_budget = getattr(drafter, "tree_budget", settings.max_draft_tokens)
+        self._prefetch: _Prefetch | None = None
+        self._t0 = time.perf_counter()
+        self._pending: _Pending | None = None
+
+    def _next_k(self, remaining: int) -> int:
+        self.state, k = next_draft_len(self.state, self.settings, self.cost, cap_tokens=self.cap_tokens)
+        return min(k, remaining - 1)
+
+    def plan(self) -> VerifyWork:
+        """Draft (if speculating) and return the tokens the target must process next.
+
+        Raises:
+            RuntimeError: the request is finished, or `apply` was not called after the last plan.
+        """
+        if self.finished or self._pending is not None:
+            raise RuntimeError("plan() needs an unfinished request whose last plan was applied")
+        if not self.context:
+            self._pending = _Pending("prefill", (), False, time.perf_counter())
+            return VerifyWork(tuple(self.prompt_ids), None, 1, is_prefill=True)
+        settings, params, context = self.settings, self.params, self.context
+        remaining = self.max_new_tokens - self.emitted
+        draft = _take_prefetch(self._prefetch, context, remaining - 1)
+        self._prefetch = None
+        model_drafted = draft is not None
+        drafts: list[Draft] = []
+        if draft is not None:
+            self.stats.prefetch_hits += 1
+        else:
+            draft = _propose(self.lookup, self.request_id, context, min(settings.max_draft_tokens, remaining - 1),
+                             params, settings, self.generator)
+            if self._fuse_many is not None:
+                # collaborative drafting: the routed pools draft too, and the drafts are fused
+                k = self._next_k(remaining)
+                many = self._fuse_many(self.request_id, context, k, params, min_confidence=settings.min_confidence,
+                                       generator=self.generator) if k > 0 else []
+                model_drafted = bool(many)
+                drafts = [d for d in (draft, *many) if d.num_tokens]
+                draft = drafts[0] if len(drafts) == 1 else _EMPTY
+            elif draft.num_tokens < 2:
+                k = self._next_k(remaining) if self.drafter is not None else 0
+                draft = _propose(self.drafter, self.request_id, context, k, params, settings, self.generator)
+                model_drafted = draft.num_tokens > 0
+        if len(drafts) > 1:
+            tree = fusion.fuse([_path(d) for d in drafts], max(1, min(self._tree_budget, remaining - 1)),
+                               self._weights_of(self.request_id) if self._weights_of else None)
+            self._pending = _Pending(tree, tuple(drafts), model_drafted, time.perf_counter())
+            return VerifyWork((context[-1], *tree.token_ids), (-1, *(p + 1 for p in tree.parents)))
+        if self._propose_async is not None and model_drafted and remaining - 1 - draft.num_tokens >= 2:
+            # Post-verify drafting (PEARL, arXiv:2408.11850): while the target verifies this draft,
+            # the drafter (another process) drafts on, assuming every token is accepted. Its first
+            # token is a guess of the bonus token; the rest is used only if the guess is right, so
+            # the next proposal is then ready when verification ends.
+            ahead = [*context, *draft.token_ids]
+            k_ahead = max(1, min(self._next_k(remaining), remaining - 2 - draft.num_tokens))
+            child = None  # the other thread gets its own RNG, seeded from ours: reproducible
+            if self.generator is not None:
+                child = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (), generator=self.generator)))
+            fut = self._propose_async(self.request_id, ahead, k_ahead + 1, params,
+                                      min_confidence=settings.min_confidence, generator=child)
+            self._prefetch = _Prefetch(tuple(ahead), fut)
+        self._pending = _Pending("chain", (draft,), model_drafted, time.perf_counter())
+        return VerifyWork((context[-1], *draft.token_ids))
+
+    def apply(self, logits: torch.Tensor) -> StepOutput:
+        """Verify the planned work against the target's `logits` for it ([rows, vocab] as the
+        `VerifyWork` asked) and emit the step's tokens."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            raise RuntimeError("apply() without a plan()")
+        stats, context = self.stats, self.context
+        if pending.kind == "prefill":
+            first = _pick(logits[-1], self.params, self.generator)
+            stats.ttft_s = time.perf_counter() - self._t0
+            self.context = [*self.prompt_ids, first]
+            self.emitted = 1
+            self.finished = first in self.stop or self.emitted >= self.max_new_tokens
+            stats.output_tokens, stats.wall_s = 1, time.perf_counter() - self._t0
+            if self.finished:
+                stats.finish_reason = "stop" if first in self.stop else "length"
+            return StepOutput((first,), 0, 0, self.finished)
+        remaining = self.max_new_tokens - self.emitted
+        if isinstance(pending.kind, fusion.TokenTree):
+            tree, drafts = pending.kind, pending.drafts
+            tv = _verify_tree(tree, logits, self.params, self.generator)
+            self.target.keep_path(self.seq, len(context) - 1, [0, *(i + 1 for i in tv.path)])
+            outcomes = tuple(_outcome(d, tree, tv.path) for d in drafts)
+            result_tokens, num_accepted, num_draft = tv.output_token_ids, tv.num_accepted, tree.num_nodes
+            stats.tree_steps += 1
+            stats.draft_s += sum(d.draft_s for d in drafts)
+            winner = max(outcomes, key=lambda o: o.num_accepted)
+            model_outcomes = [o for o in outcomes if self.lookup is None or o.drafter != self.lookup.name]
+            if pending.model_drafted and model_outcomes:
+                best = max(model_outcomes, key=lambda o: o.num_accepted)
+                self.state = observe(self.state, self.settings, best.num_draft_tokens, best.num_accepted)
+                stats.speculation_state = self.state
+            step_drafter = winner.drafter if num_accepted else "fused"
+            tree_nodes = tree.num_nodes
+        else:
+            draft = pending.drafts[0]
+            result = _verify(draft, logits, self.params, self.generator)
+            self.target.rollback(self.seq, len(context) + result.num_accepted)
+            result_tokens, num_accepted, num_draft = result.output_token_ids, result.num_accepted, draft.num_tokens
+            conf = sum(draft.confidences) / len(draft.confidences) if draft.confidences else 0.0
+            outcomes = (DraftOutcome(draft.drafter, draft.num_tokens, num_accepted, conf),) if num_draft else ()
+            if num_draft:
+                stats.draft_s += draft.draft_s
+                if pending.model_drafted:
+                    self.state = observe(self.state, self.settings, draft.num_tokens, num_accepted)
+                    stats.speculation_state = self.state
+            step_drafter = draft.drafter if num_draft else ""
+            tree_nodes = 0
+        stats.verify_s += time.perf_counter() - pending.planned_at
+        new = _truncate(result_tokens, self.stop, remaining)
+        self.finished = (new[-1] in self.stop) or self.emitted + len(new) >= self.max_new_tokens
+        context.extend(new)
+        self.emitted += len(new)
+        stats.steps += 1
+        if num_draft:
+            stats.num_drafts += 1
+            stats.draft_tokens += num_draft
+            stats.accepted_tokens += num_accepted
+            stats.draft_lens.append(num_draft)
+            for o in outcomes:
+                if o.num_accepted:
+                    stats.accepted_by[o.drafter] = stats.accepted_by.get(o.drafter, 0) + o.num_accepted
+        stats.output_tokens, stats.wall_s = self.emitted, time.perf_counter() - self._t0
+        if self.finished:
+            stats.finish_reason = "stop" if new[-1] in self.stop else "length"
+        mean_conf = outcomes[0].mean_confidence if len(outcomes) == 1 else 0.0
+        return StepOutput(new, num_draft, num_accepted, self.finished, step_drafter, mean_conf, outcomes, tree_nodes)
+
+    def close(self) -> None:
+        """Free the request's KV caches (target and drafters); wait for a draft still in flight."""
+        if self._prefetch is not None:
+            _wait_quietly(self._prefetch.future)
+            self._prefetch = None
+        self.target.release(self.seq)
+        for d in (self.drafter, self.lookup):
             if d is not None:
-                d.release(request_id)
+                d.release(self.request_id)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A planned step awaiting the target's logits: kind "prefill", "chain", or the TokenTree."""
+
+    kind: object
+    drafts: tuple[Draft, ...]
+    model_drafted: bool
+    planned_at: float
 
 
 def generate(
