@@ -2,17 +2,24 @@
 
 Requests arrive from the gateway (asyncio) and are served by one engine thread that owns the
 models (torch is not re-entrant per model, and a CPU pass already uses every thread it is given).
-The engine thread interleaves active requests step by step (round robin over their
-`generate_stream` generators), so every stream makes progress and a long request does not block
-short ones. Each step's tokens are handed back to the request's asyncio queue.
+Each running request is a `Generation` state machine (plan -> target pass -> apply). The engine
+thread schedules them (Gao et al. 2025, arXiv:2503.10325, pipelining and batch scheduling):
+- drafting: a request's next draft is planned as soon as its last verification is applied; when
+  `pipelined`, on drafting threads, so drafters work on some requests while the target verifies
+  others (the drafters are remote processes, or have cores of their own);
+- batching: of the requests whose drafts are ready, `batching.plan_batch` picks the next pass
+  under a token and memory budget (continuous batching: requests join and leave between passes,
+  prefills are bounded so they do not starve decoding), and one `forward_batch` verifies them all;
+- feedback: verifier idle time (waiting on drafts: the bubble) and the backlog of ready draft
+  tokens left out of a pass feed `speculation_control.adjust_for_load`, which caps every
+  request's speculation length.
+Each step's tokens are handed back to the request's asyncio queue.
 
 Admission: at most `max_running` requests are stepped at once; up to `max_waiting` more wait in
 FIFO order; beyond that `submit` raises `Overloaded` (the gateway answers 429 with Retry-After).
 
 Drafter faults cost speed, never a request: a drafter call that raises is logged, the drafter is
 marked down for `drafter_retry_s`, and the step goes on without speculation (DESIGN.md §3).
-The pipelined, batched scheduler (draft one group while verifying another) replaces the
-round-robin loop in `pipeline` (issue #6); this module keeps the same interface.
 """
 
 from __future__ import annotations
@@ -23,17 +30,26 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import torch
 
 from cosine.runtime import routing
+from cosine.runtime.batching import BatchBudget, BatchSettings, PassCost, ReadyRequest, plan_batch
 from cosine.runtime.collaborative import CollaborativeDrafters
 from cosine.runtime.drafter import Drafter
 from cosine.runtime.models import ModelRunner
-from cosine.runtime.speculation_control import CostModel, SpeculationSettings, initial_state
-from cosine.runtime.speculative_decoding import GenerationStats, StepOutput, generate_stream
+from cosine.runtime.speculation_control import (
+    CostModel,
+    LoadSignal,
+    SpeculationSettings,
+    adjust_for_load,
+    initial_load_state,
+    initial_state,
+)
+from cosine.runtime.speculative_decoding import Generation, GenerationStats, StepOutput, VerifyWork
 from cosine.runtime.speculative_sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -62,12 +78,15 @@ class GenerationRequest:
 @dataclass
 class _Active:
     request: GenerationRequest
-    steps: Iterator[StepOutput]
+    gen: Generation
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     stats: GenerationStats
     submitted_at: float
     cancelled: bool = False
+    work: VerifyWork | None = None  # drafted and ready for the verifier
+    drafting: Future | None = None  # plan() in flight on a drafting thread
+    ready_since: float = 0.0
 
 
 _DONE = object()
@@ -86,6 +105,11 @@ class Coordinator:
         expertise: declared domains per drafter name (the routing prior).
         fusion_width, tree_budget: pools drafting each request together and the token-tree size
             (see `collaborative.CollaborativeDrafters`); `drafters` may also be one already built.
+        batch_budget, batch_settings: what one verification pass may take (`batching.plan_batch`);
+            default: up to `max_running` requests and 128 tokens per pass.
+        pipelined: draft on a separate thread while the target verifies other requests (right
+            when drafters are remote processes or have their own cores); otherwise each round
+            drafts for every request, then verifies them in one batch.
     """
 
     def __init__(
@@ -103,6 +127,9 @@ class Coordinator:
         expertise: dict[str, tuple[str, ...]] | None = None,
         fusion_width: int = 1,
         tree_budget: int = 16,
+        batch_budget: BatchBudget | None = None,
+        batch_settings: BatchSettings = BatchSettings(),
+        pipelined: bool = False,
     ) -> None:
         self.target = target
         self.settings = settings
@@ -117,6 +144,15 @@ class Coordinator:
         elif drafters:
             self._drafter = CollaborativeDrafters(list(drafters), expertise, fusion_width=fusion_width,
                                                   tree_budget=tree_budget, retry_s=drafter_retry_s)
+        self.batch_budget = batch_budget or BatchBudget(max_tokens=128, max_kv_tokens=1 << 20,
+                                                        max_requests=max_running)
+        self.batch_settings = batch_settings
+        verify_base = cost.verify_base_s if cost else 0.3
+        self._pass_cost = PassCost(base_s=verify_base, per_token_s=cost.verify_token_s if cost else 0.05)
+        self._pipelined = pipelined
+        self._draft_pool = ThreadPoolExecutor(max_workers=max(1, max_running), thread_name_prefix="cosine-plan")
+        self._load = initial_load_state(settings)
+        self._busy_s = self._idle_s = self._busy_window = self._idle_window = 0.0
         self._waiting: deque[_Active] = deque()
         self._running: list[_Active] = []
         self._cv = threading.Condition()
@@ -182,22 +218,29 @@ class Coordinator:
                 order = self._drafter.assign(request.request_id, domain)
                 if order:  # start from the routed pool's measured acceptance on this domain
                     initial = initial_state(self.settings, self._drafter.expected_acceptance(order[0], domain))
-            steps = generate_stream(
+            gen = Generation(
                 self.target, list(request.prompt_ids), request.max_tokens, request.params,
                 drafter=self._drafter, settings=self.settings, cost=self.cost,
                 stop_token_ids=request.stop_token_ids, stats=stats, lookup=self.lookup, request_id=request.request_id,
                 initial=initial,
             )
-            active = _Active(request, steps, asyncio.get_running_loop(), asyncio.Queue(), stats, time.perf_counter())
+            gen.cap_tokens = self._load.cap_tokens
+            active = _Active(request, gen, asyncio.get_running_loop(), asyncio.Queue(), stats, time.perf_counter())
             self._waiting.append(active)
             if self.metrics:
                 self.metrics.set_queue(len(self._running), len(self._waiting))
             self._cv.notify_all()
         return active
 
+    @property
+    def verifier_idle_fraction(self) -> float | None:
+        """Share of the engine's wall time the verifier spent with nothing ready to verify while
+        requests were running (the pipeline's bubble), since start; None before any work."""
+        total = self._busy_s + self._idle_s
+        return self._idle_s / total if total > 0 else None
+
     def _engine_loop(self) -> None:
         torch.set_grad_enabled(False)
-        idle_since = time.perf_counter()
         while True:
             with self._cv:
                 while not self._stopping and not self._waiting and not self._running:
@@ -208,43 +251,148 @@ class Coordinator:
                     return
                 while self._waiting and len(self._running) < self.max_running:
                     self._running.append(self._waiting.popleft())
-                batch = list(self._running)
-            if self.metrics:
-                self.metrics.verifier_idle(time.perf_counter() - idle_since)
-            busy_from = time.perf_counter()
+                running = list(self._running)
+            self._iterate(running)
+
+    def _iterate(self, running: list[_Active]) -> None:
+        """One scheduling round: start drafting for requests that need it, wait (idle) until some
+        are ready, verify a planned batch of them in one target pass, emit their tokens."""
+        for a in running:
+            if a.cancelled and a.drafting is None:
+                self._finish(a)
+            elif a.work is None and a.drafting is None:
+                self._start_plan(a)
+        ready = [a for a in running if self._collect(a)]
+        if not ready:
+            pending = [a.drafting for a in running if a.drafting is not None]
+            if pending:  # the verifier waits for drafts: a bubble
+                t = time.perf_counter()
+                wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                self._idle(time.perf_counter() - t)
+            return
+        now = time.perf_counter()
+        by_id = {a.request.request_id: a for a in ready}
+        plan = plan_batch(
+            [ReadyRequest(a.request.request_id, a.work.num_tokens, a.gen.seq.num_tokens, a.submitted_at,
+                          a.ready_since, expected_accepted=1.0 + a.gen.state.acceptance_rate * (a.work.num_tokens - 1),
+                          is_prefill=a.work.is_prefill) for a in ready],
+            self.batch_budget, self.batch_settings, now, cost=self._pass_cost,
+        )
+        batch = [by_id[t.request_id] for t in plan.taken]
+        for t in plan.taken:
+            a = by_id[t.request_id]
+            if a.work.is_prefill and t.num_tokens < a.work.num_tokens:
+                a.work = a.gen.chunk_prefill(a.work, t.num_tokens)
+        t0 = time.perf_counter()
+        try:
+            logits = self.target.forward_batch(
+                [a.gen.seq for a in batch], [a.work.token_ids for a in batch], [a.work.parents for a in batch],
+                [a.work.logits_to_keep for a in batch],
+            )
+        except Exception as e:  # a bug or a bad request: fail this batch's requests, keep serving
+            log.exception("verification pass failed")
             for a in batch:
-                self._step(a)
-            if self.metrics:
-                self.metrics.verifier_busy(time.perf_counter() - busy_from)
-                self.metrics.set_queue(len(self._running), len(self._waiting))
-            idle_since = time.perf_counter()
-
-    def _step(self, a: _Active) -> None:
-        done = a.cancelled
-        if not done:
+                self._fail(a, e)
+            return
+        busy = time.perf_counter() - t0
+        self._busy(busy)
+        if self.metrics:
+            self.metrics.tokens_verified(sum(a.work.num_tokens for a in batch))
+        for a, lg in zip(batch, logits, strict=True):
+            work, a.work = a.work, None
             try:
-                before = (a.stats.num_drafts, a.stats.draft_tokens, a.stats.accepted_tokens)
-                out = next(a.steps)
-                self._record(a, out, before)
-                a.loop.call_soon_threadsafe(a.queue.put_nowait, out)
-                done = out.finished
-            except StopIteration:
-                done = True
-            except Exception as e:  # a bug or a bad request: fail this request, keep serving
+                out = a.gen.apply(lg)
+            except Exception as e:
                 log.exception("request %s failed", a.request.request_id)
-                a.loop.call_soon_threadsafe(a.queue.put_nowait, e)
-                done = True
-        if done:
-            a.steps.close()
-            a.loop.call_soon_threadsafe(a.queue.put_nowait, _DONE)
-            with self._cv:
-                if a in self._running:
-                    self._running.remove(a)
-            if self.metrics:
-                reason = "abort" if a.cancelled and not a.stats.finish_reason else a.stats.finish_reason or "abort"
-                self.metrics.request_finished(a.stats, time.perf_counter() - a.submitted_at, reason)
+                self._fail(a, e)
+                continue
+            if out is None:  # a prefill chunk: the rest of the prompt goes in the next passes
+                self._start_plan(a)
+                continue
+            self._record(a, out, work)
+            a.loop.call_soon_threadsafe(a.queue.put_nowait, out)
+            if out.finished or a.cancelled:
+                self._finish(a)
+            elif not self._pipelined:
+                pass  # drafted at the start of the next round, on this thread
+            else:
+                self._start_plan(a)  # draft the next step while the verifier takes other requests
+        backlog = sum(a.work.num_tokens for a in ready if a.work is not None)
+        self._feedback(backlog)
+        if self.metrics:
+            self.metrics.set_queue(len(self._running), len(self._waiting))
 
-    def _record(self, a: _Active, out: StepOutput, before: tuple[int, int, int]) -> None:
+    def _start_plan(self, a: _Active) -> None:
+        if a.gen.finished:
+            self._finish(a)
+            return
+        a.gen.cap_tokens = self._load.cap_tokens
+        if self._pipelined and a.gen.context:  # prefill has nothing to draft
+            a.drafting = self._draft_pool.submit(a.gen.plan)
+            return
+        try:
+            a.work, a.ready_since = a.gen.plan(), time.perf_counter()
+        except Exception as e:
+            log.exception("request %s failed while drafting", a.request.request_id)
+            self._fail(a, e)
+
+    def _collect(self, a: _Active) -> bool:
+        """Whether `a` has work ready for the verifier (collecting a finished draft)."""
+        if a.drafting is not None and a.drafting.done():
+            fut, a.drafting = a.drafting, None
+            try:
+                a.work, a.ready_since = fut.result(), time.perf_counter()
+            except Exception as e:
+                log.exception("request %s failed while drafting", a.request.request_id)
+                self._fail(a, e)
+                return False
+        if a.cancelled and a.drafting is None:
+            self._finish(a)
+            return False
+        return a.work is not None
+
+    def _feedback(self, backlog_tokens: int) -> None:
+        """Backlog / idle feedback into every request's speculation length cap (hysteresis in
+        `speculation_control.adjust_for_load`)."""
+        window = self._busy_window + self._idle_window
+        if window < 1.0:
+            return
+        signal = LoadSignal(self._idle_window / window, backlog_tokens, self.batch_budget.max_tokens)
+        self._load = adjust_for_load(self._load, signal, self.settings)
+        self._busy_window = self._idle_window = 0.0
+
+    def _busy(self, seconds: float) -> None:
+        self._busy_s += seconds
+        self._busy_window += seconds
+        if self.metrics:
+            self.metrics.verifier_busy(seconds)
+
+    def _idle(self, seconds: float) -> None:
+        self._idle_s += seconds
+        self._idle_window += seconds
+        if self.metrics:
+            self.metrics.verifier_idle(seconds)
+
+    def _fail(self, a: _Active, error: Exception) -> None:
+        a.loop.call_soon_threadsafe(a.queue.put_nowait, error)
+        a.work = None
+        self._finish(a)
+
+    def _finish(self, a: _Active) -> None:
+        if a.drafting is not None:
+            _wait_quietly(a.drafting)
+            a.drafting = None
+        a.work = None
+        a.gen.close()
+        a.loop.call_soon_threadsafe(a.queue.put_nowait, _DONE)
+        with self._cv:
+            if a in self._running:
+                self._running.remove(a)
+        if self.metrics:
+            reason = "abort" if a.cancelled and not a.stats.finish_reason else a.stats.finish_reason or "abort"
+            self.metrics.request_finished(a.stats, time.perf_counter() - a.submitted_at, reason)
+
+    def _record(self, a: _Active, out: StepOutput, work: VerifyWork) -> None:
         if self._drafter is not None:
             for o in out.outcomes:
                 self._drafter.observe(a.request.request_id, o.drafter, o.num_draft_tokens, o.num_accepted,
@@ -252,11 +400,17 @@ class Coordinator:
         if not self.metrics:
             return
         s = a.stats
-        if s.steps == 0:
+        if work.is_prefill:
             self.metrics.first_token(s.ttft_s)
         if out.num_draft_tokens:
             self.metrics.spec_step(out.drafter, out.num_draft_tokens, out.num_accepted)
-        self.metrics.tokens_verified(out.num_draft_tokens + 1)
+
+
+def _wait_quietly(future: Future) -> None:
+    try:
+        future.result()
+    except Exception:  # the request is over; its drafting error no longer matters
+        pass
 
 
 def _validate(request: GenerationRequest, max_context_tokens: int) -> None:

@@ -167,7 +167,9 @@ def generate_stream(
         while not gen.finished:
             work = gen.plan()
             logits = target.forward_batch([gen.seq], [work.token_ids], [work.parents], [work.logits_to_keep])[0]
-            yield gen.apply(logits)
+            out = gen.apply(logits)
+            if out is not None:
+                yield out
     finally:
         gen.close()
 
@@ -249,6 +251,19 @@ class Generation:
         self._prefetch: _Prefetch | None = None
         self._t0 = time.perf_counter()
         self._pending: _Pending | None = None
+        self._prefilled = 0  # prompt tokens already in the KV cache (chunked prefill)
+
+    def chunk_prefill(self, work: VerifyWork, num_tokens: int) -> VerifyWork:
+        """Shrink a planned prefill to its first `num_tokens` prompt tokens (chunked prefill: a
+        long prompt goes in over several passes so it does not stall other requests' decoding).
+        `apply` then returns None until the last chunk."""
+        if not work.is_prefill or not 0 < num_tokens <= work.num_tokens:
+            raise ValueError(f"cannot chunk {work.num_tokens} planned tokens to {num_tokens}")
+        if num_tokens == work.num_tokens:
+            return work
+        assert self._pending is not None
+        self._pending = _Pending("prefill-chunk", (), False, self._pending.planned_at)
+        return VerifyWork(work.token_ids[:num_tokens], None, 1, is_prefill=True)
 
     def _next_k(self, remaining: int) -> int:
         self.state, k = next_draft_len(self.state, self.settings, self.cost, cap_tokens=self.cap_tokens)
@@ -264,7 +279,7 @@ class Generation:
             raise RuntimeError("plan() needs an unfinished request whose last plan was applied")
         if not self.context:
             self._pending = _Pending("prefill", (), False, time.perf_counter())
-            return VerifyWork(tuple(self.prompt_ids), None, 1, is_prefill=True)
+            return VerifyWork(tuple(self.prompt_ids[self._prefilled:]), None, 1, is_prefill=True)
         settings, params, context = self.settings, self.params, self.context
         remaining = self.max_new_tokens - self.emitted
         draft = _take_prefetch(self._prefetch, context, remaining - 1)
@@ -309,13 +324,17 @@ class Generation:
         self._pending = _Pending("chain", (draft,), model_drafted, time.perf_counter())
         return VerifyWork((context[-1], *draft.token_ids))
 
-    def apply(self, logits: torch.Tensor) -> StepOutput:
+    def apply(self, logits: torch.Tensor) -> StepOutput | None:
         """Verify the planned work against the target's `logits` for it ([rows, vocab] as the
-        `VerifyWork` asked) and emit the step's tokens."""
+        `VerifyWork` asked) and emit the step's tokens (None after a prefill chunk that is not the
+        prompt's last)."""
         pending, self._pending = self._pending, None
         if pending is None:
             raise RuntimeError("apply() without a plan()")
         stats, context = self.stats, self.context
+        if pending.kind == "prefill-chunk":
+            self._prefilled = self.seq.num_tokens
+            return None
         if pending.kind == "prefill":
             first = _pick(logits[-1], self.params, self.generator)
             stats.ttft_s = time.perf_counter() - self._t0
