@@ -183,6 +183,7 @@ class Coordinator:
             self._cv.notify_all()
         if self._started:
             self._thread.join(timeout_s)
+        self._draft_pool.shutdown(wait=False)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[StepOutput, None]:
         """Stream the request's steps. Raises `Overloaded` at admission, `ValueError` for a bad
@@ -238,6 +239,10 @@ class Coordinator:
         requests were running (the pipeline's bubble), since start; None before any work."""
         total = self._busy_s + self._idle_s
         return self._idle_s / total if total > 0 else None
+
+    def reset_counters(self) -> None:
+        """Restart the verifier busy/idle accounting (e.g. after a warm-up)."""
+        self._busy_s = self._idle_s = self._busy_window = self._idle_window = 0.0
 
     def _engine_loop(self) -> None:
         torch.set_grad_enabled(False)
