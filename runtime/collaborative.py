@@ -43,6 +43,9 @@ class CollaborativeDrafters:
             in-process models sharing the CPU.
         retry_s: seconds a failed pool is skipped.
         reroute_every: verifications between re-routing a running request.
+        min_join_acceptance: a pool other than the best joins the fusion only while the router's
+            expected per-token acceptance of it on the request's domain is at least this (its
+            draft costs drafting time; a pool the target rarely agrees with only adds tree nodes).
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class CollaborativeDrafters:
         parallel: bool = True,
         retry_s: float = 5.0,
         reroute_every: int = 8,
+        min_join_acceptance: float = 0.35,
         seed: int = 0,
     ) -> None:
         if not drafters:
@@ -69,6 +73,7 @@ class CollaborativeDrafters:
         self.tree_budget = tree_budget
         self.retry_s = retry_s
         self.reroute_every = reroute_every
+        self.min_join_acceptance = min_join_acceptance
         self.state = routing.RouterState()
         self.down_until: dict[str, float] = {}
         self.name = "collaborative"
@@ -160,7 +165,11 @@ class CollaborativeDrafters:
         """Drafts of the `fusion_width` best routed pools that are up (failed pools are dropped).
         Sampled drafts use independent RNG streams split from `generator`, as multi-draft
         verification requires."""
-        names = [n for n in self.route_of(request_id)[1] if self._up(n)][: self.fusion_width]
+        domain, order = self.route_of(request_id)
+        up = [n for n in order if self._up(n)]
+        # the best pool always drafts; others join the fusion only while they earn it on this domain
+        names = up[:1] + [n for n in up[1:] if self.expected_acceptance(n, domain) >= self.min_join_acceptance]
+        names = names[: self.fusion_width]
         gens = [None] * len(names)
         if generator is not None:
             import torch
