@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 RUN_ARGS ?=
 BENCH_ARGS ?= --limit 2 --max-tokens 48
 
-.PHONY: install models workloads run bench test lint clean
+.PHONY: install models workloads run bench bench-load test lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,7 +36,14 @@ run: models workloads
 
 # Every system on the same prompts, as ratios to target-only: JSON + plot in results/.
 bench: models workloads
+	$(BIN)/cosine models pull smollm2-135m-instruct
 	$(BIN)/cosine bench --workload mixed $(BENCH_ARGS) --out results/bench.json --plot results/bench.png
+
+LOAD_ARGS ?= --limit 2 --max-tokens 48
+bench-load: models workloads
+	$(BIN)/cosine bench --workload mixed --concurrency 1,2,4,8 \
+		--systems target-only,hf-assisted,single-coder,cosine,cosine-pipelined $(LOAD_ARGS) \
+		--out results/bench-load.json --plot results/bench-load.png
 
 test: install
 	$(BIN)/python -P -m pytest $(PYTEST_ARGS)

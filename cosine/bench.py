@@ -4,9 +4,14 @@ Systems (DESIGN.md §5):
 - `target-only`: our runtime, no speculation (k = 0), KV cache, one token per target pass;
 - `hf-generate`: plain `transformers` `generate` (greedy) on the same weights;
 - `hf-assisted`: `transformers` assisted generation with the same drafter (the peer to beat);
-- `cosine`: our speculative decoding: prompt lookup (n-gram, free) first, the model drafter where
-  lookup finds nothing, adaptive speculation length, acceptance carried across requests;
-- `cosine-no-lookup`: the same without prompt lookup (ablation: model drafter only);
+- `single-coder`, `single-smollm2`, `single-ngram`: standard speculative decoding with one drafter
+  alone (adaptive speculation length, acceptance carried across requests): the same-tokenizer
+  0.5B model, the cross-tokenizer SmolLM2-135M (point-mass drafts translated through text), and
+  model-free prompt lookup with the suffix cache;
+- `cosine-routing`: collaborative drafting without fusion: each request routed to one model pool
+  by expertise and measured acceptance (re-routed as it runs), prompt lookup first at each step;
+- `cosine`: routing + fusion: the two best routed pools and prompt lookup draft every step, their
+  drafts are fused by confidence into a token tree and verified in one pass;
 - `cosine-cluster`: the deployment path: `cosine serve` in child processes (drafter and verifier
   processes over gRPC, one torch thread each, per the default manifest), prompts sent over HTTP
   with the OpenAI client; identity is checked on the text.
@@ -18,6 +23,7 @@ issue #2, written as JSON with the raw per-request records, and drawn as a PNG.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -25,7 +31,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -35,12 +41,22 @@ from cosine.runtime.drafter import ModelDrafter
 from cosine.runtime.models import ModelRunner
 from cosine.runtime.ngram_drafter import NgramDrafter
 from cosine.runtime.speculation_control import CostModel, SpeculationSettings, initial_state
-from cosine.runtime.speculative_decoding import GenerationStats, generate, measure_cost_model
+from cosine.runtime.speculative_decoding import (
+    GenerationResult,
+    GenerationStats,
+    generate_stream,
+    measure_cost_model,
+)
 from cosine.workloads import Prompt
 
 log = logging.getLogger(__name__)
 
-SYSTEMS = ("target-only", "hf-generate", "hf-assisted", "cosine", "cosine-no-lookup", "cosine-cluster")
+SYSTEMS = (
+    "target-only", "hf-generate", "hf-assisted", "single-coder", "single-smollm2", "single-ngram", "cosine-routing",
+    "cosine", "cosine-cluster",
+)
+SINGLE_PREFIX = "single-"
+EXPERTISE = {"coder": ("code", "math", "edit"), "smollm2": ("chat",)}
 
 
 @dataclass
@@ -59,6 +75,10 @@ class RequestRecord:
     accepted_tokens: int = 0
     output_text: str = ""
     http_tokens: int = 0  # tokens reported by the server, when only text came back (cosine-cluster)
+    route: list[str] = field(default_factory=list)  # pools in routed order (collaborative systems)
+    accepted_by: dict[str, int] = field(default_factory=dict)  # accepted draft tokens per drafter
+    tree_steps: int = 0  # verifications of a fused token tree
+    draft_lens: list[int] = field(default_factory=list)  # draft tokens (tree nodes) per verification
 
     @property
     def num_tokens(self) -> int:
@@ -78,6 +98,7 @@ class BenchConfig:
     dtype: str = "float32"
     threads: int = os.cpu_count() or 1
     speculation: SpeculationSettings = SpeculationSettings()
+    tree_budget: int = 16
 
 
 Runner = Callable[[Prompt, list[int]], RequestRecord]
@@ -90,34 +111,56 @@ def run_bench(
     systems: Sequence[str],
     config: BenchConfig,
     *,
+    cross_drafter: ModelRunner | None = None,
     progress: bool = True,
 ) -> dict:
     """Run `systems` over `prompts` (greedy) and return the JSON-ready report.
 
+    `drafter` shares the target's tokenizer; `cross_drafter` (needed by `single-smollm2` and the
+    collaborative systems) has its own and drafts through text.
+
     Raises:
-        ValueError: unknown system name, or no prompts.
+        ValueError: unknown system name, no prompts, or a system needing `cross_drafter` without it.
     """
+    from cosine.runtime.collaborative import CollaborativeDrafters
+    from cosine.runtime.cross_tokenizer_drafter import CrossTokenizerDrafter
+
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; choose from {list(SYSTEMS)}")
     if not prompts:
         raise ValueError("the workload has no prompts")
+    needs_cross = [s for s in systems if s in ("single-smollm2", "cosine-routing", "cosine")]
+    if needs_cross and cross_drafter is None:
+        raise ValueError(f"systems {needs_cross} need a cross-tokenizer drafter (--cross-drafter)")
     torch.set_num_threads(config.threads)
     ordered = ["target-only", *[s for s in systems if s != "target-only"]]  # the reference runs first
     encoded = [target.encode_prompt(p.messages()) for p in prompts]
     cost = measure_cost_model(target, drafter)
-    log.info("cost model: %s", cost)
-    model_drafter, lookup = ModelDrafter(drafter), NgramDrafter()
+    costs = {"coder": cost, "ngram": replace(cost, draft_token_s=0.0)}
+    coder = ModelDrafter(drafter, "coder")
+    lookup = NgramDrafter("lookup")
+    pools: dict[str, tuple] = {}  # system -> (drafter, lookup, cost)
+    if cross_drafter is not None:
+        cross = CrossTokenizerDrafter(cross_drafter, target.tokenizer, name="smollm2")
+        costs["smollm2"] = replace(cost, draft_token_s=measure_cost_model(target, cross_drafter).draft_token_s)
+        fused_cost = replace(cost, draft_token_s=cost.draft_token_s + costs["smollm2"].draft_token_s)
+        pools["single-smollm2"] = (cross, None, costs["smollm2"])
+        pools["cosine-routing"] = (CollaborativeDrafters([coder, cross], EXPERTISE, parallel=False), lookup, cost)
+        pools["cosine"] = (CollaborativeDrafters([coder, cross], EXPERTISE, fusion_width=2, parallel=False,
+                                                 tree_budget=config.tree_budget), lookup, fused_cost)
+    pools["single-coder"] = (coder, None, cost)
+    pools["single-ngram"] = (NgramDrafter("ngram"), None, costs["ngram"])
+    log.info("cost model: %s", costs)
     measured: dict[str, float] = {}
     runners: dict[str, Runner] = {
-        "target-only": lambda p, ids: _run_ours("target-only", target, None, None, p, ids, config, cost, measured),
-        "cosine": lambda p, ids: _run_ours("cosine", target, model_drafter, lookup, p, ids, config, cost, measured),
-        "cosine-no-lookup": lambda p, ids: _run_ours(
-            "cosine-no-lookup", target, model_drafter, None, p, ids, config, cost, measured
-        ),
+        "target-only": lambda p, ids: _run_ours("target-only", target, None, None, p, ids, config=config, cost=cost,
+                                                     measured=measured),
         "hf-generate": lambda p, ids: _run_hf("hf-generate", target, None, p, ids, config),
         "hf-assisted": lambda p, ids: _run_hf("hf-assisted", target, drafter, p, ids, config),
     }
+    for name, (d, lk, c) in pools.items():
+        runners[name] = functools.partial(_run_ours, name, target, d, lk, config=config, cost=c, measured=measured)
     cluster = _Cluster(target, config) if "cosine-cluster" in ordered else None
     if cluster is not None:
         runners["cosine-cluster"] = cluster.run
@@ -138,6 +181,8 @@ def run_bench(
         "config": {
             "target": target.name,
             "drafter": drafter.name,
+            "cross_drafter": cross_drafter.name if cross_drafter is not None else None,
+            "tree_budget": config.tree_budget,
             "systems": ordered,
             "max_tokens": config.max_tokens,
             "dtype": config.dtype,
@@ -148,7 +193,9 @@ def run_bench(
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         },
         "cost_model": asdict(cost),
+        "cost_models": {k: asdict(v) for k, v in costs.items()},
         "results": aggregate(records),
+        "routing": routing_summary(records),
         "requests": [
             {**asdict(r), "tpot_s": r.tpot_s, "output_ids": r.output_ids} for r in records
         ],
@@ -198,18 +245,56 @@ def aggregate(records: Sequence[RequestRecord]) -> list[dict]:
                     "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
                     "identical_to_target": all(identical(r) for r in rs),
                     "speedup_vs_target_only": round(tps / base_tps, 3) if base_tps else None,
+                    "tree_steps": sum(r.tree_steps for r in rs),
+                    "mean_draft_tokens": round(drafted / drafts, 2) if drafts else None,
                 }
             )
+    _add_best_single_ratios(rows)
     return rows
+
+
+def _add_best_single_ratios(rows: list[dict]) -> None:
+    """Ratios to the best single drafter: the `single-*` system with the highest overall tokens/s
+    (issue #5 compares CoSine against it), per domain."""
+    singles = [r for r in rows if r["system"].startswith(SINGLE_PREFIX) and r["domain"] == "all"]
+    if not singles:
+        return
+    best = max(singles, key=lambda r: r["output_tokens_per_s"])["system"]
+    by_domain = {r["domain"]: r for r in rows if r["system"] == best}
+    for r in rows:
+        ref = by_domain.get(r["domain"])
+        r["best_single"] = best
+        r["speedup_vs_best_single"] = (round(r["output_tokens_per_s"] / ref["output_tokens_per_s"], 3)
+                                       if ref and ref["output_tokens_per_s"] else None)
+        r["acceptance_length_vs_best_single"] = (
+            round(r["mean_acceptance_length"] / ref["mean_acceptance_length"], 3)
+            if ref and r["mean_acceptance_length"] and ref["mean_acceptance_length"] else None
+        )
+
+
+def routing_summary(records: Sequence[RequestRecord]) -> dict:
+    """Per collaborative system and domain: how often each pool was routed first, and the draft
+    tokens each drafter got accepted (the routing decisions the issue asks to report)."""
+    out: dict = {}
+    for r in records:
+        if not r.route and not r.tree_steps:
+            continue
+        d = out.setdefault(r.system, {}).setdefault(r.domain, {"routed_first": {}, "accepted_by": {}})
+        if r.route:
+            d["routed_first"][r.route[0]] = d["routed_first"].get(r.route[0], 0) + 1
+        for name, n in r.accepted_by.items():
+            d["accepted_by"][name] = d["accepted_by"].get(name, 0) + n
+    return out
 
 
 def _run_ours(
     system: str,
     target: ModelRunner,
-    drafter: ModelDrafter | None,
+    drafter,
     lookup: NgramDrafter | None,
     prompt: Prompt,
     ids: list[int],
+    *,
     config: BenchConfig,
     cost: CostModel,
     measured: dict[str, float],
@@ -217,17 +302,29 @@ def _run_ours(
     """`measured`: system -> its drafter's acceptance on earlier requests (updated here)."""
     start = initial_state(config.speculation, measured.get(system))
     t0 = time.perf_counter()
-    res = generate(
+    rid = f"{system}-{prompt.id}-{len(ids)}"
+    route: list[str] = []
+    if hasattr(drafter, "assign"):  # collaborative: route by the prompt's domain label
+        route = drafter.assign(rid, prompt.domain)
+    steps = []
+    stats = GenerationStats()
+    for out in generate_stream(
         target, ids, config.max_tokens, drafter=drafter, lookup=lookup, settings=config.speculation, cost=cost,
-        initial=start,
-    )
+        initial=start, request_id=rid, stats=stats,
+    ):
+        steps.append(out)
+        if hasattr(drafter, "observe"):
+            for o in out.outcomes:
+                drafter.observe(rid, o.drafter, o.num_draft_tokens, o.num_accepted, o.mean_confidence)
+    res = GenerationResult(tuple(t for o in steps for t in o.token_ids), stats, stats.finish_reason or "length")
     wall = time.perf_counter() - t0
     s: GenerationStats = res.stats
     if s.speculation_state is not None:
         measured[system] = s.speculation_state.acceptance_rate
     return RequestRecord(
         system, prompt.id, prompt.domain, len(ids), list(res.token_ids), wall, s.ttft_s,
-        s.num_drafts, s.draft_tokens, s.accepted_tokens,
+        s.num_drafts, s.draft_tokens, s.accepted_tokens, route=route, accepted_by=dict(s.accepted_by),
+        tree_steps=s.tree_steps, draft_lens=list(s.draft_lens),
     )
 
 
@@ -327,11 +424,12 @@ def write_report(report: dict, out: Path) -> None:
 def format_table(results: Sequence[dict]) -> str:
     """A readable fixed-width table of `results[]`."""
     cols = [
-        ("system", "system", 12), ("domain", "domain", 7), ("output_tokens", "tokens", 6),
+        ("system", "system", 14), ("domain", "domain", 7), ("output_tokens", "tokens", 6),
         ("wall_s", "wall_s", 8), ("output_tokens_per_s", "tok/s", 6), ("tpot_ms_p50", "TPOT ms", 8),
         ("ttft_ms_p50", "TTFT ms", 8), ("mean_acceptance_length", "acc.len", 7),
         ("acceptance_rate", "acc.rate", 8), ("identical_to_target", "identical", 9),
-        ("speedup_vs_target_only", "x target", 8),
+        ("speedup_vs_target_only", "x target", 8), ("speedup_vs_best_single", "x single", 8),
+        ("acceptance_length_vs_best_single", "acc x single", 12),
     ]
     lines = ["  ".join(f"{title:>{w}}" for _, title, w in cols)]
     for row in results:

@@ -109,14 +109,55 @@ def _bench(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         threads=args.threads,
         speculation=SpeculationSettings(max_draft_tokens=args.max_draft_tokens, min_confidence=args.min_confidence),
+        tree_budget=args.tree_budget,
     )
     target, drafter = _load_pair(args.target, args.drafter, args.dtype)
-    report = run_bench(prompts, target, drafter, systems, config)
+    if args.concurrency or args.request_rate:
+        return _load_bench(args, prompts, target, drafter, config)
+    needs_cross = {"single-smollm2", "cosine-routing", "cosine"} & set(systems)
+    cross = None
+    if needs_cross and args.cross_drafter != "none":
+        from cosine.runtime.models import ModelRunner
+
+        cross = ModelRunner.load(args.cross_drafter, dtype=args.dtype)
+    report = run_bench(prompts, target, drafter, systems, config, cross_drafter=cross)
     write_report(report, args.out)
     print(format_table(report["results"]))
     print(f"wrote {args.out}")
     if args.plot:
         plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _load_bench(args: argparse.Namespace, prompts, target, drafter, config) -> int:
+    from cosine.bench import write_report
+    from cosine.load_bench import LOAD_SYSTEMS, plot_load, run_load_bench
+
+    systems = [s.strip() for s in args.systems.split(",") if s.strip() in LOAD_SYSTEMS]
+    if not systems:
+        raise ValueError(f"a load run (--concurrency/--request-rate) runs systems among {list(LOAD_SYSTEMS)}")
+    try:
+        levels = [int(c) for c in args.concurrency.split(",")] if args.concurrency else []
+    except ValueError:
+        raise ValueError(f"--concurrency takes integers like 1,2,4,8, got {args.concurrency!r}") from None
+    report = run_load_bench(prompts, target, drafter, systems, config, concurrencies=levels or (1,),
+                            request_rate=args.request_rate)
+    write_report(report, args.out)
+    rows = [r for r in report["results"] if r["domain"] == "all"]
+    print(f"{'system':>16} {'conc':>4} {'tok/s':>7} {'TPOT ms':>8} {'lat p50':>8} {'lat p99':>8} {'acc.len':>7} "
+          f"{'idle':>6} {'x target':>8} {'x fixed-k':>9} identical")
+    for r in rows:
+        def f(v):
+            return "-" if v is None else f"{v:.3g}"
+        level = r["concurrency"] if r["concurrency"] is not None else f"{r.get('request_rate')}/s"
+        print(f"{r['system']:>16} {level!s:>4} {f(r['output_tokens_per_s']):>7} {f(r['tpot_ms_p50']):>8} "
+              f"{f(r['latency_s_p50']):>8} {f(r['latency_s_p99']):>8} {f(r['mean_acceptance_length']):>7} "
+              f"{f(r['verifier_idle_fraction']):>6} {f(r['speedup_vs_target_only']):>8} "
+              f"{f(r['speedup_vs_single_fixed_k']):>9} {r['identical_to_target']}")
+    print(f"wrote {args.out}")
+    if args.plot and args.concurrency:
+        plot_load(report, args.plot)
         print(f"wrote {args.plot}")
     return 0
 
@@ -206,7 +247,17 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--workload", default="mixed", help="JSONL file or a built workload name (mixed, code, …)")
     be.add_argument("--limit", type=int, default=0, help="prompts per domain (0 = all)")
     be.add_argument("--max-tokens", type=int, default=64)
-    be.add_argument("--systems", default="target-only,hf-generate,hf-assisted,cosine,cosine-no-lookup")
+    be.add_argument(
+        "--systems", default="target-only,hf-assisted,single-coder,single-smollm2,single-ngram,cosine-routing,cosine"
+    )
+    be.add_argument("--cross-drafter", default="smollm2-135m-instruct",
+                    help="drafter with its own tokenizer (single-smollm2 and the collaborative systems)")
+    be.add_argument("--tree-budget", type=int, default=16, help="token-tree nodes per verification (cosine)")
+    be.add_argument("--concurrency", default="",
+                    help="closed-loop load run at these concurrency levels, e.g. 1,2,4,8 (systems: target-only, "
+                         "hf-assisted, single-coder, cosine, cosine-pipelined)")
+    be.add_argument("--request-rate", type=float, default=None,
+                    help="open-loop load run: Poisson arrivals at this many requests/s")
     be.add_argument("--out", type=Path, default=Path("results/bench.json"))
     be.add_argument("--plot", type=Path, default=None)
     model_flags(be)

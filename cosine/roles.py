@@ -45,7 +45,9 @@ def load_manifest(path: Path | None) -> dict[str, Any]:
     if not isinstance(obj, dict) or obj.get("kind") != "CoSineCluster":
         kind = obj.get("kind") if isinstance(obj, dict) else None
         raise ValueError(f"{path or DEFAULT_CLUSTER}: not a CoSineCluster manifest (kind is {kind!r})")
-    parse_spec(obj)  # validate early
+    problems = tokenizer_problems(parse_spec(obj))  # validate early
+    if problems:
+        raise ValueError(f"{path or DEFAULT_CLUSTER}: " + "; ".join(problems))
     return obj
 
 
@@ -56,6 +58,30 @@ def parse_spec(obj: dict[str, Any]):
         return parse_cluster_spec(obj.get("spec") or {})
     except (KeyError, TypeError) as e:
         raise ValueError(f"invalid CoSineCluster spec: {e}") from e
+
+
+def tokenizer_problems(spec) -> list[str]:
+    """Model drafter pools whose tokenizer family differs from the verifier's without
+    `translateTokenizer: true` (the admission webhook's rule, for manifests no webhook saw).
+
+    Judged only when both families are known to the model store; each message names the field.
+    """
+    from cosine.runtime.model_store import tokenizer_family
+
+    verifier_family = tokenizer_family(spec.verifier.model)
+    problems = []
+    for i, pool in enumerate(spec.drafter_pools):
+        if pool.kind != "model" or pool.translate_tokenizer or pool.model is None:
+            continue
+        family = tokenizer_family(pool.model)
+        if family is not None and verifier_family is not None and family != verifier_family:
+            problems.append(
+                f"spec.drafterPools[{i}].model: tokenizer family {family!r} of {pool.model!r} differs from the "
+                f"verifier's {verifier_family!r} ({spec.verifier.model!r}); set "
+                f"spec.drafterPools[{i}].translateTokenizer: true to translate drafts via text, or use a drafter "
+                "of the verifier's family"
+            )
+    return problems
 
 
 def speculation_settings(obj: dict[str, Any]):
@@ -81,8 +107,6 @@ def run_drafter(manifest: Path | None, pool: str, grpc_port: int, metrics_port: 
     import torch
     from prometheus_client import start_http_server
 
-    from cosine.runtime.drafter import ModelDrafter
-    from cosine.runtime.model_store import tokenizer_family
     from cosine.runtime.ngram_drafter import NgramDrafter
     from cosine.runtime.transport.drafter_service import DrafterMetrics, DrafterServicer, serve
 
@@ -93,11 +117,7 @@ def run_drafter(manifest: Path | None, pool: str, grpc_port: int, metrics_port: 
     if p.kind == "ngram":
         drafter, vocab, family = NgramDrafter(name=pool), 0, ""
     else:
-        from cosine.runtime.models import ModelRunner
-
-        runner = ModelRunner.load(p.model, dtype=spec.verifier.dtype)
-        drafter, vocab = ModelDrafter(runner, name=pool), runner.vocab_size
-        family = tokenizer_family(p.model) or ""
+        drafter, vocab, family = _model_drafter(p, spec.verifier)
     metrics = DrafterMetrics(pool)
     servicer = DrafterServicer(drafter, pool, family, metrics=metrics, vocab_size=vocab)
     server = serve(servicer, grpc_port, host=host)
@@ -106,6 +126,39 @@ def run_drafter(manifest: Path | None, pool: str, grpc_port: int, metrics_port: 
     _wait_for_signal()
     server.stop(grace=2).wait()
     return 0
+
+
+def _model_drafter(pool, verifier):
+    """(drafter, vocabulary size, tokenizer family) a model pool serves and reports to the verifier.
+
+    With `translateTokenizer: true` and a vocabulary that differs from the verifier's, the model
+    drafts through a `CrossTokenizerDrafter`: its drafts are in the verifier's vocabulary, so the
+    pool reports the verifier's vocabulary size and tokenizer family. The verifier's tokenizer must
+    be in the model store (`cosine models pull VERIFIER_MODEL`).
+
+    Raises:
+        cosine.runtime.model_store.ModelNotAvailable: the drafter's (or, to translate, the
+            verifier's) model is not in the local cache.
+    """
+    from cosine.runtime.drafter import ModelDrafter
+    from cosine.runtime.model_store import tokenizer_family
+    from cosine.runtime.models import ModelRunner
+
+    runner = ModelRunner.load(pool.model, dtype=verifier.dtype)
+    if pool.translate_tokenizer:
+        from transformers import AutoConfig, AutoTokenizer
+
+        from cosine.runtime.cross_tokenizer_drafter import CrossTokenizerDrafter, same_vocabulary
+        from cosine.runtime.model_store import resolve
+
+        path = resolve(verifier.model)
+        target_tokenizer = AutoTokenizer.from_pretrained(path)
+        if not same_vocabulary(runner.tokenizer, target_tokenizer):
+            log.info("pool %s: translating drafts of %s into %s's vocabulary", pool.name, pool.model, verifier.model)
+            drafter = CrossTokenizerDrafter(runner, target_tokenizer, name=pool.name)
+            return drafter, int(AutoConfig.from_pretrained(path).vocab_size), tokenizer_family(verifier.model) or ""
+        log.info("pool %s: %s shares %s's vocabulary; no translation needed", pool.name, pool.model, verifier.model)
+    return ModelDrafter(runner, name=pool.name), runner.vocab_size, tokenizer_family(pool.model) or ""
 
 
 # ---------------------------------------------------------------- verifier
@@ -117,6 +170,7 @@ def run_verifier(
     import torch
     import uvicorn
 
+    from cosine.runtime.batching import BatchBudget
     from cosine.runtime.coordinator import Coordinator
     from cosine.runtime.gateway import create_app
     from cosine.runtime.metrics import ServingMetrics
@@ -144,8 +198,13 @@ def run_verifier(
     metrics = ServingMetrics(model_name)
     # prompt lookup costs microseconds and no model: every verifier has it in-process
     expertise = {p.name: tuple(p.expertise) for p in spec.drafter_pools}
-    coordinator = Coordinator(target, remotes, settings, cost, metrics=metrics, lookup=NgramDrafter("lookup"),
-                              expertise=expertise)
+    fusion = bool(obj.get("spec", {}).get("speculation", {}).get("fusion", False))
+    coordinator = Coordinator(
+        target, remotes, settings, cost, metrics=metrics, lookup=NgramDrafter("lookup"), expertise=expertise,
+        fusion_width=2 if fusion and len(remotes) > 1 else 1,
+        batch_budget=BatchBudget(max_tokens=spec.verifier.max_batch_tokens, max_kv_tokens=1 << 22, max_requests=8),
+        pipelined=True,  # the drafters are other processes: draft for some requests while verifying others
+    )
     coordinator.start()
     app = create_app(coordinator, target, model_name=model_name, api_key=api_key, metrics=metrics)
     log.info("gateway on http://%s:%d/v1 (model %s, drafters %s)", host, http_port, model_name,

@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter
 
 from cosine.runtime.compression import Compression
+from cosine.runtime.cross_tokenizer_drafter import CrossTokenizerDrafter
 from cosine.runtime.drafter import ModelDrafter
 from cosine.runtime.ngram_drafter import NgramDrafter
 from cosine.runtime.transport import codec
@@ -47,17 +48,20 @@ class DrafterMetrics:
 
 
 class DrafterServicer(pb_grpc.DrafterServicer):
-    """Serves `Propose`/`Release`/`Info` for one `ModelDrafter`.
+    """Serves `Propose`/`Release`/`Info` for one drafter.
 
     Args:
-        drafter: a `ModelDrafter` or `NgramDrafter` (called by one request at a time).
-        pool: the drafter pool's name. tokenizer_family: for the verifier's compatibility check.
+        drafter: a `ModelDrafter`, `CrossTokenizerDrafter` or `NgramDrafter` (called by one request
+            at a time).
+        pool: the drafter pool's name. tokenizer_family: for the verifier's compatibility check
+            (a `CrossTokenizerDrafter` drafts in the verifier's vocabulary: pass the verifier's
+            family and `vocab_size`).
         max_requests: contexts kept; the least recently used beyond this are released.
     """
 
     def __init__(
-        self, drafter: ModelDrafter | NgramDrafter, pool: str, tokenizer_family: str = "", *, max_requests: int = 256,
-        metrics: DrafterMetrics | None = None, vocab_size: int | None = None,
+        self, drafter: ModelDrafter | CrossTokenizerDrafter | NgramDrafter, pool: str, tokenizer_family: str = "", *,
+        max_requests: int = 256, metrics: DrafterMetrics | None = None, vocab_size: int | None = None,
     ) -> None:
         self.drafter = drafter
         runner = getattr(drafter, "runner", None)
