@@ -139,16 +139,17 @@ def run_bench(
     cost = measure_cost_model(target, drafter)
     costs = {"coder": cost, "ngram": replace(cost, draft_token_s=0.0)}
     coder = ModelDrafter(drafter, "coder")
-    lookup = NgramDrafter("lookup")
+    lookup = NgramDrafter  # a fresh one (own suffix cache) per system: no system sees another's outputs
     pools: dict[str, tuple] = {}  # system -> (drafter, lookup, cost)
     if cross_drafter is not None:
         cross = CrossTokenizerDrafter(cross_drafter, target.tokenizer, name="smollm2")
         costs["smollm2"] = replace(cost, draft_token_s=measure_cost_model(target, cross_drafter).draft_token_s)
         fused_cost = replace(cost, draft_token_s=cost.draft_token_s + costs["smollm2"].draft_token_s)
         pools["single-smollm2"] = (cross, None, costs["smollm2"])
-        pools["cosine-routing"] = (CollaborativeDrafters([coder, cross], EXPERTISE, parallel=False), lookup, cost)
+        pools["cosine-routing"] = (CollaborativeDrafters([coder, cross], EXPERTISE, parallel=False),
+                                   lookup("lookup"), cost)
         pools["cosine"] = (CollaborativeDrafters([coder, cross], EXPERTISE, fusion_width=2, parallel=False,
-                                                 tree_budget=config.tree_budget), lookup, fused_cost)
+                                                 tree_budget=config.tree_budget), lookup("lookup"), fused_cost)
     pools["single-coder"] = (coder, None, cost)
     pools["single-ngram"] = (NgramDrafter("ngram"), None, costs["ngram"])
     log.info("cost model: %s", costs)
@@ -304,8 +305,10 @@ def _run_ours(
     t0 = time.perf_counter()
     rid = f"{system}-{prompt.id}-{len(ids)}"
     route: list[str] = []
-    if hasattr(drafter, "assign"):  # collaborative: route by the prompt's domain label
-        route = drafter.assign(rid, prompt.domain)
+    if hasattr(drafter, "assign"):  # collaborative: route by the prompt's domain label, and start
+        route = drafter.assign(rid, prompt.domain)  # from the routed pool's acceptance on that domain
+        if route:
+            start = initial_state(config.speculation, drafter.expected_acceptance(route[0], prompt.domain))
     steps = []
     stats = GenerationStats()
     for out in generate_stream(

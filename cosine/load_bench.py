@@ -80,6 +80,7 @@ class RunSummary:
     request_rate: float | None
     makespan_s: float
     verifier_idle_fraction: float | None
+    drafter_idle_fraction: float | None = None
     records: list[LoadRecord] = field(default_factory=list)
 
 
@@ -194,7 +195,8 @@ def run_load_bench(
             finally:
                 coord.stop()
                 torch.set_num_threads(config.threads)
-            runs.append(RunSummary(system, concurrency, rate, makespan, coord.verifier_idle_fraction, records))
+            runs.append(RunSummary(system, concurrency, rate, makespan, coord.verifier_idle_fraction,
+                                   coord.drafter_idle_fraction if system != "target-only" else None, records))
             log.info("%s c=%s rate=%s: %.1f s, idle %.2f", system, concurrency, rate, makespan,
                      coord.verifier_idle_fraction or 0.0)
     return {
@@ -225,7 +227,7 @@ def _hf_run(prompts, encoded, target, drafter, config) -> RunSummary:
         end = time.perf_counter() - t0
         first = start + r.ttft_s if r.ttft_s is not None else None
         records.append(LoadRecord("hf-assisted", 1, None, p.id, p.domain, r.output_ids, start, first, end))
-    return RunSummary("hf-assisted", 1, None, time.perf_counter() - t0, None, records)
+    return RunSummary("hf-assisted", 1, None, time.perf_counter() - t0, None, None, records)
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -267,6 +269,8 @@ def aggregate_load(runs: Sequence[RunSummary]) -> list[dict]:
                 "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
                 "verifier_idle_fraction": (round(run.verifier_idle_fraction, 4)
                                            if run.verifier_idle_fraction is not None else None),
+                "drafter_idle_fraction": (round(run.drafter_idle_fraction, 4)
+                                          if run.drafter_idle_fraction is not None else None),
                 "identical_to_target": all(r.output_ids == reference.get(r.prompt_id) for r in rs),
             })
     for row in rows:

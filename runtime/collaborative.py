@@ -46,6 +46,9 @@ class CollaborativeDrafters:
         min_join_acceptance: a pool other than the best joins the fusion only while the router's
             expected per-token acceptance of it on the request's domain is at least this (its
             draft costs drafting time; a pool the target rarely agrees with only adds tree nodes).
+        join_margin: nor when its expected acceptance is more than this below the best pool's:
+            its branch wins only where it beats the best pool's, so a clearly weaker pool mostly
+            adds drafting time (measured: SmolLM2 beside the 0.5B coder on math, 0.80x).
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class CollaborativeDrafters:
         retry_s: float = 5.0,
         reroute_every: int = 8,
         min_join_acceptance: float = 0.35,
+        join_margin: float = 0.1,
         seed: int = 0,
     ) -> None:
         if not drafters:
@@ -74,6 +78,7 @@ class CollaborativeDrafters:
         self.retry_s = retry_s
         self.reroute_every = reroute_every
         self.min_join_acceptance = min_join_acceptance
+        self.join_margin = join_margin
         self.state = routing.RouterState()
         self.down_until: dict[str, float] = {}
         self.name = "collaborative"
@@ -168,7 +173,10 @@ class CollaborativeDrafters:
         domain, order = self.route_of(request_id)
         up = [n for n in order if self._up(n)]
         # the best pool always drafts; others join the fusion only while they earn it on this domain
-        names = up[:1] + [n for n in up[1:] if self.expected_acceptance(n, domain) >= self.min_join_acceptance]
+        if up:
+            floor = max(self.min_join_acceptance, self.expected_acceptance(up[0], domain) - self.join_margin)
+            up = up[:1] + [n for n in up[1:] if self.expected_acceptance(n, domain) >= floor]
+        names = up
         names = names[: self.fusion_width]
         gens = [None] * len(names)
         if generator is not None:

@@ -152,7 +152,7 @@ class Coordinator:
         self._pipelined = pipelined
         self._draft_pool = ThreadPoolExecutor(max_workers=max(1, max_running), thread_name_prefix="cosine-plan")
         self._load = initial_load_state(settings)
-        self._busy_s = self._idle_s = self._busy_window = self._idle_window = 0.0
+        self._busy_s = self._idle_s = self._busy_window = self._idle_window = self._draft_busy_s = 0.0
         self._waiting: deque[_Active] = deque()
         self._running: list[_Active] = []
         self._cv = threading.Condition()
@@ -241,8 +241,8 @@ class Coordinator:
         return self._idle_s / total if total > 0 else None
 
     def reset_counters(self) -> None:
-        """Restart the verifier busy/idle accounting (e.g. after a warm-up)."""
-        self._busy_s = self._idle_s = self._busy_window = self._idle_window = 0.0
+        """Restart the verifier and drafter busy/idle accounting (e.g. after a warm-up)."""
+        self._busy_s = self._idle_s = self._busy_window = self._idle_window = self._draft_busy_s = 0.0
 
     def _engine_loop(self) -> None:
         torch.set_grad_enabled(False)
@@ -333,13 +333,29 @@ class Coordinator:
             return
         a.gen.cap_tokens = self._load.cap_tokens
         if self._pipelined and a.gen.context:  # prefill has nothing to draft
-            a.drafting = self._draft_pool.submit(a.gen.plan)
+            a.drafting = self._draft_pool.submit(self._timed_plan, a.gen)
             return
         try:
-            a.work, a.ready_since = a.gen.plan(), time.perf_counter()
+            a.work, a.ready_since = self._timed_plan(a.gen), time.perf_counter()
         except Exception as e:
             log.exception("request %s failed while drafting", a.request.request_id)
             self._fail(a, e)
+
+    def _timed_plan(self, gen: Generation) -> VerifyWork:
+        t = time.perf_counter()
+        try:
+            return gen.plan()
+        finally:
+            self._draft_busy_s += time.perf_counter() - t
+
+    @property
+    def drafter_idle_fraction(self) -> float | None:
+        """Share of the engine's wall time (verifier busy + idle) with no draft being made, since
+        start (0 when drafting threads overlap each other all the time); None before any work."""
+        total = self._busy_s + self._idle_s
+        if total <= 0:
+            return None
+        return min(1.0, max(0.0, 1.0 - self._draft_busy_s / total))
 
     def _collect(self, a: _Active) -> bool:
         """Whether `a` has work ready for the verifier (collecting a finished draft)."""

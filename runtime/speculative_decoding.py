@@ -292,10 +292,13 @@ class Generation:
             draft = _propose(self.lookup, self.request_id, context, min(settings.max_draft_tokens, remaining - 1),
                              params, settings, self.generator)
             if self._fuse_many is not None:
-                # collaborative drafting: the routed pools draft too, and the drafts are fused
+                # collaborative drafting: the routed pools draft too, and the drafts are fused.
+                # Prompt lookup is free; when its draft already covers the policy's k, model
+                # drafting would cost more than the branch it adds, so lookup drafts alone.
                 k = self._next_k(remaining)
+                covered = draft.num_tokens >= max(2, k)
                 many = self._fuse_many(self.request_id, context, k, params, min_confidence=settings.min_confidence,
-                                       generator=self.generator) if k > 0 else []
+                                       generator=self.generator) if k > 0 and not covered else []
                 model_drafted = bool(many)
                 drafts = [d for d in (draft, *many) if d.num_tokens]
                 draft = drafts[0] if len(drafts) == 1 else _EMPTY

@@ -63,6 +63,9 @@ def test_concurrent_requests_are_batched_and_identical(pipelined, speculate):
         assert out == generate(runner, prompt, 24, stop_token_ids=frozenset()).token_ids
     assert max(target.batch_sizes) > 1, target.batch_sizes
     assert coord.verifier_idle_fraction is not None and 0.0 <= coord.verifier_idle_fraction <= 1.0
+    assert coord.drafter_idle_fraction is not None and 0.0 <= coord.drafter_idle_fraction <= 1.0
+    if speculate:
+        assert coord.drafter_idle_fraction < 1.0  # drafting took time
     assert coord.num_running == 0
 
 
