@@ -49,7 +49,7 @@ from cosine.runtime.speculation_control import (
     initial_load_state,
     initial_state,
 )
-from cosine.runtime.speculative_decoding import Generation, GenerationStats, StepOutput, VerifyWork
+from cosine.runtime.speculative_decoding import Generation, GenerationStats, StepOutput, VerifyWork, wait_quietly
 from cosine.runtime.speculative_sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -401,7 +401,7 @@ class Coordinator:
 
     def _finish(self, a: _Active) -> None:
         if a.drafting is not None:
-            _wait_quietly(a.drafting)
+            wait_quietly(a.drafting)
             a.drafting = None
         a.work = None
         a.gen.close()
@@ -425,13 +425,6 @@ class Coordinator:
             self.metrics.first_token(s.ttft_s)
         if out.num_draft_tokens:
             self.metrics.spec_step(out.drafter, out.num_draft_tokens, out.num_accepted)
-
-
-def _wait_quietly(future: Future) -> None:
-    try:
-        future.result()
-    except Exception:  # the request is over; its drafting error no longer matters
-        pass
 
 
 def _validate(request: GenerationRequest, max_context_tokens: int) -> None:

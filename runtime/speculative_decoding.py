@@ -402,7 +402,7 @@ class Generation:
     def close(self) -> None:
         """Free the request's KV caches (target and drafters); wait for a draft still in flight."""
         if self._prefetch is not None:
-            _wait_quietly(self._prefetch.future)
+            wait_quietly(self._prefetch.future)
             self._prefetch = None
         self.target.release(self.seq)
         for d in (self.drafter, self.lookup):
@@ -491,7 +491,8 @@ def _take_prefetch(prefetch: _Prefetch | None, context: list[int], max_tokens: i
     )
 
 
-def _wait_quietly(future: Future) -> None:
+def wait_quietly(future: Future) -> None:
+    """Wait for a draft still in flight, ignoring its failure (its request is over or moved on)."""
     try:
         future.result()
     except Exception:  # the request is over; the drafter's failure was already counted or is moot
