@@ -9,6 +9,8 @@ Systems (equal resources: every system gets the same torch threads):
 - `cosine`: prompt lookup + routed drafter with adaptive k and load feedback, batched verification;
 - `cosine-pipelined`: `cosine` with drafting on its own thread while the target verifies other
   requests (threads split between drafting and verification, same total);
+- `cosine-solo-k`: `cosine` with k chosen as if each request had the verifier to itself (the
+  ablation of the batch-aware cost: `Coordinator(batch_aware_k=False)`);
 - `hf-assisted`: `transformers` assisted generation, one request at a time (it has no batching):
   run at concurrency 1 only.
 
@@ -35,12 +37,12 @@ from cosine.runtime.coordinator import Coordinator, GenerationRequest
 from cosine.runtime.drafter import ModelDrafter
 from cosine.runtime.models import ModelRunner
 from cosine.runtime.ngram_drafter import NgramDrafter
-from cosine.runtime.speculative_decoding import measure_cost_model
+from cosine.runtime.speculative_decoding import measure_cost_model, measure_pass_curve
 from cosine.workloads import Prompt
 
 log = logging.getLogger(__name__)
 
-LOAD_SYSTEMS = ("target-only", "hf-assisted", "single-coder", "cosine", "cosine-pipelined")
+LOAD_SYSTEMS = ("target-only", "hf-assisted", "single-coder", "cosine", "cosine-pipelined", "cosine-solo-k")
 FIXED_K = 4
 
 
@@ -84,7 +86,8 @@ class RunSummary:
     records: list[LoadRecord] = field(default_factory=list)
 
 
-def _coordinator(system: str, target: ModelRunner, drafter: ModelRunner, config: BenchConfig, cost) -> Coordinator:
+def _coordinator(system: str, target: ModelRunner, drafter: ModelRunner, config: BenchConfig, cost,
+                 curve=None) -> Coordinator:
     s = config.speculation
     if system == "target-only":
         return Coordinator(target, (), s, cost, max_running=16)
@@ -92,9 +95,10 @@ def _coordinator(system: str, target: ModelRunner, drafter: ModelRunner, config:
         return Coordinator(target, [ModelDrafter(drafter, "coder")],
                            replace(s, adaptive=False, max_draft_tokens=FIXED_K, min_confidence=0.0), cost,
                            max_running=16)
-    if system in ("cosine", "cosine-pipelined"):
+    if system in ("cosine", "cosine-pipelined", "cosine-solo-k"):
         return Coordinator(target, [ModelDrafter(drafter, "coder")], s, cost, max_running=16,
-                           lookup=NgramDrafter("lookup"), pipelined=system == "cosine-pipelined")
+                           lookup=NgramDrafter("lookup"), pipelined=system == "cosine-pipelined", pass_curve=curve,
+                           batch_aware_k=system != "cosine-solo-k")
     raise ValueError(f"unknown load system {system!r}; choose from {list(LOAD_SYSTEMS)}")
 
 
@@ -166,6 +170,8 @@ def run_load_bench(
     torch.set_num_threads(config.threads)
     encoded = [target.encode_prompt(p.messages()) for p in prompts]
     cost = measure_cost_model(target, drafter)
+    curve = measure_pass_curve(target)
+    log.info("pass curve (tokens, s): %s", [(n, round(t, 3)) for n, t in curve.points])
     ordered = ["target-only", *[s for s in systems if s != "target-only"]]
     levels: list[tuple[int | None, float | None]] = (
         [(None, request_rate)] if request_rate is not None else [(c, None) for c in concurrencies]
@@ -182,7 +188,7 @@ def run_load_bench(
             if system == "cosine-pipelined":  # drafting thread + verifying thread share the cores
                 threads = max(1, config.threads // 2)
             torch.set_num_threads(threads)
-            coord = _coordinator(system, target, drafter, config, cost)
+            coord = _coordinator(system, target, drafter, config, cost, curve)
             try:
                 asyncio.run(_warm_up(coord, encoded[0][:16]))
                 coord.reset_counters()  # count the measured run only
@@ -208,6 +214,7 @@ def run_load_bench(
             "fixed_k": FIXED_K, "speculation": asdict(config.speculation),
         },
         "cost_model": asdict(cost),
+        "pass_curve": [list(p) for p in curve.points],
         "results": aggregate_load(runs),
         "requests": [{**asdict(r), "latency_s": r.latency_s, "tpot_s": r.tpot_s} for run in runs for r in run.records],
     }

@@ -176,7 +176,7 @@ def run_verifier(
     from cosine.runtime.metrics import ServingMetrics
     from cosine.runtime.models import ModelRunner
     from cosine.runtime.ngram_drafter import NgramDrafter
-    from cosine.runtime.speculative_decoding import measure_cost_model
+    from cosine.runtime.speculative_decoding import measure_cost_model, measure_pass_curve
     from cosine.runtime.transport.remote_drafter import RemoteDrafter
 
     obj = load_manifest(manifest)
@@ -192,6 +192,7 @@ def run_verifier(
         remotes.append(RemoteDrafter(address, name, target.vocab_size, compression=compression,
                                      adaptive_compression=adaptive))
     cost = measure_cost_model(target, None)
+    curve = measure_pass_curve(target, (1, 2, 4, 8, 16), repeats=1)  # batch-aware k: pass time vs tokens, here
     if remotes:
         cost = _with_remote_draft_cost(cost, remotes[0], target)
     model_name = spec.verifier.model
@@ -204,6 +205,7 @@ def run_verifier(
         fusion_width=2 if fusion and len(remotes) > 1 else 1,
         batch_budget=BatchBudget(max_tokens=spec.verifier.max_batch_tokens, max_kv_tokens=1 << 22, max_requests=8),
         pipelined=True,  # the drafters are other processes: draft for some requests while verifying others
+        pass_curve=curve,
     )
     coordinator.start()
     app = create_app(coordinator, target, model_name=model_name, api_key=api_key, metrics=metrics)

@@ -42,8 +42,10 @@ from cosine.runtime.collaborative import CollaborativeDrafters
 from cosine.runtime.drafter import Drafter
 from cosine.runtime.models import ModelRunner
 from cosine.runtime.speculation_control import (
+    BatchedCost,
     CostModel,
     LoadSignal,
+    PassCurve,
     SpeculationSettings,
     adjust_for_load,
     initial_load_state,
@@ -87,6 +89,7 @@ class _Active:
     work: VerifyWork | None = None  # drafted and ready for the verifier
     drafting: Future | None = None  # plan() in flight on a drafting thread
     ready_since: float = 0.0
+    last_tokens: int = 1  # tokens its last verification put in the pass (1 for a prefill)
 
 
 _DONE = object()
@@ -110,6 +113,12 @@ class Coordinator:
         pipelined: draft on a separate thread while the target verifies other requests (right
             when drafters are remote processes or have their own cores); otherwise each round
             drafts for every request, then verifies them in one batch.
+        pass_curve: the target's pass time vs tokens per pass (`measure_pass_curve`); default a
+            line through `cost`. With a `cost`, each request's k is chosen on a `BatchedCost`:
+            what its tokens add to a pass shared with the other running requests. Every pass's
+            measured time refines the curve. batch_aware_k=False chooses k as if each request
+            had the verifier to itself (`cost` as is: the ablation). pass_curve_weight: how far
+            one measured pass moves the curve (`PassCurve.observe`; 0 keeps it as given).
     """
 
     def __init__(
@@ -130,6 +139,9 @@ class Coordinator:
         batch_budget: BatchBudget | None = None,
         batch_settings: BatchSettings = BatchSettings(),
         pipelined: bool = False,
+        pass_curve: PassCurve | None = None,
+        batch_aware_k: bool = True,
+        pass_curve_weight: float = 0.1,
     ) -> None:
         self.target = target
         self.settings = settings
@@ -142,14 +154,22 @@ class Coordinator:
         if isinstance(drafters, CollaborativeDrafters):
             self._drafter = drafters
         elif drafters:
+            # drafting concurrently (fused pools, post-verify drafting) only when pipelined: in-process
+            # drafters otherwise compete with the target for the same cores
             self._drafter = CollaborativeDrafters(list(drafters), expertise, fusion_width=fusion_width,
-                                                  tree_budget=tree_budget, retry_s=drafter_retry_s)
+                                                  tree_budget=tree_budget, retry_s=drafter_retry_s,
+                                                  parallel=pipelined)
         self.batch_budget = batch_budget or BatchBudget(max_tokens=128, max_kv_tokens=1 << 20,
                                                         max_requests=max_running)
         self.batch_settings = batch_settings
         verify_base = cost.verify_base_s if cost else 0.3
         self._pass_cost = PassCost(base_s=verify_base, per_token_s=cost.verify_token_s if cost else 0.05)
         self._pipelined = pipelined
+        if pass_curve is None and cost is not None:
+            pass_curve = PassCurve(((1, cost.verify_base_s), (9, cost.verify_base_s + 8 * cost.verify_token_s)))
+        self.pass_curve = pass_curve
+        self.batch_aware_k = batch_aware_k
+        self.pass_curve_weight = pass_curve_weight
         self._draft_pool = ThreadPoolExecutor(max_workers=max(1, max_running), thread_name_prefix="cosine-plan")
         self._load = initial_load_state(settings)
         self._busy_s = self._idle_s = self._busy_window = self._idle_window = self._draft_busy_s = 0.0
@@ -301,6 +321,11 @@ class Coordinator:
             return
         busy = time.perf_counter() - t0
         self._busy(busy)
+        for a in batch:
+            a.last_tokens = 1 if a.work.is_prefill else a.work.num_tokens
+        if self.pass_curve is not None and self.pass_curve_weight > 0:
+            self.pass_curve = self.pass_curve.observe(sum(a.work.num_tokens for a in batch), busy,
+                                                      self.pass_curve_weight)
         if self.metrics:
             self.metrics.tokens_verified(sum(a.work.num_tokens for a in batch))
         for a, lg in zip(batch, logits, strict=True):
@@ -332,6 +357,11 @@ class Coordinator:
             self._finish(a)
             return
         a.gen.cap_tokens = self._load.cap_tokens
+        if self.batch_aware_k and self.cost is not None and self.pass_curve is not None:
+            with self._cv:
+                others = [o for o in self._running if o is not a]
+            a.gen.cost = BatchedCost(self.cost.draft_token_s, self.pass_curve,
+                                     other_tokens=sum(_pass_tokens(o) for o in others), num_requests=1 + len(others))
         if self._pipelined and a.gen.context:  # prefill has nothing to draft
             a.drafting = self._draft_pool.submit(self._timed_plan, a.gen)
             return
@@ -425,6 +455,11 @@ class Coordinator:
             self.metrics.first_token(s.ttft_s)
         if out.num_draft_tokens:
             self.metrics.spec_step(out.drafter, out.num_draft_tokens, out.num_accepted)
+
+
+def _pass_tokens(a: _Active) -> int:
+    """Tokens `a` will likely put in the next pass: its planned draft, else its last one's size."""
+    return a.work.num_tokens if a.work is not None and not a.work.is_prefill else a.last_tokens
 
 
 def _validate(request: GenerationRequest, max_context_tokens: int) -> None:

@@ -12,6 +12,13 @@ Goodput is their ratio; k = 0 (plain decoding) is one token per `verify_base_s`.
 switched off where it does not pay, and probed again every `probe_interval_steps` steps so a
 request whose text turns predictable (code, repetition) gets it back.
 
+Under batching (`BatchedCost`), verify_s is what the request's tokens add to the shared pass, on a
+measured `PassCurve`, plus its share of the pass it would take anyway. Where a pass is compute-bound
+(a CPU, or a GPU at large batch), each draft token then costs nearly a full token's time and k
+falls to what acceptance pays for; where it is memory-bound, extra tokens stay almost free. This
+is the batch-size effect SmartSpec (arXiv:2406.14066) and vLLM issue 17984 report: a fixed k that
+pays alone is slower than plain decoding at batch 32.
+
 Load feedback (Gao et al. 2025, arXiv:2503.10325, adaptive speculation control "to minimize idle
 periods"; SmartSpec: speculate less as load grows): `adjust_for_load`, called once per verification
 pass with a `LoadSignal`, moves a verifier-wide cap on k that `next_draft_len(..., cap_tokens=)`
@@ -24,6 +31,8 @@ observations, so a noisy signal does not make the cap flap.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import pairwise
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,99 @@ class CostModel:
         return self.verify_base_s + max(0, num_tokens - 1) * self.verify_token_s
 
 
+class Cost(Protocol):
+    """What the k policy needs of a cost model: seconds per draft token and per verification of
+    `num_tokens` tokens (the pending token + the draft). `CostModel` and `BatchedCost` are costs."""
+
+    @property
+    def draft_token_s(self) -> float: ...
+
+    def verify_s(self, num_tokens: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class PassCurve:
+    """Target pass time vs the tokens in the pass (all requests together), in seconds.
+
+    points: (tokens, seconds) with tokens strictly increasing from 1; piecewise linear between
+    them, extrapolated past the last point with the last segment's slope (flat with one point).
+    Measured at start-up (`speculative_decoding.measure_pass_curve`) and refined by `observe` from
+    every pass the engine runs, so it follows the machine's real shape: on a CPU a second token is
+    almost free and from a few tokens on the pass is compute-bound (linear); on a GPU it stays flat
+    up to hundreds of tokens. Raises ValueError for points that are not as described.
+    """
+
+    points: tuple[tuple[int, float], ...]
+
+    def __post_init__(self) -> None:
+        xs = [x for x, _ in self.points]
+        if not xs or xs[0] != 1 or any(b <= a for a, b in pairwise(xs)):
+            raise ValueError(f"pass curve tokens must start at 1 and increase strictly, got {xs}")
+        if any(y <= 0 for _, y in self.points):
+            raise ValueError(f"pass curve seconds must be positive, got {self.points}")
+
+    def seconds(self, num_tokens: float) -> float:
+        """Pass time for `num_tokens` tokens (at least one)."""
+        pts, n = self.points, max(1.0, float(num_tokens))
+        if len(pts) == 1:
+            return pts[0][1]
+        for (x0, y0), (x1, y1) in pairwise(pts):
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+        return y1 + (y1 - y0) * (n - x1) / (x1 - x0)
+
+    def observe(self, num_tokens: int, seconds: float, weight: float = 0.1) -> PassCurve:
+        """Fold one measured pass into the curve: the two points around `num_tokens` move toward
+        the measurement, each by `weight` times its interpolation share; seconds stay
+        non-decreasing in tokens. Passes beyond the last point, or not positive, are ignored."""
+        pts = list(self.points)
+        if seconds <= 0 or not 1 <= num_tokens <= pts[-1][0]:
+            return self
+        error = seconds - self.seconds(num_tokens)
+        for i, ((x0, _), (x1, _)) in enumerate(pairwise(pts)):
+            if num_tokens <= x1:
+                t = (num_tokens - x0) / (x1 - x0)
+                pts[i] = (x0, max(1e-6, pts[i][1] + weight * (1 - t) * error))
+                pts[i + 1] = (x1, max(1e-6, pts[i + 1][1] + weight * t * error))
+                break
+        else:
+            pts[0] = (1, max(1e-6, pts[0][1] + weight * error))
+        for i in range(1, len(pts)):
+            pts[i] = (pts[i][0], max(pts[i][1], pts[i - 1][1]))
+        return PassCurve(tuple(pts))
+
+
+@dataclass(frozen=True)
+class BatchedCost:
+    """One request's cost when its verification shares a pass with other requests' (SmartSpec,
+    arXiv:2406.14066, §3-4: under batching a draft token costs what it adds to the shared pass).
+
+    The request pays its share of the pass the batch would take without speculation,
+    curve(num_requests) / num_requests, plus what its own tokens add on top of the others':
+        verify_s(n) = curve(num_requests) / num_requests + curve(other_tokens + n) - curve(other_tokens + 1).
+    Alone (other_tokens = 0, num_requests = 1) this is curve(n). The base share does not grow with
+    the others' drafts, so one request's speculation does not make another's look cheaper.
+    draft_token_s: drafter seconds per token (0 for prompt lookup). other_tokens: tokens the other
+    requests put in the same pass. num_requests: requests in the pass, this one included.
+    Raises ValueError for a negative cost, negative other_tokens or num_requests < 1.
+    """
+
+    draft_token_s: float
+    curve: PassCurve
+    other_tokens: int = 0
+    num_requests: int = 1
+
+    def __post_init__(self) -> None:
+        if self.draft_token_s < 0 or self.other_tokens < 0 or self.num_requests < 1:
+            raise ValueError(f"invalid batched cost {self!r}")
+
+    def verify_s(self, num_tokens: int) -> float:
+        c = self.curve
+        added = c.seconds(self.other_tokens + num_tokens) - c.seconds(self.other_tokens + 1)
+        return c.seconds(self.num_requests) / self.num_requests + added
+
+
 @dataclass(frozen=True)
 class SpeculationState:
     """Per-request acceptance estimate: EMAs of accepted draft tokens and of acceptance trials."""
@@ -122,12 +224,12 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def goodput_per_s(alpha: float, k: int, cost: CostModel) -> float:
+def goodput_per_s(alpha: float, k: int, cost: Cost) -> float:
     """Expected emitted tokens per second for draft length k."""
     return expected_tokens(alpha, k) / (k * cost.draft_token_s + cost.verify_s(k + 1))
 
 
-def best_draft_len(alpha: float, cost: CostModel, max_draft_tokens: int) -> int:
+def best_draft_len(alpha: float, cost: Cost, max_draft_tokens: int) -> int:
     """argmax over k in [0, max_draft_tokens] of goodput; ties go to the shorter draft."""
     best_k, best = 0, goodput_per_s(alpha, 0, cost)
     for k in range(1, max_draft_tokens + 1):
@@ -138,7 +240,7 @@ def best_draft_len(alpha: float, cost: CostModel, max_draft_tokens: int) -> int:
 
 
 def next_draft_len(
-    state: SpeculationState, settings: SpeculationSettings, cost: CostModel | None, cap_tokens: int | None = None
+    state: SpeculationState, settings: SpeculationSettings, cost: Cost | None, cap_tokens: int | None = None
 ) -> tuple[SpeculationState, int]:
     """Draft length for the next step, and the state to carry.
 

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -25,7 +25,9 @@ from cosine.runtime import fusion
 from cosine.runtime.drafter import Draft, Drafter
 from cosine.runtime.models import ModelRunner
 from cosine.runtime.speculation_control import (
+    Cost,
     CostModel,
+    PassCurve,
     SpeculationSettings,
     SpeculationState,
     initial_state,
@@ -152,7 +154,8 @@ def generate_stream(
         stats: filled in as generation proceeds, if given.
         lookup: a free drafter (prompt lookup, `NgramDrafter`) tried first at every step; its draft
             is used when it proposes at least 2 tokens, otherwise `drafter` drafts. Its proposals
-            cost no model pass, so it is consulted even when the policy says k = 0.
+            cost no model pass, but its tokens cost verification: its draft length is the policy's
+            k for its own acceptance (`Generation.lookup_state`) with draft_token_s = 0.
         initial: the drafter's acceptance estimate to start from (e.g. measured on earlier
             requests); default the settings' prior. The final estimate is left in
             `stats.speculation_state`.
@@ -210,7 +213,7 @@ class Generation:
         *,
         drafter: Drafter | None = None,
         settings: SpeculationSettings = SpeculationSettings(),
-        cost: CostModel | None = None,
+        cost: Cost | None = None,
         stop_token_ids: frozenset[int] | None = None,
         stats: GenerationStats | None = None,
         lookup: Drafter | None = None,
@@ -242,6 +245,7 @@ class Generation:
         self.emitted = 0
         self.finished = False
         self.state = initial or initial_state(settings)
+        self.lookup_state = initial_state(settings)  # prompt lookup's own acceptance on this request
         self.cap_tokens: int | None = None  # a load-dependent cap on k, set by the scheduler
         self._propose_async = (getattr(drafter, "propose_async", None)
                                if getattr(drafter, "drafts_ahead", True) else None)
@@ -269,6 +273,14 @@ class Generation:
         self.state, k = next_draft_len(self.state, self.settings, self.cost, cap_tokens=self.cap_tokens)
         return min(k, remaining - 1)
 
+    def _lookup_k(self, remaining: int) -> int:
+        """Prompt lookup's draft length: free to draft, not to verify (goodput with no draft cost)."""
+        if self.lookup is None:
+            return 0
+        free = None if self.cost is None else replace(self.cost, draft_token_s=0.0)
+        self.lookup_state, k = next_draft_len(self.lookup_state, self.settings, free, cap_tokens=self.cap_tokens)
+        return min(k, remaining - 1)
+
     def plan(self) -> VerifyWork:
         """Draft (if speculating) and return the tokens the target must process next.
 
@@ -289,8 +301,8 @@ class Generation:
         if draft is not None:
             self.stats.prefetch_hits += 1
         else:
-            draft = _propose(self.lookup, self.request_id, context, min(settings.max_draft_tokens, remaining - 1),
-                             params, settings, self.generator)
+            draft = _propose(self.lookup, self.request_id, context, self._lookup_k(remaining), params, settings,
+                             self.generator)
             if self._fuse_many is not None:
                 # collaborative drafting: the routed pools draft too, and the drafts are fused.
                 # Prompt lookup is free; when its draft already covers the policy's k, model
@@ -304,20 +316,23 @@ class Generation:
                 draft = drafts[0] if len(drafts) == 1 else _EMPTY
             elif draft.num_tokens < 2:
                 k = self._next_k(remaining) if self.drafter is not None else 0
-                draft = _propose(self.drafter, self.request_id, context, k, params, settings, self.generator)
-                model_drafted = draft.num_tokens > 0
+                if k > draft.num_tokens:
+                    draft = _propose(self.drafter, self.request_id, context, k, params, settings, self.generator)
+                    model_drafted = draft.num_tokens > 0
         if len(drafts) > 1:
             tree = fusion.fuse([_path(d) for d in drafts], max(1, min(self._tree_budget, remaining - 1)),
                                self._weights_of(self.request_id) if self._weights_of else None)
             self._pending = _Pending(tree, tuple(drafts), model_drafted, time.perf_counter())
             return VerifyWork((context[-1], *tree.token_ids), (-1, *(p + 1 for p in tree.parents)))
+        k_ahead = 0
         if self._propose_async is not None and model_drafted and remaining - 1 - draft.num_tokens >= 2:
+            k_ahead = min(self._next_k(remaining), remaining - 2 - draft.num_tokens)
+        if k_ahead > 0:
             # Post-verify drafting (PEARL, arXiv:2408.11850): while the target verifies this draft,
             # the drafter (another process) drafts on, assuming every token is accepted. Its first
             # token is a guess of the bonus token; the rest is used only if the guess is right, so
             # the next proposal is then ready when verification ends.
             ahead = [*context, *draft.token_ids]
-            k_ahead = max(1, min(self._next_k(remaining), remaining - 2 - draft.num_tokens))
             child = None  # the other thread gets its own RNG, seeded from ours: reproducible
             if self.generator is not None:
                 child = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (), generator=self.generator)))
@@ -359,6 +374,9 @@ class Generation:
             stats.draft_s += sum(d.draft_s for d in drafts)
             winner = max(outcomes, key=lambda o: o.num_accepted)
             model_outcomes = [o for o in outcomes if self.lookup is None or o.drafter != self.lookup.name]
+            for o in outcomes:
+                if self.lookup is not None and o.drafter == self.lookup.name:
+                    self.lookup_state = observe(self.lookup_state, self.settings, o.num_draft_tokens, o.num_accepted)
             if pending.model_drafted and model_outcomes:
                 best = max(model_outcomes, key=lambda o: o.num_accepted)
                 self.state = observe(self.state, self.settings, best.num_draft_tokens, best.num_accepted)
@@ -377,6 +395,8 @@ class Generation:
                 if pending.model_drafted:
                     self.state = observe(self.state, self.settings, draft.num_tokens, num_accepted)
                     stats.speculation_state = self.state
+                elif self.lookup is not None and draft.drafter == self.lookup.name:
+                    self.lookup_state = observe(self.lookup_state, self.settings, draft.num_tokens, num_accepted)
             step_drafter = draft.drafter if num_draft else ""
             tree_nodes = 0
         stats.verify_s += time.perf_counter() - pending.planned_at
@@ -460,6 +480,32 @@ def measure_cost_model(
     wide = timed_pass(target, k + 1)
     draft = timed_pass(drafter_runner, 1) if drafter_runner is not None else 0.0
     return CostModel(draft_token_s=draft, verify_base_s=base, verify_token_s=max(0.0, (wide - base) / k))
+
+
+def measure_pass_curve(
+    target: ModelRunner, tokens: Sequence[int] = (1, 2, 4, 8, 16, 32), *, context_tokens: int = 96, repeats: int = 2
+) -> PassCurve:
+    """Measure the target's pass time for each number of `tokens` in one pass (seconds), on a
+    synthetic context of `context_tokens`: the start-up `PassCurve` the batch-aware k policy uses.
+    Each point is the minimum over `repeats` passes after one warm-up; the curve is made
+    non-decreasing. Raises ValueError if `tokens` does not start at 1 and increase strictly."""
+    PassCurve(tuple((int(n), 1.0) for n in tokens))  # validate before spending passes
+    seq = target.new_sequence()
+    try:
+        vocab = target.vocab_size
+        target.forward(seq, [(i % 1000 + 10) % vocab for i in range(context_tokens)], logits_to_keep=1)
+        points: list[tuple[int, float]] = []
+        for n in tokens:
+            times = []
+            for _ in range(repeats + 1):
+                t = time.perf_counter()
+                target.forward(seq, [(100 + i) % vocab for i in range(n)])  # a verification keeps every row
+                times.append(time.perf_counter() - t)
+                target.rollback(seq, context_tokens)
+            points.append((int(n), max(min(times[1:]), points[-1][1] if points else 1e-6)))
+    finally:
+        target.release(seq)
+    return PassCurve(tuple(points))
 
 
 @dataclass(frozen=True)

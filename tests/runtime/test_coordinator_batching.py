@@ -109,3 +109,43 @@ def test_long_prompts_are_prefilled_in_chunks_without_changing_output():
     for prompt, out in zip(prompts, got, strict=True):
         assert out == generate(runner, prompt, 12, stop_token_ids=frozenset()).token_ids
     assert len(target.batch_sizes) >= 90 // 16  # the long prompt took several passes
+
+
+def test_batch_aware_k_drafts_less_when_the_pass_is_compute_bound():
+    """On a compute-bound pass (flat to 8 tokens, then 0.2 s per token) with a drafter costing 0.1
+    s per token, k = 4 pays for a lone request (this is what the solo policy keeps choosing), but
+    not for one of five sharing the pass: the batch-aware policy (SmartSpec) drafts far less. Same
+    output either way. The curve is given and held fixed (weight 0): the tiny model's own pass times
+    would otherwise replace it."""
+    from cosine.runtime.speculation_control import CostModel, PassCurve
+
+    runner = tiny_qwen2(seed=0)
+    curve = PassCurve(((1, 0.30), (8, 0.32), (64, 0.32 + 56 * 0.2)))
+    cost = CostModel(draft_token_s=0.1, verify_base_s=0.3, verify_token_s=0.003)  # alone: the curve up to 8
+    drafted = {}
+    for batch_aware in (True, False):
+        coord = Coordinator(runner, [ModelDrafter(tiny_qwen2(seed=0), "same")],
+                            SpeculationSettings(max_draft_tokens=4, acceptance_prior=0.95), cost,
+                            pass_curve=curve, pass_curve_weight=0.0, batch_aware_k=batch_aware)
+        steps: list[int] = []
+        try:
+            got = asyncio.run(_serve_counting(coord, PROMPTS, 24, steps))
+        finally:
+            coord.stop()
+        for p, out in zip(PROMPTS, got, strict=True):
+            assert out == generate(runner, p, 24, stop_token_ids=frozenset()).token_ids
+        drafted[batch_aware] = sum(steps)
+    assert drafted[False] >= 40, drafted  # the solo policy speculates (acceptance 1: k = 4)
+    assert drafted[True] < 0.5 * drafted[False], drafted
+
+
+async def _serve_counting(coord, prompts, max_tokens, steps):
+    """`_serve_all`, appending each step's draft token count to `steps`."""
+    async def one(prompt):
+        out = []
+        async for step in coord.generate(GenerationRequest(tuple(prompt), max_tokens, stop_token_ids=frozenset())):
+            out.extend(step.token_ids)
+            steps.append(step.num_draft_tokens)
+        return tuple(out)
+
+    return await asyncio.gather(*(one(p) for p in prompts))

@@ -1,11 +1,15 @@
 """Adaptive speculation length: a pure policy, tested with plain numbers."""
 
+from itertools import pairwise
+
 import pytest
 
 from cosine.runtime.speculation_control import (
+    BatchedCost,
     CostModel,
     LoadSignal,
     LoadState,
+    PassCurve,
     SpeculationSettings,
     adjust_for_load,
     best_draft_len,
@@ -162,3 +166,64 @@ def test_load_settings_and_signal_validation():
         LoadSignal(verifier_idle_fraction=1.5, backlog_tokens=0, budget_tokens=1)
     with pytest.raises(ValueError, match="budget_tokens"):
         LoadSignal(verifier_idle_fraction=0.0, backlog_tokens=0, budget_tokens=0)
+
+
+# the 1.5B target on our 2-core CPU (fp32, measured 2026-11-22): a second token is almost free,
+# then the pass is compute-bound; a GPU keeps a pass flat up to hundreds of tokens
+CPU_CURVE = PassCurve(((1, 0.38), (2, 0.40), (4, 0.55), (8, 0.85), (16, 1.30), (32, 2.25)))
+GPU_CURVE = PassCurve(((1, 0.020), (64, 0.021), (256, 0.030)))
+
+
+def test_pass_curve_interpolates_and_extrapolates():
+    assert CPU_CURVE.seconds(1) == 0.38 and CPU_CURVE.seconds(0) == 0.38
+    assert CPU_CURVE.seconds(3) == pytest.approx(0.475)
+    assert CPU_CURVE.seconds(64) == pytest.approx(2.25 + 32 * 0.95 / 16)  # the last slope, on
+    assert PassCurve(((1, 0.5),)).seconds(100) == 0.5
+    with pytest.raises(ValueError, match="start at 1"):
+        PassCurve(((2, 0.1), (4, 0.2)))
+    with pytest.raises(ValueError, match="increase strictly"):
+        PassCurve(((1, 0.1), (4, 0.2), (4, 0.3)))
+    with pytest.raises(ValueError, match="positive"):
+        PassCurve(((1, 0.0),))
+
+
+def test_pass_curve_learns_from_passes_and_stays_monotone():
+    curve = CPU_CURVE
+    for _ in range(200):  # the machine got twice as slow at 6 tokens
+        curve = curve.observe(6, 1.4, weight=0.2)
+    assert curve.seconds(6) == pytest.approx(1.4, rel=0.02)
+    assert curve.seconds(1) == 0.38 and curve.seconds(16) >= curve.seconds(8) >= curve.seconds(6)
+    assert all(b[1] >= a[1] for a, b in pairwise(curve.points))
+    assert curve.observe(1000, 99.0) is curve and curve.observe(3, -1.0) is curve  # out of range: ignored
+
+
+def test_batched_cost_alone_is_the_curve():
+    alone = BatchedCost(0.1, CPU_CURVE)
+    for n in (1, 2, 5, 9):
+        assert alone.verify_s(n) == pytest.approx(CPU_CURVE.seconds(n))
+    shared = BatchedCost(0.1, CPU_CURVE, other_tokens=7, num_requests=8)
+    assert shared.verify_s(1) == pytest.approx(0.85 / 8)  # a fair share of a k = 0 pass
+    assert shared.verify_s(5) - shared.verify_s(1) == pytest.approx(CPU_CURVE.seconds(12) - CPU_CURVE.seconds(8))
+    with pytest.raises(ValueError):
+        BatchedCost(0.1, CPU_CURVE, num_requests=0)
+
+
+def test_speculation_switches_off_as_a_compute_bound_batch_grows():
+    """SmartSpec / vLLM #17984: the k that pays alone is too long in a batch on a compute-bound
+    pass. Prompt lookup's free drafts at alpha 0.7 shrink to k = 0 by 16 requests; a 0.5B drafter
+    (0.126 s per draft token, serial) stops paying from 2 requests even at alpha 0.9."""
+    sizes = (1, 2, 4, 8, 16)
+    lookup = [best_draft_len(0.7, BatchedCost(0.0, CPU_CURVE, other_tokens=n - 1, num_requests=n), 8) for n in sizes]
+    assert lookup[0] >= 2 and lookup[-1] == 0
+    assert lookup == sorted(lookup, reverse=True)
+    model = [best_draft_len(0.9, BatchedCost(0.126, CPU_CURVE, other_tokens=n - 1, num_requests=n), 8) for n in sizes]
+    assert model[0] >= 1 and model[1:] == [0, 0, 0, 0]
+    assert best_draft_len(0.98, BatchedCost(0.0, CPU_CURVE, other_tokens=3, num_requests=4), 8) >= 4  # code
+
+
+def test_memory_bound_pass_keeps_speculating_in_a_batch():
+    """On a GPU-like flat curve (drafting batched too: a tiny per-request draft cost) a batch of 32
+    drafts as long as a lone request."""
+    alone = best_draft_len(0.8, BatchedCost(3e-5, GPU_CURVE), 8)
+    batched = best_draft_len(0.8, BatchedCost(3e-5, GPU_CURVE, other_tokens=31, num_requests=32), 8)
+    assert alone == 8 and batched >= 7

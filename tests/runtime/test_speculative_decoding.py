@@ -177,3 +177,15 @@ def test_take_prefetch_alignment():
     failed: Future = Future()
     failed.set_exception(RuntimeError("drafter died"))
     assert _take_prefetch(_Prefetch((1,), failed), [1, 7], max_tokens=4) is None
+
+
+def test_measure_pass_curve_on_a_model():
+    from cosine.runtime.models import tiny_qwen2
+    from cosine.runtime.speculative_decoding import measure_pass_curve
+
+    runner = tiny_qwen2(seed=0)
+    curve = measure_pass_curve(runner, (1, 4, 16), context_tokens=8, repeats=1)
+    assert [n for n, _ in curve.points] == [1, 4, 16]
+    assert 0 < curve.points[0][1] <= curve.points[1][1] <= curve.points[2][1]  # made non-decreasing
+    with pytest.raises(ValueError, match="start at 1"):
+        measure_pass_curve(runner, (2, 4), context_tokens=8, repeats=1)
