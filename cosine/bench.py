@@ -137,14 +137,16 @@ def run_bench(
     ordered = ["target-only", *[s for s in systems if s != "target-only"]]  # the reference runs first
     encoded = [target.encode_prompt(p.messages()) for p in prompts]
     cost = measure_cost_model(target, drafter)
-    costs = {"coder": cost, "ngram": replace(cost, draft_token_s=0.0)}
+    costs = {"coder": cost, "ngram": replace(cost, draft_token_s=0.0, catch_up_token_s=0.0)}
     coder = ModelDrafter(drafter, "coder")
     lookup = NgramDrafter  # a fresh one (own suffix cache) per system: no system sees another's outputs
     pools: dict[str, tuple] = {}  # system -> (drafter, lookup, cost)
     if cross_drafter is not None:
         cross = CrossTokenizerDrafter(cross_drafter, target.tokenizer, name="smollm2")
-        costs["smollm2"] = replace(cost, draft_token_s=measure_cost_model(target, cross_drafter).draft_token_s)
-        fused_cost = replace(cost, draft_token_s=cost.draft_token_s + costs["smollm2"].draft_token_s)
+        small = measure_cost_model(target, cross_drafter)
+        costs["smollm2"] = replace(cost, draft_token_s=small.draft_token_s, catch_up_token_s=small.catch_up_token_s)
+        fused_cost = replace(cost, draft_token_s=cost.draft_token_s + small.draft_token_s,
+                             catch_up_token_s=cost.catch_up_token_s + small.catch_up_token_s)
         pools["single-smollm2"] = (cross, None, costs["smollm2"])
         pools["cosine-routing"] = (CollaborativeDrafters([coder, cross], EXPERTISE, parallel=False),
                                    lookup("lookup"), cost)

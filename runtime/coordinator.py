@@ -361,7 +361,8 @@ class Coordinator:
             with self._cv:
                 others = [o for o in self._running if o is not a]
             a.gen.cost = BatchedCost(self.cost.draft_token_s, self.pass_curve,
-                                     other_tokens=sum(_pass_tokens(o) for o in others), num_requests=1 + len(others))
+                                     other_tokens=sum(_pass_tokens(o) for o in others), num_requests=1 + len(others),
+                                     catch_up_token_s=self.cost.catch_up_token_s)
         if self._pipelined and a.gen.context:  # prefill has nothing to draft
             a.drafting = self._draft_pool.submit(self._timed_plan, a.gen)
             return

@@ -53,7 +53,8 @@ class SpeculationSettings:
     load_dwell_observations: consecutive observations beyond a threshold before the cap moves, and
     so between two moves. load_shrink_factor: cap *= factor on a shrink (at least 1 token less).
     load_grow_tokens: cap += this on a grow. load_min_draft_tokens: the lowest cap (0 = speculation
-    off under overload). Invalid values raise ValueError.
+    off under overload). free_catch_up_tokens: a model drafter this many context tokens behind is
+    brought up to date without weighing it (`catch_up_pays`). Invalid values raise ValueError.
     """
 
     max_draft_tokens: int = 8
@@ -69,6 +70,7 @@ class SpeculationSettings:
     load_shrink_factor: float = 0.5
     load_grow_tokens: int = 1
     load_min_draft_tokens: int = 0
+    free_catch_up_tokens: int = 16
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_draft_tokens <= 64:
@@ -93,11 +95,14 @@ class CostModel:
 
     draft_token_s: drafter time per draft token. verify_base_s: one target pass over one token.
     verify_token_s: extra target time per additional token in the same pass.
+    catch_up_token_s: drafter time per context token it has not seen yet (its prefill), which it
+    must process before drafting (see `catch_up_pays`); 0 = free (prompt lookup, or unmeasured).
     """
 
     draft_token_s: float
     verify_base_s: float
     verify_token_s: float
+    catch_up_token_s: float = 0.0
 
     def verify_s(self, num_tokens: int) -> float:
         return self.verify_base_s + max(0, num_tokens - 1) * self.verify_token_s
@@ -109,6 +114,9 @@ class Cost(Protocol):
 
     @property
     def draft_token_s(self) -> float: ...
+
+    @property
+    def catch_up_token_s(self) -> float: ...
 
     def verify_s(self, num_tokens: int) -> float: ...
 
@@ -178,6 +186,7 @@ class BatchedCost:
     the others' drafts, so one request's speculation does not make another's look cheaper.
     draft_token_s: drafter seconds per token (0 for prompt lookup). other_tokens: tokens the other
     requests put in the same pass. num_requests: requests in the pass, this one included.
+    catch_up_token_s: as in `CostModel`.
     Raises ValueError for a negative cost, negative other_tokens or num_requests < 1.
     """
 
@@ -185,9 +194,10 @@ class BatchedCost:
     curve: PassCurve
     other_tokens: int = 0
     num_requests: int = 1
+    catch_up_token_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.draft_token_s < 0 or self.other_tokens < 0 or self.num_requests < 1:
+        if min(self.draft_token_s, self.catch_up_token_s) < 0 or self.other_tokens < 0 or self.num_requests < 1:
             raise ValueError(f"invalid batched cost {self!r}")
 
     def verify_s(self, num_tokens: int) -> float:
@@ -257,6 +267,25 @@ def next_draft_len(
     if state.steps_since_probe + 1 >= settings.probe_interval_steps:
         return replace(state, steps_since_probe=0), min(settings.probe_draft_tokens, max_k)
     return replace(state, steps_since_probe=state.steps_since_probe + 1), 0
+
+
+def catch_up_pays(
+    alpha: float, cost: Cost, catch_up_tokens: int, remaining_tokens: int, settings: SpeculationSettings
+) -> bool:
+    """Whether a model drafter that has not seen `catch_up_tokens` of the context (a new request:
+    the whole prompt) is worth bringing up to date to draft from now on.
+
+    Catching up costs catch_up_tokens * cost.catch_up_token_s seconds, once. It pays if what
+    speculation saves over the `remaining_tokens` the request may still emit is larger: per token,
+    1 / goodput(k = 0) - 1 / goodput(best k) seconds at acceptance `alpha`. A catch-up of at most
+    `settings.free_catch_up_tokens` tokens (a drafter a few steps behind, e.g. for a probe) costs
+    about one draft step and is always allowed, so probes still re-measure acceptance.
+    """
+    if catch_up_tokens <= settings.free_catch_up_tokens or cost.catch_up_token_s <= 0:
+        return True
+    k = best_draft_len(alpha, cost, settings.max_draft_tokens)
+    saved_per_token_s = 1.0 / goodput_per_s(alpha, 0, cost) - 1.0 / goodput_per_s(alpha, k, cost)
+    return saved_per_token_s * max(0, remaining_tokens) > catch_up_tokens * cost.catch_up_token_s
 
 
 def observe(

@@ -30,6 +30,7 @@ from cosine.runtime.speculation_control import (
     PassCurve,
     SpeculationSettings,
     SpeculationState,
+    catch_up_pays,
     initial_state,
     next_draft_len,
     observe,
@@ -256,6 +257,7 @@ class Generation:
         self._t0 = time.perf_counter()
         self._pending: _Pending | None = None
         self._prefilled = 0  # prompt tokens already in the KV cache (chunked prefill)
+        self._drafter_seen = 0  # context tokens the model drafter has processed (as of its last draft)
 
     def chunk_prefill(self, work: VerifyWork, num_tokens: int) -> VerifyWork:
         """Shrink a planned prefill to its first `num_tokens` prompt tokens (chunked prefill: a
@@ -270,8 +272,16 @@ class Generation:
         return VerifyWork(work.token_ids[:num_tokens], None, 1, is_prefill=True)
 
     def _next_k(self, remaining: int) -> int:
+        """The model drafter's k: the policy's, or 0 when bringing the drafter up to date with the
+        context (its prefill) would cost more than its drafts can save (`catch_up_pays`)."""
         self.state, k = next_draft_len(self.state, self.settings, self.cost, cap_tokens=self.cap_tokens)
-        return min(k, remaining - 1)
+        k = min(k, remaining - 1)
+        behind = len(self.context) - self._drafter_seen
+        if k > 0 and self.settings.adaptive and self.cost is not None and not catch_up_pays(
+            max(self.state.acceptance_rate, 1e-6), self.cost, behind, remaining, self.settings
+        ):
+            return 0
+        return k
 
     def _lookup_k(self, remaining: int) -> int:
         """Prompt lookup's draft length: free to draft, not to verify (goodput with no draft cost)."""
@@ -322,6 +332,8 @@ class Generation:
         if len(drafts) > 1:
             tree = fusion.fuse([_path(d) for d in drafts], max(1, min(self._tree_budget, remaining - 1)),
                                self._weights_of(self.request_id) if self._weights_of else None)
+            if model_drafted:
+                self._drafter_seen = len(context)
             self._pending = _Pending(tree, tuple(drafts), model_drafted, time.perf_counter())
             return VerifyWork((context[-1], *tree.token_ids), (-1, *(p + 1 for p in tree.parents)))
         k_ahead = 0
@@ -339,6 +351,8 @@ class Generation:
             fut = self._propose_async(self.request_id, ahead, k_ahead + 1, params,
                                       min_confidence=settings.min_confidence, generator=child)
             self._prefetch = _Prefetch(tuple(ahead), fut)
+        if model_drafted:
+            self._drafter_seen = len(context)
         self._pending = _Pending("chain", (draft,), model_drafted, time.perf_counter())
         return VerifyWork((context[-1], *draft.token_ids))
 
@@ -459,9 +473,10 @@ def measure_cost_model(
 ) -> CostModel:
     """Measure draft and verification costs once at start-up (seconds), on a synthetic context.
 
-    verify_token_s comes from the difference between a (k + 1)-token and a 1-token target pass.
-    Without a drafter, draft_token_s is 0 (e.g. an n-gram drafter). Each figure is the minimum over
-    `repeats` passes (after one warm-up): on a shared machine interference only ever adds time.
+    verify_token_s comes from the difference between a (k + 1)-token and a 1-token target pass;
+    catch_up_token_s from a drafter prefill of the context. Without a drafter (e.g. an n-gram
+    drafter) draft_token_s and catch_up_token_s are 0. Each figure is the minimum over `repeats`
+    passes (after one warm-up): on a shared machine interference only ever adds time.
     """
 
     def timed_pass(runner: ModelRunner, n: int) -> float:
@@ -476,10 +491,22 @@ def measure_cost_model(
         runner.release(seq)
         return min(times[1:])
 
+    def timed_prefill(runner: ModelRunner) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            seq = runner.new_sequence()
+            t = time.perf_counter()
+            runner.forward(seq, [i % 1000 + 10 for i in range(context_tokens)], logits_to_keep=1)
+            times.append(time.perf_counter() - t)
+            runner.release(seq)
+        return min(times[1:]) / context_tokens
+
     base = timed_pass(target, 1)
     wide = timed_pass(target, k + 1)
     draft = timed_pass(drafter_runner, 1) if drafter_runner is not None else 0.0
-    return CostModel(draft_token_s=draft, verify_base_s=base, verify_token_s=max(0.0, (wide - base) / k))
+    catch_up = timed_prefill(drafter_runner) if drafter_runner is not None else 0.0
+    return CostModel(draft_token_s=draft, verify_base_s=base, verify_token_s=max(0.0, (wide - base) / k),
+                     catch_up_token_s=catch_up)
 
 
 def measure_pass_curve(

@@ -1,5 +1,6 @@
 """Adaptive speculation length: a pure policy, tested with plain numbers."""
 
+from dataclasses import replace
 from itertools import pairwise
 
 import pytest
@@ -13,6 +14,7 @@ from cosine.runtime.speculation_control import (
     SpeculationSettings,
     adjust_for_load,
     best_draft_len,
+    catch_up_pays,
     expected_tokens,
     initial_load_state,
     initial_state,
@@ -227,3 +229,15 @@ def test_memory_bound_pass_keeps_speculating_in_a_batch():
     alone = best_draft_len(0.8, BatchedCost(3e-5, GPU_CURVE), 8)
     batched = best_draft_len(0.8, BatchedCost(3e-5, GPU_CURVE, other_tokens=31, num_requests=32), 8)
     assert alone == 8 and batched >= 7
+
+
+def test_catch_up_pays_only_when_the_drafts_can_repay_the_drafter_prefill():
+    """A 0.5B drafter new to a 300-token prompt spends 2.1 s catching up (0.007 s per token)."""
+    s = SpeculationSettings(max_draft_tokens=8)
+    cost = replace(CPU_PAIR, catch_up_token_s=0.007)
+    assert not catch_up_pays(0.6, cost, 300, 32, s)  # saves ~0.04 s per token: not over 32 tokens
+    assert catch_up_pays(0.6, cost, 300, 2000, s)  # ... but over 2000
+    assert catch_up_pays(0.95, cost, 300, 48, s)  # saves ~0.15 s per token
+    assert not catch_up_pays(0.05, cost, 300, 10_000, s)  # no speculation pays: nothing to repay it with
+    assert catch_up_pays(0.05, cost, 16, 1, s)  # a few steps behind (a probe): always allowed
+    assert catch_up_pays(0.6, CPU_PAIR, 300, 32, s)  # catching up unmeasured (free)
