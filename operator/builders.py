@@ -116,8 +116,24 @@ def _tolerations(pod: s.PodOverrides) -> list[dict[str, Any]]:
     return tolerations
 
 
+def _model_pull(pod: s.PodOverrides, image: s.ImageSpec, models: list[str]) -> dict[str, Any]:
+    """Init container ``model-pull``: ``cosine models pull`` of the pod's models into the ``models``
+    volume before the runtime starts (the runtime only loads from that cache). A model already
+    there is kept (the pull is a no-op); a failed pull fails the pod, with the reason in its log."""
+    return {
+        "name": "model-pull",
+        "image": image.reference,
+        "imagePullPolicy": image.pull_policy,
+        "command": ["cosine"],
+        "args": ["models", "pull", *models],
+        "env": _env(pod, []),
+        "volumeMounts": [{"name": "models", "mountPath": MODEL_CACHE_DIR}],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+
+
 def _pod_spec(
-    pod: s.PodOverrides, container: dict[str, Any], name: str, image: s.ImageSpec
+    pod: s.PodOverrides, container: dict[str, Any], name: str, image: s.ImageSpec, models: list[str] | None = None
 ) -> dict[str, Any]:
     container = {
         "image": image.reference,
@@ -140,6 +156,7 @@ def _pod_spec(
             "runAsGroup": RUN_AS_USER,
             "fsGroup": RUN_AS_USER,
         },
+        **({"initContainers": [_model_pull(pod, image, models)]} if models else {}),
         "containers": [container],
         "volumes": [
             {"name": "config", "configMap": {"name": config_name(name)}},
@@ -232,7 +249,7 @@ def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]
             "failureThreshold": 3,
         },
     }
-    pod_spec = _pod_spec(v.pod, container, name, cluster.image)
+    pod_spec = _pod_spec(v.pod, container, name, cluster.image, [v.model])
     return _deployment(
         name,
         namespace,
@@ -275,7 +292,11 @@ def build_drafter_deployment(
         ],
         "readinessProbe": {"grpc": {"port": s.DRAFTER_GRPC_PORT}, "periodSeconds": 5, "failureThreshold": 3},
     }
-    pod_spec = _pod_spec(p.pod, container, name, cluster.image)
+    # a model pool needs its model; a translating pool also the verifier's, for its tokenizer
+    models = [] if p.model is None else [p.model]
+    if models and p.translate_tokenizer:
+        models.append(cluster.verifier.model)
+    pod_spec = _pod_spec(p.pod, container, name, cluster.image, models)
     return _deployment(
         name,
         namespace,

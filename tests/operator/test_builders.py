@@ -133,3 +133,25 @@ def test_build_children_uses_the_scale_targets_replicas() -> None:
     assert by_name["demo-drafter-code"]["spec"]["replicas"] == 5
     assert by_name["demo-drafter-ngram"]["spec"]["replicas"] == 1
     assert all(c["metadata"]["namespace"] == "ns" for c in children)
+
+
+def test_pods_pull_their_models_before_the_runtime_starts() -> None:
+    """The runtime only loads from the model cache (an emptyDir), so an init container fills it:
+    the verifier's model; a model pool's model, plus the verifier's when it translates tokenizers;
+    nothing for a model-free n-gram pool."""
+    spec = copy.deepcopy(SPEC)
+    spec["drafterPools"].append({"name": "small", "model": "smollm2-135m-instruct", "translateTokenizer": True})
+
+    def init(d: dict[str, Any]) -> list[dict[str, Any]]:
+        return d["spec"]["template"]["spec"].get("initContainers", [])
+
+    (v,) = init(builders.build_verifier_deployment("demo", "ns", spec))
+    assert v["name"] == "model-pull" and v["command"] == ["cosine"]
+    assert v["args"] == ["models", "pull", "qwen2.5-coder-1.5b-instruct"]
+    assert v["volumeMounts"] == [{"name": "models", "mountPath": "/models"}]
+    assert {e["name"]: e.get("value") for e in v["env"]}["COSINE_CACHE"] == "/models"
+    (code,) = init(builders.build_drafter_deployment("demo", "ns", spec, "code", replicas=1))
+    assert code["args"] == ["models", "pull", "qwen2.5-coder-0.5b-instruct"]
+    (small,) = init(builders.build_drafter_deployment("demo", "ns", spec, "small", replicas=1))
+    assert small["args"] == ["models", "pull", "smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"]
+    assert init(builders.build_drafter_deployment("demo", "ns", spec, "ngram", replicas=1)) == []
