@@ -42,7 +42,7 @@ bench: models workloads
 LOAD_ARGS ?= --limit 2 --max-tokens 48
 bench-load: models workloads
 	$(BIN)/cosine bench --workload mixed --concurrency 1,2,4,8 \
-		--systems target-only,hf-assisted,single-coder,cosine,cosine-pipelined,cosine-solo-k $(LOAD_ARGS) \
+		--systems target-only,hf-assisted,single-coder,cosine,cosine-pipelined $(LOAD_ARGS) \
 		--out results/bench-load.json --plot results/bench-load.png
 
 test: install
