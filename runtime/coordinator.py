@@ -167,7 +167,8 @@ class Coordinator:
         self._pipelined = pipelined
         if pass_curve is None and cost is not None:
             pass_curve = PassCurve(((1, cost.verify_base_s), (9, cost.verify_base_s + 8 * cost.verify_token_s)))
-        self.pass_curve = pass_curve
+        # up to the pass budget, so large batched passes correct the curve where they land
+        self.pass_curve = pass_curve.extended(self.batch_budget.max_tokens) if pass_curve is not None else None
         self.batch_aware_k = batch_aware_k
         self.pass_curve_weight = pass_curve_weight
         self._draft_pool = ThreadPoolExecutor(max_workers=max(1, max_running), thread_name_prefix="cosine-plan")

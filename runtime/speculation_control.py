@@ -153,22 +153,33 @@ class PassCurve:
         (x0, y0), (x1, y1) = pts[-2], pts[-1]
         return y1 + (y1 - y0) * (n - x1) / (x1 - x0)
 
+    def extended(self, max_tokens: int) -> PassCurve:
+        """The curve with points added at doubling token counts up to at least `max_tokens`
+        (e.g. the pass token budget), valued by extrapolation, so `observe` can correct them:
+        a short start-up measurement says little about the large passes a busy batch makes."""
+        pts = list(self.points)
+        while pts[-1][0] < max_tokens:
+            n = pts[-1][0] * 2
+            pts.append((n, self.seconds(n)))
+        return PassCurve(tuple(pts))
+
     def observe(self, num_tokens: int, seconds: float, weight: float = 0.1) -> PassCurve:
         """Fold one measured pass into the curve: the two points around `num_tokens` move toward
-        the measurement, each by `weight` times its interpolation share; seconds stay
-        non-decreasing in tokens. Passes beyond the last point, or not positive, are ignored."""
+        the measurement, each by `weight` times its interpolation share (past the last point, the
+        last point moves); seconds stay non-decreasing in tokens. Passes of no positive time or
+        no tokens are ignored."""
         pts = list(self.points)
-        if seconds <= 0 or not 1 <= num_tokens <= pts[-1][0]:
+        if seconds <= 0 or num_tokens < 1:
             return self
         error = seconds - self.seconds(num_tokens)
+        if len(pts) == 1 or num_tokens > pts[-1][0]:
+            pts[-1] = (pts[-1][0], max(1e-6, pts[-1][1] + weight * error))
         for i, ((x0, _), (x1, _)) in enumerate(pairwise(pts)):
             if num_tokens <= x1:
                 t = (num_tokens - x0) / (x1 - x0)
                 pts[i] = (x0, max(1e-6, pts[i][1] + weight * (1 - t) * error))
                 pts[i + 1] = (x1, max(1e-6, pts[i + 1][1] + weight * t * error))
                 break
-        else:
-            pts[0] = (1, max(1e-6, pts[0][1] + weight * error))
         for i in range(1, len(pts)):
             pts[i] = (pts[i][0], max(pts[i][1], pts[i - 1][1]))
         return PassCurve(tuple(pts))

@@ -196,7 +196,21 @@ def test_pass_curve_learns_from_passes_and_stays_monotone():
     assert curve.seconds(6) == pytest.approx(1.4, rel=0.02)
     assert curve.seconds(1) == 0.38 and curve.seconds(16) >= curve.seconds(8) >= curve.seconds(6)
     assert all(b[1] >= a[1] for a, b in pairwise(curve.points))
-    assert curve.observe(1000, 99.0) is curve and curve.observe(3, -1.0) is curve  # out of range: ignored
+    assert curve.observe(3, -1.0) is curve and curve.observe(0, 1.0) is curve  # nothing measured: ignored
+
+
+def test_pass_curve_extends_to_the_budget_and_learns_large_passes():
+    """A start-up curve up to 32 tokens says little about 100-token batched passes (8 long KV
+    caches): extended to the budget, the extrapolated points are corrected by what passes take."""
+    curve = CPU_CURVE.extended(128)
+    assert [n for n, _ in curve.points][-3:] == [32, 64, 128]
+    assert curve.seconds(100) == pytest.approx(CPU_CURVE.seconds(100))  # same shape until observed
+    for _ in range(300):
+        curve = curve.observe(100, 6.0, weight=0.2)
+    assert curve.seconds(100) == pytest.approx(6.0, rel=0.02)
+    assert curve.seconds(16) == pytest.approx(1.30)  # small passes keep their measurement
+    beyond = CPU_CURVE.observe(100, 9.0, weight=0.5)  # past the last point: the last point moves
+    assert beyond.seconds(32) > CPU_CURVE.seconds(32)
 
 
 def test_batched_cost_alone_is_the_curve():
