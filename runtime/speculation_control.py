@@ -198,7 +198,13 @@ class BatchedCost:
     draft_token_s: drafter seconds per token (0 for prompt lookup). other_tokens: tokens the other
     requests put in the same pass. num_requests: requests in the pass, this one included.
     catch_up_token_s: as in `CostModel`.
-    Raises ValueError for a negative cost, negative other_tokens or num_requests < 1.
+    padded_to: the other requests' longest token count in the pass, when the pass pads every
+    request to the longest (`ModelRunner.forward_batch` does): a pass then computes
+    num_requests * max(n, padded_to) tokens, so a draft longer than the others' costs that many
+    rows for every request; one no longer still pays its packed cost (so drafts cannot sustain
+    each other's padding); 0 = packed (cost by total tokens). The curve is then in padded tokens,
+    as the engine observes it.
+    Raises ValueError for a negative cost, negative other_tokens or padded_to, or num_requests < 1.
     """
 
     draft_token_s: float
@@ -206,15 +212,21 @@ class BatchedCost:
     other_tokens: int = 0
     num_requests: int = 1
     catch_up_token_s: float = 0.0
+    padded_to: int = 0
 
     def __post_init__(self) -> None:
-        if min(self.draft_token_s, self.catch_up_token_s) < 0 or self.other_tokens < 0 or self.num_requests < 1:
+        if min(self.draft_token_s, self.catch_up_token_s) < 0 or min(self.other_tokens, self.padded_to) < 0:
+            raise ValueError(f"invalid batched cost {self!r}")
+        if self.num_requests < 1:
             raise ValueError(f"invalid batched cost {self!r}")
 
     def verify_s(self, num_tokens: int) -> float:
-        c = self.curve
+        c, r = self.curve, self.num_requests
         added = c.seconds(self.other_tokens + num_tokens) - c.seconds(self.other_tokens + 1)
-        return c.seconds(self.num_requests) / self.num_requests + added
+        if self.padded_to > 0:  # never below the packed cost: no request drafts "for free" in
+            m = self.padded_to  # another's padding, so long drafts cannot keep each other going
+            added = max(added, c.seconds(r * max(num_tokens, m)) - c.seconds(r * m))
+        return c.seconds(r) / r + added
 
 
 @dataclass(frozen=True)

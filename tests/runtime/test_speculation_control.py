@@ -237,6 +237,21 @@ def test_speculation_switches_off_as_a_compute_bound_batch_grows():
     assert best_draft_len(0.98, BatchedCost(0.0, CPU_CURVE, other_tokens=3, num_requests=4), 8) >= 4  # code
 
 
+def test_padded_batch_charges_a_long_draft_for_every_row():
+    """Right padding (forward_batch): among 4 single-token requests, k = 8 makes a 36-row pass
+    (too dear at alpha 0.8). Inside another request's padding a draft still pays its packed cost,
+    so drafts do not keep each other long."""
+    lone_long = BatchedCost(0.0, CPU_CURVE, other_tokens=3, num_requests=4, padded_to=1)
+    assert lone_long.verify_s(9) - lone_long.verify_s(1) == pytest.approx(CPU_CURVE.seconds(36) - CPU_CURVE.seconds(4))
+    assert best_draft_len(0.8, lone_long, 8) <= 2
+    packed = BatchedCost(0.0, CPU_CURVE, other_tokens=11, num_requests=4)
+    already_padded = BatchedCost(0.0, CPU_CURVE, other_tokens=11, num_requests=4, padded_to=9)
+    assert already_padded.verify_s(9) == pytest.approx(packed.verify_s(9))
+    assert best_draft_len(0.8, already_padded, 8) == best_draft_len(0.8, packed, 8)
+    with pytest.raises(ValueError):
+        BatchedCost(0.0, CPU_CURVE, padded_to=-1)
+
+
 def test_memory_bound_pass_keeps_speculating_in_a_batch():
     """On a GPU-like flat curve (drafting batched too: a tiny per-request draft cost) a batch of 32
     drafts as long as a lone request."""
