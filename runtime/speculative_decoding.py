@@ -481,11 +481,11 @@ def measure_cost_model(
 
     def timed_pass(runner: ModelRunner, n: int) -> float:
         seq = runner.new_sequence()
-        runner.forward(seq, [i % 1000 + 10 for i in range(context_tokens)], logits_to_keep=1)
+        runner.forward(seq, _synthetic_ids(runner, context_tokens), logits_to_keep=1)
         times = []
         for _ in range(repeats + 1):
             t = time.perf_counter()
-            runner.forward(seq, list(range(100, 100 + n)))
+            runner.forward(seq, _synthetic_ids(runner, n, start=100))
             times.append(time.perf_counter() - t)
             runner.rollback(seq, context_tokens)
         runner.release(seq)
@@ -496,7 +496,7 @@ def measure_cost_model(
         for _ in range(repeats + 1):
             seq = runner.new_sequence()
             t = time.perf_counter()
-            runner.forward(seq, [i % 1000 + 10 for i in range(context_tokens)], logits_to_keep=1)
+            runner.forward(seq, _synthetic_ids(runner, context_tokens), logits_to_keep=1)
             times.append(time.perf_counter() - t)
             runner.release(seq)
         return min(times[1:]) / context_tokens
@@ -519,20 +519,24 @@ def measure_pass_curve(
     PassCurve(tuple((int(n), 1.0) for n in tokens))  # validate before spending passes
     seq = target.new_sequence()
     try:
-        vocab = target.vocab_size
-        target.forward(seq, [(i % 1000 + 10) % vocab for i in range(context_tokens)], logits_to_keep=1)
+        target.forward(seq, _synthetic_ids(target, context_tokens), logits_to_keep=1)
         points: list[tuple[int, float]] = []
         for n in tokens:
             times = []
             for _ in range(repeats + 1):
                 t = time.perf_counter()
-                target.forward(seq, [(100 + i) % vocab for i in range(n)])  # a verification keeps every row
+                target.forward(seq, _synthetic_ids(target, n, start=100))  # a verification keeps every row
                 times.append(time.perf_counter() - t)
                 target.rollback(seq, context_tokens)
             points.append((int(n), max(min(times[1:]), points[-1][1] if points else 1e-6)))
     finally:
         target.release(seq)
     return PassCurve(tuple(points))
+
+
+def _synthetic_ids(runner: ModelRunner, n: int, *, start: int = 10) -> list[int]:
+    """n token ids for timing passes: start, start + 1, ... (wrapping at 1000), within the vocabulary."""
+    return [(start + i % 1000) % runner.vocab_size for i in range(n)]
 
 
 @dataclass(frozen=True)
