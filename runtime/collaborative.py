@@ -124,6 +124,14 @@ class CollaborativeDrafters:
         with self._lock:
             return routing.expected_acceptance(self.state, profile, domain, self.settings)
 
+    def optimistic_acceptance(self, request_id: str) -> float:
+        """An upper confidence bound on the acceptance of the request's first pool on its domain
+        (`routing.optimistic_acceptance`): what a first, costly try of that pool is weighed with."""
+        domain, order = self.route_of(request_id)
+        profile = next(p for p in self.profiles if p.name == order[0])
+        with self._lock:
+            return routing.optimistic_acceptance(self.state, profile, domain, self.settings)
+
     def weights(self, request_id: str) -> dict[str, float]:
         """Fusion weights for the request: each pool's expected acceptance on its domain."""
         domain, _ = self.route_of(request_id)

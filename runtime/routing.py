@@ -17,6 +17,7 @@ drafters with few or stale observations get tried, and exploitation takes over a
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,7 +29,8 @@ DOMAINS = ("code", "math", "chat", "edit")
 class RoutingSettings:
     """prior_weight: pseudo-outcomes given to a declared expertise. discount: weight kept by old
     outcomes per new observation (1 = never forget). confidence_weight: how much the drafter's own
-    confidence adds to the sampled acceptance. max_drafters: drafters returned per request."""
+    confidence adds to the sampled acceptance. max_drafters: drafters returned per request.
+    optimism_sd: posterior standard deviations above the mean in `optimistic_acceptance`."""
 
     prior_weight: float = 4.0
     prior_acceptance_expert: float = 0.7
@@ -36,6 +38,7 @@ class RoutingSettings:
     discount: float = 0.98
     confidence_weight: float = 0.1
     max_drafters: int = 1
+    optimism_sd: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,19 @@ def expected_acceptance(state: RouterState, profile: DrafterProfile, domain: str
     """Posterior mean of the drafter's per-token acceptance rate on `domain`."""
     a, b = _posterior(state.arms.get((profile.name, domain), ArmStats()), profile, domain, s)
     return a / (a + b)
+
+
+def optimistic_acceptance(state: RouterState, profile: DrafterProfile, domain: str, s: RoutingSettings) -> float:
+    """An upper confidence bound on the drafter's per-token acceptance on `domain`: the posterior
+    mean plus `s.optimism_sd` posterior standard deviations, at most 1 (optimism in the face of
+    uncertainty, as in UCB: Auer et al. 2002). With little evidence it is well above the mean, so a
+    costly first try of a drafter (its prefill of a long prompt) is still made and yields evidence;
+    as outcomes accumulate it tightens to the mean.
+    """
+    a, b = _posterior(state.arms.get((profile.name, domain), ArmStats()), profile, domain, s)
+    n = a + b
+    sd = math.sqrt(a * b / (n * n * (n + 1)))
+    return min(1.0, a / n + s.optimism_sd * sd)
 
 
 def route(

@@ -252,6 +252,7 @@ class Generation:
                                if getattr(drafter, "drafts_ahead", True) else None)
         self._fuse_many = drafter.propose_many if getattr(drafter, "fuses", False) else None  # type: ignore
         self._weights_of = getattr(drafter, "weights", None)
+        self._optimistic_of = getattr(drafter, "optimistic_acceptance", None)
         self._tree_budget = getattr(drafter, "tree_budget", settings.max_draft_tokens)
         self._prefetch: _Prefetch | None = None
         self._t0 = time.perf_counter()
@@ -273,14 +274,21 @@ class Generation:
 
     def _next_k(self, remaining: int) -> int:
         """The model drafter's k: the policy's, or 0 when bringing the drafter up to date with the
-        context (its prefill) would cost more than its drafts can save (`catch_up_pays`)."""
+        context (its prefill) would cost more than its drafts can save (`catch_up_pays`).
+
+        The catch-up is weighed at the larger of the request's acceptance estimate and the router's
+        optimistic (upper-bound) acceptance of its pool on the domain: weighed at a pessimistic
+        prior, a pool the router has no evidence for would never catch up, never draft, and so
+        never produce the evidence that could show it pays."""
         self.state, k = next_draft_len(self.state, self.settings, self.cost, cap_tokens=self.cap_tokens)
         k = min(k, remaining - 1)
         behind = len(self.context) - self._drafter_seen
-        if k > 0 and self.settings.adaptive and self.cost is not None and not catch_up_pays(
-            max(self.state.acceptance_rate, 1e-6), self.cost, behind, remaining, self.settings
-        ):
-            return 0
+        if k > 0 and self.settings.adaptive and self.cost is not None and behind > self.settings.free_catch_up_tokens:
+            alpha = self.state.acceptance_rate
+            if self._optimistic_of is not None:
+                alpha = max(alpha, self._optimistic_of(self.request_id))
+            if not catch_up_pays(max(alpha, 1e-6), self.cost, behind, remaining, self.settings):
+                return 0
         return k
 
     def _lookup_k(self, remaining: int) -> int:

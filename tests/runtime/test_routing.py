@@ -1,6 +1,7 @@
 """Routing policy, tested with synthetic acceptance streams (plain numbers, seeded draws)."""
 
 import random
+from dataclasses import replace
 
 from cosine.runtime.routing import (
     DrafterProfile,
@@ -9,6 +10,7 @@ from cosine.runtime.routing import (
     classify_prompt,
     expected_acceptance,
     observe,
+    optimistic_acceptance,
     route,
 )
 
@@ -49,6 +51,23 @@ def test_recovers_after_a_drafter_degrades():
     state, _ = simulate({"coder": 0.9, "chatty": 0.5}, 200, rng)
     state, choices = simulate({"coder": 0.05, "chatty": 0.5}, 300, rng, state)  # coder's quality drops
     assert choices[-50:].count("chatty") >= 40
+
+
+def test_optimistic_acceptance_is_an_upper_bound_that_tightens_with_evidence():
+    prior_mean = expected_acceptance(RouterState(), A, "chat", S)
+    assert optimistic_acceptance(RouterState(), A, "chat", S) > prior_mean + 0.3  # no evidence: wide
+    assert optimistic_acceptance(RouterState(), A, "chat", replace(S, optimism_sd=0.0)) == prior_mean
+    rng = random.Random(3)
+    for truth in (0.2, 0.9):
+        state = RouterState()
+        for _ in range(100):
+            n = 0
+            while n < 4 and rng.random() < truth:
+                n += 1
+            state = observe(state, "coder", "chat", 4, n, 0.6, S)
+        mean, upper = expected_acceptance(state, A, "chat", S), optimistic_acceptance(state, A, "chat", S)
+        assert mean < upper < mean + 0.15  # tight: the optimism is spent
+        assert abs(mean - truth) < 0.15
 
 
 def test_skips_unavailable_drafters():

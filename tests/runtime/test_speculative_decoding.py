@@ -189,3 +189,27 @@ def test_measure_pass_curve_on_a_model():
     assert 0 < curve.points[0][1] <= curve.points[1][1] <= curve.points[2][1]  # made non-decreasing
     with pytest.raises(ValueError, match="start at 1"):
         measure_pass_curve(runner, (2, 4), context_tokens=8, repeats=1)
+
+
+def test_an_untried_pool_catches_up_on_a_long_prompt_and_gets_measured(target):
+    """Regression: weighed at the router's pessimistic prior (0.43), the pool's catch-up on a
+    300-token prompt never paid, so it never drafted and never produced the evidence that would
+    have shown it pays (here it is the target itself). Weighed at the router's optimistic bound,
+    its first probe catches up; then it drafts, and the router learns."""
+    from cosine.runtime.collaborative import CollaborativeDrafters
+
+    pools = CollaborativeDrafters([ModelDrafter(tiny_qwen2(seed=0), "pool")], parallel=False)
+    pools.assign("r", "math")  # no expertise declared: the non-expert prior
+    settings = SpeculationSettings(max_draft_tokens=4)
+    cost = CostModel(draft_token_s=0.13, verify_base_s=0.37, verify_token_s=0.04, catch_up_token_s=0.0075)
+    prior = pools.expected_acceptance("pool", "math")
+    from cosine.runtime.speculation_control import best_draft_len, catch_up_pays, initial_state
+
+    assert best_draft_len(prior, cost, 4) == 0 and not catch_up_pays(prior, cost, 300, 40, settings)
+    prompt = [(7 * i) % 61 + 3 for i in range(300)]
+    want = generate(target, prompt, 48, stop_token_ids=NO_STOP).token_ids
+    got = generate(target, prompt, 48, drafter=pools, settings=settings, cost=cost, stop_token_ids=NO_STOP,
+                   initial=initial_state(settings, prior), request_id="r")
+    assert got.token_ids == want
+    assert got.stats.draft_tokens > settings.probe_draft_tokens  # probed, then drafted on
+    assert got.stats.acceptance_rate == 1.0
