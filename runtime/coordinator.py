@@ -325,8 +325,9 @@ class Coordinator:
         for a in batch:
             a.last_tokens = 1 if a.work.is_prefill else a.work.num_tokens
         if self.pass_curve is not None and self.pass_curve_weight > 0:
-            padded = len(batch) * max(a.work.num_tokens for a in batch)  # rows forward_batch computes
-            self.pass_curve = self.pass_curve.observe(padded, busy, self.pass_curve_weight)
+            sizes = [a.work.num_tokens for a in batch]  # the rows forward_batch computed:
+            rows = len(sizes) * max(sizes) if getattr(self.target, "last_layout", None) == "padded" else sum(sizes)
+            self.pass_curve = self.pass_curve.observe(rows, busy, self.pass_curve_weight)
         if self.metrics:
             self.metrics.tokens_verified(sum(a.work.num_tokens for a in batch))
         for a, lg in zip(batch, logits, strict=True):
@@ -361,10 +362,14 @@ class Coordinator:
         if self.batch_aware_k and self.cost is not None and self.pass_curve is not None:
             with self._cv:
                 others = [o for o in self._running if o is not a]
-            sizes = [_pass_tokens(o) for o in others]  # forward_batch pads every request to the longest
+            sizes = [_pass_tokens(o) for o in others]
+            # A runner that packs batches (ModelRunner.forward_batch "auto") pads only where padding
+            # is cheaper than packing, so a long draft costs its packed tokens; one that always pads
+            # charges it for every row (BatchedCost.padded_to).
+            padded_to = 0 if hasattr(self.target, "packs_better") else max(sizes, default=0)
             a.gen.cost = BatchedCost(self.cost.draft_token_s, self.pass_curve, other_tokens=sum(sizes),
                                      num_requests=1 + len(others), catch_up_token_s=self.cost.catch_up_token_s,
-                                     padded_to=max(sizes, default=0))
+                                     padded_to=padded_to)
         if self._pipelined and a.gen.context:  # prefill has nothing to draft
             a.drafting = self._draft_pool.submit(self._timed_plan, a.gen)
             return

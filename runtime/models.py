@@ -54,6 +54,8 @@ class ModelRunner:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
+        self.last_layout: str | None = None  # "packed" or "padded": how the last forward_batch ran
+        self._flops: tuple[float, float] | None = None
         self.vocab_size: int = int(model.config.vocab_size)
         self.max_context_tokens: int = int(getattr(model.config, "max_position_embeddings", 32768))
 
@@ -177,16 +179,23 @@ class ModelRunner:
         token_ids: Seq[Seq[int]],
         parents: Seq[Seq[int] | None] | None = None,
         logits_to_keep: Seq[int] | None = None,
+        layout: str = "auto",
     ) -> list[torch.Tensor]:
         """One forward pass over several requests (continuous batching at the verifier).
 
         Request b appends `token_ids[b]` to `seqs[b]`: a chain, or a token tree when
-        `parents[b]` is given (as in `forward_tree`). The per-request KV caches are gathered into
-        one right-padded batch cache ([B, heads, max cached, head dim] per layer), the new tokens
-        padded to the longest, and a 4D mask gives each query exactly its own cache and ancestors,
-        with explicit positions; afterwards each request's cache gets back its own positions and
-        new tokens. Copying the caches costs about (cached tokens x 2 x layers x kv heads x head dim
-        x 4 bytes) per pass, small next to the pass itself on the models served here.
+        `parents[b]` is given (as in `forward_tree`). A 4D mask gives each query exactly its own
+        cache and ancestors, with explicit positions. Two layouts of the same computation:
+        - "padded": the KV caches gathered into one right-padded batch cache ([B, heads, max
+          cached, head dim] per layer) and the new tokens padded to the longest, so a request's
+          long draft costs that many rows for every request;
+        - "packed": one row of all requests' new tokens (sum of their lengths) over all their
+          caches concatenated, with a block-diagonal mask, as varlen kernels pack sequences
+          (vLLM's flattened batches); no padding rows, but attention over every (query, key) pair.
+        "auto" takes the one with fewer estimated FLOPs (`packs_better`); `last_layout` says
+        which ran. Afterwards each request's cache holds its old positions plus its new tokens.
+        Copying the caches costs about (cached tokens x 2 x layers x kv heads x head dim x 4 bytes)
+        per pass, small next to the pass itself on the models served here.
 
         `logits_to_keep[b]` > 0 keeps only request b's last rows (a prefill needs one).
 
@@ -194,12 +203,14 @@ class ModelRunner:
             per request, float32 logits [len(token_ids[b]) or logits_to_keep[b], vocab_size].
 
         Raises:
-            ValueError: mismatched lengths, an empty request, or a bad tree.
+            ValueError: mismatched lengths, an empty request, a bad tree, or an unknown layout.
         """
         b = len(seqs)
         keep = list(logits_to_keep) if logits_to_keep is not None else [0] * b
         if b != len(token_ids) or (parents is not None and len(parents) != b) or len(keep) != b:
             raise ValueError("forward_batch needs one token list (and parent list, logits_to_keep) per sequence")
+        if layout not in ("auto", "packed", "padded"):
+            raise ValueError(f"layout must be 'auto', 'packed' or 'padded', got {layout!r}")
         if b == 1:
             tree = parents[0] if parents is not None else None
             if tree is None:
@@ -224,6 +235,89 @@ class ModelRunner:
         for i in range(b):
             if past[i] + max(depths[i]) + 1 > self.max_context_tokens:
                 raise ValueError(f"request {i} of the batch exceeds the context of {self.name}")
+        if layout == "auto":
+            layout = "packed" if self.packs_better(past, [len(t) for t in token_ids]) else "padded"
+        self.last_layout = layout
+        if layout == "packed":
+            return self._forward_packed(seqs, token_ids, parents, keep, past, depths)
+        return self._forward_padded(seqs, token_ids, parents, keep, past, depths)
+
+    def packs_better(self, past: Seq[int], num_tokens: Seq[int]) -> bool:
+        """Whether one packed row beats a padded batch for a pass of requests with `past[b]`
+        cached and `num_tokens[b]` new tokens, by estimated FLOPs.
+
+        Padded: B x max(n) query rows, each attending to max(past) + max(n) keys. Packed: sum(n)
+        rows attending to sum(past) + sum(n) keys (a block-diagonal mask; the attention kernel
+        still computes every pair). The linear layers cost ~2 x parameters per row, attention
+        ~4 x layers x heads x head dim per (query, key) pair.
+        """
+        b, total = len(num_tokens), sum(num_tokens)
+        qmax, lmax = max(num_tokens), max(past)
+        per_row, per_pair = self._flops_per_row_and_pair()
+        padded = b * qmax * (per_row + per_pair * (lmax + qmax))
+        packed = total * (per_row + per_pair * (sum(past) + total))
+        return packed < padded
+
+    def _flops_per_row_and_pair(self) -> tuple[float, float]:
+        if self._flops is None:
+            c = self.model.config
+            heads = int(getattr(c, "num_attention_heads", 1))
+            head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+            layers = int(getattr(c, "num_hidden_layers", 1))
+            params = sum(p.numel() for p in self.model.parameters())
+            self._flops = (2.0 * params, 4.0 * layers * heads * head_dim)
+        return self._flops
+
+    def _forward_packed(self, seqs, token_ids, parents, keep, past, depths) -> list[torch.Tensor]:
+        """`forward_batch` as one row: every request's cache and new tokens concatenated, a
+        block-diagonal mask, no padding rows."""
+        n = [len(t) for t in token_ids]
+        starts = [sum(past[:i]) for i in range(len(seqs))]  # each request's cache in the packed keys
+        offs = [sum(n[:i]) for i in range(len(seqs))]  # and its new tokens in the packed row
+        p_all, t_all = sum(past), sum(n)
+        mask = torch.zeros(1, 1, t_all, p_all + t_all, dtype=torch.bool)
+        ids = torch.tensor([[int(t) for ts in token_ids for t in ts]], dtype=torch.long)
+        pos = torch.tensor([[past[i] + d for i in range(len(seqs)) for d in depths[i]]], dtype=torch.long)
+        for i in range(len(seqs)):
+            rows = slice(offs[i], offs[i] + n[i])
+            mask[0, 0, rows, starts[i] : starts[i] + past[i]] = True
+            tree = parents[i] if parents is not None else None
+            new = mask[0, 0, :, p_all + offs[i] : p_all + offs[i] + n[i]]
+            for j in range(n[i]):
+                new[offs[i] + j, j] = True
+                parent = (j - 1) if tree is None else tree[j]
+                if parent >= 0:
+                    new[offs[i] + j] |= new[offs[i] + parent]
+        cache = DynamicCache(config=self.model.config)
+        num_layers = len(seqs[0].cache.layers) if p_all else 0
+        for li in range(num_layers):
+            ks = [s.cache.layers[li].keys for s, m in zip(seqs, past, strict=True) if m]
+            vs = [s.cache.layers[li].values for s, m in zip(seqs, past, strict=True) if m]
+            cache.update(torch.cat(ks, -2), torch.cat(vs, -2), li)
+        base = self.model.get_decoder()
+        hidden = base(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                      use_cache=True).last_hidden_state[0]  # [sum(n), hidden]
+        rows = [list(range(offs[i] + n[i] - (keep[i] or n[i]), offs[i] + n[i])) for i in range(len(seqs))]
+        logits_all = self.model.lm_head(hidden[[r for rs in rows for r in rs]]).float()
+        results = []
+        start = 0
+        for i, s in enumerate(seqs):
+            for li, layer in enumerate(cache.layers):
+                lo = p_all + offs[i]
+                k_new, v_new = layer.keys[:, :, lo : lo + n[i]], layer.values[:, :, lo : lo + n[i]]
+                own = s.cache.layers[li] if li < len(s.cache.layers) else None
+                if own is not None and past[i] and getattr(own, "keys", None) is not None:
+                    own.keys, own.values = torch.cat([own.keys, k_new], -2), torch.cat([own.values, v_new], -2)
+                else:
+                    s.cache.update(k_new.clone(), v_new.clone(), li)
+            s.token_ids.extend(int(t) for t in token_ids[i])
+            results.append(logits_all[start : start + len(rows[i])])
+            start += len(rows[i])
+        return results
+
+    def _forward_padded(self, seqs, token_ids, parents, keep, past, depths) -> list[torch.Tensor]:
+        """`forward_batch` as a right-padded batch: one row per request."""
+        b = len(seqs)
         lmax, qmax = max(past), max(len(t) for t in token_ids)
         mask = torch.zeros(b, 1, qmax, lmax + qmax, dtype=torch.bool)
         ids = torch.zeros(b, qmax, dtype=torch.long)
