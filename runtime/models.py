@@ -158,10 +158,7 @@ class ModelRunner:
             raise ValueError(f"tree of depth {max(depth) + 1} exceeds the context of {self.name}")
         mask = torch.zeros(1, 1, n, past + n, dtype=torch.bool)
         mask[..., :past] = True
-        for i, parent in enumerate(parents):
-            mask[0, 0, i, past + i] = True
-            if parent >= 0:
-                mask[0, 0, i, past:] |= mask[0, 0, parent, past:]
+        mask[0, 0, :, past:] = _ancestor_mask(n, parents)
         out = self.model(
             input_ids=torch.tensor([list(token_ids)], dtype=torch.long),
             attention_mask=mask,
@@ -282,12 +279,7 @@ class ModelRunner:
             rows = slice(offs[i], offs[i] + n[i])
             mask[0, 0, rows, starts[i] : starts[i] + past[i]] = True
             tree = parents[i] if parents is not None else None
-            new = mask[0, 0, :, p_all + offs[i] : p_all + offs[i] + n[i]]
-            for j in range(n[i]):
-                new[offs[i] + j, j] = True
-                parent = (j - 1) if tree is None else tree[j]
-                if parent >= 0:
-                    new[offs[i] + j] |= new[offs[i] + parent]
+            mask[0, 0, rows, p_all + offs[i] : p_all + offs[i] + n[i]] = _ancestor_mask(n[i], tree)
         cache = DynamicCache(config=self.model.config)
         num_layers = len(seqs[0].cache.layers) if p_all else 0
         for li in range(num_layers):
@@ -328,11 +320,7 @@ class ModelRunner:
             pos[i, :n] = torch.tensor([past[i] + d for d in depths[i]], dtype=torch.long)
             mask[i, 0, :, : past[i]] = True
             tree = parents[i] if parents is not None else None
-            for j in range(n):
-                mask[i, 0, j, lmax + j] = True
-                parent = (j - 1) if tree is None else tree[j]
-                if parent >= 0:
-                    mask[i, 0, j, lmax:] |= mask[i, 0, parent, lmax:]
+            mask[i, 0, :n, lmax : lmax + n] = _ancestor_mask(n, tree)
             for j in range(n, qmax):  # padding queries see only themselves (no all-masked rows)
                 mask[i, 0, j, lmax + j] = True
         cache = DynamicCache(config=self.model.config)
@@ -452,6 +440,18 @@ class ModelRunner:
         if self.tokenizer is None:
             return " ".join(str(t) for t in token_ids)
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+def _ancestor_mask(n: int, parents: Seq[int] | None) -> torch.Tensor:
+    """[n, n] bool: new token j attends to itself and its ancestors among the new tokens; a chain
+    (causal, lower triangular) when `parents` is None, else a tree whose parents come first."""
+    if parents is None:
+        return torch.ones(n, n, dtype=torch.bool).tril()
+    mask = torch.eye(n, dtype=torch.bool)
+    for j, parent in enumerate(parents):
+        if parent >= 0:
+            mask[j] |= mask[parent]
+    return mask
 
 
 def tiny_qwen2(vocab_size: int = 64, seed: int = 0, num_layers: int = 2) -> ModelRunner:
