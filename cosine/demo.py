@@ -43,15 +43,15 @@ def ask(client, model: str, prompt: Prompt, max_tokens: int) -> Answer:
     return Answer(prompt, "".join(parts), tokens, ttft if ttft is not None else wall, wall)
 
 
-def spec_decode_counters(base_url: str) -> dict[str, float]:
-    """Summed `cosine:spec_decode_*` counters from the gateway's /metrics."""
+def spec_decode_counters(metrics_url: str, prefix: str = "cosine:spec_decode_") -> dict[str, float]:
+    """Counters named `prefix*_total` from a Prometheus endpoint, summed over labels."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics", timeout=5).text):
+    for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=5).text):
         for s in family.samples:
-            if s.name.startswith("cosine:spec_decode_") and s.name.endswith("_total"):
+            if s.name.startswith(prefix) and s.name.endswith("_total"):
                 out[s.name] = out.get(s.name, 0.0) + s.value
     return out
 
@@ -65,7 +65,8 @@ def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port
     base = f"http://127.0.0.1:{port}"
     print(f"starting the embedded cluster (verifier {model}, drafter pools "
           f"{[p.name for p in spec.drafter_pools]}) on {base} ...", flush=True)
-    proc = start_cluster(manifest, port, quiet=False)
+    metrics_port = free_port()
+    proc = start_cluster(manifest, port, quiet=False, metrics_port=metrics_port)
     try:
         wait_ready(base, proc)
         client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=600)
@@ -78,10 +79,11 @@ def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port
             snippet = " ".join(a.text.split())[:60]
             print(f"{p.id:>14}  {p.domain:>6}  {a.completion_tokens:>6}  {a.ttft_s:6.2f}  {rate:6.2f}  {snippet}",
                   flush=True)
-        c = spec_decode_counters(base)
+        c = spec_decode_counters(f"http://127.0.0.1:{metrics_port}/metrics")
         drafts = c.get("cosine:spec_decode_num_drafts_total", 0.0)
         drafted = c.get("cosine:spec_decode_num_draft_tokens_total", 0.0)
         accepted = c.get("cosine:spec_decode_num_accepted_tokens_total", 0.0)
+        late = c.get("cosine:spec_decode_drafts_late_total", 0.0)
         total_tokens = sum(a.completion_tokens for a in answers)
         total_s = sum(a.wall_s for a in answers)
         print(f"\n{len(answers)} requests, {total_tokens} tokens in {total_s:.1f} s "
@@ -89,7 +91,7 @@ def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port
               f"{statistics.median(a.ttft_s for a in answers):.2f} s")
         if drafts:
             print(f"acceptance rate {accepted / max(drafted, 1):.2f}, mean acceptance length "
-                  f"{1 + accepted / drafts:.2f} ({int(drafted)} draft tokens)")
+                  f"{1 + accepted / drafts:.2f} ({int(drafted)} draft tokens; {int(late)} pool drafts late)")
         print(f"\nServing on {base}/v1 — try:\n  curl -s {base}/v1/chat/completions -H 'content-type: "
               f"application/json' -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": "
               f"\"Write a Python function that reverses a string.\"}}], \"temperature\": 0}}'")

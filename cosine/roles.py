@@ -3,10 +3,12 @@
 Wiring only (STYLE.md #1). A role reads a `CoSineCluster` manifest (the object the operator
 reconciles; in a pod it is the ConfigMap's `cluster.yaml`), loads its model and serves:
 - drafter: the gRPC drafter service for one pool (+ Prometheus /metrics on its own port);
-- verifier: target model, coordinator and the OpenAI-compatible gateway (+ /metrics), with
-  remote drafters at the given addresses;
+- verifier: vLLM's OpenAI-compatible server on the target model (completions, chat, streaming,
+  `/health`, `/metrics` with vLLM's `vllm:` series), CoSine's proposer under its engine
+  (`runtime/vllm_hooks.py`) with the remote drafter pools at the given addresses, and CoSine's
+  per-pool `cosine:` series on `--metrics-port`;
 - serve: a supervisor that starts one `cosine drafter` process per drafter replica on loopback
-  ports, waits for their health checks, then runs the verifier in this process and stops every
+  ports, waits for their health checks, then runs the verifier as a child and stops every
   child on Ctrl-C / SIGTERM (children also die with it: PR_SET_PDEATHSIG).
 """
 
@@ -165,76 +167,116 @@ def _model_drafter(pool, verifier):
 
 
 def run_verifier(
-    manifest: Path | None, http_port: int, host: str, drafters: list[str], api_key: str | None
+    manifest: Path | None, http_port: int, host: str, drafters: list[str], api_key: str | None,
+    metrics_port: int = 0,
 ) -> int:
-    import torch
-    import uvicorn
+    """Replace this process with vLLM's OpenAI-compatible server running the target model, with
+    CoSine's proposer under its engine (`vllm_hooks`) and the given remote drafter pools."""
+    argv, env = verifier_command(manifest, http_port, host, drafters, api_key, metrics_port)
+    log.info("verifier: vLLM OpenAI server on http://%s:%d/v1 (drafters %s)", host, http_port, drafters or "none")
+    os.execve(sys.executable, argv, env)
+    return 0  # not reached
 
-    from cosine.runtime.batching import BatchBudget
-    from cosine.runtime.coordinator import Coordinator
-    from cosine.runtime.gateway import create_app
-    from cosine.runtime.metrics import ServingMetrics
-    from cosine.runtime.models import ModelRunner
-    from cosine.runtime.ngram_drafter import NgramDrafter
-    from cosine.runtime.speculative_decoding import measure_cost_model, measure_pass_curve
-    from cosine.runtime.transport.remote_drafter import RemoteDrafter
+
+def verifier_command(
+    manifest: Path | None, http_port: int, host: str, drafters: list[str], api_key: str | None,
+    metrics_port: int = 0,
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of the verifier: `python -m <vLLM's API server> <engine flags>`.
+
+    Raises:
+        ValueError: a `--drafter` that is not POOL=ADDRESS, or a pool not in the manifest.
+        cosine.runtime.model_store.ModelNotAvailable: the target is not in the model cache.
+    """
+    from cosine.runtime.model_store import resolve
 
     obj = load_manifest(manifest)
     spec = parse_spec(obj)
-    settings, compression, adaptive = speculation_settings(obj)
-    torch.set_num_threads(spec.verifier.threads)
-    target = ModelRunner.load(spec.verifier.model, dtype=spec.verifier.dtype)
-    remotes = []
+    settings, _, _ = speculation_settings(obj)
+    pools = []
     for item in drafters:
         name, _, address = item.partition("=")
         if not address:
             raise ValueError(f"--drafter must be POOL=ADDRESS, got {item!r}")
-        remotes.append(RemoteDrafter(address, name, target.vocab_size, compression=compression,
-                                     adaptive_compression=adaptive))
-    cost = measure_cost_model(target, None)
-    curve = measure_pass_curve(target, (1, 2, 4, 8, 16), repeats=1)  # batch-aware k: pass time vs tokens, here
-    if remotes:
-        cost = _with_remote_draft_cost(cost, remotes[0], target)
-    model_name = spec.verifier.model
-    metrics = ServingMetrics(model_name)
-    # prompt lookup costs microseconds and no model: every verifier has it in-process
-    expertise = {p.name: tuple(p.expertise) for p in spec.drafter_pools}
-    fusion = bool(obj.get("spec", {}).get("speculation", {}).get("fusion", False))
-    coordinator = Coordinator(
-        target, remotes, settings, cost, metrics=metrics, lookup=NgramDrafter("lookup"), expertise=expertise,
-        fusion_width=2 if fusion and len(remotes) > 1 else 1,
-        batch_budget=BatchBudget(max_tokens=spec.verifier.max_batch_tokens, max_kv_tokens=1 << 22, max_requests=8),
-        pipelined=True,  # the drafters are other processes: draft for some requests while verifying others
-        pass_curve=curve,
-    )
-    coordinator.start()
-    app = create_app(coordinator, target, model_name=model_name, api_key=api_key, metrics=metrics)
-    log.info("gateway on http://%s:%d/v1 (model %s, drafters %s)", host, http_port, model_name,
-             [r.name for r in remotes] or "none")
-    try:
-        uvicorn.run(app, host=host, port=http_port, log_level="warning")
-    finally:
-        coordinator.stop()
-    return 0
+        try:
+            pool = spec.pool(name)
+        except KeyError:
+            raise ValueError(f"--drafter {item!r}: no drafter pool {name!r} in the manifest") from None
+        pools.append({"name": name, "address": address, "expertise": list(pool.expertise)})
+    model_path = str(resolve(spec.verifier.model))
+    args = vllm_engine_args(spec.verifier, model_path, settings.max_draft_tokens, pools, metrics_port)
+    argv = [sys.executable, "-P", "-m", VLLM_SERVER, *cli_flags(args), "--host", host, "--port", str(http_port),
+            "--uvicorn-log-level", "warning"]
+    env = {**os.environ, **vllm_cpu_env(spec.verifier)}
+    if api_key:
+        env["VLLM_API_KEY"] = api_key  # not on the command line, where `ps` shows it
+    return argv, env
 
 
-def _with_remote_draft_cost(cost, remote, target):
-    """Time a short remote draft (includes the gRPC hop) to set draft_token_s."""
-    from dataclasses import replace
+VLLM_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` (the `vllm` CLI needs the `vllm` dist name)
 
-    from cosine.runtime.speculative_sampling import SamplingParams
 
-    ids = target.encode_prompt("def fibonacci(n):") if target.tokenizer else [1, 2, 3]
-    try:
-        remote.propose("calibration", ids, 2, SamplingParams())
-        t = time.perf_counter()
-        d = remote.propose("calibration", ids, 4, SamplingParams())
-        per_token = (time.perf_counter() - t) / max(1, d.num_tokens)
-        remote.release("calibration")
-        return replace(cost, draft_token_s=per_token)
-    except Exception as e:  # a drafter that is down at start-up costs speed, not the server
-        log.warning("could not calibrate drafter %s: %s", remote.name, e)
-        return cost
+def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: list[dict[str, Any]],
+                     metrics_port: int = 0) -> dict[str, Any]:
+    """The verifier spec (`spec.verifier`) as vLLM engine arguments (`EngineArgs` field names).
+
+    GPUs requested per verifier pod (`resources.limits["nvidia.com/gpu"]`) become the
+    tensor-parallel size; without GPUs the engine runs eagerly on the CPU (`vllm-cpu`).
+    `max_draft_tokens` = 0 serves the target alone (no speculative path at all).
+    """
+    from cosine.runtime import vllm_hooks
+
+    gpus = int((verifier.pod.resources.get("limits") or {}).get("nvidia.com/gpu", 0) or 0)
+    args: dict[str, Any] = {
+        "model": model_path,
+        "served_model_name": [verifier.model],
+        "dtype": verifier.dtype,
+        "max_num_batched_tokens": verifier.max_batch_tokens,
+        "seed": 0,
+    }
+    if gpus > 1:
+        args["tensor_parallel_size"] = gpus
+    if gpus == 0:
+        args["enforce_eager"] = True
+    if max_draft_tokens > 0:
+        config = vllm_hooks.proposer_config(max_draft_tokens=max_draft_tokens, pools=pools, model=model_path,
+                                            metrics_port=metrics_port)
+        args.update(vllm_hooks.engine_kwargs(config))
+    return args
+
+
+def vllm_cpu_env(verifier) -> dict[str, str]:
+    """Environment vLLM's CPU backend wants: the KV cache size in GiB (instead of a share of
+    RAM) and Intel OpenMP preloaded (vLLM warns that speculative decoding is much slower
+    without it); empty on GPU pods."""
+    if int((verifier.pod.resources.get("limits") or {}).get("nvidia.com/gpu", 0) or 0):
+        return {}
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if iomp.exists() and "libiomp5" not in os.environ.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = " ".join(x for x in (str(iomp), os.environ.get("LD_PRELOAD", "")) if x)
+    return env
+
+
+def cli_flags(args: dict[str, Any]) -> list[str]:
+    """Engine arguments as `vllm serve` flags: dicts as JSON, lists as repeated values, True as a
+    bare flag."""
+    import json
+
+    out: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value, separators=(",", ":"))]
+        elif isinstance(value, list | tuple):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, str(value)]
+    return out
 
 
 # ---------------------------------------------------------------- serve (embedded cluster)
@@ -331,17 +373,42 @@ def supervise(children: list[Child], stop: threading.Event, period_s: float = 1.
                 c.start()
 
 
-def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None) -> int:
+def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None, metrics_port: int = 0) -> int:
+    """Drafter processes, then the verifier (vLLM's server with CoSine's proposer) as a child;
+    returns when the verifier exits or on SIGTERM / Ctrl-C, stopping every child."""
     children = start_drafters(manifest, "127.0.0.1")
     stop = threading.Event()
+    verifier: subprocess.Popen | None = None
     try:
         wait_healthy(children)
         threading.Thread(target=supervise, args=(children, stop), name="cosine-supervisor", daemon=True).start()
         drafters = [f"{c.name.rsplit('-', 1)[0]}=127.0.0.1:{c.grpc_port}" for c in children]
-        return run_verifier(manifest, port, host, drafters, api_key)
+        argv, env = verifier_command(manifest, port, host, drafters, api_key, metrics_port)
+        verifier = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent, start_new_session=True)
+        log.info("verifier (pid %d): vLLM OpenAI server on http://%s:%d/v1", verifier.pid, host, port)
+        signal.signal(signal.SIGTERM, lambda signum, frame: verifier.terminate() if verifier else None)
+        try:
+            return verifier.wait()
+        except KeyboardInterrupt:
+            return 0
     finally:
         stop.set()
+        if verifier is not None:
+            _stop_group(verifier)
         stop_children(children)
+
+
+def _stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
+    """Stop a child and its process group (vLLM's engine-core and worker processes)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _wait_for_signal() -> None:
@@ -359,9 +426,9 @@ def _wait_for_signal() -> None:
 # ---------------------------------------------------------------- a cluster as a subprocess (demo, bench)
 
 
-def start_cluster(manifest: Path | None, port: int, *, quiet: bool = True) -> subprocess.Popen:
+def start_cluster(manifest: Path | None, port: int, *, quiet: bool = True, metrics_port: int = 0) -> subprocess.Popen:
     """Start `cosine serve` in a child process (its own drafter processes under it)."""
-    cmd = [sys.executable, "-P", "-m", "cosine", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-P", "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port)]
     if manifest:
         cmd += ["--cluster", str(manifest)]
     out = subprocess.DEVNULL if quiet else None
@@ -386,7 +453,7 @@ def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float = 900) ->
         time.sleep(1)
 
 
-def stop_cluster(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+def stop_cluster(proc: subprocess.Popen, timeout_s: float = 60) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:

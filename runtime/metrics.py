@@ -121,3 +121,62 @@ class ServingMetrics:
         if stats.tpot_s is not None:
             self.itl.labels(**self._labels).observe(stats.tpot_s)
         self.e2e.labels(**self._labels).observe(e2e_s)
+
+
+class ProposerCollector:
+    """Prometheus collector over a `proposer.ProposerStats` (read at scrape time), for the
+    drafting plane running inside vLLM's engine-core process. vLLM's own `vllm:` series (its
+    `vllm:spec_decode_*` counters included) stay on the OpenAI server's `/metrics`; these are the
+    per-pool series vLLM lacks, on the proposer's own port (`ProposerExporter`):
+
+    - cosine:spec_decode_num_drafts_total{pool}, cosine:spec_decode_num_draft_tokens_total{pool},
+      cosine:spec_decode_num_accepted_tokens_total{pool}: as above, per draft source ("lookup" =
+      in-process prompt lookup, else the drafter pool);
+    - cosine:spec_decode_drafts_late_total{pool}: steps a pool's draft was still in flight;
+    - cosine:drafter_errors_total{pool}; cosine:drafter_rtt_seconds{pool} (EMA of a draft call);
+    - cosine:verifier_steps_total, cosine:verifier_steps_with_draft_total.
+    """
+
+    def __init__(self, stats, model_name: str = "") -> None:
+        self.stats = stats
+        self.model_name = model_name
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.stats
+        per_pool = (
+            ("cosine:spec_decode_num_drafts", "Verifications that had a draft.", s.drafts),
+            ("cosine:spec_decode_num_draft_tokens", "Draft tokens verified.", s.draft_tokens),
+            ("cosine:spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.accepted_tokens),
+            ("cosine:spec_decode_drafts_late", "Steps a pool's draft was still in flight.", s.drafts_late),
+            ("cosine:drafter_errors", "Failed draft calls.", s.pool_errors),
+        )
+        for name, doc, values in per_pool:
+            fam = CounterMetricFamily(name, doc, labels=["model_name", "pool"])
+            for pool, v in sorted(dict(values).items()):
+                fam.add_metric([self.model_name, pool], v)
+            yield fam
+        rtt = GaugeMetricFamily("cosine:drafter_rtt_seconds", "Draft call wall time (EMA).",
+                                labels=["model_name", "pool"])
+        for pool, v in sorted(dict(s.pool_rtt_s).items()):
+            rtt.add_metric([self.model_name, pool], v)
+        yield rtt
+        steps = CounterMetricFamily("cosine:verifier_steps", "Engine steps.", labels=["model_name"])
+        steps.add_metric([self.model_name], s.steps)
+        yield steps
+        with_draft = CounterMetricFamily("cosine:verifier_steps_with_draft", "Engine steps that verified a draft.",
+                                         labels=["model_name"])
+        with_draft.add_metric([self.model_name], s.steps_with_draft)
+        yield with_draft
+
+
+class ProposerExporter:
+    """Serves `ProposerCollector` on its own port (the engine-core process is not the HTTP server's)."""
+
+    def __init__(self, stats, port: int, host: str = "0.0.0.0", model_name: str = "") -> None:
+        from prometheus_client import start_http_server
+
+        self.registry = CollectorRegistry()
+        self.registry.register(ProposerCollector(stats, model_name))
+        self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)

@@ -1,0 +1,393 @@
+"""CoSine's drafting plane inside an engine: per request id, which draft tokens the verifier checks next.
+
+The engine (vLLM, through `vllm_hooks.CoSineScheduler`) calls two methods per step, never blocked
+by a drafter:
+- `observe_step(step)`: what the last engine step cost (wall seconds, tokens in the pass) and, per
+  request, how many draft tokens it carried and how many the target accepted; this updates the
+  measured pass curve, the per-request acceptance estimates and the router's per-pool statistics,
+  and asks every routed pool to draft ahead from the request's new context;
+- `propose(contexts)`: the draft for each running request, from what is available *now*: prompt
+  lookup over the request's own tokens (and the cross-request suffix cache), and any remote
+  pool draft that has arrived and is still consistent with the context; pool drafts still in
+  flight are counted late (`drafts_late`) and not waited for.
+
+Several candidates are fused by confidence into one chain (Gao et al. 2025, arXiv:2503.10325,
+"confidence-based token fusion", per position; through vLLM only chains are verified: vLLM 0.32
+has no tree attention). The chain's length k comes from goodput on *measured* step times
+(`speculation_control.next_draft_len` over a `BatchedCost` of the `PassCurve` refined by every step
+the engine ran; SmartSpec, arXiv:2406.14066), per request and per draft source, down to k = 0
+with periodic probes. Draft tokens reach the target as point-mass proposals, which vLLM's
+rejection sampler verifies losslessly (accept x with p(x), else sample from p without x).
+
+A pool is anything with the `Drafter` interface (`transport.RemoteDrafter` over gRPC in
+deployments); its calls run on this module's threads, so a crashed or hung pool costs drafts,
+never a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+from cosine.runtime import routing
+from cosine.runtime import speculation_control as sc
+from cosine.runtime.drafter import Drafter
+from cosine.runtime.fusion import DraftPath, fuse
+from cosine.runtime.ngram_drafter import SuffixCache, ngram_propose
+from cosine.runtime.speculative_sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+LOOKUP = "lookup"  # the in-process prompt-lookup source's name in stats and metrics
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    """One request's part of an engine step: draft tokens it carried, how many were accepted and
+    which source's draft it was (`LOOKUP`, a pool name, or "" for none)."""
+
+    request_id: str
+    num_draft_tokens: int
+    num_accepted: int
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step. step_s: wall seconds of the model pass (schedule to output). num_tokens:
+    tokens computed in the pass, all requests together (prefill chunks, decodes and drafts).
+    has_prefill: the pass computed prompt tokens too; such passes do not teach the pass curve,
+    which prices decode passes (one pending token plus draft tokens per request)."""
+
+    step_s: float
+    num_tokens: int
+    outcomes: tuple[RequestOutcome, ...] = ()
+    has_prefill: bool = False
+
+
+@dataclass(frozen=True)
+class ProposerSettings:
+    """max_draft_tokens: k's upper bound (vLLM's `num_speculative_tokens`). speculation: the k
+    policy (`speculation_control`). routing: the pool router. lookup: run prompt lookup.
+    lookup_min_n / lookup_max_n: n-gram sizes matched. pool_lookahead_tokens: a pool drafts this
+    many tokens beyond k, because the target emits at least one token while the draft is made.
+    pool_retry_s: seconds a failed pool is left out. reroute_every: steps between re-routing a
+    request. initial_step_s: the pass time assumed before any step was measured."""
+
+    max_draft_tokens: int = 8
+    speculation: sc.SpeculationSettings = sc.SpeculationSettings()
+    routing: routing.RoutingSettings = routing.RoutingSettings()
+    lookup: bool = True
+    lookup_min_n: int = 2
+    lookup_max_n: int = 4
+    pool_lookahead_tokens: int = 2
+    pool_retry_s: float = 5.0
+    reroute_every: int = 16
+    initial_step_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_draft_tokens <= 64:
+            raise ValueError(f"max_draft_tokens must be in [0, 64], got {self.max_draft_tokens}")
+        if self.lookup_min_n < 1 or self.lookup_max_n < self.lookup_min_n:
+            raise ValueError(f"need 1 <= lookup_min_n <= lookup_max_n, got {self.lookup_min_n}, {self.lookup_max_n}")
+
+
+@dataclass(frozen=True)
+class _PoolDraft:
+    """A pool's draft for the context it was asked about: its length and its last token."""
+
+    context_len: int
+    context_last: int
+    token_ids: tuple[int, ...]
+    confidences: tuple[float, ...]
+
+
+@dataclass
+class _Request:
+    domain: str
+    pools: list[str]
+    states: dict[str, sc.SpeculationState] = field(default_factory=dict)
+    steps: int = 0
+    last_source: str = ""
+    inflight: dict[str, Future] = field(default_factory=dict)  # pool -> Future[_PoolDraft]
+    arrived: dict[str, _PoolDraft] = field(default_factory=dict)
+
+
+@dataclass
+class ProposerStats:
+    """Counters since start (the metrics layer turns them into `cosine:` series)."""
+
+    steps: int = 0
+    steps_with_draft: int = 0
+    draft_tokens: dict[str, int] = field(default_factory=dict)
+    accepted_tokens: dict[str, int] = field(default_factory=dict)
+    drafts: dict[str, int] = field(default_factory=dict)
+    drafts_late: dict[str, int] = field(default_factory=dict)
+    pool_errors: dict[str, int] = field(default_factory=dict)
+    pool_rtt_s: dict[str, float] = field(default_factory=dict)  # EMA of a pool call's wall time
+
+    def add(self, counter: dict[str, int], key: str, n: int = 1) -> None:
+        counter[key] = counter.get(key, 0) + n
+
+
+class CoSineProposer:
+    """The drafting plane for one verifier (see the module docstring).
+
+    Args:
+        settings: `ProposerSettings`.
+        pools: remote (or local) drafter pools, distinct names; may be empty (prompt lookup only).
+        expertise: declared domains per pool name (the router's prior).
+        classify: request domain from its prompt tokens (e.g. decode + `routing.classify_prompt`).
+        clock: monotonic seconds (injected for tests).
+        seed: the router's Thompson-sampling seed.
+    """
+
+    def __init__(
+        self,
+        settings: ProposerSettings,
+        pools: Sequence[Drafter] = (),
+        expertise: Mapping[str, Sequence[str]] | None = None,
+        *,
+        classify: Callable[[Sequence[int]], str] = lambda prompt: "chat",
+        clock: Callable[[], float] = time.monotonic,
+        seed: int = 0,
+    ) -> None:
+        names = [p.name for p in pools]
+        if len(set(names)) != len(names) or LOOKUP in names:
+            raise ValueError(f"pool names must be distinct and not {LOOKUP!r}, got {names}")
+        self.settings = settings
+        self.pools = {p.name: p for p in pools}
+        self.profiles = [routing.DrafterProfile(n, tuple((expertise or {}).get(n, ()))) for n in names]
+        self.classify = classify
+        self.clock = clock
+        self.router = routing.RouterState()
+        self.stats = ProposerStats()
+        self.suffix_cache = SuffixCache()
+        self.curve: sc.PassCurve | None = None
+        self._curve_observations = 0
+        self.down_until: dict[str, float] = {}
+        self._rng = random.Random(seed)
+        self._requests: dict[str, _Request] = {}
+        self._contexts: dict[str, Sequence[int]] = {}
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=max(1, 2 * len(pools)), thread_name_prefix="cosine-pool")
+
+    # ------------------------------------------------------------ engine-facing
+
+    def observe_step(self, step: StepRecord) -> None:
+        """Fold one engine step in: the pass curve learns (tokens, seconds); each outcome updates
+        its request's acceptance estimate for the source and the router's (pool, domain) arm."""
+        if not step.has_prefill:
+            self._observe_curve(step.num_tokens, step.step_s)
+        self.stats.steps += 1
+        if any(o.num_draft_tokens for o in step.outcomes):
+            self.stats.steps_with_draft += 1
+        for o in step.outcomes:
+            req = self._requests.get(o.request_id)
+            if req is None or o.num_draft_tokens <= 0 or not o.source:
+                continue
+            st = req.states.get(o.source) or self._initial_state(o.source, req.domain)
+            req.states[o.source] = sc.observe(st, self.settings.speculation, o.num_draft_tokens, o.num_accepted)
+            self.stats.add(self.stats.draft_tokens, o.source, o.num_draft_tokens)
+            self.stats.add(self.stats.accepted_tokens, o.source, o.num_accepted)
+            self.stats.add(self.stats.drafts, o.source)
+            if o.source in self.pools:
+                with self._lock:
+                    self.router = routing.observe(self.router, o.source, req.domain, o.num_draft_tokens,
+                                                  o.num_accepted, 0.5, self.settings.routing)
+
+    def propose(
+        self, contexts: Mapping[str, Sequence[int]], prompt_lens: Mapping[str, int] | None = None
+    ) -> dict[str, list[int]]:
+        """Draft tokens per request for the next step (possibly empty), never waiting on a pool.
+
+        Args:
+            contexts: request id -> all its tokens so far (prompt + output), for the running
+                requests that decode next step.
+            prompt_lens: request id -> prompt length (for routing a new request by its prompt).
+        Returns:
+            request id -> draft token ids, at most `settings.max_draft_tokens`.
+        """
+        base = sum(1 for _ in contexts)  # each request's pending token
+        drafts: dict[str, list[int]] = {}
+        for rid, ctx in contexts.items():
+            req = self._requests.get(rid)
+            if req is None:
+                plen = (prompt_lens or {}).get(rid, len(ctx))
+                req = self._new_request(rid, ctx[:plen])
+            self._contexts[rid] = ctx
+            tokens, source = self._fused(rid, req, ctx)
+            k = self._draft_len(req, source, other_tokens=base - 1 + sum(len(d) for d in drafts.values()),
+                                num_requests=len(contexts)) if tokens else 0
+            drafts[rid] = list(tokens[:k])
+            req.last_source = source if k else ""
+            req.steps += 1
+            self._request_pool_drafts(rid, req, ctx)
+        return drafts
+
+    def source_of(self, request_id: str) -> str:
+        """The source of the draft last proposed for the request ("" for none)."""
+        req = self._requests.get(request_id)
+        return req.last_source if req else ""
+
+    def retain(self, live: Collection[str]) -> None:
+        """Release every request not in `live` (the engine's unfinished request ids)."""
+        for gone in [r for r in self._requests if r not in live]:
+            self.release(gone)
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request: its tokens join the suffix cache; pools release it."""
+        req = self._requests.pop(request_id, None)
+        ctx = self._contexts.pop(request_id, None)
+        if ctx is not None:
+            self.suffix_cache.add(ctx)
+        if req is None:
+            return
+        for name in req.pools:
+            self._executor.submit(self._release_on_pool, name, request_id)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------ policy glue
+
+    def _observe_curve(self, num_tokens: int, step_s: float) -> None:
+        if num_tokens < 1 or step_s <= 0:
+            return
+        if self.curve is None:  # flat until measured: drafts look cheap and get tried, then priced
+            budget = max(2, 8 * (self.settings.max_draft_tokens + 1))
+            self.curve = sc.PassCurve(((1, step_s),)).extended(budget)
+        self._curve_observations += 1
+        # learn fast at first (the flat start is a guess), then follow the machine's drift
+        weight = 0.5 if self._curve_observations <= 20 else 0.2
+        self.curve = self.curve.observe(num_tokens, step_s, weight=weight)
+
+    def _initial_state(self, source: str, domain: str) -> sc.SpeculationState:
+        if source in self.pools:
+            profile = next(p for p in self.profiles if p.name == source)
+            with self._lock:
+                alpha = routing.expected_acceptance(self.router, profile, domain, self.settings.routing)
+            return sc.initial_state(self.settings.speculation, alpha)
+        return sc.initial_state(self.settings.speculation)
+
+    def _draft_len(self, req: _Request, source: str, other_tokens: int, num_requests: int) -> int:
+        state = req.states.get(source) or self._initial_state(source, req.domain)
+        curve = self.curve or sc.PassCurve(((1, self.settings.initial_step_s),))
+        cost = sc.BatchedCost(draft_token_s=0.0, curve=curve, other_tokens=max(0, other_tokens),
+                              num_requests=max(1, num_requests))
+        spec = replace(self.settings.speculation, max_draft_tokens=self.settings.max_draft_tokens)
+        state, k = sc.next_draft_len(state, spec, cost)
+        req.states[source] = state
+        return k
+
+    def _new_request(self, rid: str, prompt: Sequence[int]) -> _Request:
+        domain = self.classify(prompt)
+        req = _Request(domain=domain, pools=self._route(domain))
+        self._requests[rid] = req
+        return req
+
+    def _route(self, domain: str) -> list[str]:
+        if not self.profiles:
+            return []
+        with self._lock:
+            return routing.route(domain, self.profiles, self.router, self.settings.routing, self._rng.betavariate,
+                                 available=lambda n: self.down_until.get(n, 0.0) <= self.clock())
+
+    # ------------------------------------------------------------ candidates and fusion
+
+    def _fused(self, rid: str, req: _Request, ctx: Sequence[int]) -> tuple[tuple[int, ...], str]:
+        """The fused chain of every candidate available now, and the source of its first token."""
+        s, k_max = self.settings, self.settings.max_draft_tokens
+        paths: list[DraftPath] = []
+        if s.lookup and k_max > 0:
+            tokens, n = ngram_propose(ctx, k_max, min_n=s.lookup_min_n, max_n=s.lookup_max_n)
+            conf = n / s.lookup_max_n
+            if not tokens:
+                tokens, conf = self.suffix_cache.lookup(ctx, k_max), 0.5
+            if tokens:
+                paths.append(DraftPath(LOOKUP, tuple(tokens), (conf,) * len(tokens), None))
+        for name in req.pools:
+            usable = self._arrived(req, name, ctx)
+            if usable:
+                paths.append(DraftPath(name, usable[0], usable[1], None))
+        if not paths:
+            return (), ""
+        if len(paths) == 1:
+            return paths[0].token_ids[:k_max], paths[0].drafter
+        weights = {p.drafter: (req.states.get(p.drafter) or self._initial_state(p.drafter, req.domain)).acceptance_rate
+                   for p in paths}
+        tree = fuse(paths, budget=k_max * len(paths), weights=weights)
+        chain, node, source = [], -1, ""
+        while len(chain) < k_max:
+            children = tree.children(node)
+            if not children:
+                break
+            node = children[0]  # the first child is the most confident candidate at this position
+            if not chain:
+                source = tree.nodes[node].proposals[0].drafter
+            chain.append(tree.nodes[node].token_id)
+        return tuple(chain), source
+
+    def _arrived(
+        self, req: _Request, name: str, ctx: Sequence[int]
+    ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+        """The part of the pool's latest draft that continues `ctx`, if it has arrived and the
+        tokens the target emitted since it was asked for are the draft's own first tokens."""
+        fut = req.inflight.get(name)
+        if fut is not None and fut.done():
+            req.inflight.pop(name)
+            try:
+                req.arrived[name] = fut.result()
+            except Exception:  # noqa: BLE001 - a failed pool costs drafts, never the request
+                pass
+        d = req.arrived.get(name)
+        if d is None:
+            if fut is not None and not fut.done():
+                self.stats.add(self.stats.drafts_late, name)
+            return None
+        n = len(ctx)
+        skip = n - d.context_len
+        if skip < 0 or ctx[d.context_len - 1] != d.context_last or skip >= len(d.token_ids):
+            return None
+        if list(ctx[d.context_len:]) != list(d.token_ids[:skip]):
+            return None
+        return d.token_ids[skip:], d.confidences[skip:]
+
+    def _request_pool_drafts(self, rid: str, req: _Request, ctx: Sequence[int]) -> None:
+        """Ask each routed pool that is idle for this request to draft ahead from `ctx`."""
+        if req.steps % self.settings.reroute_every == 0 and req.steps:
+            req.pools = self._route(req.domain)
+        now = self.clock()
+        k = self.settings.max_draft_tokens + self.settings.pool_lookahead_tokens
+        for name in req.pools:
+            if self.down_until.get(name, 0.0) > now:
+                continue
+            fut = req.inflight.get(name)
+            if fut is not None and not fut.done():
+                continue
+            req.inflight[name] = self._executor.submit(self._draft_on_pool, name, rid, tuple(ctx), k)
+
+    def _draft_on_pool(self, name: str, rid: str, ctx: tuple[int, ...], k: int) -> _PoolDraft:
+        t0 = self.clock()
+        try:
+            d = self.pools[name].propose(rid, ctx, k, SamplingParams())
+        except Exception as e:
+            self.stats.add(self.stats.pool_errors, name)
+            self.down_until[name] = self.clock() + self.settings.pool_retry_s
+            log.warning("drafter pool %s failed (%s); left out for %.0f s", name, e, self.settings.pool_retry_s)
+            raise
+        rtt = self.clock() - t0
+        prev = self.stats.pool_rtt_s.get(name)
+        self.stats.pool_rtt_s[name] = rtt if prev is None else 0.8 * prev + 0.2 * rtt
+        return _PoolDraft(len(ctx), ctx[-1], tuple(d.token_ids), tuple(d.confidences))
+
+    def _release_on_pool(self, name: str, rid: str) -> None:
+        try:
+            self.pools[name].release(rid)
+        except Exception as e:  # noqa: BLE001 - best effort; pools evict old contexts anyway
+            log.debug("release %s on %s failed: %s", rid, name, e)

@@ -1,0 +1,184 @@
+"""CoSine inside vLLM: the seam between vLLM's engine and CoSine's drafting plane (`proposer`).
+
+vLLM 0.32 (pinned; `tests/runtime/test_vllm_hooks.py` fails loudly when the hooks change) offers
+two speculative seams, and CoSine uses both, touching no engine internals:
+- `speculative_config={"method": "custom_class", "model": NO_DRAFT_PROPOSER, ...}` turns vLLM's
+  speculative path on (scheduling of draft tokens, the rejection sampler, spec-decode metrics).
+  Its worker-side proposer, `NoDraftProposer`, drafts nothing: it has no request ids and runs on
+  every tensor-parallel rank, so drafting there could differ between ranks;
+- `scheduler_cls=SCHEDULER_CLS`: `CoSineScheduler`, a `Scheduler` subclass in the engine-core
+  process. vLLM calls its `update_draft_token_ids(DraftTokenIds)` after every step with the
+  running request ids; it replaces the (empty) worker drafts with CoSine's, per request id. The
+  scheduler sends the same drafts to every rank, so ranks agree by construction.
+`update_from_output` is wrapped to read each request's outcome (draft tokens scheduled, tokens
+sampled = accepted + 1) and `schedule` to time the step, which is what the speculation control
+learns from (measured step times, not a start-up guess).
+
+Settings reach the engine-core process through vLLM's `additional_config` under the key
+`"cosine"` (a JSON-able dict, see `proposer_config`); no environment variables.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import DraftTokenIds
+
+from cosine.runtime import proposer as prop
+
+log = logging.getLogger(__name__)
+
+VLLM_VERSION = "0.32.0"  # the engine these hooks are written against (pinned in the Makefile)
+SCHEDULER_CLS = "cosine.runtime.vllm_hooks.CoSineScheduler"
+NO_DRAFT_PROPOSER = "cosine.runtime.vllm_hooks.NoDraftProposer"
+CONFIG_KEY = "cosine"
+
+
+class NoDraftProposer:
+    """vLLM `custom_class` proposer that proposes nothing: CoSine's drafts come from the scheduler.
+
+    vLLM instantiates it with the `VllmConfig` in each worker and calls `propose` once per step
+    with the batch's token arrays (`vllm/v1/worker/gpu_model_runner.py::propose_draft_token_ids`).
+    """
+
+    def __init__(self, vllm_config: Any) -> None:
+        self.vllm_config = vllm_config
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
+                slot_mappings: Any = None) -> list[list[int]]:
+        """One empty draft per batch row. sampled_token_ids: [num_reqs][1 + accepted]."""
+        return [[] for _ in sampled_token_ids]
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:  # no model of its own
+        return None
+
+    def dummy_run(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def proposer_config(
+    *,
+    max_draft_tokens: int = 8,
+    pools: Sequence[Mapping[str, Any]] = (),
+    lookup: bool = True,
+    model: str | None = None,
+    metrics_port: int = 0,
+) -> dict[str, Any]:
+    """The `additional_config["cosine"]` dict `CoSineScheduler` reads.
+
+    Args:
+        max_draft_tokens: k's upper bound (must equal vLLM's `num_speculative_tokens`).
+        pools: `{"name", "address", "expertise": [...]}` per remote drafter pool (gRPC).
+        lookup: run prompt lookup in-process.
+        model: the target's path (its tokenizer classifies prompts into domains for routing).
+        metrics_port: serve CoSine's `cosine:` series on this port (0 = none).
+    """
+    return {"max_draft_tokens": max_draft_tokens, "pools": [dict(p) for p in pools], "lookup": lookup,
+            "model": model, "metrics_port": metrics_port}
+
+
+def engine_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM engine arguments that put CoSine's proposer under the engine (for `vllm.LLM(...)`,
+    `AsyncEngineArgs(...)` or, as JSON, `vllm serve` flags)."""
+    return {
+        "speculative_config": {"method": "custom_class", "model": NO_DRAFT_PROPOSER,
+                               "num_speculative_tokens": int(config["max_draft_tokens"])},
+        "scheduler_cls": SCHEDULER_CLS,
+        "additional_config": {CONFIG_KEY: dict(config)},
+    }
+
+
+def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
+    """A `CoSineProposer` from the `additional_config["cosine"]` dict (remote pools over gRPC)."""
+    pools = []
+    expertise = {}
+    for p in config.get("pools", ()):
+        from cosine.runtime.transport.remote_drafter import RemoteDrafter
+
+        # drafts are greedy point-mass proposals here: no q is sent, so no compression applies
+        pools.append(RemoteDrafter(p["address"], p["name"], vocab_size=0, compression=None,
+                                   base_timeout_s=float(p.get("timeout_s", 2.0)), per_token_timeout_s=0.2))
+        expertise[p["name"]] = tuple(p.get("expertise", ()))
+    settings = prop.ProposerSettings(max_draft_tokens=int(config["max_draft_tokens"]),
+                                     lookup=bool(config.get("lookup", True)))
+    return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")))
+
+
+def _classifier(model: str | None):
+    from cosine.runtime.routing import classify_prompt
+
+    if not model:
+        return lambda prompt: "chat"
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return lambda prompt: classify_prompt(tokenizer.decode(list(prompt)[-512:], skip_special_tokens=True))
+
+
+class CoSineScheduler(Scheduler):
+    """vLLM's scheduler with CoSine's drafts (see the module docstring). Everything else, from
+    admission and KV blocks to preemption, is vLLM's own."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config = (self.vllm_config.additional_config or {}).get(CONFIG_KEY) or {}
+        if not config:
+            raise ValueError(f"CoSineScheduler needs additional_config[{CONFIG_KEY!r}] "
+                             "(see vllm_hooks.proposer_config)")
+        if int(config["max_draft_tokens"]) != self.num_spec_tokens:
+            raise ValueError(f"additional_config.cosine.max_draft_tokens ({config['max_draft_tokens']}) must equal "
+                             f"speculative_config.num_speculative_tokens ({self.num_spec_tokens})")
+        self.cosine = build_proposer(config)
+        self._step_t0 = 0.0
+        self._exporter = None
+        if config.get("metrics_port"):
+            from cosine.runtime.metrics import ProposerExporter
+
+            self._exporter = ProposerExporter(self.cosine.stats, port=int(config["metrics_port"]))
+
+    def schedule(self, *args: Any, **kwargs: Any):
+        self._step_t0 = time.perf_counter()
+        return super().schedule(*args, **kwargs)
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        step_s = time.perf_counter() - self._step_t0
+        outcomes = []
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        for rid, spec in scheduler_output.scheduled_spec_decode_tokens.items():
+            i = index.get(rid)
+            if i is None or not sampled or i >= len(sampled) or not sampled[i]:
+                continue
+            drafted = sum(1 for t in spec if t >= 0)
+            outcomes.append(prop.RequestOutcome(rid, drafted, max(0, len(sampled[i]) - 1),
+                                                self.cosine.source_of(rid)))
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        has_prefill = bool(scheduler_output.scheduled_new_reqs) or any(
+            n > 1 + len(spec_tokens.get(rid, ())) for rid, n in scheduler_output.num_scheduled_tokens.items())
+        out = super().update_from_output(scheduler_output, model_runner_output)
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            self.cosine.observe_step(prop.StepRecord(step_s, scheduler_output.total_num_scheduled_tokens,
+                                                     tuple(outcomes), has_prefill))
+        return out
+
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        contexts: dict[str, Sequence[int]] = {}
+        prompt_lens: dict[str, int] = {}
+        for rid in draft_token_ids.req_ids:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished() or request.is_prefill_chunk:
+                continue
+            contexts[rid] = request.all_token_ids
+            prompt_lens[rid] = request.num_prompt_tokens
+        self.cosine.retain(self.requests.keys())
+        drafts = self.cosine.propose(contexts, prompt_lens)
+        rows = [drafts.get(rid, []) for rid in draft_token_ids.req_ids]
+        super().update_draft_token_ids(DraftTokenIds(list(draft_token_ids.req_ids), rows))
+
+    def shutdown(self) -> None:
+        self.cosine.close()
+        super().shutdown()

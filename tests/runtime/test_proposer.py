@@ -1,0 +1,159 @@
+"""CoSine's drafting plane (`runtime/proposer.py`) with plain token lists and fake pools."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from cosine.runtime.drafter import Draft
+from cosine.runtime.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
+
+REPEAT = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7]  # the tail 5 6 7 was seen before, followed by 8 9 10 ...
+
+
+class FakePool:
+    """A drafter pool whose draft is the context's continuation under a fixed rule; `delay_s`
+    simulates drafting time; `fail` raises like a dead gRPC peer."""
+
+    def __init__(self, name: str, rule=lambda ctx, k: [ctx[-1] + 1 + i for i in range(k)], delay_s: float = 0.0,
+                 fail: bool = False, confidence: float = 0.9) -> None:
+        self.name, self.rule, self.delay_s, self.fail, self.confidence = name, rule, delay_s, fail, confidence
+        self.calls = 0
+        self.released: list[str] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def propose(self, request_id, context_ids, max_tokens, params, *, min_confidence=0.0, generator=None) -> Draft:
+        self.calls += 1
+        self.gate.wait()
+        time.sleep(self.delay_s)
+        if self.fail:
+            raise ConnectionError("drafter down")
+        toks = tuple(self.rule(list(context_ids), max_tokens))
+        return Draft(toks, None, (self.confidence,) * len(toks), self.name, self.delay_s)
+
+    def release(self, request_id: str) -> None:
+        self.released.append(request_id)
+
+
+def _wait(pred, timeout_s: float = 5.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
+
+
+def test_prompt_lookup_draft_capped_at_k():
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3))
+    drafts = p.propose({"r": REPEAT})
+    assert drafts == {"r": [8, 9, 10]}
+    assert p.source_of("r") == LOOKUP
+
+
+def test_no_candidate_no_draft():
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=4))
+    assert p.propose({"r": [1, 2, 3, 4]}) == {"r": []}
+    assert p.source_of("r") == ""
+
+
+def test_k_falls_to_zero_when_drafts_cost_and_are_rejected_then_probes():
+    s = ProposerSettings(max_draft_tokens=4)
+    p = CoSineProposer(s)
+    ks = []
+    for _ in range(40):
+        d = p.propose({"r": REPEAT})["r"]
+        ks.append(len(d))
+        # a pass costs 0.1 s per token (compute-bound) and the target rejects every draft token
+        n = 1 + len(d)
+        p.observe_step(StepRecord(0.1 * n, n, (RequestOutcome("r", len(d), 0, p.source_of("r")),)))
+    assert ks[0] == 4  # unmeasured: tried at full length
+    assert ks[-10:].count(0) >= 8  # priced and rejected: speculation stops ...
+    assert any(k > 0 for k in ks[-10:])  # ... but probes keep re-measuring
+
+
+def test_k_stays_long_when_drafts_are_accepted_and_passes_flat():
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=4))
+    for _ in range(20):
+        d = p.propose({"r": REPEAT})["r"]
+        n = 1 + len(d)
+        p.observe_step(StepRecord(0.1 + 0.002 * n, n, (RequestOutcome("r", len(d), len(d), p.source_of("r")),)))
+    assert len(p.propose({"r": REPEAT})["r"]) == 4
+    assert p.stats.accepted_tokens[LOOKUP] > 0 and p.stats.steps_with_draft == 20
+
+
+def test_pool_never_blocks_and_counts_late_drafts():
+    pool = FakePool("coder")
+    pool.gate.clear()  # the pool hangs
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=4, lookup=False), [pool])
+    t0 = time.perf_counter()
+    assert p.propose({"r": [1, 2, 3]}) == {"r": []}
+    assert p.propose({"r": [1, 2, 3, 4]}) == {"r": []}
+    assert time.perf_counter() - t0 < 0.5
+    assert p.stats.drafts_late["coder"] >= 1
+    pool.gate.set()
+    p.close()
+
+
+def test_pool_draft_used_when_it_arrives_and_continues_the_context():
+    pool = FakePool("coder")  # drafts ctx[-1]+1, +2, ...
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool])
+    assert p.propose({"r": [1, 2, 3]}) == {"r": []}  # asks the pool to draft from [1, 2, 3]
+    _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+    # the target emitted 4 meanwhile, the pool's own first token: the rest of its draft continues
+    assert p.propose({"r": [1, 2, 3, 4]}) == {"r": [5, 6, 7]}
+    assert p.source_of("r") == "coder"
+
+
+def test_pool_draft_dropped_when_the_target_diverged():
+    pool = FakePool("coder")
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool])
+    p.propose({"r": [1, 2, 3]})
+    _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+    assert p.propose({"r": [1, 2, 3, 99]}) == {"r": []}
+
+
+def test_failed_pool_costs_drafts_not_the_request():
+    pool = FakePool("coder", fail=True)
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3), [pool])
+    for i in range(5):
+        drafts = p.propose({"r": REPEAT + [i]})
+        assert "r" in drafts
+        time.sleep(0.02)
+    assert p.stats.pool_errors["coder"] >= 1
+    assert p.down_until["coder"] > time.monotonic()
+
+
+def test_fusion_picks_the_more_confident_candidate_per_position():
+    # lookup proposes 8 9 10 (n = 3 of max 4: confidence 0.75, acceptance prior 0.7); the pool, an
+    # expert on the domain (prior 0.7), proposes 8 42 43 at confidence 0.99
+    pool = FakePool("coder", rule=lambda ctx, k: [8, 42, 43, 44][:k], confidence=0.99)
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3), [pool], {"coder": ["code"]},
+                       classify=lambda prompt: "code")
+    p.propose({"r": REPEAT})
+    _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+    pool.gate.clear()  # keep the next call in flight so the arrived draft stays the pool's latest
+    assert p.propose({"r": REPEAT})["r"] == [8, 42, 43]
+    pool.gate.set()
+    p.close()
+
+
+def test_outcomes_train_the_router_per_pool_and_domain():
+    pool = FakePool("coder")
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool], {"coder": ["code"]},
+                       classify=lambda prompt: "code")
+    p.propose({"r": [1, 2, 3]}, {"r": 3})
+    _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+    d = p.propose({"r": [1, 2, 3, 4]})["r"]
+    p.observe_step(StepRecord(0.1, 1 + len(d), (RequestOutcome("r", len(d), 2, "coder"),)))
+    arm = p.router.arms[("coder", "code")]
+    assert arm.accepted == 2 and arm.rejected == 1
+
+
+def test_retain_releases_finished_requests_into_the_suffix_cache():
+    pool = FakePool("coder")
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3), [pool])
+    p.propose({"a": [1, 2, 3, 4, 5, 6], "b": [7, 8]})
+    p.retain({"b"})
+    _wait(lambda: pool.released == ["a"])
+    assert p.suffix_cache.lookup([1, 2, 3], 3) == [4, 5, 6]
+    assert "a" not in p._requests and "b" in p._requests
