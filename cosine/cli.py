@@ -13,6 +13,7 @@ from pathlib import Path
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
+_HF_SYSTEMS = "target-only,hf-assisted,single-coder,single-smollm2,single-ngram,cosine-routing,cosine"
 
 
 def _models_pull(args: argparse.Namespace) -> int:
@@ -96,11 +97,13 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return _vllm_bench(args)
     from cosine.bench import BenchConfig, format_table, plot, run_bench, write_report
     from cosine.runtime.speculation_control import SpeculationSettings
     from cosine.workloads import load, resolve_workload
 
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    systems = [s.strip() for s in (args.systems or _HF_SYSTEMS).split(",") if s.strip()]
     prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
@@ -130,11 +133,34 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vllm_bench(args: argparse.Namespace) -> int:
+    from cosine import vllm_bench
+    from cosine.workloads import load, resolve_workload
+
+    systems = [s.strip() for s in (args.systems or ",".join(vllm_bench.SYSTEMS)).split(",") if s.strip()]
+    try:
+        levels = [int(c) for c in (args.concurrency or "1,4,8").split(",")]
+    except ValueError:
+        raise ValueError(f"--concurrency takes integers like 1,4,8, got {args.concurrency!r}") from None
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
+    report = vllm_bench.run_bench(prompts, systems, levels, args.max_tokens, args.cluster, args.drafter,
+                                  peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload))
+    vllm_bench.write_report(report, args.out)
+    print(vllm_bench.format_table(report))
+    print(f"wrote {args.out}")
+    if args.plot:
+        vllm_bench.plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
 def _load_bench(args: argparse.Namespace, prompts, target, drafter, config) -> int:
     from cosine.bench import write_report
     from cosine.load_bench import LOAD_SYSTEMS, plot_load, run_load_bench
 
-    systems = [s.strip() for s in args.systems.split(",") if s.strip() in LOAD_SYSTEMS]
+    systems = [s.strip() for s in (args.systems or "").split(",") if s.strip() in LOAD_SYSTEMS]
     if not systems:
         raise ValueError(f"a load run (--concurrency/--request-rate) runs systems among {list(LOAD_SYSTEMS)}")
     try:
@@ -245,12 +271,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_generate)
 
     be = sub.add_parser("bench", help="compare systems on a workload; JSON + plot")
+    be.add_argument("--engine", default="vllm", choices=["vllm", "hf"],
+                    help="vllm: vLLM target-only, its ngram and draft_model speculation and CoSine on vLLM, as "
+                         "servers; hf: the reference transformers engine's systems (the previous release)")
+    be.add_argument("--cluster", type=Path, default=None,
+                    help="CoSineCluster manifest for --engine vllm (verifier engine arguments, drafter pools)")
+    be.add_argument("--peer-k", type=int, default=4, help="speculation length of vllm-ngram and vllm-draft")
     be.add_argument("--workload", default="mixed", help="JSONL file or a built workload name (mixed, code, …)")
     be.add_argument("--limit", type=int, default=0, help="prompts per domain (0 = all)")
     be.add_argument("--max-tokens", type=int, default=64)
-    be.add_argument(
-        "--systems", default="target-only,hf-assisted,single-coder,single-smollm2,single-ngram,cosine-routing,cosine"
-    )
+    be.add_argument("--systems", default="",
+                    help="--engine vllm: vllm,vllm-ngram,vllm-draft,cosine (default all); --engine hf: "
+                         "target-only,hf-assisted,single-coder,single-smollm2,single-ngram,cosine-routing,cosine")
     be.add_argument("--cross-drafter", default="smollm2-135m-instruct",
                     help="drafter with its own tokenizer (single-smollm2 and the collaborative systems)")
     be.add_argument("--tree-budget", type=int, default=16, help="token-tree nodes per verification (cosine)")

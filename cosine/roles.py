@@ -204,7 +204,8 @@ def verifier_command(
             raise ValueError(f"--drafter {item!r}: no drafter pool {name!r} in the manifest") from None
         pools.append({"name": name, "address": address, "expertise": list(pool.expertise)})
     model_path = str(resolve(spec.verifier.model))
-    args = vllm_engine_args(spec.verifier, model_path, settings.max_draft_tokens, pools, metrics_port)
+    args = vllm_engine_args(spec.verifier, model_path, settings.max_draft_tokens, pools, metrics_port,
+                            adaptive=settings.adaptive)
     argv = [sys.executable, "-P", "-m", VLLM_SERVER, *cli_flags(args), "--host", host, "--port", str(http_port),
             "--uvicorn-log-level", "warning"]
     env = {**os.environ, **vllm_cpu_env(spec.verifier)}
@@ -217,7 +218,7 @@ VLLM_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` (the
 
 
 def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: list[dict[str, Any]],
-                     metrics_port: int = 0) -> dict[str, Any]:
+                     metrics_port: int = 0, *, adaptive: bool = True) -> dict[str, Any]:
     """The verifier spec (`spec.verifier`) as vLLM engine arguments (`EngineArgs` field names).
 
     GPUs requested per verifier pod (`resources.limits["nvidia.com/gpu"]`) become the
@@ -240,7 +241,7 @@ def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: li
         args["enforce_eager"] = True
     if max_draft_tokens > 0:
         config = vllm_hooks.proposer_config(max_draft_tokens=max_draft_tokens, pools=pools, model=model_path,
-                                            metrics_port=metrics_port)
+                                            metrics_port=metrics_port, adaptive=adaptive)
         args.update(vllm_hooks.engine_kwargs(config))
     return args
 
@@ -394,11 +395,11 @@ def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None, 
     finally:
         stop.set()
         if verifier is not None:
-            _stop_group(verifier)
+            stop_group(verifier)
         stop_children(children)
 
 
-def _stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
+def stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
     """Stop a child and its process group (vLLM's engine-core and worker processes)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)

@@ -4,7 +4,8 @@ For a cluster ``N`` in namespace ``NS`` (the runtime contract, DESIGN.md §3):
 
 * ConfigMap ``N-config``, key ``cluster.yaml``: the CoSineCluster (apiVersion, kind, metadata.name,
   spec) the runtime reads from ``/etc/cosine/cluster.yaml``;
-* Deployment + Service ``N-verifier`` (http 8000: gateway, /health, /metrics; grpc 50051) and the
+* Deployment + Service ``N-verifier`` (http 8000: vLLM's OpenAI server, /health, /metrics; metrics 9091:
+  CoSine's series; grpc 50051) and the
   gateway Service ``N-gateway`` (``spec.gateway.serviceType``, ``port`` → 8000);
 * per drafter pool ``P``: Deployment ``N-drafter-P``, headless Service ``N-drafter-P`` (grpc 50052,
   metrics 9090) and the scale target ``CoSineDrafterPool`` ``N-P`` (HPA/KEDA can drive its
@@ -212,7 +213,8 @@ def _deployment(
 
 
 def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]) -> Manifest:
-    """Deployment ``N-verifier``: gateway + coordinator + verifier, one ``--drafter`` per pool."""
+    """Deployment ``N-verifier``: vLLM's OpenAI server with CoSine's proposer, one ``--drafter`` per pool;
+    Prometheus scrapes CoSine's series on the metrics port (vLLM's are on the http port)."""
     cluster = s.parse_cluster_spec(spec)
     v = cluster.verifier
     args = [
@@ -223,6 +225,8 @@ def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]
         str(s.VERIFIER_HTTP_PORT),
         "--grpc-port",
         str(s.VERIFIER_GRPC_PORT),
+        "--metrics-port",
+        str(s.VERIFIER_METRICS_PORT),
         "--host",
         "0.0.0.0",  # the runtime binds loopback unless told otherwise
     ]
@@ -242,6 +246,7 @@ def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]
         "ports": [
             {"name": "http", "containerPort": s.VERIFIER_HTTP_PORT, "protocol": "TCP"},
             {"name": "grpc", "containerPort": s.VERIFIER_GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": s.VERIFIER_METRICS_PORT, "protocol": "TCP"},
         ],
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": s.VERIFIER_HTTP_PORT},
@@ -258,7 +263,7 @@ def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]
         None,
         v.replicas,
         pod_spec,
-        s.VERIFIER_HTTP_PORT,
+        s.VERIFIER_METRICS_PORT,
         config_hash(spec),
     )
 

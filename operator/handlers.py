@@ -279,7 +279,7 @@ async def _scrape(
         role = labels.get(builders.COMPONENT_LABEL)
         if role not in ("verifier", "drafter"):
             continue
-        default_port = s.VERIFIER_HTTP_PORT if role == "verifier" else s.DRAFTER_METRICS_PORT
+        default_port = s.VERIFIER_METRICS_PORT if role == "verifier" else s.DRAFTER_METRICS_PORT
         port = annotations.get("prometheus.io/port", str(default_port))
         path = annotations.get("prometheus.io/path", "/metrics")
         targets.append(

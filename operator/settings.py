@@ -20,7 +20,8 @@ CLUSTER_KIND = "CoSineCluster"
 POOL_KIND = "CoSineDrafterPool"
 
 # Port numbers of the runtime contract (see DESIGN.md §3 and the runtime's CLI).
-VERIFIER_HTTP_PORT = 8000  # gateway (OpenAI API), /health and /metrics
+VERIFIER_HTTP_PORT = 8000  # vLLM's OpenAI server: the API, /health and /metrics (vllm: series)
+VERIFIER_METRICS_PORT = 9091  # CoSine's proposer in vLLM's engine core: cosine: series (the autoscaler's)
 VERIFIER_GRPC_PORT = 50051
 DRAFTER_GRPC_PORT = 50052
 DRAFTER_METRICS_PORT = 9090

@@ -137,9 +137,13 @@ class ProposerCollector:
     - cosine:verifier_steps_total, cosine:verifier_steps_with_draft_total.
     """
 
-    def __init__(self, stats, model_name: str = "") -> None:
+    def __init__(self, stats, model_name: str = "", clock=None) -> None:
+        import time
+
         self.stats = stats
         self.model_name = model_name
+        self.clock = clock or time.monotonic
+        self.started_s = self.clock()
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -169,6 +173,23 @@ class ProposerCollector:
                                          labels=["model_name"])
         with_draft.add_metric([self.model_name], s.steps_with_draft)
         yield with_draft
+        # the operator's autoscaler contract (operator/metrics_scrape.py): busy/idle, tokens, queue
+        busy = CounterMetricFamily("cosine:verifier_busy_seconds", "Seconds in engine steps.", labels=["model_name"])
+        busy.add_metric([self.model_name], s.busy_s)
+        yield busy
+        idle = CounterMetricFamily("cosine:verifier_idle_seconds", "Seconds not in engine steps.",
+                                   labels=["model_name"])
+        idle.add_metric([self.model_name], max(0.0, self.clock() - self.started_s - s.busy_s))
+        yield idle
+        tokens = CounterMetricFamily("cosine:verifier_tokens_verified", "Tokens computed by engine steps.",
+                                     labels=["model_name"])
+        tokens.add_metric([self.model_name], s.tokens_verified)
+        yield tokens
+        for name, doc, v in (("cosine:num_requests_running", "Requests being decoded.", s.requests_running),
+                             ("cosine:num_requests_waiting", "Requests queued for admission.", s.requests_waiting)):
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric([self.model_name], v)
+            yield g
 
 
 class ProposerExporter:

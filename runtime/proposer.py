@@ -27,6 +27,7 @@ never a request.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -75,7 +76,9 @@ class ProposerSettings:
     """max_draft_tokens: k's upper bound (vLLM's `num_speculative_tokens`). speculation: the k
     policy (`speculation_control`). routing: the pool router. lookup: run prompt lookup.
     lookup_min_n / lookup_max_n: n-gram sizes matched. pool_lookahead_tokens: a pool drafts this
-    many tokens beyond k, because the target emits at least one token while the draft is made.
+    many tokens beyond k, because the target emits at least one token while the draft is made;
+    more when the pool's measured round trip spans several engine steps (its draft must still
+    reach past what the target emitted meanwhile), up to max_pool_draft_tokens.
     pool_retry_s: seconds a failed pool is left out. reroute_every: steps between re-routing a
     request. initial_step_s: the pass time assumed before any step was measured."""
 
@@ -86,6 +89,7 @@ class ProposerSettings:
     lookup_min_n: int = 2
     lookup_max_n: int = 4
     pool_lookahead_tokens: int = 2
+    max_pool_draft_tokens: int = 32
     pool_retry_s: float = 5.0
     reroute_every: int = 16
     initial_step_s: float = 0.1
@@ -130,6 +134,10 @@ class ProposerStats:
     drafts_late: dict[str, int] = field(default_factory=dict)
     pool_errors: dict[str, int] = field(default_factory=dict)
     pool_rtt_s: dict[str, float] = field(default_factory=dict)  # EMA of a pool call's wall time
+    busy_s: float = 0.0  # seconds in engine steps
+    tokens_verified: int = 0  # tokens computed by the steps (pending + draft + prefill)
+    requests_running: int = 0
+    requests_waiting: int = 0
 
     def add(self, counter: dict[str, int], key: str, n: int = 1) -> None:
         counter[key] = counter.get(key, 0) + n
@@ -185,6 +193,8 @@ class CoSineProposer:
         if not step.has_prefill:
             self._observe_curve(step.num_tokens, step.step_s)
         self.stats.steps += 1
+        self.stats.busy_s += max(0.0, step.step_s)
+        self.stats.tokens_verified += step.num_tokens
         if any(o.num_draft_tokens for o in step.outcomes):
             self.stats.steps_with_draft += 1
         for o in step.outcomes:
@@ -363,8 +373,12 @@ class CoSineProposer:
         if req.steps % self.settings.reroute_every == 0 and req.steps:
             req.pools = self._route(req.domain)
         now = self.clock()
-        k = self.settings.max_draft_tokens + self.settings.pool_lookahead_tokens
+        s = self.settings
+        step_s = self.curve.seconds(1) if self.curve else s.initial_step_s
         for name in req.pools:
+            rtt_s = self.stats.pool_rtt_s.get(name, 0.0)
+            ahead = max(s.pool_lookahead_tokens, math.ceil(rtt_s / max(step_s, 1e-3)))
+            k = min(s.max_draft_tokens + ahead, max(s.max_pool_draft_tokens, s.max_draft_tokens))
             if self.down_until.get(name, 0.0) > now:
                 continue
             fut = req.inflight.get(name)

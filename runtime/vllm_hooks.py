@@ -65,6 +65,7 @@ def proposer_config(
     max_draft_tokens: int = 8,
     pools: Sequence[Mapping[str, Any]] = (),
     lookup: bool = True,
+    adaptive: bool = True,
     model: str | None = None,
     metrics_port: int = 0,
 ) -> dict[str, Any]:
@@ -74,11 +75,12 @@ def proposer_config(
         max_draft_tokens: k's upper bound (must equal vLLM's `num_speculative_tokens`).
         pools: `{"name", "address", "expertise": [...]}` per remote drafter pool (gRPC).
         lookup: run prompt lookup in-process.
+        adaptive: choose k per request from measured goodput (False: always `max_draft_tokens`).
         model: the target's path (its tokenizer classifies prompts into domains for routing).
         metrics_port: serve CoSine's `cosine:` series on this port (0 = none).
     """
     return {"max_draft_tokens": max_draft_tokens, "pools": [dict(p) for p in pools], "lookup": lookup,
-            "model": model, "metrics_port": metrics_port}
+            "adaptive": adaptive, "model": model, "metrics_port": metrics_port}
 
 
 def engine_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,8 +105,11 @@ def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
         pools.append(RemoteDrafter(p["address"], p["name"], vocab_size=0, compression=None,
                                    base_timeout_s=float(p.get("timeout_s", 2.0)), per_token_timeout_s=0.2))
         expertise[p["name"]] = tuple(p.get("expertise", ()))
+    from cosine.runtime.speculation_control import SpeculationSettings
+
     settings = prop.ProposerSettings(max_draft_tokens=int(config["max_draft_tokens"]),
-                                     lookup=bool(config.get("lookup", True)))
+                                     lookup=bool(config.get("lookup", True)),
+                                     speculation=SpeculationSettings(adaptive=bool(config.get("adaptive", True))))
     return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")))
 
 
@@ -160,6 +165,8 @@ class CoSineScheduler(Scheduler):
         has_prefill = bool(scheduler_output.scheduled_new_reqs) or any(
             n > 1 + len(spec_tokens.get(rid, ())) for rid, n in scheduler_output.num_scheduled_tokens.items())
         out = super().update_from_output(scheduler_output, model_runner_output)
+        self.cosine.stats.requests_running = len(self.running)
+        self.cosine.stats.requests_waiting = len(self.waiting)
         if scheduler_output.total_num_scheduled_tokens > 0:
             self.cosine.observe_step(prop.StepRecord(step_s, scheduler_output.total_num_scheduled_tokens,
                                                      tuple(outcomes), has_prefill))

@@ -53,6 +53,8 @@ def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
         "8000",
         "--grpc-port",
         "50051",
+        "--metrics-port",
+        "9091",
         "--host",
         "0.0.0.0",
         "--drafter",
@@ -60,7 +62,8 @@ def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
         "--drafter",
         "ngram=dns:///demo-drafter-ngram.ns.svc:50052",
     ]
-    assert {p["containerPort"] for p in c["ports"]} == {8000, 50051}
+    assert {p["containerPort"] for p in c["ports"]} == {8000, 50051, 9091}
+    assert d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9091"  # cosine: series
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -72,7 +75,6 @@ def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert mounts == {"/etc/cosine", "/models"}
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "8000"
 
 
 def test_drafter_deployment_and_headless_service() -> None:

@@ -1,9 +1,12 @@
 """The embedded multi-process cluster, as a user runs it: `cosine serve --cluster FILE`.
 
-Real processes on loopback (a verifier with the gateway, a drafter process per replica), a real
-small model (SmolLM2-135M-Instruct as both target and drafter, so it runs in seconds), the official
-`openai` client. Faults: a drafter killed mid-stream costs speed, never a request, and is restarted
-and rejoins; 50 requests at concurrency 8 all complete exactly once.
+Real processes on loopback: vLLM's OpenAI server as the verifier with CoSine's proposer under its
+engine, a drafter process per replica talking gRPC, a real small model (SmolLM2-135M-Instruct as
+both target and drafter, so it runs in seconds), the official `openai` client. The reference is
+vLLM serving the same target alone (`maxDraftLen: 0`), in float32: greedy outputs must be
+identical. Faults: a drafter killed mid-stream costs speed, never a request, and is restarted and
+rejoins; 50 requests at concurrency 8 all complete exactly once. The API contract users rely on
+(API key, 4xx naming the field, 404 for an unknown model, streaming usage) is vLLM's server's.
 """
 
 from __future__ import annotations
@@ -27,11 +30,10 @@ pytestmark = pytest.mark.real_model
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = ["Name three colors.", "What is 7 times 6?", "Write a haiku about the sea.", "List two fruits."]
+API_KEY = "test-key"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    pull(MODEL, progress=False)
+def _manifest(tmp_path_factory, max_draft_len: int) -> str:
     manifest = {
         "apiVersion": "cosine.dev/v1alpha1",
         "kind": "CoSineCluster",
@@ -39,30 +41,64 @@ def cluster(tmp_path_factory):
         "spec": {
             "verifier": {"model": MODEL, "threads": 1},
             "drafterPools": [{"name": "small", "model": MODEL, "replicas": 1, "threads": 1}],
-            "speculation": {"maxDraftLen": 4, "adaptive": False},  # same model drafts: always speculate
+            # the same model drafts: always speculate, so every path is exercised
+            "speculation": {"maxDraftLen": max_draft_len, "adaptive": False},
         },
     }
     path = tmp_path_factory.mktemp("cluster") / "cluster.yaml"
     path.write_text(yaml.safe_dump(manifest))
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "cosine", "serve", "--cluster", str(path), "--port", str(port)],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
+    return str(path)
+
+
+def _start(cmd: list[str], base: str, env: dict[str, str]) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, start_new_session=True)
+    deadline = time.monotonic() + 400
     while True:
-        assert proc.poll() is None, "cosine serve exited during start-up"
+        assert proc.poll() is None, f"{cmd[3:5]} exited during start-up"
         try:
             if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
+                return proc
         except httpx.HTTPError:
             pass
-        assert time.monotonic() < deadline, "cluster not healthy after 300 s"
+        assert time.monotonic() < deadline, "server not healthy after 400 s"
         time.sleep(1)
-    yield base, proc
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(30)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    pull(MODEL, progress=False)
+    path = _manifest(tmp_path_factory, 4)
+    port, metrics_port = free_port(), free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = _start([sys.executable, "-P", "-m", "cosine", "serve", "--cluster", path, "--port", str(port),
+                   "--metrics-port", str(metrics_port)], base, {"COSINE_API_KEY": API_KEY})
+    yield base, proc, f"http://127.0.0.1:{metrics_port}/metrics"
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """vLLM target-only greedy outputs (the same server without a speculative path)."""
+    pull(MODEL, progress=False)
+    path = _manifest(tmp_path_factory, 0)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = _start([sys.executable, "-P", "-m", "cosine", "verifier", "--cluster", path, "--http-port", str(port),
+                   "--metrics-port", "0"], base, {})
+    try:
+        client = _client(base, "none")
+        yield {p: _chat(client, p) for p in PROMPTS}
+    finally:
+        _stop(proc)
 
 
 def _drafter_pids(serve_pid: int) -> list[int]:
@@ -70,26 +106,10 @@ def _drafter_pids(serve_pid: int) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
-@pytest.fixture(scope="module")
-def reference():
-    """Target-only greedy outputs, computed in this process with the same thread count."""
-    import torch
-
-    from cosine.runtime.models import ModelRunner
-    from cosine.runtime.speculative_decoding import generate
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    runner = ModelRunner.load(MODEL)
-    out = {p: runner.decode(generate(runner, runner.encode_prompt(p), 24).token_ids) for p in PROMPTS}
-    torch.set_num_threads(threads)
-    return out
-
-
-def _client(base: str):
+def _client(base: str, api_key: str = API_KEY):
     from openai import OpenAI
 
-    return OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+    return OpenAI(base_url=f"{base}/v1", api_key=api_key, max_retries=0, timeout=120)
 
 
 def _chat(client, prompt: str, stream: bool = False) -> str:
@@ -101,17 +121,34 @@ def _chat(client, prompt: str, stream: bool = False) -> str:
 
 
 def test_openai_client_gets_target_identical_output(cluster, reference):
-    base, _ = cluster
+    base, _, metrics_url = cluster
     client = _client(base)
     for p in PROMPTS[:2]:
         assert _chat(client, p) == reference[p]
         assert _chat(client, p, stream=True) == reference[p]
-    metrics = httpx.get(f"{base}/metrics").text
-    assert "cosine:spec_decode_num_accepted_tokens_total" in metrics
+    assert _accepted(metrics_url) > 0, "the drafter pool's drafts were verified and accepted"
+    vllm_metrics = httpx.get(f"{base}/metrics").text
+    assert "vllm:spec_decode_num_accepted_tokens_total" in vllm_metrics
+
+
+def test_api_contract(cluster):
+    base, _, _ = cluster
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    assert httpx.post(f"{base}/v1/chat/completions", json=body).status_code == 401  # API key required
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    bad = httpx.post(f"{base}/v1/chat/completions", json={**body, "temperature": -1}, headers=auth)
+    assert bad.status_code == 400 and "temperature" in bad.json()["error"]["message"]
+    unknown = httpx.post(f"{base}/v1/chat/completions", json={**body, "model": "nope"}, headers=auth)
+    assert unknown.status_code == 404
+    stream = _client(base).chat.completions.create(
+        model=MODEL, messages=body["messages"], max_tokens=4, temperature=0, stream=True,
+        stream_options={"include_usage": True})
+    usage = [c.usage for c in stream if c.usage is not None]
+    assert usage and usage[-1].completion_tokens == 4
 
 
 def test_killed_drafter_costs_speed_not_requests(cluster, reference):
-    base, proc = cluster
+    base, proc, metrics_url = cluster
     client = _client(base)
     pids = _drafter_pids(proc.pid)
     assert len(pids) == 1, "one drafter process per replica, visible as `cosine drafter` in ps"
@@ -125,22 +162,23 @@ def test_killed_drafter_costs_speed_not_requests(cluster, reference):
     while not (new := _drafter_pids(proc.pid)) or new == pids:
         assert time.monotonic() < deadline, "drafter was not restarted"
         time.sleep(1)
-    time.sleep(8)  # model load + the failover's down window
-    before = _accepted(base)
-    assert _chat(client, PROMPTS[0]) == reference[PROMPTS[0]]
-    assert _accepted(base) > before, "the restarted drafter drafts again"
+    time.sleep(8)  # model load + the proposer's down window for a failed pool
+    before = _accepted(metrics_url)
+    for p in PROMPTS:
+        assert _chat(client, p) == reference[p]
+    assert _accepted(metrics_url) > before, "the restarted drafter drafts again"
 
 
-def _accepted(base: str, pool: str = "small") -> float:
+def _accepted(metrics_url: str, pool: str = "small") -> float:
     """Accepted draft tokens of one drafter pool (prompt lookup counts under pool="lookup")."""
-    for line in httpx.get(f"{base}/metrics").text.splitlines():
+    for line in httpx.get(metrics_url).text.splitlines():
         if line.startswith("cosine:spec_decode_num_accepted_tokens_total{") and f'pool="{pool}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
 
 def test_fifty_requests_at_concurrency_eight(cluster):
-    base, _ = cluster
+    base, _, _ = cluster
     client = _client(base)
 
     def one(i: int) -> tuple[int, str, float]:
