@@ -219,7 +219,9 @@ VLLM_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` (the
 
 def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: list[dict[str, Any]],
                      metrics_port: int = 0, *, adaptive: bool = True) -> dict[str, Any]:
-    """The verifier spec (`spec.verifier`) as vLLM engine arguments (`EngineArgs` field names).
+    """The verifier spec (`spec.verifier`) as vLLM engine arguments (`EngineArgs` field names):
+    model, dtype, maxBatchTokens -> max_num_batched_tokens, maxModelLen, maxNumSeqs,
+    gpuMemoryUtilization (GPU pods; kvCacheSpaceGiB is the CPU pods' `vllm_cpu_env`).
 
     GPUs requested per verifier pod (`resources.limits["nvidia.com/gpu"]`) become the
     tensor-parallel size; without GPUs the engine runs eagerly on the CPU (`vllm-cpu`).
@@ -238,7 +240,11 @@ def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: li
     if gpus > 1:
         args["tensor_parallel_size"] = gpus
     if gpus == 0:
-        args["enforce_eager"] = True
+        args["enforce_eager"] = True  # CPU: no CUDA graphs; torch.compile start-up does not pay here
+    for key, value in (("max_model_len", verifier.max_model_len), ("max_num_seqs", verifier.max_num_seqs),
+                       ("gpu_memory_utilization", verifier.gpu_memory_utilization if gpus else None)):
+        if value is not None:
+            args[key] = value
     if max_draft_tokens > 0:
         config = vllm_hooks.proposer_config(max_draft_tokens=max_draft_tokens, pools=pools, model=model_path,
                                             metrics_port=metrics_port, adaptive=adaptive)
@@ -252,7 +258,8 @@ def vllm_cpu_env(verifier) -> dict[str, str]:
     without it); empty on GPU pods."""
     if int((verifier.pod.resources.get("limits") or {}).get("nvidia.com/gpu", 0) or 0):
         return {}
-    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
+    space = verifier.kv_cache_space_gib
+    env = {"VLLM_CPU_KVCACHE_SPACE": f"{space:g}" if space else os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
     iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
     if iomp.exists() and "libiomp5" not in os.environ.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = " ".join(x for x in (str(iomp), os.environ.get("LD_PRELOAD", "")) if x)

@@ -61,7 +61,11 @@ class VerifierSpec:
     dtype: str = "float32"
     replicas: int = 1
     threads: int = 1  # torch CPU threads per process
-    max_batch_tokens: int = 512
+    max_batch_tokens: int = 512  # vLLM max_num_batched_tokens
+    max_model_len: int | None = None  # vLLM max_model_len (None: the model's)
+    max_num_seqs: int | None = None  # vLLM max_num_seqs (None: vLLM's default)
+    gpu_memory_utilization: float | None = None  # GPU pods (None: vLLM's default)
+    kv_cache_space_gib: float | None = None  # CPU pods: VLLM_CPU_KVCACHE_SPACE (None: 4)
     pod: PodOverrides = field(default_factory=PodOverrides)
 
     @property
@@ -142,6 +146,11 @@ def _pod(raw: Mapping[str, Any]) -> PodOverrides:
     )
 
 
+def _opt(raw: Mapping[str, Any], key: str, kind: type) -> Any:
+    value = raw.get(key)
+    return None if value is None else kind(value)
+
+
 def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
     """Map a (possibly not defaulted) ``spec`` dict onto :class:`ClusterSpec`.
 
@@ -155,6 +164,10 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
         replicas=int(v.get("replicas", VerifierSpec.replicas)),
         threads=int(v.get("threads", VerifierSpec.threads)),
         max_batch_tokens=int(v.get("maxBatchTokens", VerifierSpec.max_batch_tokens)),
+        max_model_len=_opt(v, "maxModelLen", int),
+        max_num_seqs=_opt(v, "maxNumSeqs", int),
+        gpu_memory_utilization=_opt(v, "gpuMemoryUtilization", float),
+        kv_cache_space_gib=_opt(v, "kvCacheSpaceGiB", float),
         pod=_pod(v),
     )
     pools = tuple(

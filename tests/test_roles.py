@@ -1,0 +1,56 @@
+"""The verifier spec as vLLM engine arguments and server flags (`cosine/roles.py`), without starting vLLM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cosine import roles
+from cosine.operator.settings import parse_cluster_spec
+
+
+def _verifier(**fields):
+    return parse_cluster_spec({"verifier": {"model": "m", **fields}, "drafterPools": [{"name": "p"}]}).verifier
+
+
+def test_cpu_verifier_maps_onto_vllm_engine_arguments():
+    v = _verifier(dtype="float32", maxBatchTokens=256, maxModelLen=4096, maxNumSeqs=8, kvCacheSpaceGiB=2)
+    args = roles.vllm_engine_args(v, "/models/m", 6, [{"name": "p", "address": "a:1", "expertise": ["code"]}],
+                                  metrics_port=9091)
+    assert args["model"] == "/models/m" and args["served_model_name"] == ["m"]
+    assert args["dtype"] == "float32" and args["max_num_batched_tokens"] == 256
+    assert args["max_model_len"] == 4096 and args["max_num_seqs"] == 8
+    assert args["enforce_eager"] is True and "tensor_parallel_size" not in args
+    assert args["speculative_config"]["num_speculative_tokens"] == 6
+    cosine = args["additional_config"]["cosine"]
+    assert cosine["pools"] == [{"name": "p", "address": "a:1", "expertise": ["code"]}]
+    assert cosine["metrics_port"] == 9091
+    assert roles.vllm_cpu_env(v)["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_gpus_per_pod_are_the_tensor_parallel_size():
+    v = _verifier(resources={"limits": {"nvidia.com/gpu": 4}}, gpuMemoryUtilization=0.85)
+    args = roles.vllm_engine_args(v, "/models/m", 8, [])
+    assert args["tensor_parallel_size"] == 4 and args["gpu_memory_utilization"] == 0.85
+    assert "enforce_eager" not in args
+    assert roles.vllm_cpu_env(v) == {}
+
+
+def test_no_speculation_is_plain_vllm():
+    args = roles.vllm_engine_args(_verifier(), "/models/m", 0, [])
+    assert "speculative_config" not in args and "scheduler_cls" not in args
+
+
+def test_cli_flags():
+    flags = roles.cli_flags({"model": "x", "served_model_name": ["a"], "enforce_eager": True, "seed": 0,
+                             "speculative_config": {"method": "ngram"}, "off": False, "none": None})
+    assert flags == ["--model", "x", "--served-model-name", "a", "--enforce-eager", "--seed", "0",
+                     "--speculative-config", json.dumps({"method": "ngram"}, separators=(",", ":"))]
+
+
+def test_verifier_command_rejects_a_drafter_not_in_the_manifest():
+    with pytest.raises(ValueError, match="POOL=ADDRESS"):
+        roles.verifier_command(None, 8000, "127.0.0.1", ["nope"], None)
+    with pytest.raises(ValueError, match="no drafter pool 'other'"):
+        roles.verifier_command(None, 8000, "127.0.0.1", ["other=1.2.3.4:5"], None)
