@@ -196,21 +196,22 @@ def _rate_trace(rate_at: Any, duration_s: float, prompt: int, output: int, seed:
             out.append(RequestSpec(t, prompt, output, rng.choice(DOMAINS)))
 
 
-def autoscale_at_scale(profiles: Profiles | None = None, phase_s: float = 600.0, rates: tuple[float, ...] = (2, 10, 5),
-                       max_replicas: int = 40, verifier_replicas: int = 4, seed: int = 0) -> dict[str, Any]:
-    """3 pools of CPU-node drafters (slots 1, so many replicas are needed) behind `verifier_replicas`
-    70B verifiers; load steps through `rates` (req/s, one phase each) and a diurnal sinusoid.
-    Reports scale events, flaps (direction reversals per pool), convergence (intervals after a step
-    until a pool stays within one replica of its phase's final count), bounds and cost."""
+def autoscale_at_scale(profiles: Profiles | None = None, phase_s: float = 300.0, rates: tuple[float, ...] = (1, 6, 3),
+                       max_replicas: int = 33, verifier_replicas: int = 2, seed: int = 0) -> dict[str, Any]:
+    """3 pools of Qwen2.5-0.5B drafters on CPU nodes (slots 1, ~30 draft tokens/s each, so tens of
+    replicas are needed) behind `verifier_replicas` DeepSeek-R1-Distill-Qwen-32B verifiers; load
+    steps through `rates` (req/s, one phase each) and a diurnal sinusoid. Reports scale events,
+    flaps (direction reversals per pool), convergence (intervals after a step until
+    a pool stays within one replica of its phase's final count), bounds and cost."""
     profiles = profiles or load_profiles()
-    m = _pair_manifest("llama-70b", "cosine")
+    m = _pair_manifest("qwen-32b", "cosine")
     for p in m["spec"]["drafterPools"]:
         p.update(replicas=3, minReplicas=3, maxReplicas=max_replicas)
     m["spec"]["verifier"]["replicas"] = verifier_replicas
     m["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 30, "stabilizationSeconds": 120,
                                 "maxScaleDownStep": 2}
     for p in m["simulation"]["pools"].values():
-        p.update(hardware="l4", slots=1)
+        p.update(hardware="cpu-node", slots=1)
     setup, _ = config.build_setup(m, profiles, seed=seed)
     out: dict[str, Any] = {}
     total_s = phase_s * len(rates)
