@@ -137,6 +137,7 @@ class SimResult:
     replicas_timeline: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     scale_events: list[tuple[float, str, int, int]] = field(default_factory=list)
     gpu_cost_usd: float = 0.0
+    verifier_replicas: int = 1
 
     def summary(self) -> dict[str, float | int]:
         lat = sorted(self.latencies_s)
@@ -148,7 +149,8 @@ class SimResult:
             "latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else 0.0,
             "ttft_p50_s": statistics.median(self.ttft_s) if self.ttft_s else 0.0,
             "mean_accepted_per_step": self.accepted / self.spec_steps if self.spec_steps else 0.0,
-            "verifier_utilization": self.verifier_busy_s / self.makespan_s if self.makespan_s else 0.0,
+            "verifier_utilization": self.verifier_busy_s / (self.makespan_s * self.verifier_replicas)
+            if self.makespan_s else 0.0,
             "scale_events": len(self.scale_events),
             "usd_per_million_tokens": self.gpu_cost_usd / self.tokens * 1e6 if self.tokens else 0.0,
         }
@@ -163,10 +165,10 @@ class _Cluster:
         self.s, self.w, self.duration_s = setup, workload, duration_s
         self.env = simpy.Environment()
         self.rng = random.Random(setup.seed)
-        self.out = SimResult()
+        self.out = SimResult(verifier_replicas=setup.verifier.replicas)
         self.ready: list[_Req] = []
         self.in_flight = 0
-        self.wake = self.env.event()
+        self.idle_verifiers: list[simpy.Event] = []  # one wake-up event per idle verifier replica
         self.all_done = self.env.event()
         self.router = routing.RouterState()
         self.profiles = [routing.DrafterProfile(p.name, p.expertise) for p in setup.pools]
@@ -198,8 +200,9 @@ class _Cluster:
     def _make_ready(self, r: _Req) -> None:
         r.ready_since_s = self.env.now
         self.ready.append(r)
-        if not self.wake.triggered:
-            self.wake.succeed()
+        for wake in self.idle_verifiers:
+            wake.succeed()
+        self.idle_verifiers = []
 
     def _arrivals(self) -> simpy.events.ProcessGenerator:
         for i, spec in enumerate(self.w.requests):
@@ -221,8 +224,10 @@ class _Cluster:
         idle_since = self.env.now
         while True:
             if not self.ready:
-                self.wake = self.env.event()
-                yield self.wake
+                wake = self.env.event()
+                self.idle_verifiers.append(wake)
+                yield wake
+                continue  # another replica may have taken everything
             now = self.env.now
             idle_s = now - idle_since
             by_id = {r.rid: r for r in self.ready}

@@ -196,8 +196,8 @@ def _rate_trace(rate_at: Any, duration_s: float, prompt: int, output: int, seed:
             out.append(RequestSpec(t, prompt, output, rng.choice(DOMAINS)))
 
 
-def autoscale_at_scale(profiles: Profiles | None = None, phase_s: float = 300.0, rates: tuple[float, ...] = (1, 6, 3),
-                       max_replicas: int = 33, verifier_replicas: int = 2, seed: int = 0) -> dict[str, Any]:
+def autoscale_at_scale(profiles: Profiles | None = None, phase_s: float = 200.0, rates: tuple[float, ...] = (2, 16, 8),
+                       max_replicas: int = 33, verifier_replicas: int = 8, seed: int = 0) -> dict[str, Any]:
     """3 pools of Qwen2.5-0.5B drafters on CPU nodes (slots 1, ~30 draft tokens/s each, so tens of
     replicas are needed) behind `verifier_replicas` DeepSeek-R1-Distill-Qwen-32B verifiers; load
     steps through `rates` (req/s, one phase each) and a diurnal sinusoid. Reports scale events,
