@@ -425,6 +425,8 @@ class _Cluster:
         if self.duration_s:
             self.out.makespan_s = end
         self._cost(end)
+        for name, tl in self.out.replicas_timeline.items():
+            tl.append((end, self.replicas[name]))  # the timeline runs to the end of the run
         return self.out
 
     def _cost(self, end_s: float) -> None:
