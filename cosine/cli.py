@@ -331,7 +331,48 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--port", type=int, default=8000, help="gateway port (0 = any free port)")
     de.add_argument("--exit", action="store_true", help="stop the cluster after the report")
     de.set_defaults(func=_demo)
+
+    _add_simulate_parser(sub)
     return p
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from cosine.simulation.plots import plot
+    from cosine.simulation.run import run_simulate
+
+    studies = tuple(s for s in (args.studies or "").split(",") if s)
+    out = run_simulate(args.cluster, args.workload, args.trace, args.duration, args.request_rate, args.concurrency,
+                       args.mode, studies, args.seed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1, default=str))
+    if args.plot:
+        plot(out, args.plot)
+    run = out["run"]
+    print(f"{run['mode']}: {run['throughput_tok_s']:.1f} tok/s, p50 {run['latency_p50_s']:.2f} s, "
+          f"p99 {run['latency_p99_s']:.2f} s, {run['scale_events']} scale events, "
+          f"${run['usd_per_million_tokens']:.2f} per million tokens -> {args.out}")
+    return 0
+
+
+def _add_simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    si = sub.add_parser("simulate", help="discrete-event simulation of a CoSineCluster on GPU cost models; JSON + plot")
+    si.add_argument("--cluster", type=Path, help="CoSineCluster manifest with a simulation: section "
+                    "(default: the paper's testbed, cosine/simulation/default_cluster.yaml)")
+    src = si.add_mutually_exclusive_group()
+    src.add_argument("--workload", type=Path, help="workload JSONL (domain, prompt): prompt lengths and domains")
+    src.add_argument("--trace", type=Path, help="trace JSONL: t, prompt_tokens, output_tokens, domain")
+    si.add_argument("--duration", type=float, help="simulated seconds (default: the manifest's)")
+    load = si.add_mutually_exclusive_group()
+    load.add_argument("--request-rate", type=float, help="Poisson arrivals per second")
+    load.add_argument("--concurrency", type=int, help="closed loop with this many clients")
+    si.add_argument("--mode", choices=("target-only", "vanilla", "specinfer", "cosine"), help="override the manifest")
+    si.add_argument("--studies", default="", help="comma list of validation,paper,rtt,autoscale (minutes)")
+    si.add_argument("--seed", type=int, default=0)
+    si.add_argument("--out", type=Path, default=Path("results/sim.json"))
+    si.add_argument("--plot", type=Path)
+    si.set_defaults(func=_simulate)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,6 +95,12 @@ def round_trip(probs: torch.Tensor, c: Compression) -> tuple[torch.Tensor, Compr
     return decompress(d, probs.shape[-1]), d
 
 
+def wire_bytes_per_token(c: Compression) -> float:
+    """Estimated bytes on the wire per draft token: K * (3 + bits / 8) (protobuf varint ids of ~3
+    bytes plus the codes); the estimate `choose_compression` budgets with."""
+    return c.top_k * (3 + c.bits / 8)
+
+
 def choose_compression(
     bandwidth_bytes_per_s: float,
     draft_token_s: float,
@@ -111,6 +117,6 @@ def choose_compression(
     best = Compression(top_k_choices[0], 8)
     for bits in (8, 16, 32):
         for k in top_k_choices:
-            if k * (3 + bits / 8) <= budget_bytes and (k, bits) > (best.top_k, best.bits):
+            if wire_bytes_per_token(Compression(k, bits)) <= budget_bytes and (k, bits) > (best.top_k, best.bits):
                 best = Compression(k, bits)
     return best
