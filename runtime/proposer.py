@@ -206,10 +206,11 @@ class CoSineProposer:
             self.stats.add(self.stats.draft_tokens, o.source, o.num_draft_tokens)
             self.stats.add(self.stats.accepted_tokens, o.source, o.num_accepted)
             self.stats.add(self.stats.drafts, o.source)
-            if o.source in self.pools:
-                with self._lock:
-                    self.router = routing.observe(self.router, o.source, req.domain, o.num_draft_tokens,
-                                                  o.num_accepted, 0.5, self.settings.routing)
+            # every source's per-domain acceptance is learned across requests (prompt lookup's too:
+            # it is the prior of the next request of the domain); pools' arms also route
+            with self._lock:
+                self.router = routing.observe(self.router, o.source, req.domain, o.num_draft_tokens,
+                                              o.num_accepted, 0.5, self.settings.routing)
 
     def propose(
         self, contexts: Mapping[str, Sequence[int]], prompt_lens: Mapping[str, int] | None = None
@@ -278,12 +279,13 @@ class CoSineProposer:
         self.curve = self.curve.observe(num_tokens, step_s, weight=weight)
 
     def _initial_state(self, source: str, domain: str) -> sc.SpeculationState:
-        if source in self.pools:
-            profile = next(p for p in self.profiles if p.name == source)
-            with self._lock:
-                alpha = routing.expected_acceptance(self.router, profile, domain, self.settings.routing)
-            return sc.initial_state(self.settings.speculation, alpha)
-        return sc.initial_state(self.settings.speculation)
+        """A request's starting acceptance estimate for a source: the source's measured per-domain
+        acceptance on earlier requests (the router's discounted posterior mean; its declared
+        expertise, or none for prompt lookup, as the prior)."""
+        profile = next((p for p in self.profiles if p.name == source), routing.DrafterProfile(source, ()))
+        with self._lock:
+            alpha = routing.expected_acceptance(self.router, profile, domain, self.settings.routing)
+        return sc.initial_state(self.settings.speculation, alpha)
 
     def _draft_len(self, req: _Request, source: str, other_tokens: int, num_requests: int) -> int:
         state = req.states.get(source) or self._initial_state(source, req.domain)

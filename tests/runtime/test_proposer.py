@@ -157,3 +157,16 @@ def test_retain_releases_finished_requests_into_the_suffix_cache():
     _wait(lambda: pool.released == ["a"])
     assert p.suffix_cache.lookup([1, 2, 3], 3) == [4, 5, 6]
     assert "a" not in p._requests and "b" in p._requests
+
+
+def test_prompt_lookup_acceptance_is_learned_per_domain_across_requests():
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=4), classify=lambda prompt: "code" if prompt[0] < 100
+                       else "chat")
+    fresh = p._initial_state(LOOKUP, "chat").acceptance_rate
+    for i in range(30):  # chat requests whose lookup drafts are always rejected
+        rid = f"chat{i}"
+        d = p.propose({rid: [100 + i, *REPEAT]}, {rid: 12})[rid]
+        p.observe_step(StepRecord(0.1, 1 + len(d), (RequestOutcome(rid, len(d), 0, p.source_of(rid)),)))
+        p.retain(set())
+    assert p._initial_state(LOOKUP, "chat").acceptance_rate < fresh / 2
+    assert p._initial_state(LOOKUP, "code").acceptance_rate == fresh  # another domain keeps its prior
