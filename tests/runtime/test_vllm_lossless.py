@@ -7,7 +7,9 @@ proposer's counters. Each engine runs in its own subprocess (vLLM holds process-
   two-sample test per position, on a prompt where lookup drafts and the target accepts some;
 - greedy: identical token ids to vLLM target-only, with drafts verified.
 vLLM verifies our drafts as point-mass proposals (accept x with p(x), else sample from p without
-x), which is exact (Leviathan et al. 2023, arXiv:2211.17192, with q a point mass).
+x), which is exact (Leviathan et al. 2023, arXiv:2211.17192, with q a point mass) once vLLM-CPU's
+expand_kernel is repaired (vllm-project/vllm#55005; `vllm_hooks.ensure_lossless_cpu_sampling`):
+without the repair this test fails (position 1: '.' 61/600 against 4/600).
 """
 
 from __future__ import annotations
@@ -92,7 +94,6 @@ def _chi2_same(a: Counter, b: Counter, min_count: int = 5) -> float:
     return float(chi2_contingency(table)[1])
 
 
-@pytest.mark.slow  # failed in the first full run (see the closing note); under investigation
 def test_sampled_distribution_matches_target_only(runs):
     ref, cos = runs
     assert cos["stats"]["draft_tokens"] > 100, "the proposer drafted"
