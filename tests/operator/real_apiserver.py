@@ -113,6 +113,19 @@ class Installation:
     versions: dict[str, str]
 
 
+def _trim(build: Path) -> Path:
+    """Keep the two binaries, drop the sources, toolchain and caches (about 2.3 GB)."""
+    etcd = build / "bin" / "etcd"
+    source = build / "tree" / "usr" / "bin" / "etcd"
+    if source.exists():
+        shutil.copy2(source, etcd)
+    if not etcd.exists():
+        raise ProvisionError(f"real API server provisioning: no etcd binary at {source}")
+    for waste in ("gocache", "debs", "tree", "go"):
+        shutil.rmtree(build / waste, ignore_errors=True)
+    return etcd
+
+
 def provision(log=print) -> Installation:  # type: ignore[no-untyped-def]
     """Build (once) and return the server and etcd binaries; raise ProvisionError on failure."""
     root = cache_root()
@@ -154,11 +167,7 @@ def provision(log=print) -> Installation:  # type: ignore[no-untyped-def]
     }
     _run("go build k8s.io/apiextensions-apiserver",
          [str(go), "build", "-o", str(binary), "k8s.io/apiextensions-apiserver"], env=env, cwd=build)
-    shutil.rmtree(build / "gocache", ignore_errors=True)
-    shutil.rmtree(debs, ignore_errors=True)
-    etcd = tree / "usr" / "bin" / "etcd"
-    if not etcd.exists():
-        raise ProvisionError(f"real API server provisioning: no etcd binary at {etcd}")
+    etcd = _trim(build)
     seconds = round(time.monotonic() - started, 1)
     info = {"apiserver": str(binary), "etcd": str(etcd), "versions": versions, "packages": len(packages),
             "provision_s": seconds, "at": datetime.datetime.now(datetime.UTC).isoformat()}
