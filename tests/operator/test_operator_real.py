@@ -1,0 +1,192 @@
+"""The real operator (``kopf run``) with its own objects on Kubernetes' CRD server.
+
+CoSineCluster and CoSineDrafterPool live in apiextensions-apiserver + etcd (real_apiserver.py):
+schema, status and scale subresources, resourceVersions, managedFields and deletion are
+Kubernetes' code. Core and apps children live in the emulator (k8s_emulator.py); api_router.py
+puts both behind the operator's one URL. There is no garbage collector: owner references are
+asserted, not followed. ``kubectl`` talks to the real server directly, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from api_router import ApiRouter
+from conftest import run_operator
+from k8s_emulator import CONFIGMAPS, DEPLOYMENTS, SERVICES, Kube, wait_for
+from test_crds_real import apply_crds, kubectl
+from test_handlers import cluster_body, mark_ready, replicas
+
+pytestmark = pytest.mark.real_apiserver
+
+NS = "default"
+CLUSTERS = "cosine.dev/v1alpha1/cosineclusters"
+POOLS = "cosine.dev/v1alpha1/cosinedrafterpools"
+
+
+@pytest.fixture(scope="module")
+def router(routed: ApiRouter) -> ApiRouter:
+    apply_crds(routed)
+    return routed
+
+
+@pytest.fixture(scope="module")
+def kube(router: ApiRouter) -> Kube:
+    return Kube(router.url)
+
+
+@pytest.fixture(scope="module")
+def real_operator(router: ApiRouter, webhook_port: int,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The operator through the router, its webhook on TLS with a certificate for 127.0.0.1."""
+    certs = tmp_path_factory.mktemp("webhook-certs")
+    shutil.copy(router.real.certs["server.crt"], certs / "tls.crt")
+    shutil.copy(router.real.certs["server.key"], certs / "tls.key")
+    env = {"COSINE_OPERATOR_WEBHOOK_PORT": str(webhook_port), "COSINE_OPERATOR_WEBHOOK_CERT_DIR": str(certs)}
+    with run_operator(router.kubeconfig, env) as runner:
+        yield runner
+
+
+def _conditions(kube: Kube, name: str) -> dict[str, str]:
+    status = (kube.get(CLUSTERS, NS, name) or {}).get("status") or {}
+    return {c["type"]: c["status"] for c in status.get("conditions") or []}
+
+
+def _create(router: ApiRouter, name: str) -> dict[str, Any]:
+    # --validate=false: kubectl validates against the OpenAPI document, and a standalone
+    # apiextensions-apiserver publishes none for CRDs (kube-apiserver's aggregator does); the
+    # server's own schema validation still applies (strictness is tested in test_crds_real).
+    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(cluster_body(name)))
+    return json.loads(kubectl(router, "get", "csc", name, "-o", "json").stdout)
+
+
+def test_reconcile_children_status_and_printer_columns(real_operator: Any, kube: Kube, router: ApiRouter) -> None:
+    created = _create(router, "alpha")
+    uid = created["metadata"]["uid"]
+    children = [(CONFIGMAPS, "alpha-config"), (SERVICES, "alpha-verifier"), (SERVICES, "alpha-gateway"),
+                (DEPLOYMENTS, "alpha-verifier"), (DEPLOYMENTS, "alpha-drafter-code"),
+                (DEPLOYMENTS, "alpha-drafter-ngram"), (POOLS, "alpha-code"), (POOLS, "alpha-ngram")]
+    for resource, name in children:
+        obj = wait_for(lambda: kube.get(resource, NS, name), what=name)  # noqa: B023
+        refs = obj["metadata"]["ownerReferences"]
+        assert [(r["uid"], r["kind"], r["name"], r.get("controller")) for r in refs] == [
+            (uid, "CoSineCluster", "alpha", True)], name
+    # The pools are real objects: their scale subresource answers with the operator's selector.
+    scale = router.real.http.get(f"/apis/cosine.dev/v1alpha1/namespaces/{NS}/cosinedrafterpools/alpha-code/scale")
+    assert scale.status_code == 200 and scale.json()["spec"]["replicas"] == 1, scale.text
+
+    wait_for(lambda: _conditions(kube, "alpha").get("Ready") == "False", what="Ready=False")
+    for name in ("alpha-verifier", "alpha-drafter-code", "alpha-drafter-ngram"):
+        mark_ready(kube, name)
+    wait_for(lambda: _conditions(kube, "alpha").get("Ready") == "True", what="Ready=True")
+    table = kubectl(router, "get", "csc", "alpha", "--no-headers", "-o",
+                    "custom-columns=X:.metadata.name").stdout.split()
+    assert table == ["alpha"]
+    row = kubectl(router, "get", "csc", "alpha").stdout.splitlines()
+    assert row[0].split()[:5] == ["NAME", "READY", "VERIFIER", "DRAFTERS", "ACCEPTANCE"], row
+    assert row[1].split()[:4] == ["alpha", "True", "1/1", "2/2"], row
+
+    # observedGeneration follows a spec change the server counted as a new generation.
+    before = kube.get(CLUSTERS, NS, "alpha")
+    kubectl(router, "patch", "csc", "alpha", "--type", "merge", "-p",
+            json.dumps({"spec": {"verifier": {"model": "qwen2.5-coder-3b-instruct"}}}))
+    after = kube.get(CLUSTERS, NS, "alpha")
+    assert after["metadata"]["generation"] == before["metadata"]["generation"] + 1
+    wait_for(lambda: kube.get(CLUSTERS, NS, "alpha")["status"].get("observedGeneration")
+             == after["metadata"]["generation"], what="observedGeneration")
+    wait_for(lambda: "qwen2.5-coder-3b-instruct" in kube.get(CONFIGMAPS, NS, "alpha-config")["data"]["cluster.yaml"],
+             what="new model in the ConfigMap")
+
+
+def test_kubectl_scale_reaches_the_deployment(real_operator: Any, kube: Kube, router: ApiRouter) -> None:
+    _create(router, "gamma")
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "gamma-drafter-code"), what="drafter Deployment")
+    kubectl(router, "scale", "cosinedrafterpool/gamma-code", "--replicas=3")
+    wait_for(lambda: replicas(kube, "gamma-drafter-code") == 3, what="code pool at 3")
+    kubectl(router, "scale", "cosinedrafterpool/gamma-code", "--replicas=40")
+    wait_for(lambda: replicas(kube, "gamma-drafter-code") == 4, what="clamped to maxReplicas 4")
+
+
+def _writes(router: ApiRouter) -> int:
+    return sum(1 for method, _ in router.requests if method in ("PATCH", "PUT", "POST", "DELETE"))
+
+
+def test_second_field_manager_does_not_fight_the_operator(real_operator: Any, kube: Kube, router: ApiRouter) -> None:
+    _create(router, "delta")
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "delta-drafter-ngram"), what="children")
+    apply = {"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": "delta"},
+             "spec": {"speculation": {"maxDraftLen": 4}}}
+    r = router.real.http.patch(
+        f"/apis/cosine.dev/v1alpha1/namespaces/{NS}/cosineclusters/delta", content=json.dumps(apply),
+        headers={"Content-Type": "application/apply-patch+yaml"}, params={"fieldManager": "gitops"})
+    assert r.status_code == 200, r.text
+    generation = r.json()["metadata"]["generation"]
+    wait_for(lambda: kube.get(CLUSTERS, NS, "delta")["status"].get("observedGeneration") == generation,
+             what="observedGeneration after the second manager's apply")
+    time.sleep(2)  # let the reconcile's own writes land
+    start = _writes(router)
+    time.sleep(4)
+    # Quiet: no write loop between the operator's patches and the other manager's fields.
+    assert _writes(router) - start == 0, router.requests[start:]
+    obj = kube.get(CLUSTERS, NS, "delta")
+    assert obj["spec"]["speculation"]["maxDraftLen"] == 4
+    assert obj["metadata"]["generation"] == generation
+    assert "gitops" in {m["manager"] for m in obj["metadata"]["managedFields"]}
+
+
+def test_webhook_over_tls_allows_and_denies(real_operator: Any, webhook_port: int, router: ApiRouter) -> None:
+    def review(name: str, pools: list[dict[str, Any]]) -> dict[str, Any]:
+        request = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": f"uid-{name}", "operation": "CREATE", "namespace": NS, "name": name,
+            "kind": {"group": "cosine.dev", "version": "v1alpha1", "kind": "CoSineCluster"},
+            "resource": {"group": "cosine.dev", "version": "v1alpha1", "resource": "cosineclusters"},
+            "userInfo": {"username": "tester"}, "object": cluster_body(name, drafterPools=pools)}}
+
+        def post() -> dict[str, Any] | None:
+            try:
+                return dict(httpx.post(f"https://127.0.0.1:{webhook_port}/validate-cosinecluster", json=request,
+                                       verify=ssl.create_default_context(cafile=str(router.real.certs["ca.crt"])),
+                                       timeout=5).json())
+            except httpx.HTTPError:
+                return None
+
+        answer = wait_for(post, what="webhook answer")
+        assert answer["response"]["uid"] == f"uid-{name}"
+        return dict(answer["response"])
+
+    bad = review("eps", [{"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct"}])
+    assert bad["allowed"] is False and bad["status"]["code"] == 422
+    assert "spec.drafterPools[0].model" in bad["status"]["message"]
+    good = review("eps", [{"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "translateTokenizer": True}])
+    assert good["allowed"] is True
+
+
+def test_delete_runs_kopf_finalizer_and_leaves_owned_children(real_operator: Any, kube: Kube,
+                                                               router: ApiRouter) -> None:
+    created = _create(router, "zeta")
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "zeta-verifier"), what="children")
+    finalizers = wait_for(lambda: kube.get(CLUSTERS, NS, "zeta")["metadata"].get("finalizers"), what="finalizer")
+    assert all(f.startswith("kopf.zalando.org/") for f in finalizers), finalizers
+    kubectl(router, "delete", "csc", "zeta", "--wait=false")
+    # The real server only marks it (deletionTimestamp) until kopf removes its finalizer.
+    wait_for(lambda: kube.get(CLUSTERS, NS, "zeta") is None, what="cluster gone")
+    # No garbage collector here: the children remain, each pointing at the deleted owner, which
+    # is what a real cluster's GC would follow.
+    for resource, name in [(DEPLOYMENTS, "zeta-verifier"), (CONFIGMAPS, "zeta-config"), (POOLS, "zeta-code")]:
+        obj = kube.get(resource, NS, name)
+        assert obj is not None, name
+        assert [r["uid"] for r in obj["metadata"]["ownerReferences"]] == [created["metadata"]["uid"]], name
+
+
+def test_router_discovery_merges_both_servers(router: ApiRouter) -> None:
+    groups = {g["name"] for g in httpx.get(router.url + "/apis").json()["groups"]}
+    assert {"apps", "cosine.dev", "apiextensions.k8s.io"} <= groups
+    assert Path(router.kubeconfig).exists()
