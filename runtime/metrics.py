@@ -133,7 +133,10 @@ class ProposerCollector:
       cosine:spec_decode_num_accepted_tokens_total{pool}: as above, per draft source ("lookup" =
       in-process prompt lookup, else the drafter pool);
     - cosine:spec_decode_drafts_late_total{pool}: steps a pool's draft was still in flight;
-    - cosine:drafter_errors_total{pool}; cosine:drafter_rtt_seconds{pool} (EMA of a draft call);
+    - cosine:drafter_errors_total{pool}, cosine:drafter_calls_total{pool};
+      cosine:drafter_rtt_seconds{pool} (EMA of a draft call); cosine:drafter_yield_tokens{pool}
+      (accepted tokens per draft call over recent calls: the pool is only probed below
+      `ProposerSettings.min_pool_yield`);
     - cosine:verifier_steps_total, cosine:verifier_steps_with_draft_total.
     """
 
@@ -155,17 +158,23 @@ class ProposerCollector:
             ("cosine:spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.accepted_tokens),
             ("cosine:spec_decode_drafts_late", "Steps a pool's draft was still in flight.", s.drafts_late),
             ("cosine:drafter_errors", "Failed draft calls.", s.pool_errors),
+            ("cosine:drafter_calls", "Draft calls that returned.", s.pool_calls),
         )
         for name, doc, values in per_pool:
             fam = CounterMetricFamily(name, doc, labels=["model_name", "pool"])
             for pool, v in sorted(dict(values).items()):
                 fam.add_metric([self.model_name, pool], v)
             yield fam
-        rtt = GaugeMetricFamily("cosine:drafter_rtt_seconds", "Draft call wall time (EMA).",
-                                labels=["model_name", "pool"])
-        for pool, v in sorted(dict(s.pool_rtt_s).items()):
-            rtt.add_metric([self.model_name, pool], v)
-        yield rtt
+        gauges = (
+            ("cosine:drafter_rtt_seconds", "Draft call wall time (EMA).", s.pool_rtt_s),
+            ("cosine:drafter_yield_tokens", "Accepted tokens per draft call, recent calls (below "
+             "min_pool_yield the pool is only probed).", s.pool_yield),
+        )
+        for name, doc, values in gauges:
+            fam = GaugeMetricFamily(name, doc, labels=["model_name", "pool"])
+            for pool, v in sorted(dict(values).items()):
+                fam.add_metric([self.model_name, pool], v)
+            yield fam
         steps = CounterMetricFamily("cosine:verifier_steps", "Engine steps.", labels=["model_name"])
         steps.add_metric([self.model_name], s.steps)
         yield steps

@@ -19,6 +19,12 @@ the engine ran; SmartSpec, arXiv:2406.14066), per request and per draft source, 
 with periodic probes. Draft tokens reach the target as point-mass proposals, which vLLM's
 rejection sampler verifies losslessly (accept x with p(x), else sample from p without x).
 
+A pool draft is worth asking for only if it pays: its *yield*, accepted tokens per draft call
+(a decayed ratio over recent calls), must reach `min_pool_yield`. A pool whose drafts arrive too
+late to continue the context, or are rejected, is then asked only on probe steps (every
+`pool_probe_every` steps of a request) until its yield recovers: it stops taking drafter
+capacity (and, when co-located, the verifier's CPU) for nothing.
+
 A pool is anything with the `Drafter` interface (`transport.RemoteDrafter` over gRPC in
 deployments); its calls run on this module's threads, so a crashed or hung pool costs drafts,
 never a request.
@@ -80,7 +86,10 @@ class ProposerSettings:
     more when the pool's measured round trip spans several engine steps (its draft must still
     reach past what the target emitted meanwhile), up to max_pool_draft_tokens.
     pool_retry_s: seconds a failed pool is left out. reroute_every: steps between re-routing a
-    request. initial_step_s: the pass time assumed before any step was measured."""
+    request. initial_step_s: the pass time assumed before any step was measured.
+    min_pool_yield: accepted tokens per draft call below which a pool is only probed, once it
+    has made `pool_warmup_calls` calls; pool_probe_every: a probed pool is asked every this
+    many steps of a request; pool_yield_decay: per-call decay of the yield's counts."""
 
     max_draft_tokens: int = 8
     speculation: sc.SpeculationSettings = sc.SpeculationSettings()
@@ -93,12 +102,19 @@ class ProposerSettings:
     pool_retry_s: float = 5.0
     reroute_every: int = 16
     initial_step_s: float = 0.1
+    min_pool_yield: float = 0.5
+    pool_warmup_calls: int = 16
+    pool_probe_every: int = 8
+    pool_yield_decay: float = 0.97
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_draft_tokens <= 64:
             raise ValueError(f"max_draft_tokens must be in [0, 64], got {self.max_draft_tokens}")
         if self.lookup_min_n < 1 or self.lookup_max_n < self.lookup_min_n:
             raise ValueError(f"need 1 <= lookup_min_n <= lookup_max_n, got {self.lookup_min_n}, {self.lookup_max_n}")
+        if self.pool_probe_every < 1 or not 0 < self.pool_yield_decay <= 1:
+            raise ValueError(f"need pool_probe_every >= 1 and 0 < pool_yield_decay <= 1, got "
+                             f"{self.pool_probe_every}, {self.pool_yield_decay}")
 
 
 @dataclass(frozen=True)
@@ -134,6 +150,8 @@ class ProposerStats:
     drafts_late: dict[str, int] = field(default_factory=dict)
     pool_errors: dict[str, int] = field(default_factory=dict)
     pool_rtt_s: dict[str, float] = field(default_factory=dict)  # EMA of a pool call's wall time
+    pool_calls: dict[str, int] = field(default_factory=dict)  # draft calls that returned
+    pool_yield: dict[str, float] = field(default_factory=dict)  # accepted tokens per draft call (recent)
     busy_s: float = 0.0  # seconds in engine steps
     tokens_verified: int = 0  # tokens computed by the steps (pending + draft + prefill)
     requests_running: int = 0
@@ -183,6 +201,7 @@ class CoSineProposer:
         self._requests: dict[str, _Request] = {}
         self._contexts: dict[str, Sequence[int]] = {}
         self._lock = threading.Lock()
+        self._yield_counts: dict[str, tuple[float, float]] = {}  # pool -> decayed (accepted, calls)
         self._executor = ThreadPoolExecutor(max_workers=max(1, 2 * len(pools)), thread_name_prefix="cosine-pool")
 
     # ------------------------------------------------------------ engine-facing
@@ -206,6 +225,8 @@ class CoSineProposer:
             self.stats.add(self.stats.draft_tokens, o.source, o.num_draft_tokens)
             self.stats.add(self.stats.accepted_tokens, o.source, o.num_accepted)
             self.stats.add(self.stats.drafts, o.source)
+            if o.source in self.pools:
+                self._count_yield(o.source, accepted=o.num_accepted)
             # every source's per-domain acceptance is learned across requests (prompt lookup's too:
             # it is the prior of the next request of the domain); pools' arms also route
             with self._lock:
@@ -378,6 +399,8 @@ class CoSineProposer:
         s = self.settings
         step_s = self.curve.seconds(1) if self.curve else s.initial_step_s
         for name in req.pools:
+            if not self._worth_asking(name, req.steps):
+                continue
             rtt_s = self.stats.pool_rtt_s.get(name, 0.0)
             ahead = max(s.pool_lookahead_tokens, math.ceil(rtt_s / max(step_s, 1e-3)))
             k = min(s.max_draft_tokens + ahead, max(s.max_pool_draft_tokens, s.max_draft_tokens))
@@ -400,7 +423,31 @@ class CoSineProposer:
         rtt = self.clock() - t0
         prev = self.stats.pool_rtt_s.get(name)
         self.stats.pool_rtt_s[name] = rtt if prev is None else 0.8 * prev + 0.2 * rtt
+        self._count_yield(name, call=True)
         return _PoolDraft(len(ctx), ctx[-1], tuple(d.token_ids), tuple(d.confidences))
+
+    def _count_yield(self, name: str, *, accepted: int = 0, call: bool = False) -> None:
+        """Fold a returned draft call (`call`) or tokens accepted from the pool's drafts into its yield."""
+        with self._lock:
+            acc, calls = self._yield_counts.get(name, (0.0, 0.0))
+            if call:
+                d = self.settings.pool_yield_decay
+                acc, calls = acc * d, calls * d + 1.0
+                self.stats.add(self.stats.pool_calls, name)
+            acc += accepted
+            self._yield_counts[name] = (acc, calls)
+            if calls > 0:
+                self.stats.pool_yield[name] = acc / calls
+
+    def _worth_asking(self, name: str, request_step: int) -> bool:
+        """Ask the pool this step: always while it warms up or pays (yield >= min_pool_yield),
+        else only on the request's probe steps."""
+        s = self.settings
+        if self.stats.pool_calls.get(name, 0) < s.pool_warmup_calls:
+            return True
+        if self.stats.pool_yield.get(name, 0.0) >= s.min_pool_yield:
+            return True
+        return request_step % s.pool_probe_every == 0
 
     def _release_on_pool(self, name: str, rid: str) -> None:
         try:

@@ -170,3 +170,56 @@ def test_prompt_lookup_acceptance_is_learned_per_domain_across_requests():
         p.retain(set())
     assert p._initial_state(LOOKUP, "chat").acceptance_rate < fresh / 2
     assert p._initial_state(LOOKUP, "code").acceptance_rate == fresh  # another domain keeps its prior
+
+
+def _decode_with(p: CoSineProposer, pool: FakePool, steps: int, accept, stride: int = 1) -> list[int]:
+    """Run `steps` engine steps of one request whose target emits ctx[-1] + stride (the pool drafts
+    + 1), accepting `accept(draft)` tokens of each draft; the pool's call count after every step."""
+    ctx, calls = [1, 2, 3], []
+    for _ in range(steps):
+        drafts = p.propose({"r": list(ctx)})
+        d = drafts["r"]
+        n_acc = accept(d)
+        p.observe_step(StepRecord(0.05, 1 + len(d), (RequestOutcome("r", len(d), n_acc, p.source_of("r")),)))
+        ctx += d[:n_acc] + [(d[n_acc - 1] if n_acc else ctx[-1]) + stride]
+        _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+        calls.append(pool.calls)
+    return calls
+
+
+def test_pool_whose_drafts_never_pay_is_only_probed():
+    pool = FakePool("slow", rule=lambda ctx, k: [ctx[-1] + 1 + i for i in range(k)])  # the target takes +2
+    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_warmup_calls=8, pool_probe_every=8)
+    p = CoSineProposer(s, [pool])
+    calls = _decode_with(p, pool, 72, accept=lambda d: 0, stride=2)
+    assert calls[7] == 8, "asked every step while it warms up"
+    assert calls[-1] - calls[7] <= 64 // 8 + 1, "then only on probe steps"
+    assert p.stats.pool_yield["slow"] < s.min_pool_yield
+    p.close()
+
+
+def test_pool_whose_drafts_are_accepted_is_asked_every_step():
+    pool = FakePool("good")
+    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_warmup_calls=8, pool_probe_every=8)
+    p = CoSineProposer(s, [pool])
+    calls = _decode_with(p, pool, 40, accept=len)  # every draft token accepted
+    assert calls[-1] == 40
+    assert p.stats.pool_yield["good"] >= 1.0
+    p.close()
+
+
+def test_collector_exports_pool_calls_and_yield():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from cosine.runtime.metrics import ProposerCollector
+
+    pool = FakePool("good")
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool])
+    _decode_with(p, pool, 6, accept=len)
+    registry = CollectorRegistry()
+    registry.register(ProposerCollector(p.stats, model_name="m"))
+    text = generate_latest(registry).decode()
+    assert 'cosine:drafter_calls_total{model_name="m",pool="good"} 6.0' in text
+    assert f'cosine:drafter_yield_tokens{{model_name="m",pool="good"}} {p.stats.pool_yield["good"]}' in text
+    assert p.stats.pool_yield["good"] > 1.0
+    p.close()
