@@ -128,37 +128,32 @@ class _Server:
 
 async def _closed_loop(base: str, model: str, prompts: Sequence[Prompt], concurrency: int, max_tokens: int,
                        system: str, run: int) -> list[Record]:
-    from openai import AsyncOpenAI
+    """`concurrency` clients, each sending the next prompt when its previous answer ended (streamed,
+    greedy: `demo.ask`, one thread per client; the OpenAI client is thread-safe)."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    client = AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=1800)
+    from openai import OpenAI
+
+    from cosine.demo import ask
+
+    client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=1800)
     queue: asyncio.Queue[Prompt] = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
     records: list[Record] = []
+    loop = asyncio.get_running_loop()
+    threads = ThreadPoolExecutor(max_workers=concurrency)  # asyncio's default pool would cap the load
 
     async def worker() -> None:
         while not queue.empty():
             p = queue.get_nowait()
-            t0 = time.perf_counter()
-            ttft = None
-            parts: list[str] = []
-            tokens = 0
-            stream = await client.chat.completions.create(
-                model=model, messages=p.messages(), temperature=0, max_tokens=max_tokens, stream=True,
-                stream_options={"include_usage": True})
-            async for chunk in stream:
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens
-                for choice in chunk.choices:
-                    if choice.delta.content:
-                        ttft = ttft if ttft is not None else time.perf_counter() - t0
-                        parts.append(choice.delta.content)
-            wall = time.perf_counter() - t0
-            records.append(Record(system, run, concurrency, p.id, p.domain, "".join(parts), tokens,
-                                  ttft if ttft is not None else wall, wall))
+            a = await loop.run_in_executor(threads, ask, client, model, p, max_tokens)
+            records.append(Record(system, run, concurrency, p.id, p.domain, a.text, a.completion_tokens,
+                                  a.ttft_s, a.wall_s))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    await client.close()
+    threads.shutdown()
+    client.close()
     return records
 
 

@@ -1,25 +1,29 @@
-"""The drafter-pool scaling policy: balance draft generation against verification throughput.
+"""The drafter-pool scaling policy: drafting capacity follows the drafts the verifier asks for.
 
 Pure (STYLE.md #3, #11): observations, policy and the previous state go in, decisions and the new
 state come out; no kopf, no HTTP, no clock (``now_s`` is passed in).
 
-The signal is the verifier's busy fraction ``u`` over the last interval, against the target
-``u*`` (``spec.autoscaling.targetVerifierUtilization``), CoSine's "balance draft generation and
-verification throughput" (arXiv:2503.10325) applied across the cluster:
+The signal is each pool's busy fraction ``u`` (its drafter pods' busy seconds over the interval,
+per ready pod) against the target ``u*`` (``spec.autoscaling.targetDrafterUtilization``), the
+Kubernetes HPA's rule ``desired = ceil(replicas u / u*)`` with its 10 % tolerance band:
 
-* ``u`` above ``u* (1 + tolerance)``: the verifier is the bottleneck; drafts beyond what it can
-  verify are wasted compute, so every pool shrinks to ``floor(replicas u*/u)``.
-* ``u`` below ``u* (1 - tolerance)`` while requests are in flight: the verifier waits for drafts,
-  so the drafting throughput should grow by ``u*/u`` (at most ``max_scale_up_factor``). The extra
-  tokens/s are split among pools by their routing share (their part of all drafted tokens), and
-  only pools whose drafts are accepted often enough (``min_acceptance``) get more replicas: a
-  pool that is mostly rejected would only add verification work.
+* the verifier never waits for a draft (it verifies what has arrived), so its own busy fraction is
+  close to 1 whenever requests run, whatever the pools do: under continuous batching it cannot
+  say whether drafting keeps up (it made pools shrink under load and grow when idle). The demand
+  on a pool is the verifier's: one draft call per routed running request per engine step. So a
+  pool's busy fraction follows verifier throughput, and one above ``u*`` means its drafts queue
+  and arrive late (CoSine's "balance draft generation and verification throughput",
+  arXiv:2503.10325, per pool);
+* a pool is grown only while its drafts pay (acceptance rate at the verifier of at least
+  ``min_acceptance``): more replicas of a pool whose drafts are rejected add nothing. Such a pool
+  also loses its load by itself: the verifier's proposer asks it only on probe steps while its
+  yield is low, so its busy fraction falls and it shrinks;
 * no requests in flight: pools drift down to ``minReplicas``.
-* inside the tolerance band: hold (hysteresis, as the Kubernetes HPA's 10 % tolerance).
 
-Scale-up applies at once; a scale-down takes the highest recommendation of the last
-``stabilization_s`` seconds (the HPA's downscale stabilization window) and removes at most
-``max_scale_down_step`` replicas per decision, so an input that flaps does not make the output flap.
+Scale-up applies at once (at most ``max_scale_up_factor`` times per decision); a scale-down takes
+the highest recommendation of the last ``stabilization_s`` seconds (the HPA's downscale
+stabilization window) and removes at most ``max_scale_down_step`` replicas per decision, so an
+input that flaps does not make the output flap.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class PoolObservation:
     draft_tokens_per_s: float  # drafted by all its pods together
     acceptance_rate: float | None  # accepted / drafted tokens of this pool at the verifier, 0..1
     share: float | None  # this pool's fraction of all tokens drafted (routing share), 0..1
+    utilization: float | None = None  # busy fraction of its measured pods, 0..1 (None: not measured)
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ class ScalingPolicy:
     """Knobs of :func:`desired_replicas`; the first three come from ``spec.autoscaling``."""
 
     pools: tuple[PoolLimits, ...]
-    target_utilization: float = 0.8  # verifier busy fraction to aim at, 0..1
+    target_utilization: float = 0.7  # drafter pool busy fraction to aim at, 0..1
     stabilization_s: float = 120.0  # scale-down looks back this far
     max_scale_down_step: int = 1  # replicas per pool per decision
     tolerance: float = 0.1  # relative band around the target where nothing changes
@@ -106,14 +111,6 @@ def _clamp(replicas: int, limits: PoolLimits) -> int:
     return max(limits.min_replicas, min(limits.max_replicas, replicas))
 
 
-def _shares(pools: tuple[PoolObservation, ...]) -> dict[str, float]:
-    """Routing shares; pools without a measurement share by their replica counts."""
-    if all(p.share is not None for p in pools):
-        return {p.name: float(p.share or 0.0) for p in pools}
-    total = sum(max(p.replicas, 0) for p in pools) or 1
-    return {p.name: max(p.replicas, 0) / total for p in pools}
-
-
 def _recommend(
     obs: Observations, policy: ScalingPolicy, pool: PoolObservation, limits: PoolLimits
 ) -> tuple[int, str]:
@@ -122,40 +119,28 @@ def _recommend(
     if v is None:
         return _clamp(pool.replicas, limits), "no verifier metrics: holding"
     target = policy.target_utilization
-    ratio = v.utilization / target if target > 0 else 1.0
-    in_flight = v.requests_running + v.requests_waiting
-    if in_flight <= 0 and v.utilization < target * (1 - policy.tolerance):
+    u = pool.utilization
+    if v.requests_running + v.requests_waiting <= 0 and (u is None or u < target * (1 - policy.tolerance)):
         return limits.min_replicas, "no requests in flight: drifting to minReplicas"
+    if u is None:
+        return _clamp(pool.replicas, limits), "pool busy time not measured: holding"
+    ratio = u / target if target > 0 else 1.0
     if abs(ratio - 1.0) <= policy.tolerance:
         return _clamp(pool.replicas, limits), (
-            f"verifier utilization {v.utilization:.2f} within {policy.tolerance:.0%} of target {target:.2f}"
-        )
-    if ratio > 1.0:
-        raw = math.floor(pool.replicas / ratio)  # floor: a saturated verifier always sheds a drafter
-        return _clamp(raw, limits), (
-            f"verifier utilization {v.utilization:.2f} > target {target:.2f}: "
-            "drafting outpaces verification, shrinking"
-        )
-    # The verifier waits for drafts.
+            f"pool utilization {u:.2f} within {policy.tolerance:.0%} of target {target:.2f}")
+    raw = math.ceil(pool.replicas * min(ratio, policy.max_scale_up_factor) - 1e-9)
+    if ratio < 1.0:
+        return _clamp(raw, limits), f"pool utilization {u:.2f} < target {target:.2f}: drafting capacity idle, shrinking"
     acceptance = pool.acceptance_rate
     if acceptance is None or acceptance < policy.min_acceptance:
         shown = "unknown" if acceptance is None else f"{acceptance:.2f}"
         return _clamp(pool.replicas, limits), (
-            f"verifier idle ({v.utilization:.2f} < {target:.2f}) but pool acceptance {shown} "
+            f"pool utilization {u:.2f} > target {target:.2f} but acceptance {shown} "
             f"< {policy.min_acceptance:.2f}: more of its drafts would not help"
         )
-    ready = pool.ready_replicas or pool.replicas
-    if pool.draft_tokens_per_s <= 0 or ready <= 0:
-        return _clamp(pool.replicas, limits), "pool drafted nothing this interval: holding"
-    factor = min(1.0 / max(ratio, 1e-6), policy.max_scale_up_factor)
-    shares = _shares(obs.pools)
-    total_per_s = sum(p.draft_tokens_per_s for p in obs.pools)
-    extra_per_s = total_per_s * (factor - 1.0) * shares.get(pool.name, 0.0)
-    per_replica_per_s = pool.draft_tokens_per_s / ready
-    raw = math.ceil((pool.draft_tokens_per_s + extra_per_s) / per_replica_per_s - 1e-9)
     return _clamp(max(raw, pool.replicas), limits), (
-        f"verifier utilization {v.utilization:.2f} < target {target:.2f} with acceptance "
-        f"{acceptance:.2f}: drafting is the bottleneck, growing"
+        f"pool utilization {u:.2f} > target {target:.2f} with acceptance {acceptance:.2f}: "
+        "drafts queue behind the verifier's demand, growing"
     )
 
 

@@ -346,7 +346,7 @@ async def cosinecluster_autoscale(
     observations = observe(previous, scrape, pool_replicas)
     policy = ScalingPolicy(
         pools=tuple(PoolLimits(p.name, p.min_replicas, p.max_replicas) for p in cluster.drafter_pools),
-        target_utilization=cluster.autoscaling.target_verifier_utilization,
+        target_utilization=cluster.autoscaling.target_drafter_utilization,
         stabilization_s=float(cluster.autoscaling.stabilization_s),
         max_scale_down_step=cluster.autoscaling.max_scale_down_step,
     )

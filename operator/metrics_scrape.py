@@ -149,12 +149,15 @@ def observe(prev: Scrape, cur: Scrape, pool_replicas: Mapping[str, tuple[int, in
     total_drafted = sum(draft_by_pool.values())
     pools: list[PoolObservation] = []
     for pool, (replicas, ready) in pool_replicas.items():
-        drafted_per_s = 0.0
+        drafted_per_s = busy_s = 0.0
+        measured = 0
         cur_pods = cur.drafters.get(pool, {})
         prev_pods = prev.drafters.get(pool, {})
         for pod, sample in cur_pods.items():
             if pod in prev_pods and dt_s > 0:
                 drafted_per_s += _delta(sample.draft_tokens, prev_pods[pod].draft_tokens) / dt_s
+                busy_s += _delta(sample.busy_s, prev_pods[pod].busy_s)
+                measured += 1
         drafted = draft_by_pool.get(pool, 0.0)
         pools.append(
             PoolObservation(
@@ -164,6 +167,7 @@ def observe(prev: Scrape, cur: Scrape, pool_replicas: Mapping[str, tuple[int, in
                 draft_tokens_per_s=drafted_per_s,
                 acceptance_rate=accepted_by_pool.get(pool, 0.0) / drafted if drafted > 0 else None,
                 share=drafted / total_drafted if total_drafted > 0 else None,
+                utilization=min(1.0, busy_s / (measured * dt_s)) if measured else None,
             )
         )
     return Observations(verifier=verifier, pools=tuple(pools))

@@ -103,7 +103,7 @@ class AutoscalingSpec:
     enabled: bool = True
     interval_s: int = 30
     stabilization_s: int = 120
-    target_verifier_utilization: float = 0.8  # busy fraction of the verifier, 0..1
+    target_drafter_utilization: float = 0.7  # busy fraction of a drafter pool's pods, 0..1
     max_scale_down_step: int = 1  # replicas removed per pool per decision, at most
     prometheus_url: str | None = None
 
@@ -199,8 +199,8 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
         enabled=bool(a.get("enabled", AutoscalingSpec.enabled)),
         interval_s=int(a.get("intervalSeconds", AutoscalingSpec.interval_s)),
         stabilization_s=int(a.get("stabilizationSeconds", AutoscalingSpec.stabilization_s)),
-        target_verifier_utilization=float(
-            a.get("targetVerifierUtilization", AutoscalingSpec.target_verifier_utilization)
+        target_drafter_utilization=float(
+            a.get("targetDrafterUtilization", AutoscalingSpec.target_drafter_utilization)
         ),
         max_scale_down_step=int(a.get("maxScaleDownStep", AutoscalingSpec.max_scale_down_step)),
         prometheus_url=a.get("prometheusUrl"),

@@ -174,6 +174,7 @@ class _Cluster:
         self.profiles = [routing.DrafterProfile(p.name, p.expertise) for p in setup.pools]
         self.pools = {p.name: p for p in setup.pools}
         self.replicas = {p.name: p.replicas for p in setup.pools}
+        self.pods_ready = dict(self.replicas)  # replicas whose pods have started
         self.slots = {p.name: simpy.Container(self.env, capacity=max(1, p.max_replicas * p.slots),
                                               init=p.replicas * p.slots) for p in setup.pools}
         self.load = speculation_control.initial_load_state(setup.speculation)
@@ -182,8 +183,7 @@ class _Cluster:
         self.curve = speculation_control.PassCurve(tuple(
             (n, setup.verifier.pass_s(n, ref_kv)) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)))
         self.last_batch = (0, 1)  # (tokens, requests) of the last pass
-        self.window = {"busy_s": 0.0, "verified": 0, "drafted": {p.name: 0 for p in setup.pools},
-                       "accepted": {p.name: 0 for p in setup.pools}}
+        self.window = self._new_window([p.name for p in setup.pools])
         self.scaler = autoscaling.ScalerState()
         for p in setup.pools:
             self.out.replicas_timeline[p.name] = [(0.0, p.replicas)]
@@ -358,6 +358,7 @@ class _Cluster:
         work_s = unseen * p.catch_up_token_s + r.draft_len * p.draft_token_s
         yield self.env.timeout(work_s)
         yield self.slots[p.name].put(1)
+        self.window["pool_busy_s"][p.name] += work_s
         r.seen_tokens[p.name] = ctx
         self.window["drafted"][p.name] += r.draft_len
         yield self.env.timeout(p.rtt_s / 2 + down_bytes / p.bandwidth_bytes_per_s)
@@ -378,18 +379,25 @@ class _Cluster:
             )
             pools = tuple(
                 autoscaling.PoolObservation(
-                    name=n, replicas=self.replicas[n], ready_replicas=self.replicas[n],
+                    name=n, replicas=self.replicas[n], ready_replicas=self.pods_ready[n],
                     draft_tokens_per_s=w["drafted"][n] / iv,
                     acceptance_rate=w["accepted"][n] / w["drafted"][n] if w["drafted"][n] else None,
                     share=w["drafted"][n] / total_drafted if total_drafted else None,
+                    # busy slot-seconds over the slots the pool had: its pods' busy fraction
+                    utilization=min(1.0, w["pool_busy_s"][n] / (iv * max(1, self.pods_ready[n]) * self.pools[n].slots)),
                 ) for n in self.pools)
             decisions, self.scaler = autoscaling.desired_replicas(
                 autoscaling.Observations(verifier, pools), s.scaling, self.scaler, self.env.now)
             for d in decisions:
                 if d.changed:
                     self._scale(d.pool, d.current, d.desired)
-            self.window = {"busy_s": 0.0, "verified": 0, "drafted": {n: 0 for n in self.pools},
-                           "accepted": {n: 0 for n in self.pools}}
+            self.window = self._new_window(list(self.pools))
+
+    @staticmethod
+    def _new_window(pools: list[str]) -> dict:
+        """The autoscaler's counters for one interval."""
+        return {"busy_s": 0.0, "verified": 0, "drafted": dict.fromkeys(pools, 0), "accepted": dict.fromkeys(pools, 0),
+                "pool_busy_s": dict.fromkeys(pools, 0.0)}
 
     def _scale(self, name: str, current: int, desired: int) -> None:
         self.replicas[name] = desired
@@ -404,9 +412,11 @@ class _Cluster:
     def _add_slots(self, name: str, slots: int) -> simpy.events.ProcessGenerator:
         yield self.env.timeout(self.s.pod_start_s)  # a new pod pulls, loads and becomes ready
         yield self.slots[name].put(slots)
+        self.pods_ready[name] += slots // self.pools[name].slots
 
     def _remove_slots(self, name: str, slots: int) -> simpy.events.ProcessGenerator:
-        yield self.slots[name].get(slots)  # a pod drains its in-flight drafts first
+        self.pods_ready[name] -= slots // self.pools[name].slots  # a pod leaving is not ready any more
+        yield self.slots[name].get(slots)  # it drains its in-flight drafts first
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:

@@ -108,7 +108,7 @@ def build_setup(obj: dict[str, Any], profiles: Profiles | None = None, mode: str
     if spec.autoscaling.enabled and mode == "cosine":
         scaling = ScalingPolicy(  # as operator/handlers.py builds it from the same spec
             pools=tuple(PoolLimits(p.name, p.min_replicas, p.max_replicas) for p in spec.drafter_pools),
-            target_utilization=spec.autoscaling.target_verifier_utilization,
+            target_utilization=spec.autoscaling.target_drafter_utilization,
             stabilization_s=float(spec.autoscaling.stabilization_s),
             max_scale_down_step=spec.autoscaling.max_scale_down_step,
         )

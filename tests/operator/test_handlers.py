@@ -154,7 +154,7 @@ def _fake_pod(
     )
 
 
-def test_autoscaler_scales_up_when_verifier_idles_and_down_when_overloaded(operator: Any, kube: Kube) -> None:
+def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(operator: Any, kube: Kube) -> None:
     verifier = Counters(
         **{
             "cosine:verifier_busy_seconds_total": 0.2,
@@ -174,7 +174,7 @@ def test_autoscaler_scales_up_when_verifier_idles_and_down_when_overloaded(opera
             "enabled": True,
             "intervalSeconds": 1,
             "stabilizationSeconds": 0,
-            "targetVerifierUtilization": 0.8,
+            "targetDrafterUtilization": 0.7,
             "maxScaleDownStep": 1,
         },
     )
@@ -208,10 +208,11 @@ def test_autoscaler_scales_up_when_verifier_idles_and_down_when_overloaded(opera
         )
         assert "drafter pool code: 1 → " in events[0]["message"]
 
-        # The verifier saturates: drafting is wasted, the pool shrinks one step at a time.
+        # The verifier is busy (as vLLM is under any load) but the pool idles: it shrinks one step at a time.
         verifier.set_rates(
             **{"cosine:verifier_busy_seconds_total": 1.0, "cosine:verifier_idle_seconds_total": 0.0}
         )
+        drafter.set_rates(**{"cosine:drafter_busy_seconds_total": 0.1})
         peak = replicas(kube, "delta-drafter-code")
         wait_for(lambda: replicas(kube, "delta-drafter-code") < peak, timeout_s=15, what="scale down")
         assert replicas(kube, "delta-drafter-code") == peak - 1 or replicas(kube, "delta-drafter-code") >= 1

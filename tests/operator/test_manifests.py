@@ -121,7 +121,7 @@ def test_crd_defaults_equal_the_operators_defaults() -> None:
         "autoscaling.enabled": parsed.autoscaling.enabled,
         "autoscaling.intervalSeconds": parsed.autoscaling.interval_s,
         "autoscaling.stabilizationSeconds": parsed.autoscaling.stabilization_s,
-        "autoscaling.targetVerifierUtilization": parsed.autoscaling.target_verifier_utilization,
+        "autoscaling.targetDrafterUtilization": parsed.autoscaling.target_drafter_utilization,
         "autoscaling.maxScaleDownStep": parsed.autoscaling.max_scale_down_step,
         "gateway.serviceType": parsed.gateway.service_type,
         "gateway.port": parsed.gateway.port,

@@ -55,7 +55,7 @@ def test_observe_rates_acceptance_share_and_counter_reset() -> None:
                 accepted_tokens={"code": 0, "chat": 0},
             )
         },
-        {"code": {"d-1": DrafterSample(100, 0)}, "chat": {"d-2": DrafterSample(500, 0)}},
+        {"code": {"d-1": DrafterSample(100, 2)}, "chat": {"d-2": DrafterSample(500, 30)}},
     )
     cur = Scrape(
         10.0,
@@ -70,8 +70,8 @@ def test_observe_rates_acceptance_share_and_counter_reset() -> None:
             )
         },
         {
-            "code": {"d-1": DrafterSample(400, 0), "d-new": DrafterSample(999, 0)},
-            "chat": {"d-2": DrafterSample(50, 0)},
+            "code": {"d-1": DrafterSample(400, 9), "d-new": DrafterSample(999, 9)},
+            "chat": {"d-2": DrafterSample(50, 4)},
         },
     )  # chat's pod restarted: counter reset
     o = observe(prev, cur, {"code": (2, 1), "chat": (1, 1)})
@@ -83,6 +83,8 @@ def test_observe_rates_acceptance_share_and_counter_reset() -> None:
     assert pools["chat"].draft_tokens_per_s == 5  # reset: counted from zero
     assert pools["code"].acceptance_rate == 0.8 and pools["chat"].acceptance_rate == 0.2
     assert pools["code"].share == 0.75
+    assert pools["code"].utilization == 0.7  # 7 busy seconds of 10, the measured pod only
+    assert pools["chat"].utilization == 0.4  # reset: counted from zero
     assert (pools["code"].replicas, pools["code"].ready_replicas) == (2, 1)
 
 

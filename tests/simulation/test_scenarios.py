@@ -37,3 +37,16 @@ def test_scaling_figures_count_flaps():
     figs = scenarios._scaling_figures(res, ScalingPolicy((PoolLimits("a", 3, 8),)), 30.0, 600.0, 2)
     assert figs["flaps"] == 2 and figs["bound_violations"] == 0
     assert figs["convergence_intervals_max"] == 2.0
+
+
+def test_pools_track_a_load_step():
+    """The operator's policy, in simulation: pools stay at minReplicas under light load and grow
+    when the load steps up, without reversing direction (the verifier-busy signal moved them
+    against the load under continuous batching; the pools' own busy fraction follows it)."""
+    out = scenarios.autoscale_at_scale(phase_s=120, rates=(1, 8), max_replicas=12, verifier_replicas=2)
+    steps = out["steps"]
+    assert steps["flaps"] == 0 and steps["bound_violations"] == 0
+    for name, tl in steps["timeline"].items():
+        light = [n for t, n in tl if t < 120]
+        assert max(light) == 3, (name, tl)  # minReplicas while the load is light
+        assert tl[-1][1] > 3, (name, tl)  # grown under the heavy phase
