@@ -61,6 +61,9 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, log
         prefix="cosine.dev", key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
+    # A deleted cluster keeps kopf's finalizer until its autoscaler timer has exited; kopf re-checks
+    # a timer caught mid-pass every `cancellation_polling` s (default 60): deletion would hang a minute.
+    settings.background.cancellation_polling = 1.0
     if config.webhook_port is not None:
         cert_dir = config.webhook_cert_dir
         settings.admission.server = kopf.WebhookServer(
