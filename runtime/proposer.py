@@ -113,8 +113,10 @@ class ProposerSettings:
         if self.lookup_min_n < 1 or self.lookup_max_n < self.lookup_min_n:
             raise ValueError(f"need 1 <= lookup_min_n <= lookup_max_n, got {self.lookup_min_n}, {self.lookup_max_n}")
         if self.pool_probe_every < 1 or not 0 < self.pool_yield_decay <= 1:
-            raise ValueError(f"need pool_probe_every >= 1 and 0 < pool_yield_decay <= 1, got "
-                             f"{self.pool_probe_every}, {self.pool_yield_decay}")
+            raise ValueError(
+                f"need pool_probe_every >= 1 and 0 < pool_yield_decay <= 1, got "
+                f"{self.pool_probe_every}, {self.pool_yield_decay}"
+            )
 
 
 @dataclass(frozen=True)
@@ -230,8 +232,9 @@ class CoSineProposer:
             # every source's per-domain acceptance is learned across requests (prompt lookup's too:
             # it is the prior of the next request of the domain); pools' arms also route
             with self._lock:
-                self.router = routing.observe(self.router, o.source, req.domain, o.num_draft_tokens,
-                                              o.num_accepted, 0.5, self.settings.routing)
+                self.router = routing.observe(
+                    self.router, o.source, req.domain, o.num_draft_tokens, o.num_accepted, 0.5, self.settings.routing
+                )
 
     def propose(
         self, contexts: Mapping[str, Sequence[int]], prompt_lens: Mapping[str, int] | None = None
@@ -254,8 +257,16 @@ class CoSineProposer:
                 req = self._new_request(rid, ctx[:plen])
             self._contexts[rid] = ctx
             tokens, source = self._fused(rid, req, ctx)
-            k = self._draft_len(req, source, other_tokens=base - 1 + sum(len(d) for d in drafts.values()),
-                                num_requests=len(contexts)) if tokens else 0
+            k = (
+                self._draft_len(
+                    req,
+                    source,
+                    other_tokens=base - 1 + sum(len(d) for d in drafts.values()),
+                    num_requests=len(contexts),
+                )
+                if tokens
+                else 0
+            )
             drafts[rid] = list(tokens[:k])
             req.last_source = source if k else ""
             req.steps += 1
@@ -311,8 +322,9 @@ class CoSineProposer:
     def _draft_len(self, req: _Request, source: str, other_tokens: int, num_requests: int) -> int:
         state = req.states.get(source) or self._initial_state(source, req.domain)
         curve = self.curve or sc.PassCurve(((1, self.settings.initial_step_s),))
-        cost = sc.BatchedCost(draft_token_s=0.0, curve=curve, other_tokens=max(0, other_tokens),
-                              num_requests=max(1, num_requests))
+        cost = sc.BatchedCost(
+            draft_token_s=0.0, curve=curve, other_tokens=max(0, other_tokens), num_requests=max(1, num_requests)
+        )
         spec = replace(self.settings.speculation, max_draft_tokens=self.settings.max_draft_tokens)
         state, k = sc.next_draft_len(state, spec, cost)
         req.states[source] = state
@@ -328,8 +340,14 @@ class CoSineProposer:
         if not self.profiles:
             return []
         with self._lock:
-            return routing.route(domain, self.profiles, self.router, self.settings.routing, self._rng.betavariate,
-                                 available=lambda n: self.down_until.get(n, 0.0) <= self.clock())
+            return routing.route(
+                domain,
+                self.profiles,
+                self.router,
+                self.settings.routing,
+                self._rng.betavariate,
+                available=lambda n: self.down_until.get(n, 0.0) <= self.clock(),
+            )
 
     # ------------------------------------------------------------ candidates and fusion
 
@@ -352,8 +370,10 @@ class CoSineProposer:
             return (), ""
         if len(paths) == 1:
             return paths[0].token_ids[:k_max], paths[0].drafter
-        weights = {p.drafter: (req.states.get(p.drafter) or self._initial_state(p.drafter, req.domain)).acceptance_rate
-                   for p in paths}
+        weights = {
+            p.drafter: (req.states.get(p.drafter) or self._initial_state(p.drafter, req.domain)).acceptance_rate
+            for p in paths
+        }
         tree = fuse(paths, budget=k_max * len(paths), weights=weights)
         chain, node, source = [], -1, ""
         while len(chain) < k_max:
@@ -387,7 +407,7 @@ class CoSineProposer:
         skip = n - d.context_len
         if skip < 0 or ctx[d.context_len - 1] != d.context_last or skip >= len(d.token_ids):
             return None
-        if list(ctx[d.context_len:]) != list(d.token_ids[:skip]):
+        if list(ctx[d.context_len :]) != list(d.token_ids[:skip]):
             return None
         return d.token_ids[skip:], d.confidences[skip:]
 
@@ -418,7 +438,9 @@ class CoSineProposer:
         except Exception as e:
             self.stats.add(self.stats.pool_errors, name)
             self.down_until[name] = self.clock() + self.settings.pool_retry_s
-            log.warning("drafter pool %s failed (%s); left out for %.0f s", name, e, self.settings.pool_retry_s)
+            log.warning(
+                "drafter pool %s failed (%s); left out for %.0f s", name, _reason(e), self.settings.pool_retry_s
+            )
             raise
         rtt = self.clock() - t0
         prev = self.stats.pool_rtt_s.get(name)
@@ -454,3 +476,14 @@ class CoSineProposer:
             self.pools[name].release(rid)
         except Exception as e:  # noqa: BLE001 - best effort; pools evict old contexts anyway
             log.debug("release %s on %s failed: %s", rid, name, e)
+
+
+def _reason(e: Exception) -> str:
+    """One line for a failed draft call: a gRPC status (``DEADLINE_EXCEEDED: ...``) or the exception."""
+    code = getattr(e, "code", None)
+    if callable(code):
+        try:
+            return f"{code().name}: {e.details()}"  # type: ignore[attr-defined]
+        except Exception:
+            pass
+    return repr(e)
