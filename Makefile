@@ -26,6 +26,14 @@ $(STAMP): pyproject.toml
 	# text models do not need them.
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# vLLM's suffix decoding (`cosine bench`'s vllm-suffix) imports Arctic Inference's suffix trees.
+	# No wheel of it fits here: it builds from the sdist (~1 min on 2 cores) with the venv's
+	# setuptools, nanobind, CMake and Ninja. At import the suffix trees need only numpy (vLLM's),
+	# hence --no-deps; its vLLM plugin does nothing unless ARCTIC_INFERENCE_ENABLED=1.
+	$(BIN)/pip install --quiet nanobind==3.1.0 cmake==4.4.4 ninja==1.13.2
+	include=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])') && \
+		CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN))/python3 -DPython_INCLUDE_DIR=$$include" \
+		$(BIN)/pip install --quiet --no-build-isolation --no-deps arctic-inference==0.3.0
 	touch $(STAMP)
 
 install: $(STAMP)
