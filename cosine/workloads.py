@@ -14,6 +14,10 @@ PyPI, read as data out of the downloaded wheels (never imported), plus a held-ou
   MIT licence, ~7,000 open-domain human-human conversations): a conversation's opening turns as a
   chat history ending on the user's turn, so the reply is new text, not a copy of the prompt. Not
   part of ``mixed``: a held-out set that benches report separately.
+- ``repeat``: ``mixed`` with every prompt asked twice under another id (``<id>-again``), the
+  second time after the rest of its round (one prompt per domain): reuse across requests, which
+  cross-request caches (suffix trees) exploit; derived from ``mixed`` when first resolved and
+  reported separately. ``--limit`` keeps the first prompts of each domain, so it needs 2 or more.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ _SHAREGPT_MEMBER = "ShareGPT_V3_unfiltered_cleaned_split.json"
 _CHITCHAT = "chitchat-dataset==0.9.0"
 _CHITCHAT_MEMBER = "chitchat_dataset/dataset.json"
 _HELDOUT, _HELDOUT_DOMAIN = "heldout", "dialogue"
+_REPEAT = "repeat"
 _HELDOUT_MAX_TURNS = 7  # user, assistant, ..., user
 _SEED = 0
 _CHAT_MIN_CHARS, _CHAT_MAX_CHARS = 16, 1500
@@ -152,17 +157,32 @@ def workloads_dir() -> Path:
     return cache_root() / "workloads"
 
 
+def repeated(prompts: Sequence[Prompt], round_size: int = len(DOMAINS)) -> list[Prompt]:
+    """Each round of ``round_size`` prompts, then the same round again with ids ``<id>-again``."""
+    out: list[Prompt] = []
+    for i in range(0, len(prompts), round_size):
+        chunk = prompts[i : i + round_size]
+        out += [*chunk, *(Prompt(f"{p.id}-again", p.domain, p.prompt) for p in chunk)]
+    return out
+
+
 def resolve_workload(name_or_path: str | Path) -> Path:
-    """An existing workload file, or a name (``mixed``, ``code``, ...) in ``workloads_dir()``."""
+    """An existing workload file, or a name (``mixed``, ``code``, ...) in ``workloads_dir()``;
+    ``repeat`` is (re)derived from ``mixed`` when missing or older."""
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
     named = workloads_dir() / f"{name_or_path}.jsonl"
+    mixed = workloads_dir() / "mixed.jsonl"
+    if str(name_or_path) == _REPEAT and mixed.is_file() and (
+        not named.is_file() or named.stat().st_mtime < mixed.stat().st_mtime
+    ):
+        write(named, repeated(load(mixed)))
     if named.is_file():
         return named
     raise FileNotFoundError(
         f"workload {str(name_or_path)!r} not found (no such file, nor {named}); "
-        "run `cosine workloads build` to make code, math, chat, edit, mixed and heldout"
+        "run `cosine workloads build` to make code, math, chat, edit, mixed (and so repeat) and heldout"
     )
 
 

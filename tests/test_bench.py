@@ -1,11 +1,23 @@
-"""`cosine bench` aggregation: ratios to target-only and to the best single drafter, identity,
-and the routing summary, on hand-made records (the real run needs the real models)."""
+"""`cosine bench`, without servers or models: for `--engine hf`, the aggregation (ratios to
+target-only and to the best single drafter, identity, routing summary) on hand-made records; for
+`--engine vllm`, the order of runs (a fresh server per level, the reference first and last), the
+warm-up, the manifest copies (fusion off, split threads), the suffix speculative config, the split
+placement's environment, the pool and drafter figures, /proc readings and the repeat workload."""
 
 from __future__ import annotations
 
-import pytest
+import copy
+import os
+import subprocess
+import sys
 
+import pytest
+import yaml
+
+from cosine import roles, vllm_bench, workloads
 from cosine.bench import RequestRecord, aggregate, routing_summary
+from cosine.vllm_bench import Record
+from cosine.workloads import Prompt
 
 
 def _rec(system, pid, domain, n, wall, drafts=0, drafted=0, accepted=0, ids=None, **kw):
@@ -34,3 +46,170 @@ def test_ratios_to_target_and_best_single():
     summary = routing_summary(records)
     assert summary["cosine"]["chat"] == {"routed_first": {"smollm2": 1}, "accepted_by": {"smollm2": 4, "coder": 2}}
     assert "single-coder" not in summary
+
+
+# ---------------------------------------------------------------- `cosine bench --engine vllm` (no servers)
+
+def test_plan_runs_fresh_server_per_level_reference_first_and_last():
+    runs = vllm_bench.plan_runs(vllm_bench.DEFAULT_SYSTEMS, [1, 4])
+    middle = ["vllm-ngram", "vllm-suffix", "vllm-draft", "cosine-lookup", "cosine"]
+    for c in (1, 4):
+        level = [r for r in runs if r.concurrency == c]
+        assert [r.system for r in level] == ["vllm", *middle, "vllm"]
+        assert [r.run for r in level] == list(range(len(middle) + 2))
+    assert [r.concurrency for r in runs] == [1] * 7 + [4] * 7  # level by level: each level bracketed
+    assert "cosine-nofusion" not in vllm_bench.DEFAULT_SYSTEMS and "cosine-nofusion" in vllm_bench.SYSTEMS
+    with pytest.raises(ValueError, match="unknown systems"):
+        vllm_bench.plan_runs(["vllm", "sglang"], [1])
+
+
+def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measured_set(monkeypatch, tmp_path):
+    servers, commands = [], []
+
+    class FakeServer:
+        def __init__(self, argv, env, port, metrics_port, quiet):
+            self.base, self.metrics_port, self.sent = f"http://fake:{port}", metrics_port, []
+            servers.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.stopped = True
+
+        def bindings(self):
+            return [{"pid": 1, "role": "VLLM::Worker", "cpus": [0, 1]}]
+
+        def drafters(self):
+            return []
+
+        def scrape(self):
+            return {}
+
+    async def fake_loop(base, model, prompts, concurrency, max_tokens, system, run):
+        server = next(s for s in servers if s.base == base)
+        server.sent.append([p.id for p in prompts])
+        n = 10 if system == "vllm" else 20
+        return [Record(system, run, concurrency, p.id, p.domain, "same", n, 0.1, 1.0) for p in prompts]
+
+    def fake_command(system, manifest, port, metrics_port, drafter_model, peer_k, suffix_k, placement, extra_env):
+        commands.append((system, manifest, extra_env))
+        return [system], {}
+
+    monkeypatch.setattr(vllm_bench, "_Server", FakeServer)
+    monkeypatch.setattr(vllm_bench, "_closed_loop", fake_loop)
+    monkeypatch.setattr(vllm_bench, "_server_command", fake_command)
+    prompts = [Prompt("a", "code", "def f():"), Prompt("b", "chat", "hi")]
+    systems = ["vllm", "vllm-ngram", "cosine", "cosine-nofusion"]
+    report = vllm_bench.run_bench(prompts, systems, [1, 2], 16, None, "drafter", placement="split")
+    assert len(servers) == 2 * 5 and all(s.stopped for s in servers)  # one server per (system, level)
+    for s in servers:  # the warm-up first, then the measured prompts, once
+        assert s.sent == [["warmup"], ["a", "b"]]
+    assert vllm_bench.WARMUP.prompt not in {p.prompt for p in prompts}
+    rows = report["rows"]
+    assert [(r["system"], r["run"], r["concurrency"]) for r in rows][:5] == [
+        ("vllm", 0, 1), ("vllm-ngram", 1, 1), ("cosine", 2, 1), ("cosine-nofusion", 3, 1), ("vllm", 4, 1)]
+    assert rows[1]["per_domain_speedup_vs_vllm"]["code"] == pytest.approx(2.0)  # wall times are real here
+    assert rows[1]["identical_to_vllm"] == 2 and rows[1]["speedup_vs_vllm"] is not None
+    assert rows[0]["binding"]["env"] == {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, report["cpus"]))}
+    assert report["placement"] == "split" and rows[0]["binding"]["processes"][0]["cpus"] == [0, 1]
+    manifests = {system: manifest for system, manifest, _ in commands}
+    assert manifests["vllm"] is None and manifests["vllm-ngram"] is None
+    assert manifests["cosine"] != manifests["cosine-nofusion"]  # written copies, gone after the run
+    assert not manifests["cosine"].exists()
+
+
+def test_derived_manifest_fusion_off_and_split_threads():
+    source = roles.load_manifest(None)
+    kept = copy.deepcopy(source)
+    off = vllm_bench.derived_manifest(source, fusion=False)
+    assert off["spec"]["speculation"]["fusion"] is False
+    assert off["spec"]["speculation"]["maxDraftLen"] == source["spec"]["speculation"]["maxDraftLen"]
+    assert source == kept  # the input is not modified
+    split = vllm_bench.derived_manifest(source, split_cores=2)
+    assert split["spec"]["verifier"]["threads"] == 1
+    assert [p["threads"] for p in split["spec"]["drafterPools"]] == [1] * len(source["spec"]["drafterPools"])
+    four = vllm_bench.derived_manifest(source, split_cores=4)
+    assert four["spec"]["verifier"]["threads"] == 2 and four["spec"]["drafterPools"][0]["threads"] == 2
+    spec = roles.parse_spec(yaml.safe_load(yaml.safe_dump(off)))  # still a valid CoSineCluster spec
+    assert spec.verifier.model == source["spec"]["verifier"]["model"]
+    assert vllm_bench._manifest_variant("cosine-nofusion", "shared", [0, 1]) == (False, 0)
+    assert vllm_bench._manifest_variant("cosine-lookup", "split", [0, 1]) == (None, 2)
+    assert vllm_bench._manifest_variant("vllm-draft", "split", [0, 1]) == (None, 0)
+
+
+def test_suffix_speculative_config_uses_vllm_defaults_but_k():
+    assert vllm_bench.peer_speculative_config("vllm-suffix", "", 4, 4) == {"method": "suffix",
+                                                                            "num_speculative_tokens": 4}
+    assert vllm_bench.peer_speculative_config("vllm-suffix", "", 4, 0) == {"method": "suffix"}
+    assert vllm_bench.peer_speculative_config("vllm", "", 4, 4) is None
+    assert vllm_bench.peer_speculative_config("vllm-draft", "/m", 3, 4)["num_speculative_tokens"] == 3
+    with pytest.raises(ValueError):
+        vllm_bench.peer_speculative_config("cosine", "", 4, 4)
+    # the defaults the module documents are vLLM 0.32's (a vLLM upgrade that changes them fails here)
+    from vllm.config.speculative import SpeculativeConfig
+
+    fields = SpeculativeConfig.__dataclass_fields__
+    assert {k: fields[k].default for k in fields if k.startswith("suffix_decoding_")} == {
+        "suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
+        "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1}
+
+
+def test_split_placement_binds_peers_to_every_core_and_leaves_cosine_to_its_manifest():
+    assert vllm_bench.placement_env("vllm", "split", [0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}
+    assert vllm_bench.placement_env("vllm-suffix", "split", [2, 3, 5]) == {"VLLM_CPU_OMP_THREADS_BIND": "2,3,5"}
+    assert vllm_bench.placement_env("cosine", "split", [0, 1]) == {}  # `cosine serve` places its roles
+    assert vllm_bench.placement_env("cosine-lookup", "split", [0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "0"}
+    assert vllm_bench.placement_env("cosine-lookup", "split", [0, 1, 2, 3]) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}
+    assert vllm_bench.placement_env("vllm", "shared", [0, 1]) == {}
+    with pytest.raises(ValueError, match="unknown placement"):
+        vllm_bench.placement_env("vllm", "spread", [0, 1])
+
+
+def test_summarize_pool_and_drafter_figures():
+    before = {("cosine:spec_decode_num_draft_tokens_total", "coder"): 10.0,
+              ("cosine:verifier_steps_total", ""): 5.0, ("cosine:verifier_busy_seconds_total", ""): 1.0}
+    after = {("cosine:spec_decode_num_draft_tokens_total", "coder"): 30.0,
+             ("cosine:spec_decode_num_accepted_tokens_total", "coder"): 15.0,
+             ("cosine:spec_decode_num_draft_tokens_total", "lookup"): 4.0,
+             ("cosine:spec_decode_drafts_late_total", "coder"): 3.0,
+             ("cosine:drafter_rtt_seconds", "coder"): 0.25,
+             ("cosine:verifier_steps_total", ""): 25.0, ("cosine:verifier_steps_with_draft_total", ""): 10.0,
+             ("cosine:verifier_busy_seconds_total", ""): 5.0}
+    drafter = [("coder", {("cosine:drafter_busy_seconds_total", "coder"): 1.0},
+                {("cosine:drafter_busy_seconds_total", "coder"): 5.0,
+                 ("cosine:drafter_draft_tokens_total", "coder"): 40.0}),
+               ("coder", {}, {})]  # a second replica whose /metrics did not answer
+    row = vllm_bench.summarize([Record("cosine", 1, 1, "a", "code", "x", 9, 0.5, 2.5)], 8.0, before, after, drafter)
+    assert row["pools"]["coder"]["draft_tokens"] == 20 and row["pools"]["coder"]["acceptance_rate"] == 0.75
+    assert row["pools"]["coder"]["rtt_s"] == 0.25 and row["pools"]["lookup"]["draft_tokens"] == 4
+    assert row["drafts_late"] == 3 and row["steps_with_draft_fraction"] == 0.5
+    assert row["verifier_step_s"] == pytest.approx(4.0 / 20)
+    assert row["drafters"] == {"coder": {"busy_fraction": 0.5, "draft_s_per_token": 0.1, "draft_tokens": 40.0,
+                                         "replicas": 1}}
+    assert row["output_tokens_per_s"] == pytest.approx(9 / 8) and row["tpot_ms_p50"] == pytest.approx(250)
+
+
+def test_process_binding_and_drafter_metrics_ports_from_proc():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "drafter", "--pool", "coder",
+                              "--metrics-port", "41234"])
+    try:
+        tree = vllm_bench._process_tree(os.getpid())
+        assert child.pid in tree
+        assert vllm_bench._drafter_metrics(tree) == [("coder", "http://127.0.0.1:41234/metrics")]
+        mine = vllm_bench.process_binding(os.getpid())
+        assert mine["cpus"] == sorted(os.sched_getaffinity(0)) and mine["threads"] >= 1
+    finally:
+        child.kill()
+        child.wait()
+    assert vllm_bench._parse_cpu_list("0-2,5\n") == {0, 1, 2, 5}
+
+
+def test_repeat_workload_asks_every_prompt_twice_after_its_round(monkeypatch, tmp_path):
+    mixed = [Prompt(f"{d}{i}", d, f"{d} {i}") for i in range(2) for d in workloads.DOMAINS]
+    again = workloads.repeated(mixed)
+    assert [p.id for p in again[:8]] == [*(p.id for p in mixed[:4]), *(f"{p.id}-again" for p in mixed[:4])]
+    assert len(again) == 16 and [p.prompt for p in again[4:8]] == [p.prompt for p in mixed[:4]]
+    monkeypatch.setenv("COSINE_CACHE", str(tmp_path))
+    workloads.write(workloads.workloads_dir() / "mixed.jsonl", mixed)
+    assert workloads.load(workloads.resolve_workload("repeat")) == again  # derived from mixed on first use
