@@ -28,7 +28,7 @@ from cosine.operator import settings as s
 CONFIG_DIR = "/etc/cosine"
 CONFIG_FILE = f"{CONFIG_DIR}/cluster.yaml"
 MODEL_CACHE_DIR = "/models"
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = s.GPU_RESOURCE
 # The taint GKE puts on GPU node pools and the one EKS GPU node groups are usually given.
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 CONFIG_HASH_ANNOTATION = "cosine.dev/config-hash"
@@ -111,8 +111,7 @@ def build_config_map(name: str, namespace: str, spec: Mapping[str, Any]) -> Mani
 
 def _tolerations(pod: s.PodOverrides) -> list[dict[str, Any]]:
     tolerations = [dict(t) for t in pod.tolerations]
-    wants_gpu = any(GPU_RESOURCE in (pod.resources.get(k) or {}) for k in ("limits", "requests"))
-    if wants_gpu and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
+    if pod.requests_gpu and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
         tolerations.append(dict(GPU_TOLERATION))
     return tolerations
 

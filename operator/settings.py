@@ -26,6 +26,10 @@ VERIFIER_GRPC_PORT = 50051
 DRAFTER_GRPC_PORT = 50052
 DRAFTER_METRICS_PORT = 9090
 
+GPU_RESOURCE = "nvidia.com/gpu"
+DRAFTER_ENGINES = ("llamacpp", "vllm")  # spec.drafterPools[].engine, the CRD's enum
+MAX_DRAFT_LEN = 32  # spec.speculation.maxDraftLen's maximum in the CRD
+
 
 @dataclass(frozen=True)
 class ImageSpec:
@@ -51,6 +55,11 @@ class PodOverrides:
     affinity: Mapping[str, Any] = field(default_factory=dict)
     env: tuple[Mapping[str, Any], ...] = ()
 
+    @property
+    def requests_gpu(self) -> bool:
+        """Whether the container asks for ``nvidia.com/gpu`` (in its limits or its requests)."""
+        return any(GPU_RESOURCE in (self.resources.get(k) or {}) for k in ("limits", "requests"))
+
 
 @dataclass(frozen=True)
 class VerifierSpec:
@@ -60,7 +69,7 @@ class VerifierSpec:
     tokenizer: str | None = None
     dtype: str = "float32"
     replicas: int = 1
-    threads: int = 1  # torch CPU threads per process
+    threads: int = 1  # CPU cores for the engine's threads (vLLM's OpenMP threads on CPU nodes)
     max_batch_tokens: int = 512  # vLLM max_num_batched_tokens
     max_model_len: int | None = None  # vLLM max_model_len (None: the model's)
     max_num_seqs: int | None = None  # vLLM max_num_seqs (None: vLLM's default)
@@ -76,24 +85,67 @@ class VerifierSpec:
 
 @dataclass(frozen=True)
 class DrafterPoolSpec:
-    """One pool of identical drafter pods (a model drafter or a model-free n-gram drafter)."""
+    """One pool of identical drafter pods (a model drafter or a model-free n-gram drafter).
+
+    ``engine``: the model drafter's inference engine as written in the spec (``llamacpp``,
+    ``vllm``), ``None`` when unset; :attr:`resolved_engine` applies the default.
+    """
 
     name: str
     kind: str = "model"
     model: str | None = None
+    engine: str | None = None
     tokenizer: str | None = None
     translate_tokenizer: bool = False
     expertise: tuple[str, ...] = ()
     replicas: int = 1
     min_replicas: int = 1
     max_replicas: int = 4
-    threads: int = 1
+    threads: int = 1  # CPU threads of the drafter engine (llama.cpp n_threads)
     pod: PodOverrides = field(default_factory=PodOverrides)
 
     @property
     def tokenizer_family(self) -> str | None:
         """The declared tokenizer, else the model name; ``None`` for n-gram pools (no tokenizer)."""
         return self.tokenizer or self.model
+
+    @property
+    def resolved_engine(self) -> str | None:
+        """The engine the pool's drafter runs: ``engine`` if set, else ``llamacpp`` when the pool
+        requests no ``nvidia.com/gpu`` and ``vllm`` when it does; ``None`` for n-gram pools (no model).
+
+        Not a CRD default because it depends on the device. Either engine runs on either device
+        (llama.cpp can offload layers to a GPU; vLLM has a CPU build), so no combination is refused.
+        """
+        if self.kind == "ngram":
+            return None
+        if self.engine is not None:
+            return self.engine
+        return "vllm" if self.pod.requests_gpu else "llamacpp"
+
+
+@dataclass(frozen=True)
+class SpeculationSpec:
+    """``spec.speculation``: how the verifier's proposer asks pools for drafts.
+
+    ``max_draft_len``: most tokens drafted per request per step (k), ``0..MAX_DRAFT_LEN``; 0 turns
+    speculation off. ``adaptive``: choose k per request from measured acceptance and verifier load
+    (else always ``max_draft_len``). ``fusion``: when the router expects two or more pools to pay
+    for a request's domain, they all draft and their chains are fused by confidence per position;
+    ``False``: one pool per request. ``min_confidence``: a pool's drafter stops a draft at the first
+    token whose top-1 probability is below this, ``0..1`` (0 never stops early).
+    """
+
+    max_draft_len: int = 8
+    adaptive: bool = True
+    fusion: bool = True
+    min_confidence: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_draft_len <= MAX_DRAFT_LEN:
+            raise ValueError(f"spec.speculation.maxDraftLen must be in [0, {MAX_DRAFT_LEN}], got {self.max_draft_len}")
+        if not 0.0 <= self.min_confidence <= 1.0:
+            raise ValueError(f"spec.speculation.minConfidence must be in [0, 1], got {self.min_confidence}")
 
 
 @dataclass(frozen=True)
@@ -120,11 +172,12 @@ class GatewaySpec:
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """A whole ``CoSineCluster.spec``; ``speculation`` is passed to the runtime as is."""
+    """A whole ``CoSineCluster.spec``."""
 
     verifier: VerifierSpec
     drafter_pools: tuple[DrafterPoolSpec, ...]
     image: ImageSpec = field(default_factory=ImageSpec)
+    speculation: SpeculationSpec = field(default_factory=SpeculationSpec)
     autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
     gateway: GatewaySpec = field(default_factory=GatewaySpec)
 
@@ -175,6 +228,7 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
             name=p["name"],
             kind=p.get("kind", DrafterPoolSpec.kind),
             model=p.get("model"),
+            engine=p.get("engine"),
             tokenizer=p.get("tokenizer"),
             translate_tokenizer=bool(p.get("translateTokenizer", DrafterPoolSpec.translate_tokenizer)),
             expertise=tuple(p.get("expertise") or ()),
@@ -193,6 +247,13 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
         repository=img.get("repository", ImageSpec.repository),
         tag=str(img.get("tag", ImageSpec.tag)),
         pull_policy=img.get("pullPolicy", ImageSpec.pull_policy),
+    )
+    sp = spec.get("speculation") or {}
+    speculation = SpeculationSpec(
+        max_draft_len=int(sp.get("maxDraftLen", SpeculationSpec.max_draft_len)),
+        adaptive=bool(sp.get("adaptive", SpeculationSpec.adaptive)),
+        fusion=bool(sp.get("fusion", SpeculationSpec.fusion)),
+        min_confidence=float(sp.get("minConfidence", SpeculationSpec.min_confidence)),
     )
     a = spec.get("autoscaling") or {}
     autoscaling = AutoscalingSpec(
@@ -213,7 +274,9 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
         api_key_secret_name=secret.get("name"),
         api_key_secret_key=secret.get("key"),
     )
-    return ClusterSpec(verifier, pools, image, autoscaling, gateway)
+    return ClusterSpec(
+        verifier, pools, image=image, speculation=speculation, autoscaling=autoscaling, gateway=gateway
+    )
 
 
 @dataclass(frozen=True)

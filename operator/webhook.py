@@ -1,9 +1,10 @@
 """Admission checks the CRD's CEL rules cannot express, and the kopf validating webhook for them.
 
 CEL (in ``crds/``) covers bounds, ``minReplicas <= maxReplicas``, at least one pool, unique pool
-names and model/ngram consistency. Here: tokenizer compatibility between each model drafter and
-the verifier (CEL cannot know model families), and the length of child names built from the
-object's name (CEL on ``spec`` cannot see ``metadata.name``).
+names and model/ngram consistency (an ngram pool takes no model and no engine). Here: tokenizer
+compatibility between each model drafter and the verifier (CEL cannot know model families), and
+the length of child names built from the object's name (CEL on ``spec`` cannot see
+``metadata.name``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
     try:
         cluster = s.parse_cluster_spec(spec)
     except (KeyError, ValueError, TypeError) as e:
-        return [f"spec: {e}"]
+        message = str(e)
+        return [message if message.startswith("spec.") else f"spec: {message}"]
     verifier_family = tokenizer_family(cluster.verifier.tokenizer_family)
     for i, pool in enumerate(cluster.drafter_pools):
         field = f"spec.drafterPools[{i}]"

@@ -69,6 +69,9 @@ def test_schema_rejects_what_it_should() -> None:
     for mutate in (
         lambda s: s["spec"].update(drafterPools=[]),
         lambda s: s["spec"]["speculation"].update(maxDraftLen=64),
+        lambda s: s["spec"]["speculation"].update(minConfidence=1.5),
+        lambda s: s["spec"]["speculation"].update(minConfidence=-0.1),
+        lambda s: s["spec"]["drafterPools"][0].update(engine="transformers"),
         lambda s: s["spec"]["drafterPools"][0].update(kind="tree"),
         lambda s: s["spec"]["drafterPools"][0].update(name="Not_DNS"),
         lambda s: s["spec"]["verifier"].update(dtype="int4"),
@@ -85,6 +88,7 @@ def test_cel_rules_are_present() -> None:
     assert any("exists_one" in r for r in rules)
     pool_rules = [r["rule"] for r in spec["properties"]["drafterPools"]["items"]["x-kubernetes-validations"]]
     assert "self.minReplicas <= self.maxReplicas" in pool_rules
+    assert "self.kind != 'ngram' || !has(self.engine)" in pool_rules
 
 
 def _defaults(schema: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -125,17 +129,12 @@ def test_crd_defaults_equal_the_operators_defaults() -> None:
         "autoscaling.maxScaleDownStep": parsed.autoscaling.max_scale_down_step,
         "gateway.serviceType": parsed.gateway.service_type,
         "gateway.port": parsed.gateway.port,
+        "speculation.maxDraftLen": parsed.speculation.max_draft_len,
+        "speculation.adaptive": parsed.speculation.adaptive,
+        "speculation.fusion": parsed.speculation.fusion,
+        "speculation.minConfidence": parsed.speculation.min_confidence,
     }
-    runtime_only = {k: v for k, v in defaults.items() if k.startswith("speculation.")}
-    assert runtime_only == {
-        "speculation.maxDraftLen": 8,
-        "speculation.adaptive": True,
-        "speculation.fusion": True,
-        "speculation.compression.topK": 32,
-        "speculation.compression.bits": 8,
-        "speculation.compression.adaptive": True,
-    }
-    assert {k: v for k, v in defaults.items() if k not in runtime_only} == mine
+    assert defaults == mine
 
 
 def test_every_field_has_a_description() -> None:

@@ -70,3 +70,20 @@ def test_translate_tokenizer_or_declared_tokenizer_decide() -> None:
 def test_child_names_must_fit_a_dns_label() -> None:
     problems = validate_cluster("a" * 40, spec({"name": "b" * 20, "kind": "ngram"}))
     assert problems and problems[0].startswith("spec.drafterPools[0].name:")
+
+
+def test_either_engine_on_either_device_passes() -> None:
+    gpu = {"limits": {"nvidia.com/gpu": 1}}
+    assert validate_cluster(
+        "demo",
+        spec(
+            {"name": "offload", "model": "qwen2.5-coder-0.5b-instruct", "engine": "llamacpp", "resources": gpu},
+            {"name": "cpu", "model": "qwen2.5-coder-0.5b-instruct", "engine": "vllm"},
+        ),
+    ) == []
+
+
+def test_a_spec_the_schema_would_reject_names_its_field() -> None:
+    body = {**spec({"name": "ngram", "kind": "ngram"}), "speculation": {"maxDraftLen": 64}}
+    problems = validate_cluster("demo", body)
+    assert problems == ["spec.speculation.maxDraftLen must be in [0, 32], got 64"]
