@@ -127,8 +127,6 @@ CEL_TABLE: list[tuple[str, Any, str]] = [
      "spec.drafterPools[1].model"),
     ("a drafter pool of kind ngram takes no engine", lambda s: s["drafterPools"][1].update(engine="llamacpp"),
      "spec.drafterPools[1].engine"),
-    ("fusion needs maxDraftLen > 0", lambda s: s["speculation"].update(maxDraftLen=0, fusion=True),
-     "spec.speculation.fusion"),
     ("stabilizationSeconds must be 0 or >= intervalSeconds",
      lambda s: s["autoscaling"].update(stabilizationSeconds=10), "spec.autoscaling.stabilizationSeconds"),
 ]
