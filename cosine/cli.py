@@ -205,7 +205,8 @@ def _verifier(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from cosine.roles import run_serve
 
-    return run_serve(args.cluster, args.port, args.host, os.environ.get("COSINE_API_KEY"), args.metrics_port)
+    return run_serve(args.cluster, args.port, args.host, os.environ.get("COSINE_API_KEY"), args.metrics_port,
+                     args.placement)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -330,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--port", type=int, default=8000, help="gateway port")
     se.add_argument("--host", default="127.0.0.1", help="gateway bind address")
     se.add_argument("--metrics-port", type=int, default=9091, help="CoSine's per-pool cosine: series (0 = off)")
+    se.add_argument("--placement", choices=("split", "shared"), default="split",
+                    help="split: verifier and drafters on disjoint CPU cores (spec threads); shared: no pinning")
     se.set_defaults(func=_serve)
 
     de = sub.add_parser("demo", help="start the embedded cluster, send it workload prompts, report, keep serving")

@@ -56,6 +56,24 @@ def spec_decode_counters(metrics_url: str, prefix: str = "cosine:spec_decode_") 
     return out
 
 
+def per_pool_counters(metrics_url: str) -> dict[str, dict[str, float]]:
+    """`cosine:` per-pool counters by pool label ("lookup" = in-process prompt lookup):
+    drafts, draft_tokens, accepted, late (each `cosine:spec_decode_*_total`)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {"cosine:spec_decode_num_drafts_total": "drafts", "cosine:spec_decode_num_draft_tokens_total":
+             "draft_tokens", "cosine:spec_decode_num_accepted_tokens_total": "accepted",
+             "cosine:spec_decode_drafts_late_total": "late"}
+    out: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=5).text):
+        for s in family.samples:
+            if s.name in names and "pool" in s.labels:
+                row = out.setdefault(s.labels["pool"], dict.fromkeys(names.values(), 0.0))
+                row[names[s.name]] += s.value
+    return out
+
+
 def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port: int, keep_serving: bool) -> int:
     from openai import OpenAI
 
@@ -92,6 +110,11 @@ def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port
         if drafts:
             print(f"acceptance rate {accepted / max(drafted, 1):.2f}, mean acceptance length "
                   f"{1 + accepted / drafts:.2f} ({int(drafted)} draft tokens; {int(late)} pool drafts late)")
+        for pool, row in sorted(per_pool_counters(f"http://127.0.0.1:{metrics_port}/metrics").items()):
+            if row["drafts"]:
+                print(f"  {pool:>8}: acceptance length {1 + row['accepted'] / row['drafts']:.2f} over "
+                      f"{int(row['drafts'])} drafts ({int(row['accepted'])}/{int(row['draft_tokens'])} draft tokens "
+                      f"accepted, {int(row['late'])} late)")
         print(f"\nServing on {base}/v1 — try:\n  curl -s {base}/v1/chat/completions -H 'content-type: "
               f"application/json' -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": "
               f"\"Write a Python function that reverses a string.\"}}], \"temperature\": 0}}'")

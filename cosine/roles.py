@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -86,81 +87,76 @@ def tokenizer_problems(spec) -> list[str]:
     return problems
 
 
-def speculation_settings(obj: dict[str, Any]):
-    """spec.speculation -> SpeculationSettings, Compression and whether compression adapts."""
-    from cosine.runtime.compression import Compression
-    from cosine.runtime.speculation_control import SpeculationSettings
-
-    spec = (obj.get("spec") or {}).get("speculation") or {}
-    comp = spec.get("compression") or {}
-    settings = SpeculationSettings(
-        max_draft_tokens=int(spec.get("maxDraftLen", 8)),
-        adaptive=bool(spec.get("adaptive", True)),
-        min_confidence=float(spec.get("minConfidence", 0.3)),
-    )
-    compression = Compression(top_k=int(comp.get("topK", 32)), bits=int(comp.get("bits", 8)))
-    return settings, compression, bool(comp.get("adaptive", True))
-
-
 # ---------------------------------------------------------------- drafter
 
 
 def run_drafter(manifest: Path | None, pool: str, grpc_port: int, metrics_port: int, host: str) -> int:
-    import torch
     from prometheus_client import start_http_server
 
-    from cosine.runtime.ngram_drafter import NgramDrafter
     from cosine.runtime.transport.drafter_service import DrafterMetrics, DrafterServicer, serve
 
     obj = load_manifest(manifest)
     spec = parse_spec(obj)
     p = spec.pool(pool)
-    torch.set_num_threads(p.threads)
-    if p.kind == "ngram":
-        drafter, vocab, family = NgramDrafter(name=pool), 0, ""
-    else:
-        drafter, vocab, family = _model_drafter(p, spec.verifier)
+    engine, vocab, family = drafter_engine(p, spec.verifier)
     metrics = DrafterMetrics(pool)
-    servicer = DrafterServicer(drafter, pool, family, metrics=metrics, vocab_size=vocab)
+    servicer = DrafterServicer(engine, pool, family, model=p.model or p.kind, metrics=metrics, vocab_size=vocab,
+                               min_confidence=spec.speculation.min_confidence)
     server = serve(servicer, grpc_port, host=host)
     if metrics_port:
         start_http_server(metrics_port, addr=host, registry=metrics.registry)
     _wait_for_signal()
     server.stop(grace=2).wait()
+    servicer.close()
     return 0
 
 
-def _model_drafter(pool, verifier):
-    """(drafter, vocabulary size, tokenizer family) a model pool serves and reports to the verifier.
+def drafter_engine(pool, verifier):
+    """(engine, vocabulary size, tokenizer family) a pool drafts on and reports to the verifier.
 
-    With `translateTokenizer: true` and a vocabulary that differs from the verifier's, the model
-    drafts through a `CrossTokenizerDrafter`: its drafts are in the verifier's vocabulary, so the
-    pool reports the verifier's vocabulary size and tokenizer family. The verifier's tokenizer must
-    be in the model store (`cosine models pull VERIFIER_MODEL`).
+    - `kind: ngram`: the model-free n-gram drafter;
+    - `engine: llamacpp` (CPU pools' default): llama.cpp on the model's GGUF file, `threads` threads;
+    - `engine: vllm` (GPU pools' default): the model on a vLLM engine with prefix caching;
+    - `translateTokenizer: true` with another vocabulary than the verifier's: the model drafts
+      through a `CrossTokenizerDrafter` (in the verifier's vocabulary, so the pool reports the
+      verifier's vocabulary size and tokenizer family; the verifier's tokenizer must be in the
+      model store).
 
     Raises:
         cosine.runtime.model_store.ModelNotAvailable: the drafter's (or, to translate, the
-            verifier's) model is not in the local cache.
+            verifier's) model, or its GGUF file, is not in the local cache.
     """
-    from cosine.runtime.drafter import ModelDrafter
-    from cosine.runtime.model_store import tokenizer_family
-    from cosine.runtime.models import ModelRunner
+    from cosine.runtime import draft_engine
+    from cosine.runtime.model_store import resolve, resolve_gguf, tokenizer_family
 
-    runner = ModelRunner.load(pool.model, dtype=verifier.dtype)
+    if pool.kind == "ngram":
+        from cosine.runtime.ngram_drafter import NgramDrafter
+
+        return draft_engine.SequentialEngine(NgramDrafter(name=pool.name)), 0, ""
     if pool.translate_tokenizer:
         from transformers import AutoConfig, AutoTokenizer
 
         from cosine.runtime.cross_tokenizer_drafter import CrossTokenizerDrafter, same_vocabulary
-        from cosine.runtime.model_store import resolve
+        from cosine.runtime.models import ModelRunner
 
         path = resolve(verifier.model)
         target_tokenizer = AutoTokenizer.from_pretrained(path)
-        if not same_vocabulary(runner.tokenizer, target_tokenizer):
+        if not same_vocabulary(AutoTokenizer.from_pretrained(resolve(pool.model)), target_tokenizer):
+            import torch
+
+            torch.set_num_threads(pool.threads)
             log.info("pool %s: translating drafts of %s into %s's vocabulary", pool.name, pool.model, verifier.model)
+            runner = ModelRunner.load(pool.model, dtype=verifier.dtype)
             drafter = CrossTokenizerDrafter(runner, target_tokenizer, name=pool.name)
-            return drafter, int(AutoConfig.from_pretrained(path).vocab_size), tokenizer_family(verifier.model) or ""
+            vocab = int(AutoConfig.from_pretrained(path).vocab_size)
+            return draft_engine.SequentialEngine(drafter, vocab), vocab, tokenizer_family(verifier.model) or ""
         log.info("pool %s: %s shares %s's vocabulary; no translation needed", pool.name, pool.model, verifier.model)
-    return ModelDrafter(runner, name=pool.name), runner.vocab_size, tokenizer_family(pool.model) or ""
+    family = tokenizer_family(pool.model) or ""
+    if pool.resolved_engine == "vllm":
+        engine = draft_engine.VllmEngine(str(resolve(pool.model)), pool.name, dtype=verifier.dtype)
+        return engine, engine.vocab_size, family
+    engine = draft_engine.LlamaCppEngine(str(resolve_gguf(pool.model)), pool.name, threads=pool.threads)
+    return engine, engine.vocab_size, family
 
 
 # ---------------------------------------------------------------- verifier
@@ -180,9 +176,10 @@ def run_verifier(
 
 def verifier_command(
     manifest: Path | None, http_port: int, host: str, drafters: list[str], api_key: str | None,
-    metrics_port: int = 0,
+    metrics_port: int = 0, cores: Sequence[int] = (),
 ) -> tuple[list[str], dict[str, str]]:
-    """(argv, environment) of the verifier: `python -m <vLLM's API server> <engine flags>`.
+    """(argv, environment) of the verifier: `python -m <vLLM's API server> <engine flags>`; on a
+    CPU, its engine threads bound to `cores` when given (else vLLM's own binding).
 
     Raises:
         ValueError: a `--drafter` that is not POOL=ADDRESS, or a pool not in the manifest.
@@ -192,7 +189,6 @@ def verifier_command(
 
     obj = load_manifest(manifest)
     spec = parse_spec(obj)
-    settings, _, _ = speculation_settings(obj)
     pools = []
     for item in drafters:
         name, _, address = item.partition("=")
@@ -204,11 +200,12 @@ def verifier_command(
             raise ValueError(f"--drafter {item!r}: no drafter pool {name!r} in the manifest") from None
         pools.append({"name": name, "address": address, "expertise": list(pool.expertise)})
     model_path = str(resolve(spec.verifier.model))
-    args = vllm_engine_args(spec.verifier, model_path, settings.max_draft_tokens, pools, metrics_port,
-                            adaptive=settings.adaptive)
+    sp = spec.speculation
+    args = vllm_engine_args(spec.verifier, model_path, sp.max_draft_len, pools, metrics_port, adaptive=sp.adaptive,
+                            fusion=sp.fusion, min_confidence=sp.min_confidence)
     argv = [sys.executable, "-P", "-m", VLLM_SERVER, *cli_flags(args), "--host", host, "--port", str(http_port),
             "--uvicorn-log-level", "warning"]
-    env = {**os.environ, **vllm_cpu_env(spec.verifier)}
+    env = {**os.environ, **vllm_cpu_env(spec.verifier, cores)}
     if api_key:
         env["VLLM_API_KEY"] = api_key  # not on the command line, where `ps` shows it
     return argv, env
@@ -218,7 +215,8 @@ VLLM_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` (the
 
 
 def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: list[dict[str, Any]],
-                     metrics_port: int = 0, *, adaptive: bool = True) -> dict[str, Any]:
+                     metrics_port: int = 0, *, adaptive: bool = True, fusion: bool = True,
+                     min_confidence: float = 0.0) -> dict[str, Any]:
     """The verifier spec (`spec.verifier`) as vLLM engine arguments (`EngineArgs` field names):
     model, dtype, maxBatchTokens -> max_num_batched_tokens, maxModelLen, maxNumSeqs,
     gpuMemoryUtilization (GPU pods; kvCacheSpaceGiB is the CPU pods' `vllm_cpu_env`).
@@ -247,19 +245,27 @@ def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: li
             args[key] = value
     if max_draft_tokens > 0:
         config = vllm_hooks.proposer_config(max_draft_tokens=max_draft_tokens, pools=pools, model=model_path,
-                                            metrics_port=metrics_port, adaptive=adaptive)
+                                            metrics_port=metrics_port, adaptive=adaptive, fusion=fusion,
+                                            min_confidence=min_confidence)
         args.update(vllm_hooks.engine_kwargs(config))
     return args
 
 
-def vllm_cpu_env(verifier) -> dict[str, str]:
+def vllm_cpu_env(verifier, cores: Sequence[int] = ()) -> dict[str, str]:
     """Environment vLLM's CPU backend wants: the KV cache size in GiB (instead of a share of
-    RAM) and Intel OpenMP preloaded (vLLM warns that speculative decoding is much slower
-    without it); empty on GPU pods."""
+    RAM), Intel OpenMP preloaded (vLLM warns that speculative decoding is much slower without
+    it) and, given `cores`, its OpenMP threads bound to exactly those (`VLLM_CPU_OMP_THREADS_BIND`,
+    no core reserved: without it vLLM's "auto" binding keeps one core of a 2-core machine for its
+    scheduler process and computes on the other); empty on GPU pods."""
     if int((verifier.pod.resources.get("limits") or {}).get("nvidia.com/gpu", 0) or 0):
         return {}
     space = verifier.kv_cache_space_gib
     env = {"VLLM_CPU_KVCACHE_SPACE": f"{space:g}" if space else os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
+    if cores:
+        from cosine.runtime.placement import cpu_list
+
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(cores)
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
     if iomp.exists() and "libiomp5" not in os.environ.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = " ".join(x for x in (str(iomp), os.environ.get("LD_PRELOAD", "")) if x)
@@ -299,8 +305,10 @@ class Child:
     env: dict[str, str]
     restarts: int = 0
 
+    cores: tuple[int, ...] = ()
+
     def start(self) -> None:
-        self.process = subprocess.Popen(self.cmd, env=self.env, preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen(self.cmd, env=self.env, preexec_fn=_child_setup(self.cores))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -314,22 +322,58 @@ def _die_with_parent() -> None:  # runs in the child before exec
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def start_drafters(manifest: Path | None, host: str = "127.0.0.1") -> list[Child]:
-    """One `cosine drafter` process per replica of every pool, on free loopback ports."""
+def _child_setup(cores: Sequence[int]):
+    """A `preexec_fn`: die with the parent and, given cores, run only on them."""
+
+    def setup() -> None:
+        _die_with_parent()
+        if cores:
+            os.sched_setaffinity(0, cores)
+
+    return setup
+
+
+def placement(spec, mode: str = "split"):
+    """Where `cosine serve` runs each role (`runtime.placement`): `split` puts the verifier's
+    engine threads and each drafter replica on disjoint cores of this process's affinity (sharing
+    only when there are too few); `shared` pins nothing (vLLM binds its own threads, drafters
+    float), which is what co-location costs.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    from cosine.runtime.placement import Placement, place
+
+    replicas = [pool for pool in spec.drafter_pools for _ in range(max(1, pool.replicas))]
+    if mode == "shared":
+        return Placement((), tuple(() for _ in replicas), True)
+    if mode != "split":
+        raise ValueError(f"placement must be 'split' or 'shared', got {mode!r}")
+    gpus = int((spec.verifier.pod.resources.get("limits") or {}).get("nvidia.com/gpu", 0) or 0)
+    threads = 1 if gpus else spec.verifier.threads
+    return place(sorted(os.sched_getaffinity(0)), threads, [p.threads for p in replicas])
+
+
+def start_drafters(manifest: Path | None, host: str = "127.0.0.1",
+                   cores: Sequence[Sequence[int]] = ()) -> list[Child]:
+    """One `cosine drafter` process per replica of every pool, on free loopback ports; replica i
+    pinned to `cores[i]` when given."""
     obj = load_manifest(manifest)
     spec = parse_spec(obj)
     children: list[Child] = []
     for pool in spec.drafter_pools:
         for replica in range(max(1, pool.replicas)):
+            mine = tuple(cores[len(children)]) if len(children) < len(cores) else ()
             port = free_port(host)
             cmd = [sys.executable, "-P", "-m", "cosine", "drafter", "--pool", pool.name, "--grpc-port", str(port),
                    "--metrics-port", str(free_port(host)), "--host", host]
             if manifest:
                 cmd += ["--cluster", str(manifest)]
             env = {**os.environ, "OMP_NUM_THREADS": str(pool.threads)}
-            proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
-            children.append(Child(f"{pool.name}-{replica}", proc, port, cmd, env))
-            log.info("started drafter %s-%d (pid %d) on %s:%d", pool.name, replica, proc.pid, host, port)
+            proc = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(mine))
+            children.append(Child(f"{pool.name}-{replica}", proc, port, cmd, env, cores=mine))
+            log.info("started drafter %s-%d (pid %d) on %s:%d, cores %s", pool.name, replica, proc.pid, host, port,
+                     list(mine) or "any")
     return children
 
 
@@ -381,19 +425,26 @@ def supervise(children: list[Child], stop: threading.Event, period_s: float = 1.
                 c.start()
 
 
-def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None, metrics_port: int = 0) -> int:
-    """Drafter processes, then the verifier (vLLM's server with CoSine's proposer) as a child;
-    returns when the verifier exits or on SIGTERM / Ctrl-C, stopping every child."""
-    children = start_drafters(manifest, "127.0.0.1")
+def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None, metrics_port: int = 0,
+              placement_mode: str = "split") -> int:
+    """Drafter processes, then the verifier (vLLM's server with CoSine's proposer) as a child, on
+    the cores `placement` gives them; returns when the verifier exits or on SIGTERM / Ctrl-C,
+    stopping every child."""
+    where = placement(parse_spec(load_manifest(manifest)), placement_mode)
+    if where.shared and placement_mode == "split":
+        log.warning("too few CPU cores for disjoint placement: drafters share the verifier's cores %s",
+                    list(where.verifier))
+    children = start_drafters(manifest, "127.0.0.1", where.drafters)
     stop = threading.Event()
     verifier: subprocess.Popen | None = None
     try:
         wait_healthy(children)
         threading.Thread(target=supervise, args=(children, stop), name="cosine-supervisor", daemon=True).start()
         drafters = [f"{c.name.rsplit('-', 1)[0]}=127.0.0.1:{c.grpc_port}" for c in children]
-        argv, env = verifier_command(manifest, port, host, drafters, api_key, metrics_port)
+        argv, env = verifier_command(manifest, port, host, drafters, api_key, metrics_port, where.verifier)
         verifier = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent, start_new_session=True)
-        log.info("verifier (pid %d): vLLM OpenAI server on http://%s:%d/v1", verifier.pid, host, port)
+        log.info("verifier (pid %d): vLLM OpenAI server on http://%s:%d/v1, engine threads on cores %s",
+                 verifier.pid, host, port, list(where.verifier) or "(vLLM's binding)")
         signal.signal(signal.SIGTERM, lambda signum, frame: verifier.terminate() if verifier else None)
         try:
             return verifier.wait()

@@ -135,8 +135,9 @@ class ProposerCollector:
     - cosine:spec_decode_drafts_late_total{pool}: steps a pool's draft was still in flight;
     - cosine:drafter_errors_total{pool}, cosine:drafter_calls_total{pool};
       cosine:drafter_rtt_seconds{pool} (EMA of a draft call); cosine:drafter_yield_tokens{pool}
-      (accepted tokens per draft call over recent calls: the pool is only probed below
-      `ProposerSettings.min_pool_yield`);
+      (accepted tokens per draft call over recent calls); cosine:drafter_on_time_ratio{pool}
+      (share of a pool's drafts that arrived in time and continued the context);
+      cosine:drafter_asks_skipped_total{pool} (draft asks not made: the pool did not pay there);
     - cosine:verifier_steps_total, cosine:verifier_steps_with_draft_total.
     """
 
@@ -159,6 +160,7 @@ class ProposerCollector:
             ("cosine:spec_decode_drafts_late", "Steps a pool's draft was still in flight.", s.drafts_late),
             ("cosine:drafter_errors", "Failed draft calls.", s.pool_errors),
             ("cosine:drafter_calls", "Draft calls that returned.", s.pool_calls),
+            ("cosine:drafter_asks_skipped", "Draft asks not made: the pool did not pay there.", s.pool_skipped),
         )
         for name, doc, values in per_pool:
             fam = CounterMetricFamily(name, doc, labels=["model_name", "pool"])
@@ -167,8 +169,9 @@ class ProposerCollector:
             yield fam
         gauges = (
             ("cosine:drafter_rtt_seconds", "Draft call wall time (EMA).", s.pool_rtt_s),
-            ("cosine:drafter_yield_tokens", "Accepted tokens per draft call, recent calls (below "
-             "min_pool_yield the pool is only probed).", s.pool_yield),
+            ("cosine:drafter_yield_tokens", "Accepted tokens per draft call, recent calls.", s.pool_yield),
+            ("cosine:drafter_on_time_ratio", "Share of a pool's drafts that arrived in time and continued the "
+             "context (EMA).", s.pool_on_time),
         )
         for name, doc, values in gauges:
             fam = GaugeMetricFamily(name, doc, labels=["model_name", "pool"])

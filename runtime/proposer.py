@@ -19,11 +19,18 @@ the engine ran; SmartSpec, arXiv:2406.14066), per request and per draft source, 
 with periodic probes. Draft tokens reach the target as point-mass proposals, which vLLM's
 rejection sampler verifies losslessly (accept x with p(x), else sample from p without x).
 
-A pool draft is worth asking for only if it pays: its *yield*, accepted tokens per draft call
-(a decayed ratio over recent calls), must reach `min_pool_yield`. A pool whose drafts arrive too
-late to continue the context, or are rejected, is then asked only on probe steps (every
-`pool_probe_every` steps of a request) until its yield recovers: it stops taking drafter
-capacity (and, when co-located, the verifier's CPU) for nothing.
+A pool is asked for a request only where it pays (`speculation_control.pool_pays`): its expected
+accepted tokens per verifier step (the request's acceptance estimate for the pool, times the
+share of the pool's drafts that arrive in time and still continue the context) must beat what
+prompt lookup gives the same request (its acceptance times how often it finds a match). Elsewhere
+the pool is asked only on probe steps (every `pool_probe_every` steps of a request), so its
+estimates can recover: a late or rejected pool stops taking drafter capacity for nothing.
+With `fusion` the router may send a request to several pools; each is asked where it pays, and
+every candidate that arrived is fused by confidence per position.
+
+A failed pool (`pool_down_after` failures in a row) is left out for `pool_retry_s`; that is one
+warning per pool at most every `pool_warn_every_s`, and a late or failed draft is otherwise only
+a metric (`cosine:drafter_errors_total`, `cosine:spec_decode_drafts_late_total`), never a log line.
 
 A pool is anything with the `Drafter` interface (`transport.RemoteDrafter` over gRPC in
 deployments); its calls run on this module's threads, so a crashed or hung pool costs drafts,
@@ -32,6 +39,7 @@ never a request.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -85,11 +93,16 @@ class ProposerSettings:
     many tokens beyond k, because the target emits at least one token while the draft is made;
     more when the pool's measured round trip spans several engine steps (its draft must still
     reach past what the target emitted meanwhile), up to max_pool_draft_tokens.
-    pool_retry_s: seconds a failed pool is left out. reroute_every: steps between re-routing a
-    request. initial_step_s: the pass time assumed before any step was measured.
-    min_pool_yield: accepted tokens per draft call below which a pool is only probed, once it
-    has made `pool_warmup_calls` calls; pool_probe_every: a probed pool is asked every this
-    many steps of a request; pool_yield_decay: per-call decay of the yield's counts."""
+    pool_retry_s: seconds a failed pool is left out, after `pool_down_after` failed calls in a
+    row; pool_warn_every_s: at most one warning per pool in this many seconds.
+    reroute_every: steps between re-routing a request. initial_step_s: the pass time assumed
+    before any step was measured. fusion: a request may be routed to several pools, whose
+    drafts are fused (else one pool per request). min_confidence: pools stop a draft at the
+    first token whose top-1 probability is below this. min_pool_gain_tokens: expected accepted
+    tokens per step a pool must give a request to be asked (besides beating lookup).
+    pool_probe_every: a pool that does not pay for a request is still asked every this many of
+    its steps; pool_yield_decay: per-call
+    decay of the yield's counts (`cosine:drafter_yield_tokens`)."""
 
     max_draft_tokens: int = 8
     speculation: sc.SpeculationSettings = sc.SpeculationSettings()
@@ -100,10 +113,13 @@ class ProposerSettings:
     pool_lookahead_tokens: int = 2
     max_pool_draft_tokens: int = 32
     pool_retry_s: float = 5.0
+    pool_down_after: int = 3
+    pool_warn_every_s: float = 60.0
     reroute_every: int = 16
     initial_step_s: float = 0.1
-    min_pool_yield: float = 0.5
-    pool_warmup_calls: int = 16
+    fusion: bool = True
+    min_confidence: float = 0.0
+    min_pool_gain_tokens: float = 0.25
     pool_probe_every: int = 8
     pool_yield_decay: float = 0.97
 
@@ -138,6 +154,8 @@ class _Request:
     last_source: str = ""
     inflight: dict[str, Future] = field(default_factory=dict)  # pool -> Future[_PoolDraft]
     arrived: dict[str, _PoolDraft] = field(default_factory=dict)
+    used: set[str] = field(default_factory=set)  # every pool ever asked for this request (all are released)
+    lookup_hit: float = 0.5  # EMA of steps on which prompt lookup found a draft
 
 
 @dataclass
@@ -154,6 +172,8 @@ class ProposerStats:
     pool_rtt_s: dict[str, float] = field(default_factory=dict)  # EMA of a pool call's wall time
     pool_calls: dict[str, int] = field(default_factory=dict)  # draft calls that returned
     pool_yield: dict[str, float] = field(default_factory=dict)  # accepted tokens per draft call (recent)
+    pool_on_time: dict[str, float] = field(default_factory=dict)  # EMA: a pool draft continued the context in time
+    pool_skipped: dict[str, int] = field(default_factory=dict)  # asks skipped: the pool did not pay there
     busy_s: float = 0.0  # seconds in engine steps
     tokens_verified: int = 0  # tokens computed by the steps (pending + draft + prefill)
     requests_running: int = 0
@@ -204,6 +224,8 @@ class CoSineProposer:
         self._contexts: dict[str, Sequence[int]] = {}
         self._lock = threading.Lock()
         self._yield_counts: dict[str, tuple[float, float]] = {}  # pool -> decayed (accepted, calls)
+        self._failures: dict[str, int] = {}  # pool -> failed calls in a row
+        self._warned_s: dict[str, float] = {}  # pool -> when its last warning was logged
         self._executor = ThreadPoolExecutor(max_workers=max(1, 2 * len(pools)), thread_name_prefix="cosine-pool")
 
     # ------------------------------------------------------------ engine-facing
@@ -291,8 +313,13 @@ class CoSineProposer:
             self.suffix_cache.add(ctx)
         if req is None:
             return
-        for name in req.pools:
-            self._executor.submit(self._release_on_pool, name, request_id)
+        inflight = list(req.inflight.values())
+        for name in req.used:
+            self._executor.submit(self._release_on_pool, name, request_id, inflight)
+
+    def num_requests(self) -> int:
+        """Requests whose state the proposer keeps (0 once every request finished)."""
+        return len(self._requests)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -339,12 +366,15 @@ class CoSineProposer:
     def _route(self, domain: str) -> list[str]:
         if not self.profiles:
             return []
+        rs = self.settings.routing
+        if self.settings.fusion:  # every pool may draft; each is asked only where it pays (_worth_asking)
+            rs = replace(rs, max_drafters=max(rs.max_drafters, len(self.profiles)))
         with self._lock:
             return routing.route(
                 domain,
                 self.profiles,
                 self.router,
-                self.settings.routing,
+                rs,
                 self._rng.betavariate,
                 available=lambda n: self.down_until.get(n, 0.0) <= self.clock(),
             )
@@ -362,8 +392,13 @@ class CoSineProposer:
                 tokens, conf = self.suffix_cache.lookup(ctx, k_max), 0.5
             if tokens:
                 paths.append(DraftPath(LOOKUP, tuple(tokens), (conf,) * len(tokens), None))
+            req.lookup_hit = 0.8 * req.lookup_hit + 0.2 * (1.0 if tokens else 0.0)
         for name in req.pools:
+            asked = name in req.inflight or name in req.arrived
             usable = self._arrived(req, name, ctx)
+            if asked:
+                prev = self.stats.pool_on_time.get(name, 1.0)
+                self.stats.pool_on_time[name] = 0.95 * prev + 0.05 * (1.0 if usable else 0.0)
             if usable:
                 paths.append(DraftPath(name, usable[0], usable[1], None))
         if not paths:
@@ -419,7 +454,8 @@ class CoSineProposer:
         s = self.settings
         step_s = self.curve.seconds(1) if self.curve else s.initial_step_s
         for name in req.pools:
-            if not self._worth_asking(name, req.steps):
+            if not self._worth_asking(name, req):
+                self.stats.add(self.stats.pool_skipped, name)
                 continue
             rtt_s = self.stats.pool_rtt_s.get(name, 0.0)
             ahead = max(s.pool_lookahead_tokens, math.ceil(rtt_s / max(step_s, 1e-3)))
@@ -429,19 +465,18 @@ class CoSineProposer:
             fut = req.inflight.get(name)
             if fut is not None and not fut.done():
                 continue
+            req.used.add(name)
             req.inflight[name] = self._executor.submit(self._draft_on_pool, name, rid, tuple(ctx), k)
 
     def _draft_on_pool(self, name: str, rid: str, ctx: tuple[int, ...], k: int) -> _PoolDraft:
         t0 = self.clock()
         try:
-            d = self.pools[name].propose(rid, ctx, k, SamplingParams())
+            d = self.pools[name].propose(rid, ctx, k, SamplingParams(), min_confidence=self.settings.min_confidence)
         except Exception as e:
-            self.stats.add(self.stats.pool_errors, name)
-            self.down_until[name] = self.clock() + self.settings.pool_retry_s
-            log.warning(
-                "drafter pool %s failed (%s); left out for %.0f s", name, _reason(e), self.settings.pool_retry_s
-            )
+            self._pool_failed(name, e)
             raise
+        if self._failures.pop(name, 0) >= self.settings.pool_down_after:
+            log.info("drafter pool %s answers again", name)
         rtt = self.clock() - t0
         prev = self.stats.pool_rtt_s.get(name)
         self.stats.pool_rtt_s[name] = rtt if prev is None else 0.8 * prev + 0.2 * rtt
@@ -461,17 +496,39 @@ class CoSineProposer:
             if calls > 0:
                 self.stats.pool_yield[name] = acc / calls
 
-    def _worth_asking(self, name: str, request_step: int) -> bool:
-        """Ask the pool this step: always while it warms up or pays (yield >= min_pool_yield),
-        else only on the request's probe steps."""
+    def _pool_failed(self, name: str, e: Exception) -> None:
+        """Count a failed draft call; after `pool_down_after` in a row the pool is left out for
+        `pool_retry_s`, with one warning per `pool_warn_every_s` at most."""
         s = self.settings
-        if self.stats.pool_calls.get(name, 0) < s.pool_warmup_calls:
-            return True
-        if self.stats.pool_yield.get(name, 0.0) >= s.min_pool_yield:
-            return True
-        return request_step % s.pool_probe_every == 0
+        self.stats.add(self.stats.pool_errors, name)
+        n = self._failures[name] = self._failures.get(name, 0) + 1
+        if n < s.pool_down_after:
+            return
+        now = self.clock()
+        self.down_until[name] = now + s.pool_retry_s
+        if now - self._warned_s.get(name, -math.inf) >= s.pool_warn_every_s:
+            self._warned_s[name] = now
+            log.warning("drafter pool %s failed %d calls in a row (%s); left out for %.0f s at a time",
+                        name, n, _reason(e), s.pool_retry_s)
 
-    def _release_on_pool(self, name: str, rid: str) -> None:
+    def _worth_asking(self, name: str, req: _Request) -> bool:
+        """Ask the pool this step where it pays for the request (`speculation_control.pool_pays`),
+        and on the request's probe steps."""
+        if req.steps % self.settings.pool_probe_every == 0:
+            return True
+        k = self.settings.max_draft_tokens
+        pool = (req.states.get(name) or self._initial_state(name, req.domain)).acceptance_rate
+        lookup = (req.states.get(LOOKUP) or self._initial_state(LOOKUP, req.domain)).acceptance_rate
+        on_time = self.stats.pool_on_time.get(name, 1.0)
+        return sc.pool_pays(pool, on_time, lookup, req.lookup_hit if self.settings.lookup else 0.0, k,
+                            self.settings.min_pool_gain_tokens)
+
+    def _release_on_pool(self, name: str, rid: str, inflight: Sequence[Future] = ()) -> None:
+        """Release after the request's draft calls return (each has a deadline): a `Release` that
+        overtook a `Propose` would be undone by it."""
+        for fut in inflight:
+            with contextlib.suppress(Exception):
+                fut.exception()  # waits for the call's end, whatever its outcome
         try:
             self.pools[name].release(rid)
         except Exception as e:  # noqa: BLE001 - best effort; pools evict old contexts anyway

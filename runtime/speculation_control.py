@@ -257,6 +257,23 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def pool_pays(pool_alpha: float, pool_on_time: float, lookup_alpha: float, lookup_hit_rate: float, k: int,
+              min_gain_tokens: float = 0.0) -> bool:
+    """Whether a drafter pool is worth asking for a request's next draft: its expected accepted
+    tokens per verifier step beat what prompt lookup gives the same request, and `min_gain_tokens`.
+
+    A pool's draft counts only when it arrives in time and still continues the context
+    (`pool_on_time`, a fraction in [0, 1]); prompt lookup's only on the steps it finds a match
+    (`lookup_hit_rate`). Expected accepted tokens of a k-token chain at per-token acceptance
+    alpha: sum_{i=1..k} alpha^i (Leviathan et al. 2023, arXiv:2211.17192, section 3.1).
+    """
+    if k <= 0:
+        return False
+    pool = pool_on_time * (expected_tokens(pool_alpha, k) - 1.0)
+    lookup = lookup_hit_rate * (expected_tokens(lookup_alpha, k) - 1.0)
+    return pool > max(lookup, min_gain_tokens)
+
+
 def goodput_per_s(alpha: float, k: int, cost: Cost) -> float:
     """Expected emitted tokens per second for draft length k."""
     return expected_tokens(alpha, k) / (k * cost.draft_token_s + cost.verify_s(k + 1))

@@ -122,6 +122,8 @@ def proposer_config(
     pools: Sequence[Mapping[str, Any]] = (),
     lookup: bool = True,
     adaptive: bool = True,
+    fusion: bool = True,
+    min_confidence: float = 0.0,
     model: str | None = None,
     metrics_port: int = 0,
 ) -> dict[str, Any]:
@@ -132,11 +134,14 @@ def proposer_config(
         pools: `{"name", "address", "expertise": [...]}` per remote drafter pool (gRPC).
         lookup: run prompt lookup in-process.
         adaptive: choose k per request from measured goodput (False: always `max_draft_tokens`).
+        fusion: a request may draft on several pools, fused by confidence (False: one pool).
+        min_confidence: pools stop a draft at a token whose top-1 probability is below this.
         model: the target's path (its tokenizer classifies prompts into domains for routing).
         metrics_port: serve CoSine's `cosine:` series on this port (0 = none).
     """
     return {"max_draft_tokens": max_draft_tokens, "pools": [dict(p) for p in pools], "lookup": lookup,
-            "adaptive": adaptive, "model": model, "metrics_port": metrics_port}
+            "adaptive": adaptive, "fusion": fusion, "min_confidence": min_confidence, "model": model,
+            "metrics_port": metrics_port}
 
 
 def engine_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -165,6 +170,8 @@ def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
 
     settings = prop.ProposerSettings(max_draft_tokens=int(config["max_draft_tokens"]),
                                      lookup=bool(config.get("lookup", True)),
+                                     fusion=bool(config.get("fusion", True)),
+                                     min_confidence=float(config.get("min_confidence", 0.0)),
                                      speculation=SpeculationSettings(adaptive=bool(config.get("adaptive", True))))
     return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")))
 

@@ -1,7 +1,7 @@
 """A CoSineCluster manifest, plus a `simulation:` section, as a `SimSetup`.
 
-The `spec` is read by the operator's own `parse_cluster_spec` and the runtime's
-`speculation_settings`, so a manifest that deploys is a manifest that simulates; the `simulation:`
+The `spec` is read by the operator's own `parse_cluster_spec`, speculation included
+(`spec.speculation`), so a manifest that deploys is a manifest that simulates; the `simulation:`
 section says what Kubernetes would know from node labels: which hardware each role runs on, and
 the network. Example (`cosine/simulation/default_cluster.yaml`):
 
@@ -26,8 +26,8 @@ import yaml
 
 from cosine.operator.autoscaling import PoolLimits, ScalingPolicy
 from cosine.operator.settings import parse_cluster_spec
-from cosine.roles import speculation_settings
 from cosine.runtime.routing import DOMAINS, RoutingSettings
+from cosine.runtime.speculation_control import SpeculationSettings
 from cosine.simulation.cluster import PoolModel, SimSetup, VerifierModel
 from cosine.simulation.cost_models import Profiles, load_profiles
 
@@ -72,7 +72,7 @@ def build_setup(obj: dict[str, Any], profiles: Profiles | None = None, mode: str
     """The simulation of the manifest `obj` (mode overrides `simulation.mode`)."""
     profiles = profiles or load_profiles()
     spec = parse_cluster_spec(obj["spec"])
-    settings, _, _ = speculation_settings(obj)
+    settings = SpeculationSettings(max_draft_tokens=spec.speculation.max_draft_len, adaptive=spec.speculation.adaptive)
     sim = obj.get("simulation") or {}
     w = sim.get("workload") or {}
     workload = WorkloadSettings(int(w.get("promptTokens", 256)), int(w.get("outputTokens", 128)),

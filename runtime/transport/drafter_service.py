@@ -1,28 +1,29 @@
 """gRPC server of one drafter: `cosine drafter` runs this in its own process (one pod).
 
-KV caches stay here, keyed by request id; the verifier sends context deltas and receives draft
-tokens (and compressed q for sampled requests). Health via `grpcio-health-checking` (the pod's
-readiness probe is a gRPC health check).
+The engine's KV caches stay here, keyed by request id; the verifier sends context deltas and
+receives greedy draft tokens with their confidences. Every `Propose` pending when a draft round
+starts is drafted in that round, together, by the pool's engine (`draft_engine.DraftBatcher`): a
+pool serves many requests at once and never one at a time. Health via `grpcio-health-checking`
+(the pod's readiness probe is a gRPC health check).
+
+Drafts are point-mass proposals (greedy tokens, no distribution): the verifier (vLLM's rejection
+sampler) checks them losslessly under greedy decoding and sampling alike, so a request's sampling
+parameters do not change how a pool drafts.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent import futures
 
 import grpc
-import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from cosine.runtime.compression import Compression
-from cosine.runtime.cross_tokenizer_drafter import CrossTokenizerDrafter
-from cosine.runtime.drafter import ModelDrafter
-from cosine.runtime.ngram_drafter import NgramDrafter
-from cosine.runtime.transport import codec
+from cosine.runtime.draft_engine import DraftBatcher, DraftEngine, DraftJob, DraftResult
 from cosine.runtime.transport import drafter_pb2 as pb
 from cosine.runtime.transport import drafter_pb2_grpc as pb_grpc
 
@@ -32,83 +33,99 @@ SERVICE_NAME = "cosine.v1.Drafter"
 
 
 class DrafterMetrics:
-    """Drafter-side counters read by the operator's autoscaler (names: operator contract)."""
+    """Drafter-side series read by the operator's autoscaler (names: operator contract).
+
+    PromQL: busy fraction `rate(cosine:drafter_busy_seconds_total[1m])`; seconds per draft token
+    `rate(cosine:drafter_busy_seconds_total[1m]) / rate(cosine:drafter_draft_tokens_total[1m])`;
+    mean requests per batched round `rate(cosine:drafter_batched_requests_total[1m]) /
+    rate(cosine:drafter_rounds_total[1m])`.
+    """
 
     def __init__(self, pool: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        self.draft_tokens = Counter(
-            "cosine:drafter_draft_tokens_total", "Draft tokens produced.", ["pool"], registry=self.registry
-        ).labels(pool=pool)
-        self.busy_s = Counter(
-            "cosine:drafter_busy_seconds_total", "Seconds spent drafting.", ["pool"], registry=self.registry
-        ).labels(pool=pool)
-        self.bytes_sent = Counter(
-            "cosine:drafter_bytes_sent_total", "Bytes of draft responses sent.", ["pool"], registry=self.registry
-        ).labels(pool=pool)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, ["pool"], registry=self.registry).labels(pool=pool)
+
+        self.draft_tokens = counter("cosine:drafter_draft_tokens_total", "Draft tokens produced.")
+        self.busy_s = counter("cosine:drafter_busy_seconds_total", "Seconds the engine spent drafting.")
+        self.bytes_sent = counter("cosine:drafter_bytes_sent_total", "Bytes of draft responses sent.")
+        self.rounds = counter("cosine:drafter_rounds_total", "Batched draft rounds run.")
+        self.batched = counter("cosine:drafter_batched_requests_total", "Requests drafted, summed over rounds.")
+        self.contexts = Gauge("cosine:drafter_contexts", "Requests whose context the pool keeps.", ["pool"],
+                              registry=self.registry).labels(pool=pool)
 
 
 class DrafterServicer(pb_grpc.DrafterServicer):
-    """Serves `Propose`/`Release`/`Info` for one drafter.
+    """Serves `Propose`/`Release`/`Info` for one drafter pool replica.
 
     Args:
-        drafter: a `ModelDrafter`, `CrossTokenizerDrafter` or `NgramDrafter` (called by one request
-            at a time).
-        pool: the drafter pool's name. tokenizer_family: for the verifier's compatibility check
-            (a `CrossTokenizerDrafter` drafts in the verifier's vocabulary: pass the verifier's
-            family and `vocab_size`).
+        engine: the pool's `DraftEngine` (drafts run on the batcher's one thread).
+        pool: the drafter pool's name. tokenizer_family / vocab_size: reported to the verifier for
+            its compatibility check (a cross-tokenizer engine drafts in the verifier's vocabulary).
+        model: the model name reported by `Info`.
         max_requests: contexts kept; the least recently used beyond this are released.
+        min_confidence: drafts stop at the first token whose top-1 probability is below this
+            (the request's own `min_confidence`, if larger, wins).
     """
 
     def __init__(
-        self, drafter: ModelDrafter | CrossTokenizerDrafter | NgramDrafter, pool: str, tokenizer_family: str = "", *,
+        self, engine: DraftEngine, pool: str, tokenizer_family: str = "", *, model: str = "",
         max_requests: int = 256, metrics: DrafterMetrics | None = None, vocab_size: int | None = None,
+        min_confidence: float = 0.0,
     ) -> None:
-        self.drafter = drafter
-        runner = getattr(drafter, "runner", None)
-        self.vocab_size = vocab_size or (runner.vocab_size if runner is not None else 0)
-        self.model_name = runner.name if runner is not None else drafter.name
+        self.engine = engine
+        self.vocab_size = vocab_size if vocab_size is not None else engine.vocab_size
+        self.model_name = model or engine.name
         self.pool = pool
         self.tokenizer_family = tokenizer_family
         self.max_requests = max_requests
+        self.min_confidence = min_confidence
         self.metrics = metrics or DrafterMetrics(pool)
+        self.batcher = DraftBatcher(engine, on_round=self._count_round)
         self._contexts: OrderedDict[str, list[int]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def Propose(self, request: pb.ProposeRequest, context: grpc.ServicerContext) -> pb.ProposeResponse:
+    def num_contexts(self) -> int:
+        """Requests whose context this replica keeps (the engine's own count may lag by a round)."""
         with self._lock:
-            rid = request.request_id
+            return len(self._contexts)
+
+    def Propose(self, request: pb.ProposeRequest, context: grpc.ServicerContext) -> pb.ProposeResponse:
+        rid = request.request_id
+        with self._lock:
             known = self._contexts.get(rid)
             if request.num_cached and (known is None or len(known) < request.num_cached):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {rid}: context not cached; resend")
             ctx = (known or [])[: request.num_cached] + list(request.new_token_ids)
             if not ctx:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty context")
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id's context is empty (new_token_ids)")
             self._contexts[rid] = ctx
             self._contexts.move_to_end(rid)
-            self._evict()
-            params = codec.sampling_from_proto(request.sampling)
-            compression = None
-            generator = None
-            if not params.greedy:
-                generator = torch.Generator().manual_seed(int(request.seed))
-                compression = codec.compression_from_proto(
-                    request.compression, request.HasField("compression")
-                ) or Compression(top_k=max(1, self.vocab_size), bits=32)
-            t0 = time.perf_counter()
-            draft = self.drafter.propose(
-                rid, ctx, int(request.max_tokens), params, min_confidence=request.min_confidence,
-                generator=generator, compression=compression,
-            )
-            self.metrics.busy_s.inc(time.perf_counter() - t0)
-            self.metrics.draft_tokens.inc(draft.num_tokens)
-            msg = codec.draft_to_proto(draft)
-            self.metrics.bytes_sent.inc(msg.ByteSize())
-            return msg
+            evicted = self._evict()
+            self.metrics.contexts.set(len(self._contexts))
+        for gone in evicted:
+            self.batcher.release(gone)
+        job = DraftJob(rid, tuple(ctx), int(request.max_tokens), max(self.min_confidence, request.min_confidence))
+        fut = self.batcher.submit(job)
+        remaining = context.time_remaining()
+        try:
+            result: DraftResult = fut.result(timeout=remaining if remaining is not None else None)
+        except futures.TimeoutError:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"request {rid}: draft not ready before the deadline")
+        except Exception as e:  # noqa: BLE001 - the engine's error, as a status
+            context.abort(grpc.StatusCode.INTERNAL, f"{self.engine.name}: {e}")
+        self.metrics.draft_tokens.inc(len(result.token_ids))
+        msg = pb.ProposeResponse(token_ids=list(result.token_ids), confidences=list(result.confidences),
+                                 draft_s=result.draft_s, drafter=self.pool)
+        self.metrics.bytes_sent.inc(msg.ByteSize())
+        return msg
 
     def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseResponse:
         with self._lock:
             self._contexts.pop(request.request_id, None)
-            self.drafter.release(request.request_id)
+            self.metrics.contexts.set(len(self._contexts))
+        self.batcher.release(request.request_id)
         return pb.ReleaseResponse()
 
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
@@ -117,14 +134,27 @@ class DrafterServicer(pb_grpc.DrafterServicer):
             vocab_size=self.vocab_size, pool=self.pool,
         )
 
-    def _evict(self) -> None:
+    def close(self) -> None:
+        self.batcher.close()
+
+    def _count_round(self, seconds: float, results: Sequence[DraftResult]) -> None:
+        self.metrics.busy_s.inc(seconds)
+        self.metrics.rounds.inc()
+        self.metrics.batched.inc(len(results))
+
+    def _evict(self) -> Sequence[str]:
+        out = []
         while len(self._contexts) > self.max_requests:
             rid, _ = self._contexts.popitem(last=False)
-            self.drafter.release(rid)
+            out.append(rid)
+        return out
 
 
-def serve(servicer: DrafterServicer, port: int, host: str = "127.0.0.1", max_workers: int = 4) -> grpc.Server:
+def serve(servicer: DrafterServicer, port: int, host: str = "127.0.0.1", max_workers: int = 64) -> grpc.Server:
     """Start a gRPC server with the drafter and health services; returns the started server.
+
+    `max_workers` bounds concurrent `Propose` calls (each waits on the batcher, so it is the most
+    requests one round can batch).
 
     Raises:
         RuntimeError: the port could not be bound.

@@ -3,7 +3,7 @@
 Sends context deltas (the drafter keeps the tokens it was sent), with a deadline on every call;
 gRPC's own retry policy (service config) retries UNAVAILABLE with backoff. A request the drafter
 does not know (it restarted, or evicted it) is resent whole. Errors propagate to the caller: the
-coordinator's failover treats the drafter as down for a while and decodes without it.
+proposer counts them and, after several in a row, leaves the pool out for a while.
 """
 
 from __future__ import annotations
@@ -150,8 +150,9 @@ class RemoteDrafter:
         return self._stub.Propose(req, timeout=timeout)
 
     def release(self, request_id: str) -> None:
-        if self._sent.pop(request_id, None) is None:
-            return
+        """Free the request's context in the pool (always sent: a draft call may have created it
+        although its answer never came back). Best effort."""
+        self._sent.pop(request_id, None)
         try:
             self._stub.Release(pb.ReleaseRequest(request_id=request_id), timeout=1.0)
         except grpc.RpcError as e:  # best effort: the drafter evicts least-recently-used contexts anyway

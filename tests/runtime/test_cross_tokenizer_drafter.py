@@ -215,22 +215,23 @@ def test_generation_accepts_translated_drafts(scripted, params):
 
 
 def test_served_over_grpc_in_the_targets_vocabulary(scripted):
+    from cosine.runtime.draft_engine import SequentialEngine
     from cosine.runtime.transport.drafter_service import DrafterServicer, serve
     from cosine.runtime.transport.remote_drafter import RemoteDrafter
 
     target, drafter_runner = scripted
     local = CrossTokenizerDrafter(drafter_runner, target.tokenizer, name="chat")
-    servicer = DrafterServicer(CrossTokenizerDrafter(drafter_runner, target.tokenizer, name="chat"), "chat",
-                               "tiny-target", vocab_size=target.vocab_size)
+    engine = SequentialEngine(CrossTokenizerDrafter(drafter_runner, target.tokenizer, name="chat"), target.vocab_size)
+    servicer = DrafterServicer(engine, "chat", "tiny-target", vocab_size=target.vocab_size)
     server = serve(servicer, port=0)
     try:
         remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "chat", target.vocab_size)
         info = remote.info()
         assert (info.vocab_size, info.tokenizer_family) == (target.vocab_size, "tiny-target")
         ctx = _chat_context(target, "The quick")
-        for params in (GREEDY, SAMPLED):
+        for params in (GREEDY, SAMPLED):  # pools draft greedily whatever the request samples with (point mass)
             got = remote.propose("r", ctx, 4, params, generator=torch.Generator().manual_seed(0))
-            want = local.propose("r", ctx, 4, params)
+            want = local.propose("r", ctx, 4, GREEDY)
             assert got.token_ids == want.token_ids and got.probs is None
         result = generate(target, _chat_context(target), 64, drafter=remote,
                           settings=SpeculationSettings(max_draft_tokens=4, adaptive=False))
@@ -341,18 +342,20 @@ def test_real_sampled_request_gets_point_mass_draft(real):
 @pytest.mark.real_model
 def test_real_pool_with_translate_tokenizer_drafts_in_the_verifiers_vocabulary(real):
     from cosine.operator.settings import parse_cluster_spec
-    from cosine.roles import _model_drafter
-    from cosine.runtime.drafter import ModelDrafter
+    from cosine.roles import drafter_engine
+    from cosine.runtime.draft_engine import LlamaCppEngine
 
     target, _ = real
     spec = parse_cluster_spec({"verifier": {"model": TARGET}, "drafterPools": [
         {"name": "chat", "model": DRAFTER, "translateTokenizer": True},
         {"name": "coder", "model": TARGET, "translateTokenizer": True},  # same vocabulary: no translation
     ]})
-    drafter, vocab, family = _model_drafter(spec.pool("chat"), spec.verifier)
+    engine, vocab, family = drafter_engine(spec.pool("chat"), spec.verifier)
+    drafter = engine.drafter
     assert isinstance(drafter, CrossTokenizerDrafter) and drafter.name == "chat"
     assert (vocab, family) == (target.vocab_size, "qwen2")
     draft = drafter.propose("r", target.encode_prompt("Say hello.") + target.encode_text("Hello"), 4, GREEDY)
     assert draft.num_tokens > 0 and all(0 <= t < vocab for t in draft.token_ids)
-    same, vocab, family = _model_drafter(spec.pool("coder"), spec.verifier)
-    assert isinstance(same, ModelDrafter) and (vocab, family) == (target.vocab_size, "qwen2")
+    same, vocab, family = drafter_engine(spec.pool("coder"), spec.verifier)  # llama.cpp on the target's GGUF
+    assert isinstance(same, LlamaCppEngine) and family == "qwen2" and vocab >= 151643
+    same.close()

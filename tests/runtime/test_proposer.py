@@ -115,12 +115,63 @@ def test_pool_draft_dropped_when_the_target_diverged():
 def test_failed_pool_costs_drafts_not_the_request():
     pool = FakePool("coder", fail=True)
     p = CoSineProposer(ProposerSettings(max_draft_tokens=3), [pool])
-    for i in range(5):
+    for i in range(12):
         drafts = p.propose({"r": REPEAT + [i]})
         assert "r" in drafts
         time.sleep(0.02)
-    assert p.stats.pool_errors["coder"] >= 1
+    assert p.stats.pool_errors["coder"] >= 3
     assert p.down_until["coder"] > time.monotonic()
+
+
+def test_failed_pool_is_one_warning_not_a_line_per_call(caplog):
+    pool = FakePool("coder", fail=True)
+    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_retry_s=0.0)  # asked again at once
+    p = CoSineProposer(s, [pool])
+    with caplog.at_level("DEBUG", logger="cosine.runtime.proposer"):
+        for i in range(30):
+            p.propose({"r": [1, 2, 3 + i]})
+            _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+    assert p.stats.pool_errors["coder"] >= 10
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "coder" in warnings[0].getMessage()
+    p.close()
+
+
+def test_single_late_call_is_a_metric_not_a_warning(caplog):
+    pool = FakePool("coder")
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool])
+    with caplog.at_level("INFO", logger="cosine.runtime.proposer"):
+        pool.fail = True
+        p.propose({"r": [1, 2, 3]})
+        _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+        pool.fail = False
+        for i in range(4):
+            p.propose({"r": [1, 2, 3, 9 + i]})
+            _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+    assert p.stats.pool_errors["coder"] == 1
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+    assert p.down_until.get("coder", 0.0) == 0.0
+    p.close()
+
+
+def test_release_reaches_every_pool_the_request_used_after_its_calls_end():
+    a, b = FakePool("a"), FakePool("b")
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False, reroute_every=1, fusion=False),
+                       [a, b], seed=1)
+    for i in range(40):  # re-routed every step between two equal pools: both get used
+        p.propose({"r": [1, 2, 3 + i]})
+        _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+    assert a.calls and b.calls
+    b.gate.clear()  # b's last call hangs while the request finishes
+    p._requests["r"].inflight["b"] = p._executor.submit(b.propose, "r", [1], 3, None)
+    p.retain(set())
+    time.sleep(0.1)
+    assert "r" in a.released or "r" not in b.released  # b's release waits for b's call
+    assert "r" not in b.released
+    b.gate.set()
+    _wait(lambda: "r" in a.released and "r" in b.released)
+    assert p.num_requests() == 0
+    p.close()
 
 
 def test_fusion_picks_the_more_confident_candidate_per_position():
@@ -189,18 +240,45 @@ def _decode_with(p: CoSineProposer, pool: FakePool, steps: int, accept, stride: 
 
 def test_pool_whose_drafts_never_pay_is_only_probed():
     pool = FakePool("slow", rule=lambda ctx, k: [ctx[-1] + 1 + i for i in range(k)])  # the target takes +2
-    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_warmup_calls=8, pool_probe_every=8)
+    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_probe_every=8)
     p = CoSineProposer(s, [pool])
     calls = _decode_with(p, pool, 72, accept=lambda d: 0, stride=2)
-    assert calls[7] == 8, "asked every step while it warms up"
-    assert calls[-1] - calls[7] <= 64 // 8 + 1, "then only on probe steps"
-    assert p.stats.pool_yield["slow"] < s.min_pool_yield
+    assert calls[1] == 2, "asked while its acceptance estimate (the prior) says it pays"
+    assert calls[-1] - calls[23] <= 48 // 8 + 1, "once measured as rejected, only on probe steps"
+    assert p.stats.pool_yield["slow"] < 0.1
     p.close()
+
+
+def test_pool_is_not_asked_where_prompt_lookup_gives_more():
+    """A request whose own tokens repeat (lookup drafts and is accepted every step) does not take
+    the pool's capacity beyond probes; the pool pays where lookup finds nothing."""
+    pool = FakePool("p", rule=lambda ctx, k: [0] * k)
+    s = ProposerSettings(max_draft_tokens=4, pool_probe_every=8)
+    p = CoSineProposer(s, [pool])
+    ctx = [1, 2, 3, 4, 5] * 6
+    for _ in range(32):
+        d = p.propose({"r": list(ctx)})["r"]
+        p.observe_step(StepRecord(0.05, 1 + len(d), (RequestOutcome("r", len(d), len(d), p.source_of("r")),)))
+        ctx += d + [ctx[-5]]
+        _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+    assert pool.calls <= 32 // 8 + 2
+    assert p.stats.pool_skipped["p"] >= 24
+    p.close()
+
+
+def test_pool_pays_rule():
+    from cosine.runtime.speculation_control import pool_pays
+
+    assert pool_pays(0.8, 1.0, 0.5, 0.2, 4)  # lookup rarely matches: the pool pays
+    assert not pool_pays(0.8, 1.0, 0.9, 1.0, 4)  # lookup matches every step and is accepted more
+    assert not pool_pays(0.8, 0.1, 0.5, 0.5, 4)  # the pool's drafts arrive late 9 times in 10
+    assert not pool_pays(0.05, 1.0, 0.0, 0.0, 4, min_gain_tokens=0.25)  # nothing to beat, but too little
+    assert not pool_pays(0.9, 1.0, 0.0, 0.0, 0)
 
 
 def test_pool_whose_drafts_are_accepted_is_asked_every_step():
     pool = FakePool("good")
-    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_warmup_calls=8, pool_probe_every=8)
+    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_probe_every=8)
     p = CoSineProposer(s, [pool])
     calls = _decode_with(p, pool, 40, accept=len)  # every draft token accepted
     assert calls[-1] == 40

