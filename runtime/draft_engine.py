@@ -109,8 +109,9 @@ class LlamaCppEngine:
     def __init__(self, gguf_path: str, name: str, *, threads: int = 1, max_requests: int = 64,
                  ctx_tokens: int = 32768, batch_tokens: int = 512) -> None:
         import llama_cpp
-        import llama_cpp._logger  # noqa: F401 - routes llama.cpp's log through Python logging (quiet)
+        from llama_cpp import _logger
 
+        _logger.set_verbose(False)  # llama.cpp's own log: errors only (its load chatter is not ours to print)
         self._ll = llama_cpp
         self.name = name
         llama_cpp.llama_backend_init()

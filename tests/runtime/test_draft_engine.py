@@ -128,17 +128,36 @@ def _ids(text: str) -> tuple[int, ...]:
 
 
 @pytest.mark.real_model
+def _same_up_to_a_near_tie(a, b) -> None:
+    """Equal drafts up to the first near-tie (top-1 probability < 0.25): KV entries computed in a
+    batched pass and in single-token passes round differently, which can flip a near-tie."""
+    assert len(a.token_ids) == len(b.token_ids)
+    for ta, tb, ca, cb in zip(a.token_ids, b.token_ids, a.confidences, b.confidences, strict=True):
+        assert ca == pytest.approx(cb, abs=0.05)
+        if min(ca, cb) < 0.25:
+            break
+        assert ta == tb
+
+
 def test_llamacpp_batched_drafts_equal_drafts_one_at_a_time(llama_engine):
+    """Requests batched in one decode keep their own KV sequences: each draft is what it is alone,
+    up to the first near-tie (a batched pass rounds differently from a single-sequence one, as in
+    vLLM), and copies of one prompt batched together draft identically."""
     prompts = [_ids("def fibonacci(n):\n    "), _ids("The capital of France is"), _ids("for i in range(10):\n")]
     alone = []
     for i, p in enumerate(prompts):
         alone.append(llama_engine.draft([DraftJob(f"alone-{i}", p, 6)])[0])
         llama_engine.release(f"alone-{i}")
     together = llama_engine.draft([DraftJob(f"b-{i}", p, 6) for i, p in enumerate(prompts)])
-    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
-    assert all(len(r.token_ids) == 6 and all(0 < c <= 1 for c in r.confidences) for r in together)
+    for a, b in zip(alone, together, strict=True):
+        assert len(b.token_ids) == 6 and all(0 < c <= 1 for c in b.confidences)
+        _same_up_to_a_near_tie(a, b)
     for i in range(len(prompts)):
         llama_engine.release(f"b-{i}")
+    copies = llama_engine.draft([DraftJob(f"c-{i}", prompts[1], 6) for i in range(3)])
+    assert len({r.token_ids for r in copies}) == 1
+    for i in range(3):
+        llama_engine.release(f"c-{i}")
     assert llama_engine.num_requests() == 0
 
 
@@ -150,7 +169,8 @@ def test_llamacpp_rolls_back_rejected_tokens_by_position(llama_engine):
     diverged = ctx + first.token_ids[:2] + (int(_ids(" x")[0]),)
     cont = llama_engine.draft([DraftJob("r", diverged, 4)])[0]
     fresh = llama_engine.draft([DraftJob("fresh", diverged, 4)])[0]
-    assert cont.token_ids == fresh.token_ids
+    assert cont.token_ids[0] == fresh.token_ids[0]  # the rejected tokens' KV is gone, not attended
+    _same_up_to_a_near_tie(cont, fresh)
     llama_engine.release("r")
     llama_engine.release("fresh")
 
