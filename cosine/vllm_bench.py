@@ -283,7 +283,10 @@ def _argv(pid: int) -> list[str]:
 
 
 def _role(argv: list[str], comm: str) -> str:
-    """ "cosine drafter coder", "cosine serve", or the process name vLLM set (e.g. VLLM::Worker)."""
+    """ "cosine drafter coder", "cosine serve", "vllm server", or the process's name (vLLM names
+    its engine-core and worker processes VLLM::EngineCore, VLLM::Worker)."""
+    if roles.VLLM_SERVER in argv:
+        return "vllm server"
     if "cosine" in argv[:4]:
         i = argv.index("cosine")
         role = argv[i + 1] if i + 1 < len(argv) else ""
