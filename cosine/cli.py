@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--suffix-k", type=int, default=None,
                     help="most tokens vllm-suffix drafts per step (default: --peer-k; 0: vLLM's default, its "
                          "suffix tree depth)")
-    be.add_argument("--placement", default="shared", choices=["shared", "split"],
+    be.add_argument("--placement", default="split", choices=["shared", "split"],
                     help="--engine vllm: shared (the manifest's and vLLM's own placement) or split (equal "
                          "resources: vLLM's systems on every core, CoSine's verifier and drafter pools on "
                          "disjoint halves)")

@@ -30,12 +30,12 @@ requests (prompts that repeat) is measured on its own workload, `--workload repe
 separately.
 
 Placement (`--placement`), the cores each system computes on, out of the N this process may use:
-- `shared` (default): nothing pinned by us (`cosine serve --placement shared`; drafters float), so
+- `shared`: nothing pinned by us (`cosine serve --placement shared`; drafters float), so
   vLLM binds its own threads: its default on x86 (`VLLM_CPU_OMP_THREADS_BIND=auto`) reserves one
   core per worker for its engine-core process and binds the worker's OpenMP threads to the rest
   (vllm/utils/ompmultiprocessing.py), so on 2 cores every vLLM server, peer or verifier, computes on
   one OpenMP thread.
-- `split` (equal resources): the peers (`vllm`, `vllm-*`) compute on all N cores
+- `split` (default; equal resources): the peers (`vllm`, `vllm-*`) compute on all N cores
   (`VLLM_CPU_OMP_THREADS_BIND` set to them: vLLM takes an explicit list as is and reserves no core);
   the CoSine systems run from a copy of the manifest whose verifier has N - N//2 threads and whose
   drafter pools have N//2 each, and `cosine serve --placement split` puts them on disjoint cores
@@ -503,7 +503,7 @@ def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: S
 
 def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: Sequence[int], max_tokens: int,
               manifest: Path | None, drafter_model: str, peer_k: int = 4, quiet: bool = True,
-              workload: str = "", placement: str = "shared", suffix_k: int | None = None) -> dict[str, Any]:
+              workload: str = "", placement: str = "split", suffix_k: int | None = None) -> dict[str, Any]:
     """Every system at every level on a fresh server (see the module docstring).
 
     Raises:

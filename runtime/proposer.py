@@ -394,11 +394,7 @@ class CoSineProposer:
                 paths.append(DraftPath(LOOKUP, tuple(tokens), (conf,) * len(tokens), None))
             req.lookup_hit = 0.8 * req.lookup_hit + 0.2 * (1.0 if tokens else 0.0)
         for name in req.pools:
-            asked = name in req.inflight or name in req.arrived
             usable = self._arrived(req, name, ctx)
-            if asked:
-                prev = self.stats.pool_on_time.get(name, 1.0)
-                self.stats.pool_on_time[name] = 0.95 * prev + 0.05 * (1.0 if usable else 0.0)
             if usable:
                 paths.append(DraftPath(name, usable[0], usable[1], None))
         if not paths:
@@ -432,19 +428,24 @@ class CoSineProposer:
             try:
                 req.arrived[name] = fut.result()
             except Exception:  # noqa: BLE001 - a failed pool costs drafts, never the request
-                pass
+                req.arrived.pop(name, None)  # (a failure is not a late draft: it is counted as an error)
         d = req.arrived.get(name)
         if d is None:
             if fut is not None and not fut.done():
                 self.stats.add(self.stats.drafts_late, name)
+                self._on_time(name, False)
             return None
         n = len(ctx)
         skip = n - d.context_len
-        if skip < 0 or ctx[d.context_len - 1] != d.context_last or skip >= len(d.token_ids):
-            return None
-        if list(ctx[d.context_len :]) != list(d.token_ids[:skip]):
-            return None
-        return d.token_ids[skip:], d.confidences[skip:]
+        usable = not (skip < 0 or ctx[d.context_len - 1] != d.context_last or skip >= len(d.token_ids)) and list(
+            ctx[d.context_len :]) == list(d.token_ids[:skip])
+        self._on_time(name, usable)
+        return (d.token_ids[skip:], d.confidences[skip:]) if usable else None
+
+    def _on_time(self, name: str, usable: bool) -> None:
+        """Fold one look at a pool's draft into its on-time share (EMA over looks, all requests)."""
+        prev = self.stats.pool_on_time.get(name, 1.0)
+        self.stats.pool_on_time[name] = 0.95 * prev + 0.05 * (1.0 if usable else 0.0)
 
     def _request_pool_drafts(self, rid: str, req: _Request, ctx: Sequence[int]) -> None:
         """Ask each routed pool that is idle for this request to draft ahead from `ctx`."""
@@ -513,8 +514,8 @@ class CoSineProposer:
 
     def _worth_asking(self, name: str, req: _Request) -> bool:
         """Ask the pool this step where it pays for the request (`speculation_control.pool_pays`),
-        and on the request's probe steps."""
-        if req.steps % self.settings.pool_probe_every == 0:
+        and on the request's probe steps (its first step, then every `pool_probe_every`)."""
+        if (req.steps - 1) % self.settings.pool_probe_every == 0:
             return True
         k = self.settings.max_draft_tokens
         pool = (req.states.get(name) or self._initial_state(name, req.domain)).acceptance_rate

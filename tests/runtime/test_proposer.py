@@ -301,3 +301,20 @@ def test_collector_exports_pool_calls_and_yield():
     assert f'cosine:drafter_yield_tokens{{model_name="m",pool="good"}} {p.stats.pool_yield["good"]}' in text
     assert p.stats.pool_yield["good"] > 1.0
     p.close()
+
+
+def test_every_request_probes_a_pool_on_its_first_step():
+    """A pool that stopped paying (late or failing) is still asked on each new request's first
+    step, so a restarted or recovered pool is found again even when requests are short."""
+    pool = FakePool("p")
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False, pool_probe_every=100), [pool])
+    p.stats.pool_on_time["p"] = 0.0  # measured useless so far
+    for i in range(5):
+        before = pool.calls
+        p.propose({f"r{i}": [1, 2, 3]})
+        _wait(lambda: pool.calls == before + 1)
+        p.propose({f"r{i}": [1, 2, 3, 9]})  # second step: not a probe, and the pool does not pay
+        time.sleep(0.05)
+        assert pool.calls == before + 1
+        p.retain(set())
+    p.close()

@@ -166,10 +166,11 @@ def test_killed_drafter_costs_speed_not_requests(cluster, reference):
         assert time.monotonic() < deadline, "drafter was not restarted"
         time.sleep(1)
     time.sleep(8)  # model load + the proposer's down window for a failed pool
-    before = _pool_asked(metrics_url)
+    before = _counter(metrics_url, "cosine:drafter_calls_total", "small")
     for p in PROMPTS:
         assert _chat(client, p) == reference[p]
-    assert _pool_asked(metrics_url) > before, "the restarted drafter is asked to draft again"
+    assert _counter(metrics_url, "cosine:drafter_calls_total", "small") > before, (
+        "the restarted drafter answers draft calls again")
 
 
 def _counter(metrics_url: str, name: str, pool: str) -> float:
