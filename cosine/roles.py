@@ -117,10 +117,10 @@ def drafter_engine(pool, verifier):
     - `kind: ngram`: the model-free n-gram drafter;
     - `engine: llamacpp` (CPU pools' default): llama.cpp on the model's GGUF file, `threads` threads;
     - `engine: vllm` (GPU pools' default): the model on a vLLM engine with prefix caching;
-    - `translateTokenizer: true` with another vocabulary than the verifier's: the model drafts
-      through a `CrossTokenizerDrafter` (in the verifier's vocabulary, so the pool reports the
-      verifier's vocabulary size and tokenizer family; the verifier's tokenizer must be in the
-      model store).
+    - `translateTokenizer: true` with another vocabulary than the verifier's: the model drafts on
+      llama.cpp through a `CrossTokenizerDrafter` (in the verifier's vocabulary, so the pool
+      reports the verifier's vocabulary size and tokenizer family; the verifier's tokenizer must
+      be in the model store).
 
     Raises:
         cosine.runtime.model_store.ModelNotAvailable: the drafter's (or, to translate, the
@@ -137,16 +137,15 @@ def drafter_engine(pool, verifier):
         from transformers import AutoConfig, AutoTokenizer
 
         from cosine.runtime.cross_tokenizer_drafter import CrossTokenizerDrafter, same_vocabulary
-        from cosine.runtime.models import ModelRunner
 
         path = resolve(verifier.model)
         target_tokenizer = AutoTokenizer.from_pretrained(path)
-        if not same_vocabulary(AutoTokenizer.from_pretrained(resolve(pool.model)), target_tokenizer):
-            import torch
-
-            torch.set_num_threads(pool.threads)
-            log.info("pool %s: translating drafts of %s into %s's vocabulary", pool.name, pool.model, verifier.model)
-            runner = ModelRunner.load(pool.model, dtype=verifier.dtype)
+        own_tokenizer = AutoTokenizer.from_pretrained(resolve(pool.model))
+        if not same_vocabulary(own_tokenizer, target_tokenizer):
+            log.info("pool %s: translating drafts of %s into %s's vocabulary (llama.cpp)", pool.name, pool.model,
+                     verifier.model)
+            engine = draft_engine.LlamaCppEngine(str(resolve_gguf(pool.model)), pool.name, threads=pool.threads)
+            runner = draft_engine.LlamaCppRunner(engine, own_tokenizer, pool.name)
             drafter = CrossTokenizerDrafter(runner, target_tokenizer, name=pool.name)
             vocab = int(AutoConfig.from_pretrained(path).vocab_size)
             return draft_engine.SequentialEngine(drafter, vocab), vocab, tokenizer_family(verifier.model) or ""

@@ -134,6 +134,9 @@ class LlamaCppEngine:
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self.ctx_tokens = ctx_tokens
+        self.eog_token_ids = frozenset(
+            t for t in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
         self._batch_tokens = batch_tokens
         self._max_requests = max_requests
         self._batch = llama_cpp.llama_batch_init(batch_tokens, 0, 1)
@@ -155,6 +158,21 @@ class LlamaCppEngine:
         self._ll.llama_batch_free(self._batch)
         self._ll.llama_free(self._ctx)
         self._ll.llama_model_free(self._model)
+
+    def feed(self, request_id: str, token_ids: list[int]) -> np.ndarray:
+        """Append tokens to the request's sequence (made if new); the logits [vocab_size] after
+        the last. Raises ValueError for no tokens, RuntimeError if llama.cpp fails."""
+        if not token_ids:
+            raise ValueError("feed needs at least one token")
+        self._slot(request_id, {request_id})
+        return self._decode([(request_id, token_ids)])[request_id]
+
+    def truncate(self, request_id: str, num_tokens: int) -> None:
+        """Keep the first `num_tokens` positions of the request's sequence (rejected drafts gone)."""
+        cached = self._cached.get(request_id)
+        if cached is not None and num_tokens < len(cached):
+            self._ll.llama_memory_seq_rm(self._mem, self._seq[request_id], num_tokens, -1)
+            del cached[num_tokens:]
 
     def _slot(self, rid: str, busy: set[str]) -> int:
         if rid in self._seq:
@@ -228,11 +246,78 @@ class LlamaCppEngine:
                     continue
                 tokens[rid].append(tok)
                 confs[rid].append(conf)
-                done = len(tokens[rid]) >= j.max_tokens or self._ll.llama_vocab_is_eog(self._vocab, tok)
+                done = len(tokens[rid]) >= j.max_tokens or tok in self.eog_token_ids
                 if not done:
                     feeds.append((rid, [tok]))
         draft_s = time.perf_counter() - t0
         return [DraftResult(tuple(tokens[j.request_id]), tuple(confs[j.request_id]), draft_s) for j in jobs]
+
+
+@dataclass
+class LlamaSequence:
+    """One request's KV sequence on a `LlamaCppRunner`: its key and the tokens in its cache."""
+
+    key: str
+    token_ids: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class LlamaCppRunner:
+    """Per-sequence access to a `LlamaCppEngine` in the shape the cross-tokenizer drafter drives a
+    model (`new_sequence`, `sync`, `rollback`, `forward`, `release`, `tokenizer`,
+    `eos_token_ids`, `max_context_tokens`), so a drafter with another vocabulary drafts on
+    llama.cpp too. Its requests are drafted one after the other (the translation through text is
+    per request), each on its own KV sequence of the engine.
+
+    Args:
+        engine: the llama.cpp engine of the drafter model. tokenizer: the drafter's tokenizer
+            (`transformers`, from the model store's directory). name: for logs.
+    """
+
+    def __init__(self, engine: LlamaCppEngine, tokenizer: object, name: str) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.name = name
+        self.vocab_size = engine.vocab_size
+        self.max_context_tokens = engine.ctx_tokens
+        self._next = 0
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """End-of-generation tokens (llama.cpp's set: EOS, EOT, ...)."""
+        return self.engine.eog_token_ids
+
+    def new_sequence(self) -> LlamaSequence:
+        self._next += 1
+        return LlamaSequence(f"xtok-{self._next}", [])
+
+    def rollback(self, seq: LlamaSequence, num_tokens: int) -> None:
+        """Keep the first `num_tokens` cached positions. Raises ValueError beyond the cache."""
+        if num_tokens > seq.num_tokens:
+            raise ValueError(f"cannot roll back to {num_tokens} tokens: only {seq.num_tokens} cached")
+        self.engine.truncate(seq.key, num_tokens)
+        del seq.token_ids[num_tokens:]
+
+    def sync(self, seq: LlamaSequence, context_ids: Sequence[int]) -> list[int]:
+        """Roll back to the longest common prefix with `context_ids`; the rest, to be fed."""
+        keep = common_prefix(seq.token_ids, context_ids)
+        self.rollback(seq, keep)
+        return list(context_ids[keep:])
+
+    def forward(self, seq: LlamaSequence, token_ids: Sequence[int], *, logits_to_keep: int = 0) -> object:
+        """Append tokens; the logits after the last one, as a torch tensor [1, vocab_size]."""
+        import torch
+
+        logits = self.engine.feed(seq.key, list(token_ids))
+        seq.token_ids.extend(int(t) for t in token_ids)
+        return torch.from_numpy(logits)[None]
+
+    def release(self, seq: LlamaSequence) -> None:
+        self.engine.release(seq.key)
+        seq.token_ids.clear()
 
 
 # ------------------------------------------------------------------ vLLM

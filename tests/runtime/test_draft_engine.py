@@ -180,3 +180,24 @@ def test_llamacpp_min_confidence_stops_the_draft(llama_engine):
     r = llama_engine.draft([DraftJob("c", _ids("Tell me something."), 8, min_confidence=0.999999)])[0]
     assert len(r.token_ids) < 8
     llama_engine.release("c")
+
+
+@pytest.mark.real_model
+def test_llamacpp_runner_drafts_like_the_engine(llama_engine):
+    """The per-sequence runner (what the cross-tokenizer drafter drives) sees the same model: its
+    greedy continuation of a prompt is the engine's draft, and sync rolls back to the common prefix."""
+    from cosine.runtime.draft_engine import LlamaCppRunner
+
+    runner = LlamaCppRunner(llama_engine, tokenizer=None, name="coder")
+    ctx = list(_ids("def square(x):\n    return"))
+    seq = runner.new_sequence()
+    logits = runner.forward(seq, runner.sync(seq, ctx), logits_to_keep=1)[-1]
+    first = int(logits.argmax())
+    want = llama_engine.draft([DraftJob("ref", tuple(ctx), 1)])[0].token_ids
+    assert (first,) == want and logits.shape[-1] == llama_engine.vocab_size
+    runner.forward(seq, [first])
+    assert runner.sync(seq, ctx + [first + 1]) == [first + 1] and seq.num_tokens == len(ctx)
+    assert llama_engine.eog_token_ids and runner.eos_token_ids == llama_engine.eog_token_ids
+    runner.release(seq)
+    llama_engine.release("ref")
+    assert llama_engine.num_requests() == 0
