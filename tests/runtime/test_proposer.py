@@ -312,7 +312,7 @@ def test_every_request_probes_a_pool_on_its_first_step():
     for i in range(5):
         before = pool.calls
         p.propose({f"r{i}": [1, 2, 3]})
-        _wait(lambda: pool.calls == before + 1)
+        _wait(lambda b=before: pool.calls == b + 1)
         p.propose({f"r{i}": [1, 2, 3, 9]})  # second step: not a probe, and the pool does not pay
         time.sleep(0.05)
         assert pool.calls == before + 1
