@@ -4,8 +4,8 @@ Real processes on loopback: vLLM's OpenAI server as the verifier with CoSine's p
 engine, a drafter process per replica talking gRPC (llama.cpp on the model's GGUF file, on its own
 core), a real small model (SmolLM2-135M-Instruct as both target and drafter, so it runs in
 seconds), the official `openai` client. The reference is vLLM serving the same target alone
-(`maxDraftLen: 0`), in float32: greedy outputs must be identical. Faults: a drafter killed mid-stream costs speed, never a request, and is restarted and
-rejoins; 50 requests at concurrency 8 all complete exactly once. The API contract users rely on
+(`maxDraftLen: 0`), in float32: greedy outputs must be identical. Faults: a drafter killed
+mid-stream costs speed, never a request, and is restarted and rejoins; 50 requests at concurrency 8 all complete exactly once. The API contract users rely on
 (API key, 4xx naming the field, 404 for an unknown model, streaming usage) is vLLM's server's.
 """
 
