@@ -5,8 +5,9 @@ engine, a drafter process per replica talking gRPC (llama.cpp on the model's GGU
 core), a real small model (SmolLM2-135M-Instruct as both target and drafter, so it runs in
 seconds), the official `openai` client. The reference is vLLM serving the same target alone
 (`maxDraftLen: 0`), in float32: greedy outputs must be identical. Faults: a drafter killed
-mid-stream costs speed, never a request, and is restarted and rejoins; 50 requests at concurrency 8 all complete exactly once. The API contract users rely on
-(API key, 4xx naming the field, 404 for an unknown model, streaming usage) is vLLM's server's.
+mid-stream costs speed, never a request, and is restarted and rejoins; 50 requests at
+concurrency 8 all complete exactly once. The API contract users rely on (API key, 4xx naming the
+field, 404 for an unknown model, streaming usage) is vLLM's server's.
 """
 
 from __future__ import annotations
