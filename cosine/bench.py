@@ -1,6 +1,6 @@
 """`cosine bench`: every system on the same prompts in one run, as ratios to target-only.
 
-Systems (DESIGN.md §5):
+Systems:
 - `target-only`: our runtime, no speculation (k = 0), KV cache, one token per target pass;
 - `hf-generate`: plain `transformers` `generate` (greedy) on the same weights;
 - `hf-assisted`: `transformers` assisted generation with the same drafter (the peer to beat);

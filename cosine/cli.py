@@ -1,6 +1,6 @@
 """`cosine` command line: models, workloads, generate, bench (and, later, serve/verifier/drafter).
 
-Entry point only (STYLE.md #1): parses flags and wires library calls together.
+Entry point only: parses flags and wires library calls together.
 """
 
 from __future__ import annotations

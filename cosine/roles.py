@@ -1,6 +1,6 @@
 """Process roles: `cosine drafter`, `cosine verifier`, `cosine serve` (embedded multi-process cluster).
 
-Wiring only (STYLE.md #1). A role reads a `CoSineCluster` manifest (the object the operator
+Wiring only. A role reads a `CoSineCluster` manifest (the object the operator
 reconciles; in a pod it is the ConfigMap's `cluster.yaml`), loads its model and serves:
 - drafter: the gRPC drafter service for one pool (+ Prometheus /metrics on its own port);
 - verifier: vLLM's OpenAI-compatible server on the target model (completions, chat, streaming,

@@ -1,6 +1,6 @@
 """The drafter-pool scaling policy: drafting capacity follows the drafts the verifier asks for.
 
-Pure (STYLE.md #3, #11): observations, policy and the previous state go in, decisions and the new
+Pure: observations, policy and the previous state go in, decisions and the new
 state come out; no kopf, no HTTP, no clock (``now_s`` is passed in).
 
 The signal is each pool's busy fraction ``u`` (its drafter pods' busy seconds over the interval,

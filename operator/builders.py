@@ -1,6 +1,6 @@
 """Pure builders of a ``CoSineCluster``'s children: plain manifest dicts, no API calls.
 
-For a cluster ``N`` in namespace ``NS`` (the runtime contract, DESIGN.md §3):
+For a cluster ``N`` in namespace ``NS`` (the runtime contract):
 
 * ConfigMap ``N-config``, key ``cluster.yaml``: the CoSineCluster (apiVersion, kind, metadata.name,
   spec) the runtime reads from ``/etc/cosine/cluster.yaml``;

@@ -4,7 +4,7 @@ Three layers: ``parse_*`` (Prometheus text → per-pod samples, pure), :func:`ob
 ``dt`` seconds apart → :class:`~cosine.operator.autoscaling.Observations`, pure), and the async
 fetchers :func:`scrape_pods` / :func:`scrape_prometheus` (HTTP only).
 
-Metric names are the runtime's (DESIGN.md §3, vLLM-style ``cosine:`` prefix). Verifier:
+Metric names are the runtime's (vLLM-style ``cosine:`` prefix). Verifier:
 ``cosine:verifier_busy_seconds_total``, ``cosine:verifier_idle_seconds_total``,
 ``cosine:num_requests_running``, ``cosine:num_requests_waiting``,
 ``cosine:spec_decode_num_draft_tokens_total{pool}``, ``cosine:spec_decode_num_accepted_tokens_total{pool}``,

@@ -19,7 +19,7 @@ POOL_PLURAL = "cosinedrafterpools"
 CLUSTER_KIND = "CoSineCluster"
 POOL_KIND = "CoSineDrafterPool"
 
-# Port numbers of the runtime contract (see DESIGN.md §3 and the runtime's CLI).
+# Port numbers of the runtime contract (see the runtime's CLI).
 VERIFIER_HTTP_PORT = 8000  # vLLM's OpenAI server: the API, /health and /metrics (vllm: series)
 VERIFIER_METRICS_PORT = 9091  # CoSine's proposer in vLLM's engine core: cosine: series (the autoscaler's)
 VERIFIER_GRPC_PORT = 50051

@@ -5,7 +5,7 @@ requests" for latency and throughput under a token budget; when drafts outgrow t
 longest are shortened first (`shorten_drafts`). Throughput is scored as goodput, expected emitted
 tokens per second of verifier time (SmartSpec, arXiv:2406.14066).
 
-Pure policy (STYLE.md #3): a snapshot of ready requests, the budget and the measured pass cost in,
+Pure policy: a snapshot of ready requests, the budget and the measured pass cost in,
 a `BatchPlan` out; no torch, no clock (`now_s` is passed in). Requests not taken stay ready.
 
 Order of the pass: requests ready for longer than `max_wait_s` first (oldest first, the starvation

@@ -6,7 +6,7 @@ token. The drafter instead keeps the K most likely tokens and quantizes their pr
 construction: the drafter samples from exactly the decompressed distribution q~ it transmits, and
 the verifier rebuilds the same q~ from the same bytes with the same code (`decompress`), so the
 rejection test of Leviathan et al. 2023 uses the true proposal distribution. Compression only
-costs acceptance (q~ is a coarser proposal), never correctness (DESIGN.md §1, §2).
+costs acceptance (q~ is a coarser proposal), never correctness.
 
 `choose_compression` is the pure policy that picks K and bits for a link from its measured
 bandwidth, keeping transfer time a small share of the drafting time.

@@ -19,7 +19,7 @@ Admission: at most `max_running` requests are stepped at once; up to `max_waitin
 FIFO order; beyond that `submit` raises `Overloaded` (the gateway answers 429 with Retry-After).
 
 Drafter faults cost speed, never a request: a drafter call that raises is logged, the drafter is
-marked down for `drafter_retry_s`, and the step goes on without speculation (DESIGN.md §3).
+marked down for `drafter_retry_s`, and the step goes on without speculation.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ between the two vocabularies as text.
    it could be the prefix of a longer token the following text would have merged into.
 
 Drafts are point-mass proposals (`probs=None`): no q exists in the target's vocabulary, so sampled
-requests use the point-mass rule of `speculative_sampling` and stay lossless (DESIGN.md §2), and
+requests use the point-mass rule of `speculative_sampling` and stay lossless, and
 `compression` does not apply.
 """
 

@@ -16,7 +16,7 @@ would cost a network round trip per token), and fusion happens over their drafts
   the `budget` highest-priority nodes; priorities shrink along a path, so every kept node's
   parent is kept.
 
-Pure (STYLE.md #3): no torch, no clock. A proposal's `q` is carried opaquely (a [vocab] tensor row
+Pure: no torch, no clock. A proposal's `q` is carried opaquely (a [vocab] tensor row
 or None for a point-mass proposal) for the verifier.
 """
 

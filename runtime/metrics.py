@@ -1,6 +1,6 @@
 """Prometheus metrics of the serving runtime, named after vLLM's under a `cosine:` prefix.
 
-Layers (STYLE.md #9, after vLLM `spec_decode/metrics.py`): the coordinator reports events through
+Layers (after vLLM `spec_decode/metrics.py`): the coordinator reports events through
 `ServingMetrics.*` methods; `prometheus_client` aggregates; `/metrics` exports. The operator's
 autoscaler reads the same series (its contract: the names below).
 

@@ -1,7 +1,7 @@
 """Routing requests to drafters by expertise (Gao et al. 2025, arXiv:2503.10325, "routes inference
 requests to specialized drafters based on their expertise").
 
-Pure policy (STYLE.md #3): a snapshot of per-drafter, per-domain acceptance statistics and a
+Pure policy: a snapshot of per-drafter, per-domain acceptance statistics and a
 request's features in, the drafters to use out; no torch, grpc or clock.
 
 Each drafter's score on a domain combines

@@ -1,6 +1,6 @@
 """Adaptive speculation length: choose k (0 = no speculation) to maximise goodput.
 
-Pure policy (STYLE.md #3): numbers in, a decision out; no torch, no clock. The caller measures costs
+Pure policy: numbers in, a decision out; no torch, no clock. The caller measures costs
 and acceptance and passes them in.
 
 Model (Leviathan et al. 2023, arXiv:2211.17192, §3.1; SmartSpec, arXiv:2406.14066, goodput): with

@@ -7,7 +7,7 @@ target pass over [pending token, draft tokens] and keeps the accepted prefix plu
 recovered/bonus token (`speculative_sampling`). The target's KV cache is rolled back past rejected
 tokens; the drafter syncs its own cache on the next proposal.
 
-The multi-request, pipelined coordinator is `pipeline` (DESIGN.md §3); this module is its
+The multi-request, pipelined coordinator is `pipeline`; this module is its
 single-request core and the reference the tests compare against.
 """
 

@@ -19,9 +19,9 @@ Rules:
   token from norm(max(0, p_i - q_i)).
 - a draft token with no distribution (n-gram drafter, a translated token, a fused token no single q
   produced) is a point-mass proposal q = delta(x): accept with probability p(x), otherwise sample from p
-  with x removed (the same formula with q one-hot; DESIGN.md §2).
+  with x removed (the same formula with q one-hot).
 
-No requests, caches or sockets here (STYLE.md #5): a function of tensors and `SamplingParams`.
+No requests, caches or sockets here: a function of tensors and `SamplingParams`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pure policy layer type-checks under `mypy --strict` (STYLE.md #4)."""
+"""The pure policy layer type-checks under `mypy --strict`."""
 
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""Protobuf <-> engine messages, in one place (STYLE.md #7: protobuf stays at the edge)."""
+"""Protobuf <-> engine messages, in one place (protobuf stays at the edge)."""
 
 from __future__ import annotations
 

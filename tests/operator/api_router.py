@@ -1,4 +1,4 @@
-"""Test harness: one URL for the operator, two API servers behind it (DESIGN.md §6).
+"""Test harness: one URL for the operator, two API servers behind it.
 
 The real ``apiextensions-apiserver`` (real_apiserver.py) serves only CRDs and our group; the
 operator also needs core and apps objects (ConfigMaps, Services, Deployments, Events) and kopf

@@ -1,4 +1,4 @@
-"""A stateful Kubernetes API for tests: ``kmock`` 0.8 plus a thin realism layer (DESIGN.md §6).
+"""A stateful Kubernetes API for tests: ``kmock`` 0.8 plus a thin realism layer.
 
 kmock stores objects, merges/JSON-patches them and streams watch events. This layer adds what
 kopf and our operator rely on: ``uid``/``resourceVersion``/``generation``/``creationTimestamp``,

@@ -1,4 +1,4 @@
-"""Layering (STYLE.md #4): the operator never loads model code; its policy modules load no kopf/HTTP."""
+"""Layering: the operator never loads model code; its policy modules load no kopf/HTTP."""
 
 from __future__ import annotations
 
