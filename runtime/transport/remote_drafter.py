@@ -18,6 +18,7 @@ import grpc
 import torch
 
 from cosine.runtime.compression import Compression, choose_compression
+from cosine.runtime.draft_engine import common_prefix
 from cosine.runtime.drafter import Draft
 from cosine.runtime.speculative_sampling import SamplingParams
 from cosine.runtime.transport import codec
@@ -108,7 +109,7 @@ class RemoteDrafter:
         if max_tokens <= 0:
             return Draft((), None, (), self.name, 0.0)
         sent = self._sent.get(request_id, [])
-        common = _common_prefix(sent, context_ids)
+        common = common_prefix(sent, context_ids)
         if generator is not None:
             seed = int(torch.randint(0, 2**62, (), generator=generator))
         else:
@@ -160,11 +161,3 @@ class RemoteDrafter:
 
     def close(self) -> None:
         self._channel.close()
-
-
-def _common_prefix(a: Seq[int], b: Seq[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
