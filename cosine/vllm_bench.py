@@ -135,13 +135,31 @@ class Run:
     concurrency: int
 
 
+def system_placement(system: str, default: str) -> tuple[str, str]:
+    """(system, placement) of a bench system name: `cosine@shared` runs `cosine` with the `shared`
+    placement whatever `--placement` says (to compare placements in one run); a plain name takes
+    `default`.
+
+    Raises:
+        ValueError: an unknown system or placement.
+    """
+    base, _, placement = system.partition("@")
+    if base not in SYSTEMS:
+        raise ValueError(f"unknown system {base!r}; choose among {list(SYSTEMS)}")
+    placement = placement or default
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r} in {system!r}; choose among {list(PLACEMENTS)}")
+    return base, placement
+
+
 def plan_runs(systems: Sequence[str], concurrencies: Sequence[int]) -> list[Run]:
     """A fresh server per (system, level), level by level; the reference first and last of each.
+    A system may carry its own placement (`system_placement`).
 
     Raises:
         ValueError: an unknown system.
     """
-    unknown = [s for s in systems if s not in SYSTEMS]
+    unknown = [s for s in systems if s.partition("@")[0] not in SYSTEMS]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; choose among {list(SYSTEMS)}")
     order = [REFERENCE, *[s for s in dict.fromkeys(systems) if s != REFERENCE], REFERENCE]
@@ -513,7 +531,9 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     runs = plan_runs(systems, concurrencies)
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; choose among {list(PLACEMENTS)}")
-    if "vllm-suffix" in systems and importlib.util.find_spec("arctic_inference") is None:
+    for system in systems:
+        system_placement(system, placement)
+    if any(s.startswith("vllm-suffix") for s in systems) and importlib.util.find_spec("arctic_inference") is None:
         raise RuntimeError("vllm-suffix needs the arctic-inference package (vLLM's suffix decoding): "
                            "`make install` builds it")
     suffix_k = peer_k if suffix_k is None else suffix_k
@@ -525,16 +545,17 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     with tempfile.TemporaryDirectory(prefix="cosine-bench-") as tmp:
         manifests: dict[tuple[bool | None, int], Path | None] = {(None, 0): manifest}
         for run in runs:
-            variant = _manifest_variant(run.system, placement, cpus)
+            system, run_placement = system_placement(run.system, placement)
+            variant = _manifest_variant(system, run_placement, cpus)
             if variant not in manifests:
                 path = Path(tmp) / f"cluster-fusion{variant[0]}-split{variant[1]}.yaml"
                 path.write_text(yaml.safe_dump(derived_manifest(source, fusion=variant[0], split_cores=variant[1])))
                 manifests[variant] = path
-            extra_env = placement_env(run.system, placement, cpus)
+            extra_env = placement_env(system, run_placement, cpus)
             port = roles.free_port()
             metrics_port = roles.free_port() if run.system.startswith("cosine") else 0
-            argv, env = _server_command(run.system, manifests[variant], port, metrics_port, drafter_model, peer_k,
-                                        suffix_k, placement, extra_env)
+            argv, env = _server_command(system, manifests[variant], port, metrics_port, drafter_model, peer_k,
+                                        suffix_k, run_placement, extra_env)
             log.info("bench: starting %s for c=%d", run.system, run.concurrency)
             with _Server(argv, env, port, metrics_port, quiet) as server:
                 asyncio.run(_closed_loop(server.base, model, [WARMUP], 1, WARMUP_TOKENS, run.system, -1))
@@ -583,7 +604,8 @@ def _add_ratios(rows: list[dict[str, Any]], records: Sequence[Record]) -> None:
         mine = [r for r in records if r.system == row["system"] and r.run == row["run"] and r.concurrency == c]
         row["identical_to_vllm"] = sum(ref_text.get((c, r.prompt_id)) == r.text for r in mine)
     for c in {r["concurrency"] for r in rows}:
-        peers = [r["output_tokens_per_s"] for r in rows if r["concurrency"] == c and r["system"] in PEERS]
+        peers = [r["output_tokens_per_s"] for r in rows
+                 if r["concurrency"] == c and r["system"].partition("@")[0] in PEERS]
         for row in rows:
             if row["concurrency"] == c and peers:
                 row["speedup_vs_best_vllm_speculation"] = row["output_tokens_per_s"] / max(peers)

@@ -213,3 +213,14 @@ def test_repeat_workload_asks_every_prompt_twice_after_its_round(monkeypatch, tm
     monkeypatch.setenv("COSINE_CACHE", str(tmp_path))
     workloads.write(workloads.workloads_dir() / "mixed.jsonl", mixed)
     assert workloads.load(workloads.resolve_workload("repeat")) == again  # derived from mixed on first use
+
+
+def test_a_system_may_carry_its_own_placement():
+    assert vllm_bench.system_placement("cosine@shared", "split") == ("cosine", "shared")
+    assert vllm_bench.system_placement("vllm-suffix", "split") == ("vllm-suffix", "split")
+    runs = vllm_bench.plan_runs(["cosine", "cosine@shared"], [1])
+    assert [r.system for r in runs] == ["vllm", "cosine", "cosine@shared", "vllm"]
+    with pytest.raises(ValueError, match="placement"):
+        vllm_bench.system_placement("cosine@both", "split")
+    with pytest.raises(ValueError, match="unknown system"):
+        vllm_bench.plan_runs(["cosyne@shared"], [1])
