@@ -87,25 +87,24 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 async def _pool_replicas(
-    api: Any, name: str, namespace: str, spec: dict[str, Any], old_spec: dict[str, Any] | None
+    api: Any, name: str, namespace: str, cluster: s.ClusterSpec, old_spec: Any
 ) -> dict[str, int]:
     """Each pool's scale: its scale target's ``spec.replicas`` (autoscaler or HPA wrote it),
     unless this update changed ``drafterPools[].replicas`` (the user scaled by hand), or it is new."""
-    cluster = s.parse_cluster_spec(spec)
     old_replicas: dict[str, int] = {}
     if old_spec:
         try:
             old_replicas = {p.name: p.replicas for p in s.parse_cluster_spec(old_spec).drafter_pools}
-        except (KeyError, ValueError):
+        except ValueError:
             old_replicas = {}
     out: dict[str, int] = {}
     for pool in cluster.drafter_pools:
         current = await kube.get(api, s.POOL_KIND, namespace, builders.pool_object_name(name, pool.name))
         user_scaled = pool.name in old_replicas and old_replicas[pool.name] != pool.replicas
         if current is None or user_scaled:
-            out[pool.name] = builders.clamp(pool.replicas, pool)
+            out[pool.name] = pool.clamp(pool.replicas)
         else:
-            out[pool.name] = builders.clamp(int(current["spec"].get("replicas", pool.replicas)), pool)
+            out[pool.name] = pool.clamp(int(current["spec"].get("replicas", pool.replicas)))
     return out
 
 
@@ -124,14 +123,13 @@ async def _prune(api: Any, name: str, namespace: str, pools: set[str], logger: A
 
 
 async def _refresh_status(
-    api: Any, name: str, namespace: str, generation: int | None, spec: dict[str, Any], previous: Any
+    api: Any, name: str, namespace: str, generation: int | None, cluster: s.ClusterSpec, previous: Any
 ) -> dict[str, Any]:
-    cluster = s.parse_cluster_spec(spec)
     names = [builders.verifier_name(name)] + [
         builders.drafter_name(name, p.name) for p in cluster.drafter_pools
     ]
     deployments = {n: await kube.get(api, "Deployment", namespace, n) for n in names}
-    return status.build_status(name, namespace, generation, spec, deployments, previous, _now())
+    return status.build_status(name, namespace, generation, cluster, deployments, previous, _now())
 
 
 async def _reconcile(
@@ -146,21 +144,20 @@ async def _reconcile(
     logger: Any,
 ) -> None:
     try:
-        plain_spec = dict(spec)
-        cluster = s.parse_cluster_spec(plain_spec)
-    except (KeyError, ValueError, TypeError) as e:
+        cluster = s.parse_cluster_spec(spec)
+    except ValueError as e:
         memo.metrics.reconciles.labels(event, "invalid").inc()
         raise kopf.PermanentError(f"invalid spec: {e}") from e
     api = memo.api
-    replicas = await _pool_replicas(api, name, namespace, plain_spec, dict(old_spec) if old_spec else None)
-    for child in builders.build_children(name, namespace, plain_spec, replicas):
+    replicas = await _pool_replicas(api, name, namespace, cluster, old_spec)
+    for child in builders.build_children(name, namespace, cluster, replicas):
         kopf.adopt(child, owner=body)
         await kube.apply(api, child)
     removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
     if removed:
         kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
     generation = body.metadata.get("generation")
-    patch.status.update(await _refresh_status(api, name, namespace, generation, plain_spec, body.status))
+    patch.status.update(await _refresh_status(api, name, namespace, generation, cluster, body.status))
     memo.metrics.reconciles.labels(event, "ok").inc()
     logger.info(f"reconciled: {len(cluster.drafter_pools)} pool(s), replicas {replicas}")
 
@@ -222,13 +219,13 @@ async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, log
     owner = await kube.get(api, s.CLUSTER_KIND, namespace, cluster_name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return
-    meta, spec = owner["metadata"], owner.get("spec") or {}
     try:
-        new = await _refresh_status(
-            api, cluster_name, namespace, meta.get("generation"), spec, owner.get("status")
-        )
-    except (KeyError, ValueError):
+        cluster = s.parse_cluster_spec(owner.get("spec") or {})
+    except ValueError:
         return
+    new = await _refresh_status(
+        api, cluster_name, namespace, owner["metadata"].get("generation"), cluster, owner.get("status")
+    )
     await kube.patch(api, s.CLUSTER_KIND, namespace, cluster_name, {"status": new}, subresource="status")
     pool = labels.get(builders.POOL_LABEL)
     if pool:
@@ -253,7 +250,7 @@ async def cosinedrafterpool_replicas(
 ) -> None:
     """The scale target changed (autoscaler, HPA/KEDA via ``/scale``): resize the pool's Deployment."""
     lo, hi = int(spec.get("minReplicas", 0)), int(spec.get("maxReplicas", 1 << 20))
-    replicas = max(lo, min(hi, int(spec.get("replicas", lo))))
+    replicas = s.clamp_replicas(int(spec.get("replicas", lo)), lo, hi)
     deployment = builders.drafter_name(spec["clusterName"], spec["pool"])
     await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}})
     logger.info(f"pool {spec['pool']}: Deployment {deployment} scaled to {replicas}")
@@ -305,8 +302,8 @@ async def cosinecluster_autoscale(
 ) -> None:
     """Every ``spec.autoscaling.intervalSeconds``: scrape, decide with ``desired_replicas``, scale."""
     try:
-        cluster = s.parse_cluster_spec(dict(spec))
-    except (KeyError, ValueError, TypeError):
+        cluster = s.parse_cluster_spec(spec)
+    except ValueError:
         return
     generation = body.metadata.get("generation")
     previous_status = dict(body.status)
