@@ -7,8 +7,10 @@ For a cluster ``N`` in namespace ``NS`` (the runtime contract):
 * Deployment + Service ``N-verifier`` (http 8000: vLLM's OpenAI server, /health, /metrics; metrics 9091:
   CoSine's series) and the gateway Service ``N-gateway`` (``spec.gateway.serviceType``, ``port`` → 8000);
 * per drafter pool ``P``: Deployment ``N-drafter-P``, headless Service ``N-drafter-P`` (grpc 50052,
-  metrics 9090) and the scale target ``CoSineDrafterPool`` ``N-P`` (HPA/KEDA can drive its
-  ``scale`` subresource instead of the operator's autoscaler).
+  metrics 9090) and the scale target ``CoSineDrafterPool`` ``N-P``. The pool's ``spec.replicas``
+  (its ``scale`` subresource: the operator's autoscaler, HPA/KEDA or ``kubectl scale`` write it) is
+  the one value the Deployment's replicas follow; :func:`scale_free` is what reconcile patches onto
+  existing objects, so it never sets either after creation.
 
 Every builder takes the spec parsed once (:class:`~cosine.operator.settings.ClusterSpec`).
 Owner references are not set here; the handlers ``kopf.adopt()`` every child.
@@ -403,8 +405,9 @@ def pool_selector(cluster: str, pool: str) -> str:
 def build_children(
     name: str, namespace: str, cluster: s.ClusterSpec, pool_replicas: Mapping[str, int]
 ) -> list[Manifest]:
-    """Every child, in creation order; ``pool_replicas`` gives each pool's current scale (default:
-    the spec's, within its bounds)."""
+    """Every child, in creation order (a pool's Deployment before its scale target, so the scale
+    target always has a Deployment to resize); ``pool_replicas`` gives each pool's replicas at
+    creation (default: the spec's, within its bounds)."""
     children = [
         build_config_map(name, namespace, cluster),
         build_verifier_service(name, namespace),
@@ -414,8 +417,22 @@ def build_children(
         replicas = pool_replicas.get(pool.name, pool.clamp(pool.replicas))
         children += [
             build_drafter_service(name, namespace, pool.name),
-            build_pool_scaler(name, namespace, cluster, pool.name, replicas),
             build_drafter_deployment(name, namespace, cluster, pool.name, replicas),
+            build_pool_scaler(name, namespace, cluster, pool.name, replicas),
         ]
     children.append(build_verifier_deployment(name, namespace, cluster))
     return children
+
+
+def scale_free(manifest: Manifest) -> Manifest:
+    """What reconcile merge-patches onto an existing child: ``manifest`` without ``spec.replicas``
+    for a drafter Deployment and a ``CoSineDrafterPool`` (their scale is the pool's
+    ``spec.replicas``, written only through the pool); other children unchanged."""
+    drafter = manifest["kind"] == "Deployment" and (
+        manifest["metadata"]["labels"].get(COMPONENT_LABEL) == "drafter"
+    )
+    if not (drafter or manifest["kind"] == s.POOL_KIND):
+        return manifest
+    out = copy.deepcopy(manifest)
+    out["spec"].pop("replicas", None)
+    return out

@@ -157,3 +157,17 @@ def test_pods_pull_their_models_before_the_runtime_starts() -> None:
     (small,) = init(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "small", replicas=1))
     assert small["args"] == ["models", "pull", "smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"]
     assert init(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "ngram", replicas=1)) == []
+
+
+def test_reconcile_patches_leave_the_pools_scale_alone() -> None:
+    """Catches: a reconcile patch that carries a drafter Deployment's or a pool's replicas (a second
+    writer of the pool's scale); the verifier's replicas stay (reconcile is their one writer)."""
+    for child in builders.build_children("demo", "ns", CLUSTER, {"code": 5}):
+        patch = builders.scale_free(child)
+        drafter = child["metadata"]["labels"].get(builders.COMPONENT_LABEL) == "drafter"
+        if child["kind"] == "CoSineDrafterPool" or (child["kind"] == "Deployment" and drafter):
+            assert "replicas" in child["spec"] and "replicas" not in patch["spec"]
+        else:
+            assert patch == child
+    kinds = [c["kind"] for c in builders.build_children("demo", "ns", CLUSTER, {})]
+    assert kinds.index("Deployment") < kinds.index("CoSineDrafterPool")  # the scale target's Deployment first
