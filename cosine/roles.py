@@ -226,7 +226,7 @@ def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: li
     """
     from cosine.runtime import vllm_hooks
 
-    gpus = int((verifier.pod.resources.get("limits") or {}).get("nvidia.com/gpu", 0) or 0)
+    gpus = verifier.pod.gpu_count
     args: dict[str, Any] = {
         "model": model_path,
         "served_model_name": [verifier.model],
@@ -256,7 +256,7 @@ def vllm_cpu_env(verifier, cores: Sequence[int] = ()) -> dict[str, str]:
     it) and, given `cores`, its OpenMP threads bound to exactly those (`VLLM_CPU_OMP_THREADS_BIND`,
     no core reserved: without it vLLM's "auto" binding keeps one core of a 2-core machine for its
     scheduler process and computes on the other); empty on GPU pods."""
-    if int((verifier.pod.resources.get("limits") or {}).get("nvidia.com/gpu", 0) or 0):
+    if verifier.pod.gpu_count:
         return {}
     space = verifier.kv_cache_space_gib
     env = {"VLLM_CPU_KVCACHE_SPACE": f"{space:g}" if space else os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
@@ -348,7 +348,7 @@ def placement(spec, mode: str = "split"):
         return Placement((), tuple(() for _ in replicas), True)
     if mode != "split":
         raise ValueError(f"placement must be 'split' or 'shared', got {mode!r}")
-    gpus = int((spec.verifier.pod.resources.get("limits") or {}).get("nvidia.com/gpu", 0) or 0)
+    gpus = spec.verifier.pod.gpu_count
     threads = 1 if gpus else spec.verifier.threads
     return place(sorted(os.sched_getaffinity(0)), threads, [p.threads for p in replicas])
 

@@ -3,10 +3,11 @@
 ``RealCluster`` drives ``kubectl`` against ``$KUBECONFIG`` (kind/k3d on a workstation, GKE/EKS):
 install the CRDs and the operator from ``manifests/``, apply an example cluster, wait for Ready,
 send a completion through the gateway Service (``kubectl port-forward``), scale a pool, delete.
-``EmulatedCluster`` does the same against the in-process API emulator with the real operator; the
-parts no emulator has (kubelet, Deployment controller, Service routing) are played by the test:
-ready replicas are patched in, and the gateway pod is a loopback HTTP server found through the
-Service's selector, as kube-proxy would.
+``EmulatedControlPlane`` (test_journey.py) runs the same steps against the in-process API
+emulator with the real operator, but serves nothing: the parts no emulator has (kubelet,
+Deployment controller, Service routing) are played by the test: ready replicas are patched in, and
+the completion goes to a loopback probe found through the gateway Service's selector, as
+kube-proxy would route it, which echoes the request back.
 """
 
 from __future__ import annotations

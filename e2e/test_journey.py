@@ -1,7 +1,12 @@
 """install → apply the example → Ready → completion through the gateway → scale → delete.
 
-Real cluster when ``KUBECONFIG`` is set (``python -m pytest e2e``); otherwise the API emulator with
-the real operator, so CI exercises the same steps.
+Real cluster when ``KUBECONFIG`` is set (``python -m pytest e2e``): the real operator, the real
+verifier and drafter pods, a real completion. Otherwise :class:`EmulatedControlPlane`: the API
+emulator and the real operator only. No pod runs there (no kubelet, no model): the test plays the
+Deployment controller (it sets ``readyReplicas``), and the completion step is a routing check, not
+a serving one: the request goes where the gateway Service's selector and ``targetPort`` lead, to a
+:class:`_RouteProbe` that echoes it. Serving itself is tested against the real server in
+``tests/runtime``.
 """
 
 from __future__ import annotations
@@ -29,16 +34,13 @@ POOLS = "cosine.dev/v1alpha1/cosinedrafterpools"
 NS = "cosine-e2e"
 
 
-class _Gateway(BaseHTTPRequestHandler):
-    """Stands in for the verifier pod's OpenAI gateway (the runtime is tested in tests/runtime)."""
+class _RouteProbe(BaseHTTPRequestHandler):
+    """Listens where the emulated verifier pod's ``http`` port is; answers with the request it got
+    (path and body), so the test sees that the Service routing led here. Not a gateway."""
 
     def do_POST(self) -> None:  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        answer = {
-            "object": "text_completion",
-            "model": body.get("model"),
-            "choices": [{"index": 0, "text": " world", "finish_reason": "length"}],
-        }
+        answer = {"probe": {"path": self.path, "request": body}}
         data = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -50,8 +52,9 @@ class _Gateway(BaseHTTPRequestHandler):
         pass
 
 
-class EmulatedCluster:
-    """The emulator plus the real operator; the test plays kubelet, Deployment controller, kube-proxy."""
+class EmulatedControlPlane:
+    """The emulator plus the real operator; the test plays kubelet, Deployment controller, kube-proxy.
+    Nothing is served: :meth:`complete` returns the :class:`_RouteProbe`'s echo."""
 
     def __init__(self, stack: ExitStack, tmp: Path) -> None:
         from k8s_emulator import EmulatorThread, Kube
@@ -73,10 +76,10 @@ class EmulatedCluster:
             },
         )
         self._runner = (KopfRunner, kopf_args)
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Gateway)
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _RouteProbe)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         stack.callback(server.shutdown)
-        self.gateway_port = int(server.server_address[1])
+        self.probe_port = int(server.server_address[1])
 
     def install(self) -> None:
         """The operator Deployment cannot run here: run the same program in-process instead."""
@@ -142,7 +145,7 @@ class EmulatedCluster:
                             "containers": [
                                 {
                                     "name": "verifier",
-                                    "ports": [{"name": "http", "containerPort": self.gateway_port}],
+                                    "ports": [{"name": "http", "containerPort": self.probe_port}],
                                 }
                             ]
                         },
@@ -151,7 +154,8 @@ class EmulatedCluster:
                 )
 
     def complete(self, namespace: str, cluster: str, prompt: str) -> dict[str, Any]:
-        """kube-proxy's job: the gateway Service's selector picks the verifier pod, targetPort 'http'."""
+        """kube-proxy's job: the gateway Service's selector picks the verifier pod, its ``targetPort``
+        names the pod's port; the request goes there (the probe's echo comes back)."""
         import httpx
 
         svc = self.kube.get(SERVICES, namespace, f"{cluster}-gateway")
@@ -182,7 +186,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield RealCluster(NS)
         return
     with ExitStack() as stack:
-        yield EmulatedCluster(stack, tmp_path)
+        yield EmulatedControlPlane(stack, tmp_path)
 
 
 def test_user_journey(cluster: Cluster) -> None:
@@ -220,10 +224,17 @@ def test_user_journey(cluster: Cluster) -> None:
         ).stdout
         assert json.loads(raw)["status"]["phase"] == "Ready"
 
-    answer = cluster.complete(NS, name, "def fibonacci(n):")
-    assert answer["choices"][0]["text"]
+    prompt = "def fibonacci(n):"
+    answer = cluster.complete(NS, name, prompt)
+    if real:
+        assert answer["choices"][0]["text"]  # the verifier served it
+    else:  # routing only: the gateway Service led to the verifier pod's http port
+        assert answer["probe"] == {
+            "path": "/v1/completions",
+            "request": {"model": "cosine", "prompt": prompt, "max_tokens": 16},
+        }
 
-    # Scale the code pool by hand (autoscaling keeps it within [min, max]).
+    # Scale the code pool by hand: the pool's scale target, then its Deployment, follow.
     spec = cluster.get(CLUSTERS, NS, name)["spec"]  # type: ignore[index]
     pools = [dict(p, replicas=2) if p["name"] == "code" else p for p in spec["drafterPools"]]
     cluster.patch(CLUSTERS, NS, name, {"spec": {"drafterPools": pools}})

@@ -32,6 +32,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cosine.operator.settings import clamp_replicas
+
 
 @dataclass(frozen=True)
 class VerifierObservation:
@@ -108,7 +110,7 @@ class ScalerState:
 
 
 def _clamp(replicas: int, limits: PoolLimits) -> int:
-    return max(limits.min_replicas, min(limits.max_replicas, replicas))
+    return clamp_replicas(replicas, limits.min_replicas, limits.max_replicas)
 
 
 def _recommend(

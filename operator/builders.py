@@ -5,17 +5,20 @@ For a cluster ``N`` in namespace ``NS`` (the runtime contract):
 * ConfigMap ``N-config``, key ``cluster.yaml``: the CoSineCluster (apiVersion, kind, metadata.name,
   spec) the runtime reads from ``/etc/cosine/cluster.yaml``;
 * Deployment + Service ``N-verifier`` (http 8000: vLLM's OpenAI server, /health, /metrics; metrics 9091:
-  CoSine's series; grpc 50051) and the
-  gateway Service ``N-gateway`` (``spec.gateway.serviceType``, ``port`` → 8000);
+  CoSine's series) and the gateway Service ``N-gateway`` (``spec.gateway.serviceType``, ``port`` → 8000);
 * per drafter pool ``P``: Deployment ``N-drafter-P``, headless Service ``N-drafter-P`` (grpc 50052,
-  metrics 9090) and the scale target ``CoSineDrafterPool`` ``N-P`` (HPA/KEDA can drive its
-  ``scale`` subresource instead of the operator's autoscaler).
+  metrics 9090) and the scale target ``CoSineDrafterPool`` ``N-P``. The pool's ``spec.replicas``
+  (its ``scale`` subresource: the operator's autoscaler, HPA/KEDA or ``kubectl scale`` write it) is
+  the one value the Deployment's replicas follow; :func:`scale_free` is what reconcile patches onto
+  existing objects, so it never sets either after creation.
 
+Every builder takes the spec parsed once (:class:`~cosine.operator.settings.ClusterSpec`).
 Owner references are not set here; the handlers ``kopf.adopt()`` every child.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Mapping
@@ -78,19 +81,20 @@ def selector_labels(cluster: str, component: str, pool: str | None = None) -> di
     return out
 
 
-def runtime_document(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The CoSineCluster as the runtime reads it: apiVersion, kind, metadata.name, spec."""
+def runtime_document(name: str, cluster: s.ClusterSpec) -> dict[str, Any]:
+    """The CoSineCluster as the runtime reads it: apiVersion, kind, metadata.name, spec (as written)."""
     return {
         "apiVersion": f"{s.GROUP}/{s.VERSION}",
         "kind": s.CLUSTER_KIND,
         "metadata": {"name": name},
-        "spec": json.loads(json.dumps(dict(spec))),  # deep plain copy (kopf bodies are views)
+        "spec": copy.deepcopy(dict(cluster.raw)),
     }
 
 
-def config_hash(spec: Mapping[str, Any]) -> str:
-    """Hash of the spec minus replica counts and autoscaling (a scale must not restart pods)."""
-    doc = json.loads(json.dumps(dict(spec)))
+def config_hash(cluster: s.ClusterSpec) -> str:
+    """16 hex digits of the spec as written minus replica counts and autoscaling (a scale must not
+    restart pods)."""
+    doc = copy.deepcopy(dict(cluster.raw))
     doc.pop("autoscaling", None)
     doc.get("verifier", {}).pop("replicas", None)
     for pool in doc.get("drafterPools", []):
@@ -99,13 +103,13 @@ def config_hash(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def build_config_map(name: str, namespace: str, spec: Mapping[str, Any]) -> Manifest:
+def build_config_map(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
     """ConfigMap ``N-config`` with ``cluster.yaml``."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": config_name(name), "namespace": namespace, "labels": labels(name, "config")},
-        "data": {"cluster.yaml": yaml.safe_dump(runtime_document(name, spec), sort_keys=False)},
+        "data": {"cluster.yaml": yaml.safe_dump(runtime_document(name, cluster), sort_keys=False)},
     }
 
 
@@ -211,10 +215,10 @@ def _deployment(
     }
 
 
-def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]) -> Manifest:
+def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
     """Deployment ``N-verifier``: vLLM's OpenAI server with CoSine's proposer, one ``--drafter`` per pool;
-    Prometheus scrapes CoSine's series on the metrics port (vLLM's are on the http port)."""
-    cluster = s.parse_cluster_spec(spec)
+    Prometheus scrapes CoSine's series on the metrics port (vLLM's are on the http port).
+    Its replicas are ``spec.verifier.replicas`` (reconcile is their one writer)."""
     v = cluster.verifier
     args = [
         "verifier",
@@ -222,8 +226,6 @@ def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]
         CONFIG_FILE,
         "--http-port",
         str(s.VERIFIER_HTTP_PORT),
-        "--grpc-port",
-        str(s.VERIFIER_GRPC_PORT),
         "--metrics-port",
         str(s.VERIFIER_METRICS_PORT),
         "--host",
@@ -234,8 +236,8 @@ def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]
         args += ["--drafter", f"{pool.name}={target}"]
     extra_env: list[dict[str, Any]] = []
     gw = cluster.gateway
-    if gw.api_key_secret_name:
-        ref = {"name": gw.api_key_secret_name, "key": gw.api_key_secret_key or "api-key"}
+    if gw.api_key_secret is not None:
+        ref = {"name": gw.api_key_secret.name, "key": gw.api_key_secret.key}
         extra_env.append({"name": "COSINE_API_KEY", "valueFrom": {"secretKeyRef": ref}})
     container = {
         "name": "verifier",
@@ -244,7 +246,6 @@ def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]
         "env": _env(v.pod, extra_env),
         "ports": [
             {"name": "http", "containerPort": s.VERIFIER_HTTP_PORT, "protocol": "TCP"},
-            {"name": "grpc", "containerPort": s.VERIFIER_GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": s.VERIFIER_METRICS_PORT, "protocol": "TCP"},
         ],
         "readinessProbe": {
@@ -263,15 +264,16 @@ def build_verifier_deployment(name: str, namespace: str, spec: Mapping[str, Any]
         v.replicas,
         pod_spec,
         s.VERIFIER_METRICS_PORT,
-        config_hash(spec),
+        config_hash(cluster),
     )
 
 
 def build_drafter_deployment(
-    name: str, namespace: str, spec: Mapping[str, Any], pool: str, replicas: int
+    name: str, namespace: str, cluster: s.ClusterSpec, pool: str, replicas: int
 ) -> Manifest:
-    """Deployment ``N-drafter-P`` with ``replicas`` pods (the scale target's value, not the spec's)."""
-    cluster = s.parse_cluster_spec(spec)
+    """Deployment ``N-drafter-P`` created with ``replicas`` pods (the scale target's value, not the
+    spec's); afterwards its replicas follow the pool's ``CoSineDrafterPool``. ``KeyError`` if the
+    cluster has no pool ``pool``."""
     p = cluster.pool(pool)
     container = {
         "name": "drafter",
@@ -310,12 +312,12 @@ def build_drafter_deployment(
         replicas,
         pod_spec,
         s.DRAFTER_METRICS_PORT,
-        config_hash(spec),
+        config_hash(cluster),
     )
 
 
 def build_verifier_service(name: str, namespace: str) -> Manifest:
-    """Service ``N-verifier``: in-cluster http (8000) and grpc (50051)."""
+    """Service ``N-verifier``: the in-cluster http port (8000)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -325,15 +327,14 @@ def build_verifier_service(name: str, namespace: str) -> Manifest:
             "selector": selector_labels(name, "verifier"),
             "ports": [
                 {"name": "http", "port": s.VERIFIER_HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
-                {"name": "grpc", "port": s.VERIFIER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
             ],
         },
     }
 
 
-def build_gateway_service(name: str, namespace: str, spec: Mapping[str, Any]) -> Manifest:
+def build_gateway_service(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
     """Service ``N-gateway``: the OpenAI API, ``spec.gateway.port`` → the verifier's 8000."""
-    gw = s.parse_cluster_spec(spec).gateway
+    gw = cluster.gateway
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -373,10 +374,11 @@ def build_drafter_service(name: str, namespace: str, pool: str) -> Manifest:
 
 
 def build_pool_scaler(
-    name: str, namespace: str, spec: Mapping[str, Any], pool: str, replicas: int
+    name: str, namespace: str, cluster: s.ClusterSpec, pool: str, replicas: int
 ) -> Manifest:
-    """``CoSineDrafterPool`` ``N-P``: the pool's scale target (``spec.replicas`` drives the Deployment)."""
-    p = s.parse_cluster_spec(spec).pool(pool)
+    """``CoSineDrafterPool`` ``N-P``: the pool's scale target, created with ``replicas``; its
+    ``spec.replicas`` drives the Deployment. ``KeyError`` if the cluster has no pool ``pool``."""
+    p = cluster.pool(pool)
     return {
         "apiVersion": f"{s.GROUP}/{s.VERSION}",
         "kind": s.POOL_KIND,
@@ -395,27 +397,42 @@ def build_pool_scaler(
     }
 
 
+def pool_selector(cluster: str, pool: str) -> str:
+    """The label selector of a pool's pods as a string (``status.selector``, for HPA)."""
+    return ",".join(f"{k}={v}" for k, v in selector_labels(cluster, "drafter", pool).items())
+
+
 def build_children(
-    name: str, namespace: str, spec: Mapping[str, Any], pool_replicas: Mapping[str, int]
+    name: str, namespace: str, cluster: s.ClusterSpec, pool_replicas: Mapping[str, int]
 ) -> list[Manifest]:
-    """Every child, in creation order; ``pool_replicas`` gives each pool's current scale."""
-    cluster = s.parse_cluster_spec(spec)
+    """Every child, in creation order (a pool's Deployment before its scale target, so the scale
+    target always has a Deployment to resize); ``pool_replicas`` gives each pool's replicas at
+    creation (default: the spec's, within its bounds)."""
     children = [
-        build_config_map(name, namespace, spec),
+        build_config_map(name, namespace, cluster),
         build_verifier_service(name, namespace),
-        build_gateway_service(name, namespace, spec),
+        build_gateway_service(name, namespace, cluster),
     ]
     for pool in cluster.drafter_pools:
-        replicas = pool_replicas.get(pool.name, pool.replicas)
+        replicas = pool_replicas.get(pool.name, pool.clamp(pool.replicas))
         children += [
             build_drafter_service(name, namespace, pool.name),
-            build_pool_scaler(name, namespace, spec, pool.name, replicas),
-            build_drafter_deployment(name, namespace, spec, pool.name, replicas),
+            build_drafter_deployment(name, namespace, cluster, pool.name, replicas),
+            build_pool_scaler(name, namespace, cluster, pool.name, replicas),
         ]
-    children.append(build_verifier_deployment(name, namespace, spec))
+    children.append(build_verifier_deployment(name, namespace, cluster))
     return children
 
 
-def clamp(replicas: int, pool: s.DrafterPoolSpec) -> int:
-    """``replicas`` within the pool's ``[minReplicas, maxReplicas]``."""
-    return max(pool.min_replicas, min(pool.max_replicas, replicas))
+def scale_free(manifest: Manifest) -> Manifest:
+    """What reconcile merge-patches onto an existing child: ``manifest`` without ``spec.replicas``
+    for a drafter Deployment and a ``CoSineDrafterPool`` (their scale is the pool's
+    ``spec.replicas``, written only through the pool); other children unchanged."""
+    drafter = manifest["kind"] == "Deployment" and (
+        manifest["metadata"]["labels"].get(COMPONENT_LABEL) == "drafter"
+    )
+    if not (drafter or manifest["kind"] == s.POOL_KIND):
+        return manifest
+    out = copy.deepcopy(manifest)
+    out["spec"].pop("replicas", None)
+    return out

@@ -1,9 +1,16 @@
 """The kopf handlers: thin wiring of builders, the status builders and the scaling policy.
 
 Run with ``cosine-operator`` (or ``kopf run -m cosine.operator.handlers``). Handlers are named
-``<kind>_<event>``; each reads the object, calls pure ``build_*``/``desired_replicas``, adopts the
-children (owner references, so deleting a cluster deletes them: no finalizer is needed) and
-applies them with create-or-patch, then writes status with conditions.
+``<kind>_<event>``; each parses the spec once, calls pure ``build_*``/``desired_replicas``, adopts
+the children (owner references: deleting a cluster deletes them through Kubernetes' garbage
+collector, so the operator adds no finalizer of its own) and applies them with create-or-patch,
+then writes status with conditions. kopf puts its own finalizer on each CoSineCluster while the
+cluster's autoscaler daemon runs, so that it can stop the daemon before the object goes.
+
+A drafter pool's size has one writer chain: whatever scales the pool (the autoscaler daemon, an
+HPA or KEDA through the ``CoSineDrafterPool``'s scale subresource, ``kubectl scale``, or a changed
+``spec.drafterPools[].replicas``) writes the pool's ``spec.replicas``; :func:`cosinedrafterpool_follow`
+alone resizes the pool's Deployment to it. Reconcile sets neither after creation.
 """
 
 from __future__ import annotations
@@ -12,7 +19,6 @@ import datetime
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -26,15 +32,6 @@ from cosine.operator.telemetry import OperatorMetrics
 CLUSTER = (s.GROUP, s.VERSION, s.CLUSTER_PLURAL)
 POOL = (s.GROUP, s.VERSION, s.POOL_PLURAL)
 MANAGED = {"app.kubernetes.io/managed-by": builders.MANAGED_BY}
-
-
-@dataclass
-class _AutoscalerMemory:
-    """Per-cluster autoscaler memory between timer ticks (lives in ``memo.autoscalers``)."""
-
-    last_scrape_s: float = float("-inf")
-    previous: Scrape | None = None
-    state: ScalerState = field(default_factory=ScalerState)
 
 
 def _now() -> str:
@@ -53,7 +50,6 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, log
     config = s.OperatorConfig.from_env(os.environ)
     memo.config = config
     memo.api = await kube.connect()
-    memo.autoscalers = {}
     memo.metrics = OperatorMetrics.create()
     # Handler progress in annotations only: status stays ours (and schema-valid).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="cosine.dev")
@@ -61,9 +57,6 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, log
         prefix="cosine.dev", key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
-    # A deleted cluster keeps kopf's finalizer until its autoscaler timer has exited; kopf re-checks
-    # a timer caught mid-pass every `cancellation_polling` s (default 60): deletion would hang a minute.
-    settings.background.cancellation_polling = 1.0
     if config.webhook_port is not None:
         cert_dir = config.webhook_cert_dir
         settings.admission.server = kopf.WebhookServer(
@@ -86,27 +79,30 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
         await api.close()
 
 
-async def _pool_replicas(
-    api: Any, name: str, namespace: str, spec: dict[str, Any], old_spec: dict[str, Any] | None
-) -> dict[str, int]:
-    """Each pool's scale: its scale target's ``spec.replicas`` (autoscaler or HPA wrote it),
-    unless this update changed ``drafterPools[].replicas`` (the user scaled by hand), or it is new."""
-    cluster = s.parse_cluster_spec(spec)
-    old_replicas: dict[str, int] = {}
-    if old_spec:
-        try:
-            old_replicas = {p.name: p.replicas for p in s.parse_cluster_spec(old_spec).drafter_pools}
-        except (KeyError, ValueError):
-            old_replicas = {}
+async def _creation_replicas(api: Any, name: str, namespace: str, cluster: s.ClusterSpec,
+                             hand_scaled: set[str]) -> dict[str, int]:
+    """Each pool's replicas for a child created now: its ``CoSineDrafterPool``'s ``spec.replicas``
+    if the pool exists and was not just scaled by hand, else the spec's; within its bounds.
+    Only ever sent in a create: an existing child is patched with :func:`builders.scale_free`."""
     out: dict[str, int] = {}
     for pool in cluster.drafter_pools:
-        current = await kube.get(api, s.POOL_KIND, namespace, builders.pool_object_name(name, pool.name))
-        user_scaled = pool.name in old_replicas and old_replicas[pool.name] != pool.replicas
-        if current is None or user_scaled:
-            out[pool.name] = builders.clamp(pool.replicas, pool)
-        else:
-            out[pool.name] = builders.clamp(int(current["spec"].get("replicas", pool.replicas)), pool)
+        current = None
+        if pool.name not in hand_scaled:
+            current = await kube.get(api, s.POOL_KIND, namespace, builders.pool_object_name(name, pool.name))
+        replicas = pool.replicas if current is None else int(current["spec"].get("replicas", pool.replicas))
+        out[pool.name] = pool.clamp(replicas)
     return out
+
+
+def _hand_scaled(cluster: s.ClusterSpec, old_spec: Any) -> set[str]:
+    """Pools whose ``spec.drafterPools[].replicas`` this update changed (the user scaled by hand)."""
+    if not old_spec:
+        return set()
+    try:
+        old = {p.name: p.replicas for p in s.parse_cluster_spec(old_spec).drafter_pools}
+    except ValueError:
+        return set()
+    return {p.name for p in cluster.drafter_pools if p.name in old and old[p.name] != p.replicas}
 
 
 async def _prune(api: Any, name: str, namespace: str, pools: set[str], logger: Any) -> list[str]:
@@ -124,14 +120,13 @@ async def _prune(api: Any, name: str, namespace: str, pools: set[str], logger: A
 
 
 async def _refresh_status(
-    api: Any, name: str, namespace: str, generation: int | None, spec: dict[str, Any], previous: Any
+    api: Any, name: str, namespace: str, generation: int | None, cluster: s.ClusterSpec, previous: Any
 ) -> dict[str, Any]:
-    cluster = s.parse_cluster_spec(spec)
     names = [builders.verifier_name(name)] + [
         builders.drafter_name(name, p.name) for p in cluster.drafter_pools
     ]
     deployments = {n: await kube.get(api, "Deployment", namespace, n) for n in names}
-    return status.build_status(name, namespace, generation, spec, deployments, previous, _now())
+    return status.build_status(name, namespace, generation, cluster, deployments, previous, _now())
 
 
 async def _reconcile(
@@ -146,23 +141,31 @@ async def _reconcile(
     logger: Any,
 ) -> None:
     try:
-        plain_spec = dict(spec)
-        cluster = s.parse_cluster_spec(plain_spec)
-    except (KeyError, ValueError, TypeError) as e:
+        cluster = s.parse_cluster_spec(spec)
+    except ValueError as e:
         memo.metrics.reconciles.labels(event, "invalid").inc()
         raise kopf.PermanentError(f"invalid spec: {e}") from e
     api = memo.api
-    replicas = await _pool_replicas(api, name, namespace, plain_spec, dict(old_spec) if old_spec else None)
-    for child in builders.build_children(name, namespace, plain_spec, replicas):
+    hand_scaled = _hand_scaled(cluster, old_spec)
+    created = await _creation_replicas(api, name, namespace, cluster, hand_scaled)
+    drafters: dict[str, dict[str, Any]] = {}  # pool -> its Deployment as applied
+    for child in builders.build_children(name, namespace, cluster, created):
         kopf.adopt(child, owner=body)
-        await kube.apply(api, child)
+        pool = child["metadata"]["labels"].get(builders.POOL_LABEL)
+        scaled = child["kind"] == s.POOL_KIND and pool in hand_scaled
+        applied = await kube.apply(api, child, child if scaled else builders.scale_free(child))
+        if child["kind"] == "Deployment" and pool:
+            drafters[pool] = applied
+        elif child["kind"] == s.POOL_KIND:  # the selector from the start (HPA needs it before any pod)
+            await kube.patch(api, s.POOL_KIND, namespace, applied["metadata"]["name"],
+                             {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
     removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
     if removed:
         kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
     generation = body.metadata.get("generation")
-    patch.status.update(await _refresh_status(api, name, namespace, generation, plain_spec, body.status))
+    patch.status.update(await _refresh_status(api, name, namespace, generation, cluster, body.status))
     memo.metrics.reconciles.labels(event, "ok").inc()
-    logger.info(f"reconciled: {len(cluster.drafter_pools)} pool(s), replicas {replicas}")
+    logger.info(f"reconciled: {len(cluster.drafter_pools)} pool(s), hand-scaled {sorted(hand_scaled)}")
 
 
 @kopf.on.create(*CLUSTER)
@@ -192,7 +195,7 @@ async def cosinecluster_update(
     logger: Any,
     **_: Any,
 ) -> None:
-    """Roll out a changed spec (new pod templates, scaled or removed pools)."""
+    """Roll out a changed spec (new pod templates, pools scaled by hand or removed)."""
     await _reconcile("update", body, spec, name, namespace, old, memo, patch, logger)
 
 
@@ -207,13 +210,13 @@ async def cosinecluster_resume(
     logger: Any,
     **_: Any,
 ) -> None:
-    """Re-apply the children when the operator restarts (drift repair)."""
+    """Re-apply the children when the operator restarts (drift repair; scales are the pools')."""
     await _reconcile("resume", body, spec, name, namespace, None, memo, patch, logger)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    """A child Deployment changed (ready replicas): refresh the owner's status and its pool's status."""
+    """A child Deployment changed (its pods): refresh the owner's status and its pool's status."""
     labels = body.metadata.labels
     cluster_name = labels.get(builders.CLUSTER_LABEL)
     if not cluster_name or body.metadata.get("deletionTimestamp"):
@@ -222,40 +225,41 @@ async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, log
     owner = await kube.get(api, s.CLUSTER_KIND, namespace, cluster_name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return
-    meta, spec = owner["metadata"], owner.get("spec") or {}
     try:
-        new = await _refresh_status(
-            api, cluster_name, namespace, meta.get("generation"), spec, owner.get("status")
-        )
-    except (KeyError, ValueError):
+        cluster = s.parse_cluster_spec(owner.get("spec") or {})
+    except ValueError:
         return
+    new = await _refresh_status(
+        api, cluster_name, namespace, owner["metadata"].get("generation"), cluster, owner.get("status")
+    )
     await kube.patch(api, s.CLUSTER_KIND, namespace, cluster_name, {"status": new}, subresource="status")
     pool = labels.get(builders.POOL_LABEL)
     if pool:
-        replicas, ready = status._counts(body)
-        selector = ",".join(
-            f"{k}={v}" for k, v in builders.selector_labels(cluster_name, "drafter", pool).items()
-        )
-        pool_status = {"status": {"replicas": replicas, "readyReplicas": ready, "selector": selector}}
         await kube.patch(
             api,
             s.POOL_KIND,
             namespace,
             builders.pool_object_name(cluster_name, pool),
-            pool_status,
+            {"status": status.pool_status(cluster_name, pool, body)},
             subresource="status",
         )
 
 
-@kopf.on.field(*POOL, field="spec.replicas")
-async def cosinedrafterpool_replicas(
+@kopf.on.resume(*POOL)
+@kopf.on.create(*POOL)
+@kopf.on.update(*POOL, field="spec")
+async def cosinedrafterpool_follow(
     spec: Any, namespace: str, memo: kopf.Memo, logger: Any, **_: Any
 ) -> None:
-    """The scale target changed (autoscaler, HPA/KEDA via ``/scale``): resize the pool's Deployment."""
+    """The pool's ``spec.replicas`` (or its bounds) changed: resize its Deployment to
+    ``spec.replicas`` within ``[minReplicas, maxReplicas]``, the only write of that Deployment's
+    replicas after its creation. Retried (``kopf.TemporaryError``) while the Deployment is absent."""
     lo, hi = int(spec.get("minReplicas", 0)), int(spec.get("maxReplicas", 1 << 20))
-    replicas = max(lo, min(hi, int(spec.get("replicas", lo))))
+    replicas = s.clamp_replicas(int(spec.get("replicas", lo)), lo, hi)
     deployment = builders.drafter_name(spec["clusterName"], spec["pool"])
-    await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}})
+    done = await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}})
+    if done is None:
+        raise kopf.TemporaryError(f"Deployment {deployment} does not exist (yet)", delay=2)
     logger.info(f"pool {spec['pool']}: Deployment {deployment} scaled to {replicas}")
 
 
@@ -291,53 +295,24 @@ async def _scrape(
     return await scrape_pods(targets, config.scrape_timeout_s, now_s)
 
 
-@kopf.timer(*CLUSTER, interval=1.0, initial_delay=1.0)
-async def cosinecluster_autoscale(
+async def _autoscale_once(
+    api: Any,
     body: kopf.Body,
-    spec: Any,
     name: str,
     namespace: str,
-    uid: str,
+    cluster: s.ClusterSpec,
+    previous: Scrape | None,
+    state: ScalerState,
     memo: kopf.Memo,
-    patch: kopf.Patch,
     logger: Any,
-    **_: Any,
-) -> None:
-    """Every ``spec.autoscaling.intervalSeconds``: scrape, decide with ``desired_replicas``, scale."""
-    try:
-        cluster = s.parse_cluster_spec(dict(spec))
-    except (KeyError, ValueError, TypeError):
-        return
-    generation = body.metadata.get("generation")
-    previous_status = dict(body.status)
-    if not cluster.autoscaling.enabled:
-        memo.autoscalers.pop(uid, None)
-        conds = {c.get("type"): c for c in previous_status.get("conditions") or ()}
-        if (conds.get("ScalingActive") or {}).get("reason") != "Disabled":
-            patch.status.update(
-                status.autoscaler_status(
-                    previous_status,
-                    None,
-                    (),
-                    False,
-                    "Disabled",
-                    "spec.autoscaling.enabled is false: replicas come from the spec or the pools' "
-                    "scale subresource",
-                    generation,
-                    _now(),
-                )
-            )
-        return
-    mem: _AutoscalerMemory = memo.autoscalers.setdefault(uid, _AutoscalerMemory())
+) -> tuple[Scrape, ScalerState]:
+    """One scrape and, with a previous scrape to take rates against, one decision: each changed
+    pool's ``spec.replicas`` is written (nothing else: the pool handler resizes the Deployment),
+    and the ``ScalingActive`` condition. Returns this scrape and the new scaler state."""
     now_s = time.monotonic()
-    if now_s - mem.last_scrape_s < cluster.autoscaling.interval_s:
-        return
-    mem.last_scrape_s = now_s
-    api = memo.api
     scrape = await _scrape(api, name, namespace, cluster, memo.config)
-    previous, mem.previous = mem.previous, scrape
     if previous is None:
-        return  # rates need two scrapes
+        return scrape, state  # rates need two scrapes
     pool_replicas: dict[str, tuple[int, int]] = {}
     for pool in cluster.drafter_pools:
         scaler = await kube.get(api, s.POOL_KIND, namespace, builders.pool_object_name(name, pool.name))
@@ -353,7 +328,7 @@ async def cosinecluster_autoscale(
         stabilization_s=float(cluster.autoscaling.stabilization_s),
         max_scale_down_step=cluster.autoscaling.max_scale_down_step,
     )
-    decisions, mem.state = desired_replicas(observations, policy, mem.state, now_s)
+    decisions, state = desired_replicas(observations, policy, state, now_s)
     for d in decisions:
         memo.metrics.desired_replicas.labels(namespace, name, d.pool).set(d.desired)
         if not d.changed:
@@ -361,18 +336,7 @@ async def cosinecluster_autoscale(
         direction = "up" if d.desired > d.current else "down"
         memo.metrics.scale_decisions.labels(d.pool, direction).inc()
         await kube.patch(
-            api,
-            s.POOL_KIND,
-            namespace,
-            builders.pool_object_name(name, d.pool),
-            {"spec": {"replicas": d.desired}},
-        )
-        await kube.patch(
-            api,
-            "Deployment",
-            namespace,
-            builders.drafter_name(name, d.pool),
-            {"spec": {"replicas": d.desired}},
+            api, s.POOL_KIND, namespace, builders.pool_object_name(name, d.pool), {"spec": {"replicas": d.desired}}
         )
         kopf.info(
             body,
@@ -381,15 +345,76 @@ async def cosinecluster_autoscale(
         )
         logger.info(f"pool {d.pool}: {d.current} -> {d.desired}: {d.reason}")
     measured = observations.verifier is not None
-    patch.status.update(
-        status.autoscaler_status(
-            previous_status,
-            observations,
-            decisions,
-            measured,
-            "Measuring" if measured else "NoMetrics",
-            "balancing drafting to verification throughput" if measured else "verifier /metrics not readable",
-            generation,
-            _now(),
-        )
+    new_status = status.autoscaler_status(
+        dict(body.status),
+        observations,
+        decisions,
+        measured,
+        "Measuring" if measured else "NoMetrics",
+        "balancing drafting to verification throughput" if measured else "verifier /metrics not readable",
+        body.metadata.get("generation"),
+        _now(),
     )
+    await kube.patch(api, s.CLUSTER_KIND, namespace, name, {"status": new_status}, subresource="status")
+    return scrape, state
+
+
+async def _report_disabled(api: Any, body: kopf.Body, name: str, namespace: str) -> None:
+    """``ScalingActive`` = False, reason ``Disabled`` (written once: only if it says otherwise)."""
+    previous = dict(body.status)
+    conds = {c.get("type"): c for c in previous.get("conditions") or ()}
+    if (conds.get("ScalingActive") or {}).get("reason") == "Disabled":
+        return
+    new_status = status.autoscaler_status(
+        previous,
+        None,
+        (),
+        False,
+        "Disabled",
+        "spec.autoscaling.enabled is false: replicas come from the spec or the pools' scale subresource",
+        body.metadata.get("generation"),
+        _now(),
+    )
+    await kube.patch(api, s.CLUSTER_KIND, namespace, name, {"status": new_status}, subresource="status")
+
+
+@kopf.daemon(*CLUSTER, initial_delay=1.0, cancellation_polling=1.0, cancellation_timeout=10.0)
+async def cosinecluster_autoscaler(
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    logger: Any,
+    stopped: kopf.DaemonStopped,
+    **_: Any,
+) -> None:
+    """One per CoSineCluster, for the cluster's life: every ``spec.autoscaling.intervalSeconds``
+    scrape, decide with ``desired_replicas`` and write the pools' ``spec.replicas``.
+
+    Wakes every ``OperatorConfig.tick_s`` seconds to read the (live) spec, so a changed interval,
+    ``enabled: false`` or a deletion is noticed within a tick. Its memory (the previous scrape, the
+    stabilization window) is local: it goes when the cluster does, and is reset while disabled.
+    A failed pass (API or scrape error) is logged and the next one tried; kopf cancels a pass still
+    running ``cancellation_timeout`` s after the cluster's deletion.
+    """
+    api, config = memo.api, memo.config
+    previous: Scrape | None = None
+    state = ScalerState()
+    last_scrape_s = float("-inf")
+    while not stopped:
+        try:
+            cluster = s.parse_cluster_spec(body.spec)
+        except ValueError:
+            cluster = None  # reconcile reports an invalid spec
+        try:
+            if cluster is not None and not cluster.autoscaling.enabled:
+                previous, state, last_scrape_s = None, ScalerState(), float("-inf")
+                await _report_disabled(api, body, name, namespace)
+            elif cluster is not None and time.monotonic() - last_scrape_s >= cluster.autoscaling.interval_s:
+                last_scrape_s = time.monotonic()
+                previous, state = await _autoscale_once(
+                    api, body, name, namespace, cluster, previous, state, memo, logger
+                )
+        except Exception as e:  # noqa: BLE001 - one failed pass must not end the cluster's autoscaler
+            logger.warning(f"autoscaler pass failed: {e!r}")
+        await stopped.wait(config.tick_s)

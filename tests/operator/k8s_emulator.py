@@ -57,9 +57,17 @@ CLUSTER_RESOURCES: dict[str, str] = {
 
 
 class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
-    """kmock's emulator with server-side metadata, conflicts, subresources and GC."""
+    """kmock's emulator with server-side metadata, conflicts, subresources and GC.
+
+    ``patches`` records every PATCH as the client sent it: ``(resource, name, subresource, body)``
+    with ``resource`` as in :data:`RESOURCES` (tests assert on who writes what).
+    """
 
     _counter = itertools.count(1)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.patches: list[tuple[str, str | None, str | None, Any]] = []
 
     def _find(self, request: rendering.Request) -> tuple[Any, Any] | None:
         for key, obj in self.objects.items():
@@ -94,6 +102,9 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 raise kmock.KubernetesNotFoundError()
             uid = found[1].raw["metadata"].get("uid")
             if request.action == enums.action.UPDATE:
+                self.patches.append(
+                    (self._key(request), request.name, request.subresource, copy.deepcopy(request.data))
+                )
                 self._rewrite_patch(request, copy.deepcopy(found[1].raw), rv)
             response = await super()._handle(request)
             if found[1].deleted and uid:  # gone now (no finalizers left): collect its dependents

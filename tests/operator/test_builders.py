@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from cosine.operator import builders
+from cosine.operator.settings import parse_cluster_spec
 
 SPEC: dict[str, Any] = {
     "verifier": {
@@ -26,10 +27,11 @@ SPEC: dict[str, Any] = {
         "apiKeySecretRef": {"name": "cosine-key", "key": "token"},
     },
 }
+CLUSTER = parse_cluster_spec(SPEC)
 
 
 def test_config_map_holds_the_cluster_document() -> None:
-    cm = builders.build_config_map("demo", "ns", SPEC)
+    cm = builders.build_config_map("demo", "ns", CLUSTER)
     assert cm["metadata"]["name"] == "demo-config"
     doc = yaml.safe_load(cm["data"]["cluster.yaml"])
     assert doc == {
@@ -41,7 +43,7 @@ def test_config_map_holds_the_cluster_document() -> None:
 
 
 def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
-    d = builders.build_verifier_deployment("demo", "ns", SPEC)
+    d = builders.build_verifier_deployment("demo", "ns", CLUSTER)
     pod = d["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert c["command"] == ["cosine"]
@@ -51,8 +53,6 @@ def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
         "/etc/cosine/cluster.yaml",
         "--http-port",
         "8000",
-        "--grpc-port",
-        "50051",
         "--metrics-port",
         "9091",
         "--host",
@@ -62,7 +62,7 @@ def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
         "--drafter",
         "ngram=dns:///demo-drafter-ngram.ns.svc:50052",
     ]
-    assert {p["containerPort"] for p in c["ports"]} == {8000, 50051, 9091}
+    assert {p["containerPort"] for p in c["ports"]} == {8000, 9091}
     assert d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9091"  # cosine: series
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -78,7 +78,7 @@ def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
 
 
 def test_drafter_deployment_and_headless_service() -> None:
-    d = builders.build_drafter_deployment("demo", "ns", SPEC, "code", replicas=3)
+    d = builders.build_drafter_deployment("demo", "ns", CLUSTER, "code", replicas=3)
     c = d["spec"]["template"]["spec"]["containers"][0]
     assert d["metadata"]["name"] == "demo-drafter-code" and d["spec"]["replicas"] == 3
     assert c["args"] == [
@@ -106,28 +106,28 @@ def test_drafter_deployment_and_headless_service() -> None:
 
 
 def test_gateway_service_maps_port_to_8000() -> None:
-    svc = builders.build_gateway_service("demo", "ns", SPEC)
+    svc = builders.build_gateway_service("demo", "ns", CLUSTER)
     assert svc["spec"]["type"] == "LoadBalancer"
     assert svc["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
     assert svc["spec"]["selector"] == builders.selector_labels("demo", "verifier")
 
 
 def test_scaling_does_not_change_the_pod_template_but_a_model_change_does() -> None:
-    base = builders.config_hash(SPEC)
+    base = builders.config_hash(CLUSTER)
     scaled = copy.deepcopy(SPEC)
     scaled["drafterPools"][0]["replicas"] = 4
     scaled["autoscaling"] = {"enabled": False}
-    assert builders.config_hash(scaled) == base
+    assert builders.config_hash(parse_cluster_spec(scaled)) == base
     changed = copy.deepcopy(SPEC)
     changed["verifier"]["model"] = "qwen2.5-coder-3b-instruct"
-    assert builders.config_hash(changed) != base
+    assert builders.config_hash(parse_cluster_spec(changed)) != base
     resources = copy.deepcopy(SPEC)
     resources["drafterPools"][0]["resources"] = {"limits": {"cpu": "2"}}
-    assert builders.config_hash(resources) != base
+    assert builders.config_hash(parse_cluster_spec(resources)) != base
 
 
 def test_build_children_uses_the_scale_targets_replicas() -> None:
-    children = builders.build_children("demo", "ns", SPEC, {"code": 5})
+    children = builders.build_children("demo", "ns", CLUSTER, {"code": 5})
     kinds = [(c["kind"], c["metadata"]["name"]) for c in children]
     assert kinds[0] == ("ConfigMap", "demo-config")
     assert ("CoSineDrafterPool", "demo-code") in kinds
@@ -147,13 +147,27 @@ def test_pods_pull_their_models_before_the_runtime_starts() -> None:
     def init(d: dict[str, Any]) -> list[dict[str, Any]]:
         return d["spec"]["template"]["spec"].get("initContainers", [])
 
-    (v,) = init(builders.build_verifier_deployment("demo", "ns", spec))
+    (v,) = init(builders.build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
     assert v["name"] == "model-pull" and v["command"] == ["cosine"]
     assert v["args"] == ["models", "pull", "qwen2.5-coder-1.5b-instruct"]
     assert v["volumeMounts"] == [{"name": "models", "mountPath": "/models"}]
     assert {e["name"]: e.get("value") for e in v["env"]}["COSINE_CACHE"] == "/models"
-    (code,) = init(builders.build_drafter_deployment("demo", "ns", spec, "code", replicas=1))
+    (code,) = init(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", replicas=1))
     assert code["args"] == ["models", "pull", "qwen2.5-coder-0.5b-instruct"]
-    (small,) = init(builders.build_drafter_deployment("demo", "ns", spec, "small", replicas=1))
+    (small,) = init(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "small", replicas=1))
     assert small["args"] == ["models", "pull", "smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"]
-    assert init(builders.build_drafter_deployment("demo", "ns", spec, "ngram", replicas=1)) == []
+    assert init(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "ngram", replicas=1)) == []
+
+
+def test_reconcile_patches_leave_the_pools_scale_alone() -> None:
+    """Catches: a reconcile patch that carries a drafter Deployment's or a pool's replicas (a second
+    writer of the pool's scale); the verifier's replicas stay (reconcile is their one writer)."""
+    for child in builders.build_children("demo", "ns", CLUSTER, {"code": 5}):
+        patch = builders.scale_free(child)
+        drafter = child["metadata"]["labels"].get(builders.COMPONENT_LABEL) == "drafter"
+        if child["kind"] == "CoSineDrafterPool" or (child["kind"] == "Deployment" and drafter):
+            assert "replicas" in child["spec"] and "replicas" not in patch["spec"]
+        else:
+            assert patch == child
+    kinds = [c["kind"] for c in builders.build_children("demo", "ns", CLUSTER, {})]
+    assert kinds.index("Deployment") < kinds.index("CoSineDrafterPool")  # the scale target's Deployment first

@@ -1,19 +1,31 @@
 """The real operator (``kopf run`` via KopfRunner) against the API emulator.
 
 Scenarios: create, status follows Deployment readiness, scale a pool, change the model, remove a
-pool, autoscaler up and down from fake ``/metrics``, delete with garbage collection. The scale
-subresource and the admission webhook (over TLS) are tested on the real API server
-(test_operator_real.py).
+pool, a pool's scale written through its ``/scale`` survives reconciles, autoscaler up and down
+from fake ``/metrics``, delete with garbage collection. The admission webhook (over TLS) and
+``kubectl scale`` are tested on the real API server (test_operator_real.py).
 The tests play the Deployment controller (they patch ``status.readyReplicas``).
 """
 
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 from fake_metrics import Counters, serve
-from k8s_emulator import CLUSTERS, CONFIGMAPS, DEPLOYMENTS, EVENTS, PODS, POOLS, SERVICES, Kube, wait_for
+from k8s_emulator import (
+    CLUSTERS,
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    EVENTS,
+    PODS,
+    POOLS,
+    SERVICES,
+    EmulatorThread,
+    Kube,
+    wait_for,
+)
 
 NS = "default"
 
@@ -44,6 +56,16 @@ def mark_ready(kube: Kube, name: str) -> None:
     """Play the Deployment controller: every desired replica is ready."""
     want = replicas(kube, name)
     kube.patch(DEPLOYMENTS, NS, name, {"status": {"replicas": want, "readyReplicas": want}}, sub="status")
+
+
+def replica_writes(emulator: EmulatorThread, resource: str, name: str, start: int = 0) -> list[int]:
+    """``spec.replicas`` of every PATCH of ``resource``/``name`` (not via a subresource) since ``start``."""
+    assert emulator.emulator is not None
+    return [
+        body["spec"]["replicas"]
+        for res, n, sub, body in emulator.emulator.patches[start:]
+        if res == resource and n == name and sub is None and "replicas" in ((body or {}).get("spec") or {})
+    ]
 
 
 def condition(kube: Kube, cluster: str, type_: str) -> dict[str, Any] | None:
@@ -131,6 +153,38 @@ def test_scale_pool_change_model_and_remove_pool(operator: Any, kube: Kube) -> N
     assert not any("ngram=" in a for a in args)
 
 
+def test_pool_scale_survives_reconcile_and_status_is_observed(operator: Any, kube: Kube,
+                                                              emulator: EmulatorThread) -> None:
+    """HPA/KEDA/``kubectl scale`` write the pool's ``/scale``: the Deployment follows, and a later
+    reconcile (a model change) neither undoes it nor sends any ``replicas`` of its own.
+
+    Catches: reconcile re-applying the cluster spec's replicas (values back to 1), and reconcile
+    carrying the pool's replicas in its patches (the lost update against a concurrent ``/scale``
+    write); the pool's status showing desired instead of observed replicas, or no selector
+    before the Deployment has pods."""
+    kube.create(CLUSTERS, NS, cluster_body("eta"))
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "eta-drafter-code"), what="drafter Deployment")
+    pool_status = wait_for(lambda: kube.get(POOLS, NS, "eta-code")["status"], what="pool status")
+    assert pool_status["selector"] == ",".join(
+        f"{k}={v}"
+        for k, v in kube.get(DEPLOYMENTS, NS, "eta-drafter-code")["spec"]["selector"]["matchLabels"].items()
+    )
+    assert pool_status["replicas"] == 0  # no pods yet (the Deployment asks for 1)
+
+    kube.patch(POOLS, NS, "eta-code", {"spec": {"replicas": 3}}, sub="scale")
+    wait_for(lambda: replicas(kube, "eta-drafter-code") == 3, what="Deployment follows /scale")
+    mark_ready(kube, "eta-drafter-code")
+    wait_for(lambda: kube.get(POOLS, NS, "eta-code")["status"]["replicas"] == 3, what="observed 3")
+
+    start = len(emulator.emulator.patches)  # type: ignore[union-attr]
+    kube.patch(CLUSTERS, NS, "eta", {"spec": {"verifier": {"model": "qwen2.5-coder-3b-instruct"}}})
+    wait_for(lambda: kube.get(CLUSTERS, NS, "eta")["status"].get("observedGeneration") == 2, what="reconciled")
+    assert kube.get(POOLS, NS, "eta-code")["spec"]["replicas"] == 3
+    assert replicas(kube, "eta-drafter-code") == 3
+    assert replica_writes(emulator, DEPLOYMENTS, "eta-drafter-code", start) == []
+    assert replica_writes(emulator, POOLS, "eta-code", start) == []
+
+
 def _fake_pod(
     kube: Kube, cluster: str, name: str, component: str, port: int, pool: str | None = None
 ) -> None:
@@ -154,7 +208,12 @@ def _fake_pod(
     )
 
 
-def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(operator: Any, kube: Kube) -> None:
+def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(
+    operator: Any, kube: Kube, emulator: EmulatorThread
+) -> None:
+    """Catches: no scale-up or scale-down; a scale-down faster than ``maxScaleDownStep`` (1) per
+    decision or below ``minReplicas``; the autoscaler writing the Deployment itself besides the
+    pool (two writers: more Deployment replica writes than pool replica writes)."""
     verifier = Counters(
         **{
             "cosine:verifier_busy_seconds_total": 0.2,
@@ -213,19 +272,31 @@ def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(operator:
             **{"cosine:verifier_busy_seconds_total": 1.0, "cosine:verifier_idle_seconds_total": 0.0}
         )
         drafter.set_rates(**{"cosine:drafter_busy_seconds_total": 0.1})
-        peak = replicas(kube, "delta-drafter-code")
-        wait_for(lambda: replicas(kube, "delta-drafter-code") < peak, timeout_s=15, what="scale down")
-        assert replicas(kube, "delta-drafter-code") == peak - 1 or replicas(kube, "delta-drafter-code") >= 1
-        wait_for(
-            lambda: any(e.get("reason") == "ScaledDown" for e in kube.list(EVENTS, NS)),
-            what="ScaledDown event",
-        )
+        seen = [replicas(kube, "delta-drafter-code")]
+        deadline = time.monotonic() + 30
+        while seen[-1] > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = replicas(kube, "delta-drafter-code")
+            if now != seen[-1]:
+                seen.append(now)
+        peak = max(seen)
+        assert peak >= 2 and seen[seen.index(peak):] == list(range(peak, 0, -1)), seen  # one step at a time
+        time.sleep(2.5)  # two more decisions: held at minReplicas
+        assert replicas(kube, "delta-drafter-code") == 1
+        assert kube.get(POOLS, NS, "delta-code")["spec"]["replicas"] == 1
+        assert any(e.get("reason") == "ScaledDown" for e in kube.list(EVENTS, NS))
+        # One writer chain: the autoscaler writes the pool, only the pool handler the Deployment.
+        to_deployment = replica_writes(emulator, DEPLOYMENTS, "delta-drafter-code")
+        to_pool = replica_writes(emulator, POOLS, "delta-code")
+        # (the pool handler also sets the Deployment once when the pool is created)
+        assert len(to_pool) >= 2 * (peak - 1), to_pool
+        assert to_deployment in (to_pool, [1, *to_pool]), (to_pool, to_deployment)
 
 
 def test_delete_cluster_removes_children(operator: Any, kube: Kube) -> None:
     kube.create(CLUSTERS, NS, cluster_body("zeta"))
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "zeta-verifier"), what="children")
-    # The only finalizer is kopf's own (its timers require one); the operator adds none.
+    # The only finalizer is kopf's own (it stops the autoscaler daemon first); the operator adds none.
     finalizers = kube.get(CLUSTERS, NS, "zeta")["metadata"].get("finalizers") or []
     assert all(f.startswith("kopf.zalando.org/") for f in finalizers), finalizers
     kube.delete(CLUSTERS, NS, "zeta")

@@ -1,6 +1,6 @@
-"""Plain manifests and examples: CRD schema validation of every example (jsonschema), the CRD's
-defaults equal the operator's, manifests/cosine-operator.yaml matches the chart, the Dockerfile's
-references exist."""
+"""Plain manifests and examples: CRD schema validation of every example (jsonschema), every CRD
+field described, manifests/cosine-operator.yaml matches the chart, the Dockerfile's references
+exist. (The CRD's defaults and bounds against the operator's: test_settings.py.)"""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_examples_validate_against_the_crd_and_the_webhook(path: Path) -> None:
     doc = yaml.safe_load(path.read_text())
     jsonschema.validate(doc, to_jsonschema(crd_schema()))
     assert validate_cluster(doc["metadata"]["name"], doc["spec"]) == []
-    children = builders.build_children(doc["metadata"]["name"], "ns", doc["spec"], {})
+    children = builders.build_children(doc["metadata"]["name"], "ns", settings.parse_cluster_spec(doc["spec"]), {})
     gpu_pods = [
         c
         for c in children
@@ -89,52 +89,6 @@ def test_cel_rules_are_present() -> None:
     pool_rules = [r["rule"] for r in spec["properties"]["drafterPools"]["items"]["x-kubernetes-validations"]]
     assert "self.minReplicas <= self.maxReplicas" in pool_rules
     assert "self.kind != 'ngram' || !has(self.engine)" in pool_rules
-
-
-def _defaults(schema: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, prop in (schema.get("properties") or {}).items():
-        if "default" in prop and prop["default"] != {}:
-            out[prefix + key] = prop["default"]
-        out.update(_defaults(prop, f"{prefix}{key}."))
-        if prop.get("type") == "array":
-            out.update(_defaults(prop.get("items") or {}, f"{prefix}{key}[]."))
-    return out
-
-
-def test_crd_defaults_equal_the_operators_defaults() -> None:
-    defaults = _defaults(crd_schema()["properties"]["spec"])
-    parsed = settings.parse_cluster_spec(
-        {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "model": "m"}]}
-    )
-    pool = parsed.drafter_pools[0]
-    mine = {
-        "image.repository": parsed.image.repository,
-        "image.tag": parsed.image.tag,
-        "image.pullPolicy": parsed.image.pull_policy,
-        "verifier.dtype": parsed.verifier.dtype,
-        "verifier.replicas": parsed.verifier.replicas,
-        "verifier.threads": parsed.verifier.threads,
-        "verifier.maxBatchTokens": parsed.verifier.max_batch_tokens,
-        "drafterPools[].kind": pool.kind,
-        "drafterPools[].translateTokenizer": pool.translate_tokenizer,
-        "drafterPools[].replicas": pool.replicas,
-        "drafterPools[].minReplicas": pool.min_replicas,
-        "drafterPools[].maxReplicas": pool.max_replicas,
-        "drafterPools[].threads": pool.threads,
-        "autoscaling.enabled": parsed.autoscaling.enabled,
-        "autoscaling.intervalSeconds": parsed.autoscaling.interval_s,
-        "autoscaling.stabilizationSeconds": parsed.autoscaling.stabilization_s,
-        "autoscaling.targetDrafterUtilization": parsed.autoscaling.target_drafter_utilization,
-        "autoscaling.maxScaleDownStep": parsed.autoscaling.max_scale_down_step,
-        "gateway.serviceType": parsed.gateway.service_type,
-        "gateway.port": parsed.gateway.port,
-        "speculation.maxDraftLen": parsed.speculation.max_draft_len,
-        "speculation.adaptive": parsed.speculation.adaptive,
-        "speculation.fusion": parsed.speculation.fusion,
-        "speculation.minConfidence": parsed.speculation.min_confidence,
-    }
-    assert defaults == mine
 
 
 def test_every_field_has_a_description() -> None:

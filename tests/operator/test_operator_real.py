@@ -82,6 +82,11 @@ def test_reconcile_children_status_and_printer_columns(real_operator: Any, kube:
     # The pools are real objects: their scale subresource answers with the operator's selector.
     scale = router.real.http.get(f"/apis/cosine.dev/v1alpha1/namespaces/{NS}/cosinedrafterpools/alpha-code/scale")
     assert scale.status_code == 200 and scale.json()["spec"]["replicas"] == 1, scale.text
+    # ... and the pods' selector (what an HPA needs) from creation on, before any pod exists.
+    selector = wait_for(lambda: router.real.http.get(
+        f"/apis/cosine.dev/v1alpha1/namespaces/{NS}/cosinedrafterpools/alpha-code/scale").json()["status"]
+        .get("selector"), what="scale selector")
+    assert "cosine.dev/pool=code" in selector.split(","), selector
 
     wait_for(lambda: _conditions(kube, "alpha").get("Ready") == "False", what="Ready=False")
     for name in ("alpha-verifier", "alpha-drafter-code", "alpha-drafter-ngram"):

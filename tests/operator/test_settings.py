@@ -1,5 +1,5 @@
-"""Typed spec views (operator/settings.py): the drafter engine's default rule and
-``spec.speculation``, against the CRD in crds/ (its defaults, enum and bounds, read from the file)."""
+"""Typed spec views (operator/settings.py) against the CRDs in crds/ (defaults, enums and bounds,
+read from the files), the drafter engine's default rule, the one tokenizer-family table."""
 
 from __future__ import annotations
 
@@ -33,16 +33,77 @@ def _cluster(*pools: dict[str, Any], **spec: Any) -> s.ClusterSpec:
     return s.parse_cluster_spec({"verifier": {"model": "m"}, "drafterPools": list(pools), **spec})
 
 
-def test_speculation_defaults_are_the_crds() -> None:
-    crd = _speculation_schema()
-    got = _cluster({"name": "p", "model": "m"}).speculation
-    assert (got.max_draft_len, got.adaptive, got.fusion, got.min_confidence) == (
-        crd["maxDraftLen"]["default"],
-        crd["adaptive"]["default"],
-        crd["fusion"]["default"],
-        crd["minConfidence"]["default"],
-    )
-    assert "compression" not in crd
+_BOUNDS = ("default", "minimum", "maximum", "enum")
+
+
+def _crd_declarations(schema: dict[str, Any], verbatim: set[str], prefix: str = "") -> dict[str, dict[str, Any]]:
+    """Every field under ``schema`` by path, with its default, bounds and enum; the inner schema of
+    a field the operator copies verbatim into pods (Kubernetes' own types) is not descended into."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, prop in (schema.get("properties") or {}).items():
+        path = prefix + key
+        items = prop.get("items") or {}
+        if path in verbatim:
+            out[path] = {}
+        elif prop.get("type") == "object" and "properties" in prop:
+            out.update(_crd_declarations(prop, verbatim, f"{path}."))
+        elif prop.get("type") == "array" and items.get("type") == "object":
+            out.update(_crd_declarations(items, verbatim, f"{path}[]."))
+        else:
+            out[path] = {k: prop[k] for k in _BOUNDS if k in prop}
+    return out
+
+
+def test_every_spec_field_default_bound_and_enum_is_the_crds() -> None:
+    """Catches: a default, minimum, maximum or enum value changed on one side only; a CRD field the
+    operator does not read; a typed field the CRD does not have."""
+    typed = s.spec_declarations()
+    verbatim = {path for path, d in typed.items() if d["verbatim"]}
+    mine = {
+        path: {k: (list(d[k]) if k == "enum" else d[k]) for k in _BOUNDS if d.get(k) is not None}
+        for path, d in typed.items()
+    }
+    for path in verbatim:
+        mine[path] = {}
+    assert _crd_declarations(_spec_schema(), verbatim) == mine
+
+
+def test_the_pool_crds_bounds_are_the_cluster_specs() -> None:
+    """Catches: CoSineDrafterPool's replica bounds drifting from spec.drafterPools[]'s."""
+    crd = yaml.safe_load((ROOT / "crds" / "cosine.dev_cosinedrafterpools.yaml").read_text())
+    pool = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    typed = s.spec_declarations()
+    for key in ("replicas", "minReplicas", "maxReplicas"):
+        assert pool[key]["minimum"] == typed[f"drafterPools[].{key}"]["minimum"], key
+
+
+def test_parse_names_the_offending_field() -> None:
+    """Catches: bounds not enforced by the parser, or errors that do not say where."""
+    with pytest.raises(ValueError, match=r"^spec\.drafterPools\[1\]\.replicas must be >= 0"):
+        _cluster({"name": "a", "model": "m"}, {"name": "b", "model": "m", "replicas": -1})
+    with pytest.raises(ValueError, match=r"^spec\.verifier\.dtype must be one of"):
+        s.parse_cluster_spec({"verifier": {"model": "m", "dtype": "int4"}, "drafterPools": [{"name": "p"}]})
+    with pytest.raises(ValueError, match=r"^spec\.drafterPools\[0\]\.name is required"):
+        _cluster({"model": "m"})
+    with pytest.raises(ValueError, match=r"^spec\.autoscaling\.enabled: expected true or false"):
+        _cluster({"name": "p"}, autoscaling={"enabled": "no"})
+
+
+def test_gpu_count_from_limits_or_requests() -> None:
+    assert _cluster({"name": "p", "resources": GPU}).drafter_pools[0].pod.gpu_count == 1
+    requested = {"requests": {"nvidia.com/gpu": "2"}}
+    assert _cluster({"name": "p", "resources": requested}).drafter_pools[0].pod.gpu_count == 2
+    assert _cluster({"name": "p"}).drafter_pools[0].pod.gpu_count == 0
+
+
+def test_the_model_store_reads_the_one_tokenizer_table() -> None:
+    """Catches: a second family table (the model store naming a family the webhook does not)."""
+    from cosine.runtime import model_store
+
+    for source in model_store.KNOWN_MODELS.values():
+        assert source.tokenizer_family == s.tokenizer_family(source.name) == s.tokenizer_family(source.hf_repo)
+        assert model_store.tokenizer_family(source.hf_repo) == source.tokenizer_family
+    assert model_store.tokenizer_family("meta-llama/Llama-3.2-1B") == s.tokenizer_family("Llama-3.2-1B") == "llama3"
 
 
 def test_speculation_is_parsed() -> None:

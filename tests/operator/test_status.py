@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from cosine.operator.autoscaling import Observations, PoolObservation, ScaleDecision, VerifierObservation
+from cosine.operator.settings import parse_cluster_spec
 from cosine.operator.status import autoscaler_status, build_status
 
-SPEC = {"verifier": {"model": "m"}, "drafterPools": [{"name": "code", "model": "m"}]}
+SPEC = parse_cluster_spec({"verifier": {"model": "m"}, "drafterPools": [{"name": "code", "model": "m"}]})
 
 
 def deployments(v_ready: int, d_ready: int) -> dict:

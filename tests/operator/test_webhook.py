@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cosine.operator.webhook import tokenizer_family, validate_cluster
+from cosine.operator.settings import tokenizer_family
+from cosine.operator.webhook import validate_cluster
 
 
 @pytest.mark.parametrize(
@@ -13,7 +14,7 @@ from cosine.operator.webhook import tokenizer_family, validate_cluster
         ("qwen2.5-coder-1.5b-instruct", "qwen2"),
         ("Qwen/Qwen2.5-Coder-0.5B-Instruct", "qwen2"),
         ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "qwen2"),
-        ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm"),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2"),
         ("google/gemma-3-270m", "gemma3"),
         ("/models/my-own-model", None),
     ],
@@ -49,7 +50,7 @@ def test_incompatible_tokenizer_is_rejected_with_the_field_path() -> None:
         ),
     )
     assert len(problems) == 1
-    assert problems[0].startswith("spec.drafterPools[1].model: tokenizer family 'smollm'")
+    assert problems[0].startswith("spec.drafterPools[1].model: tokenizer family 'smollm2'")
     assert "spec.drafterPools[1].translateTokenizer: true" in problems[0]
 
 
