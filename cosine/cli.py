@@ -318,7 +318,6 @@ def build_parser() -> argparse.ArgumentParser:
     ve = sub.add_parser("verifier", help="vLLM OpenAI server on the target, with CoSine's proposer (the verifier pod)")
     ve.add_argument("--cluster", type=Path, default=None, help=cluster_help)
     ve.add_argument("--http-port", type=int, default=8000)
-    ve.add_argument("--grpc-port", type=int, default=50051, help="reserved for verifier-side gRPC")
     ve.add_argument("--drafter", action="append", default=[], metavar="POOL=ADDRESS",
                     help="a drafter pool's gRPC address, e.g. code=dns:///demo-drafter-code:50052 (repeatable)")
     ve.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in a pod)")
