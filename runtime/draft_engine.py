@@ -35,22 +35,46 @@ log = logging.getLogger(__name__)
 class DraftJob:
     """One request's ask: continue `context_ids` (prompt + every token emitted so far) by at most
     `max_tokens` greedy draft tokens, stopping at the first whose top-1 probability is below
-    `min_confidence`."""
+    `min_confidence`.
+
+    `expected`: the draft tokens the verifier is checking while this draft is made (the drafter
+    is asked during that verification, so its draft is used at the step after). An engine that
+    supports it drafts past `expected` (the outcome where all of it is accepted) and, for up to
+    `max_branches` rejection points, from `expected[:i]` plus its best guess of the target's token
+    at i (`Branch`); without it, the draft continues `context_ids` and the next step can use it
+    only if the target emits the draft's own first tokens."""
 
     request_id: str
     context_ids: tuple[int, ...]
     max_tokens: int
     min_confidence: float = 0.0
+    expected: tuple[int, ...] = ()
+    max_branches: int = 0
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A draft for another outcome of the verification running now: it continues
+    `context_ids + expected[:prefix_len]` (the target rejected `expected[prefix_len]`), and its
+    first token is the drafter's best guess of the target's own token there."""
+
+    prefix_len: int
+    token_ids: tuple[int, ...]
+    confidences: tuple[float, ...]
 
 
 @dataclass(frozen=True)
 class DraftResult:
-    """token_ids: the draft tokens (k <= max_tokens). confidences: the drafter's top-1 probability
-    at each, in [0, 1]. draft_s: wall seconds of the batched round this draft was made in."""
+    """token_ids: the draft tokens (k <= max_tokens), continuing `context_ids +
+    expected[:prefix_len]` (prefix_len 0: an engine that ignores `expected`). confidences: the
+    drafter's top-1 probability at each, in [0, 1]. draft_s: wall seconds of the batched round
+    this draft was made in. branches: drafts for rejection points of `expected` (`Branch`)."""
 
     token_ids: tuple[int, ...]
     confidences: tuple[float, ...]
     draft_s: float
+    prefix_len: int = 0
+    branches: tuple[Branch, ...] = ()
 
 
 class DraftEngine(Protocol):
@@ -165,7 +189,7 @@ class LlamaCppEngine:
         if not token_ids:
             raise ValueError("feed needs at least one token")
         self._slot(request_id, {request_id})
-        return self._decode([(request_id, token_ids)])[request_id]
+        return self._decode([(request_id, token_ids, 1)])[request_id][-1]
 
     def truncate(self, request_id: str, num_tokens: int) -> None:
         """Keep the first `num_tokens` positions of the request's sequence (rejected drafts gone)."""
@@ -188,41 +212,55 @@ class LlamaCppEngine:
         self._cached[rid] = []
         return seq
 
-    def _decode(self, feeds: list[tuple[str, list[int]]]) -> dict[str, np.ndarray]:
-        """Feed tokens to their sequences (in `batch_tokens` chunks); the logits [vocab] after the
-        last token of each feed, by request id."""
-        flat = [(rid, tok, j == len(toks) - 1) for rid, toks in feeds for j, tok in enumerate(toks)]
-        out: dict[str, np.ndarray] = {}
+    def _fork(self, key: str, num_tokens: int) -> str | None:
+        """A temporary sequence sharing the first `num_tokens` positions of `key`'s (llama.cpp's
+        unified KV cache shares the cells, nothing is copied); None when no sequence is free."""
+        if not self._free_seqs:
+            return None
+        fork = f"{key}\x00{num_tokens}"
+        seq = self._free_seqs.pop()
+        self._ll.llama_memory_seq_cp(self._mem, self._seq[key], seq, 0, num_tokens)
+        self._seq[fork] = seq
+        self._cached[fork] = self._cached[key][:num_tokens]
+        return fork
+
+    def _decode(self, feeds: list[tuple[str, list[int], int]]) -> dict[str, np.ndarray]:
+        """Feed tokens to their sequences (in `batch_tokens` chunks); per key, the logits
+        [n, vocab] after each of the feed's last n tokens (n = the feed's third element)."""
+        flat = [(key, tok, j >= len(toks) - n) for key, toks, n in feeds for j, tok in enumerate(toks)]
+        rows: dict[str, list[np.ndarray]] = {key: [] for key, _, _ in feeds}
         b = self._batch
         for start in range(0, len(flat), self._batch_tokens):
             chunk = flat[start : start + self._batch_tokens]
             wanted: list[tuple[str, int]] = []
-            for i, (rid, tok, last) in enumerate(chunk):
-                cached = self._cached[rid]
+            for i, (key, tok, keep) in enumerate(chunk):
+                cached = self._cached[key]
                 b.token[i] = tok
                 b.pos[i] = len(cached)
                 b.n_seq_id[i] = 1
-                b.seq_id[i][0] = self._seq[rid]
-                b.logits[i] = last
+                b.seq_id[i][0] = self._seq[key]
+                b.logits[i] = keep
                 cached.append(tok)
-                if last:
-                    wanted.append((rid, i))
+                if keep:
+                    wanted.append((key, i))
             b.n_tokens = len(chunk)
             rc = self._ll.llama_decode(self._ctx, b)
             if rc != 0:
-                for rid, _ in feeds:  # the KV contents are unknown now: start these requests over
-                    self.release(rid)
+                for key, _, _ in feeds:  # the KV contents are unknown now: start these requests over
+                    self.release(key)
                 raise RuntimeError(f"{self.name}: llama_decode returned {rc}")
-            for rid, i in wanted:
+            for key, i in wanted:
                 ptr = self._ll.llama_get_logits_ith(self._ctx, i)
-                out[rid] = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
-        return out
+                rows[key].append(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy())
+        return {key: np.stack(r) for key, r in rows.items()}
 
     def draft(self, jobs: Sequence[DraftJob]) -> list[DraftResult]:
-        """Draft every job together; see the class docstring. Raises RuntimeError if llama.cpp fails."""
+        """Draft every job together; see the class docstring and `DraftJob` (with `expected`, the
+        draft continues past it and branches are drafted from `branch_points`). Raises
+        RuntimeError if llama.cpp fails."""
         t0 = time.perf_counter()
         busy = {j.request_id for j in jobs}
-        feeds: list[tuple[str, list[int]]] = []
+        feeds: list[tuple[str, list[int], int]] = []
         for j in jobs:
             if j.max_tokens <= 0 or not j.context_ids:
                 continue
@@ -232,25 +270,87 @@ class LlamaCppEngine:
             if keep < len(cached):
                 self._ll.llama_memory_seq_rm(self._mem, seq, keep, -1)
                 del cached[keep:]
-            feeds.append((j.request_id, list(j.context_ids[keep:])))
-        tokens: dict[str, list[int]] = {j.request_id: [] for j in jobs}
-        confs: dict[str, list[float]] = {j.request_id: [] for j in jobs}
+            feeds.append((j.request_id, [*j.context_ids[keep:], *j.expected], len(j.expected) + 1))
         by_id = {j.request_id: j for j in jobs}
-        while feeds:
-            logits = self._decode(feeds)
-            feeds = []
-            for rid, row in logits.items():
-                tok, conf = greedy_with_confidence(row)
-                j = by_id[rid]
-                if conf < j.min_confidence:
+        streams: dict[str, tuple[DraftJob, int, list[int], list[float]]] = {}  # key -> (job, prefix, tokens, confs)
+        pending: list[tuple[str, int, float]] = []  # (key, next token, its confidence)
+        forks: list[tuple[str, str]] = []  # (temporary sequence, its request)
+        try:
+            rows = self._decode(feeds) if feeds else {}
+            for rid, r in rows.items():
+                j, e = by_id[rid], len(by_id[rid].expected)
+                streams[rid] = (j, e, [], [])
+                pending.append((rid, *greedy_with_confidence(r[e])))
+                if j.max_branches <= 0 or e == 0:
                     continue
-                tokens[rid].append(tok)
-                confs[rid].append(conf)
-                done = len(tokens[rid]) >= j.max_tokens or tok in self.eog_token_ids
-                if not done:
-                    feeds.append((rid, [tok]))
+                for i, alt, q in branch_points(r[:e], j.expected, j.max_branches):
+                    fork = self._fork(rid, len(j.context_ids) + i)
+                    if fork is None:
+                        break
+                    forks.append((fork, rid))
+                    streams[fork] = (j, i, [], [])
+                    pending.append((fork, alt, q))
+            while pending:
+                step: list[tuple[str, list[int], int]] = []
+                for key, tok, conf in pending:
+                    j, _, tokens, confs = streams[key]
+                    if conf < j.min_confidence:
+                        continue
+                    tokens.append(tok)
+                    confs.append(conf)
+                    if len(tokens) < j.max_tokens and tok not in self.eog_token_ids:
+                        step.append((key, [tok], 1))
+                rows = self._decode(step) if step else {}
+                pending = [(key, *greedy_with_confidence(r[-1])) for key, r in rows.items()]
+        finally:
+            for fork, _ in forks:
+                self.release(fork)
         draft_s = time.perf_counter() - t0
-        return [DraftResult(tuple(tokens[j.request_id]), tuple(confs[j.request_id]), draft_s) for j in jobs]
+        out = []
+        for j in jobs:
+            if j.request_id not in streams:
+                out.append(DraftResult((), (), draft_s))
+                continue
+            _, e, tokens, confs = streams[j.request_id]
+            branches = tuple(Branch(streams[f][1], tuple(streams[f][2]), tuple(streams[f][3]))
+                             for f, rid in forks if rid == j.request_id and streams[f][2])
+            out.append(DraftResult(tuple(tokens), tuple(confs), draft_s, e, branches))
+        return out
+
+
+def branch_points(logits: np.ndarray, expected: Sequence[int], max_branches: int,
+                  min_score: float = 0.02) -> list[tuple[int, int, float]]:
+    """Where to branch a draft made during the verification of `expected`.
+
+    Args:
+        logits: [len(expected), vocab] the drafter's logits before each expected token.
+        expected: the draft tokens being verified. max_branches: at most this many points.
+        min_score: points less likely than this are left out.
+    Returns:
+        (i, alt, q) by position: the target may reject `expected[i]` and emit `alt`, the drafter's
+        most likely other token there (probability q). With the drafter's probabilities p_i as
+        the stand-in for the target's, the outcome "`expected[:i]` accepted, then `alt`" has
+        probability p_0 ... p_{i-1} q; the `max_branches` most likely outcomes are drafted (the
+        outcome where every expected token is accepted is the main draft). After PEARL's
+        post-verify drafting (Liu et al., arXiv:2408.11850), extended to the likeliest rejection
+        points by the drafter's own probabilities.
+    """
+    if max_branches <= 0 or len(expected) == 0:
+        return []
+    z = logits - logits.max(axis=1, keepdims=True)
+    probs = np.exp(z)
+    probs /= probs.sum(axis=1, keepdims=True)
+    reach, scored = 1.0, []
+    for i, tok in enumerate(expected):
+        row = probs[i]
+        p = float(row[tok])
+        masked = row.copy()
+        masked[tok] = -1.0
+        alt = int(np.argmax(masked))
+        scored.append((reach * float(row[alt]), i, alt, float(row[alt])))
+        reach *= p
+    best = sorted((x for x in scored if x[0] >= min_score), reverse=True)[:max_branches]
+    return [(i, alt, q) for _, i, alt, q in sorted(best, key=lambda x: x[1])]
 
 
 @dataclass

@@ -21,6 +21,15 @@ from cosine.runtime.speculative_sampling import SamplingParams, logits_to_probs
 
 
 @dataclass(frozen=True)
+class DraftBranch:
+    """A greedy draft continuing the asked context + `expected[:prefix_len]` (see `Drafter.propose`)."""
+
+    prefix_len: int
+    token_ids: tuple[int, ...]
+    confidences: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Draft:
     """Draft tokens for one request.
 
@@ -28,7 +37,9 @@ class Draft:
     (greedy drafting, or point-mass proposals). confidences: the drafter's top probability at each
     position, in [0, 1]. drafter: name of the drafter. draft_s: wall seconds spent drafting
     (including catching up on accepted tokens). compressed: the wire form of `probs` when the
-    drafter compresses (then `probs` is exactly its decompression).
+    drafter compresses (then `probs` is exactly its decompression). prefix_len: `token_ids`
+    continue the context + `expected[:prefix_len]` (0 when the drafter ignores `expected`).
+    branches: drafts for rejection points of `expected`.
     """
 
     token_ids: tuple[int, ...]
@@ -37,6 +48,8 @@ class Draft:
     drafter: str
     draft_s: float
     compressed: tuple[CompressedDist, ...] = ()
+    prefix_len: int = 0
+    branches: tuple[DraftBranch, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -55,7 +68,13 @@ class Drafter(Protocol):
         *,
         min_confidence: float = 0.0,
         generator: torch.Generator | None = None,
-    ) -> Draft: ...
+        expected: Seq[int] = (),
+        max_branches: int = 0,
+    ) -> Draft:
+        """Draft up to `max_tokens` tokens continuing `context_ids`. `expected`: the draft tokens
+        the target is verifying meanwhile; a drafter may draft past them (`Draft.prefix_len`) and
+        for up to `max_branches` of their rejection points (`Draft.branches`), or ignore them."""
+        ...
 
     def release(self, request_id: str) -> None: ...
 

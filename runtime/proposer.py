@@ -28,6 +28,13 @@ estimates can recover: a late or rejected pool stops taking drafter capacity for
 With `fusion` the router may send a request to several pools; each is asked where it pays, and
 every candidate that arrived is fused by confidence per position.
 
+A pool is asked while the verifier checks the step's draft, so its answer serves the next step and
+must continue whatever the target accepted of that draft plus the target's own token. The ask
+carries the draft being verified (`expected`): the pool drafts past it, and from up to
+`pool_branches` of its likeliest rejection points with its guess of the target's token there
+(`draft_engine.branch_points`); the next step uses the candidate that continues the context
+(after PEARL's post-verify drafting, Liu et al., arXiv:2408.11850).
+
 A failed pool (`pool_down_after` failures in a row) is left out for `pool_retry_s`; that is one
 warning per pool at most every `pool_warn_every_s`, and a late or failed draft is otherwise only
 a metric (`cosine:drafter_errors_total`, `cosine:spec_decode_drafts_late_total`), never a log line.
@@ -102,7 +109,10 @@ class ProposerSettings:
     tokens per step a pool must give a request to be asked (besides beating lookup).
     pool_probe_every: a pool that does not pay for a request is still asked every this many of
     its steps; pool_yield_decay: per-call
-    decay of the yield's counts (`cosine:drafter_yield_tokens`)."""
+    decay of the yield's counts (`cosine:drafter_yield_tokens`). pool_branches: at most this many
+    rejection points of the draft being verified a pool drafts from as well (`Drafter.propose`'s
+    `max_branches`); per pool, one fewer while its round trip exceeds `branch_rtt_high` verifier
+    steps and one more while it is below `branch_rtt_low`."""
 
     max_draft_tokens: int = 8
     speculation: sc.SpeculationSettings = sc.SpeculationSettings()
@@ -122,6 +132,9 @@ class ProposerSettings:
     min_pool_gain_tokens: float = 0.25
     pool_probe_every: int = 8
     pool_yield_decay: float = 0.97
+    pool_branches: int = 2
+    branch_rtt_low: float = 0.5
+    branch_rtt_high: float = 0.8
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_draft_tokens <= 64:
@@ -137,12 +150,13 @@ class ProposerSettings:
 
 @dataclass(frozen=True)
 class _PoolDraft:
-    """A pool's draft for the context it was asked about: its length and its last token."""
+    """A pool's drafts for the context it was asked about (its length and its last token): each
+    candidate is (tokens after that context, their confidences): the main draft and its branches,
+    with the expected tokens they continue put in front."""
 
     context_len: int
     context_last: int
-    token_ids: tuple[int, ...]
-    confidences: tuple[float, ...]
+    candidates: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...]
 
 
 @dataclass
@@ -226,6 +240,7 @@ class CoSineProposer:
         self._yield_counts: dict[str, tuple[float, float]] = {}  # pool -> decayed (accepted, calls)
         self._failures: dict[str, int] = {}  # pool -> failed calls in a row
         self._warned_s: dict[str, float] = {}  # pool -> when its last warning was logged
+        self._branches: dict[str, int] = {}  # pool -> rejection points it drafts from now
         self._executor = ThreadPoolExecutor(max_workers=max(1, 2 * len(pools)), thread_name_prefix="cosine-pool")
 
     # ------------------------------------------------------------ engine-facing
@@ -292,7 +307,7 @@ class CoSineProposer:
             drafts[rid] = list(tokens[:k])
             req.last_source = source if k else ""
             req.steps += 1
-            self._request_pool_drafts(rid, req, ctx)
+            self._request_pool_drafts(rid, req, ctx, drafts[rid])
         return drafts
 
     def source_of(self, request_id: str) -> str:
@@ -435,20 +450,19 @@ class CoSineProposer:
                 self.stats.add(self.stats.drafts_late, name)
                 self._on_time(name, False)
             return None
-        n = len(ctx)
-        skip = n - d.context_len
-        usable = not (skip < 0 or ctx[d.context_len - 1] != d.context_last or skip >= len(d.token_ids)) and list(
-            ctx[d.context_len :]) == list(d.token_ids[:skip])
-        self._on_time(name, usable)
-        return (d.token_ids[skip:], d.confidences[skip:]) if usable else None
+        best = _continuation(d, ctx)
+        self._on_time(name, best is not None)
+        return best
 
     def _on_time(self, name: str, usable: bool) -> None:
         """Fold one look at a pool's draft into its on-time share (EMA over looks, all requests)."""
         prev = self.stats.pool_on_time.get(name, 1.0)
         self.stats.pool_on_time[name] = 0.95 * prev + 0.05 * (1.0 if usable else 0.0)
 
-    def _request_pool_drafts(self, rid: str, req: _Request, ctx: Sequence[int]) -> None:
-        """Ask each routed pool that is idle for this request to draft ahead from `ctx`."""
+    def _request_pool_drafts(self, rid: str, req: _Request, ctx: Sequence[int], expected: Sequence[int]) -> None:
+        """Ask each routed pool that is idle for this request to draft ahead from `ctx`, past the
+        `expected` draft tokens the verifier checks meanwhile and from their likeliest rejection
+        points (the verifier's next context is `ctx` plus what it accepts of them plus one token)."""
         if req.steps % self.settings.reroute_every == 0 and req.steps:
             req.pools = self._route(req.domain)
         now = self.clock()
@@ -467,12 +481,15 @@ class CoSineProposer:
             if fut is not None and not fut.done():
                 continue
             req.used.add(name)
-            req.inflight[name] = self._executor.submit(self._draft_on_pool, name, rid, tuple(ctx), k)
+            req.inflight[name] = self._executor.submit(self._draft_on_pool, name, rid, tuple(ctx), k, tuple(expected),
+                                                       self._branches.get(name, s.pool_branches) if expected else 0)
 
-    def _draft_on_pool(self, name: str, rid: str, ctx: tuple[int, ...], k: int) -> _PoolDraft:
+    def _draft_on_pool(self, name: str, rid: str, ctx: tuple[int, ...], k: int, expected: tuple[int, ...] = (),
+                       branches: int = 0) -> _PoolDraft:
         t0 = self.clock()
         try:
-            d = self.pools[name].propose(rid, ctx, k, SamplingParams(), min_confidence=self.settings.min_confidence)
+            d = self.pools[name].propose(rid, ctx, k, SamplingParams(), min_confidence=self.settings.min_confidence,
+                                         expected=expected, max_branches=branches)
         except Exception as e:
             self._pool_failed(name, e)
             raise
@@ -482,7 +499,24 @@ class CoSineProposer:
         prev = self.stats.pool_rtt_s.get(name)
         self.stats.pool_rtt_s[name] = rtt if prev is None else 0.8 * prev + 0.2 * rtt
         self._count_yield(name, call=True)
-        return _PoolDraft(len(ctx), ctx[-1], tuple(d.token_ids), tuple(d.confidences))
+        self._adapt_branches(name)
+        candidates = [(expected[: d.prefix_len] + tuple(d.token_ids), (1.0,) * d.prefix_len + tuple(d.confidences))]
+        candidates += [(expected[: b.prefix_len] + tuple(b.token_ids), (1.0,) * b.prefix_len + tuple(b.confidences))
+                       for b in d.branches]
+        return _PoolDraft(len(ctx), ctx[-1], tuple(candidates))
+
+    def _adapt_branches(self, name: str) -> None:
+        """One branch fewer while the pool's round trip is long against a verifier step, one more
+        while it is short (`ProposerSettings.pool_branches`)."""
+        s = self.settings
+        step_s = self.curve.seconds(1) if self.curve else s.initial_step_s
+        steps = self.stats.pool_rtt_s.get(name, 0.0) / max(step_s, 1e-3)
+        n = self._branches.get(name, s.pool_branches)
+        if steps > s.branch_rtt_high:
+            n -= 1
+        elif steps < s.branch_rtt_low:
+            n += 1
+        self._branches[name] = min(s.pool_branches, max(0, n))
 
     def _count_yield(self, name: str, *, accepted: int = 0, call: bool = False) -> None:
         """Fold a returned draft call (`call`) or tokens accepted from the pool's drafts into its yield."""
@@ -534,6 +568,21 @@ class CoSineProposer:
             self.pools[name].release(rid)
         except Exception as e:  # noqa: BLE001 - best effort; pools evict old contexts anyway
             log.debug("release %s on %s failed: %s", rid, name, e)
+
+
+def _continuation(d: _PoolDraft, ctx: Sequence[int]) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+    """The longest rest of a candidate of `d` that continues `ctx`: the context `d` was asked for
+    is a prefix of `ctx` and the tokens emitted since are the candidate's own first tokens."""
+    skip = len(ctx) - d.context_len
+    if skip < 0 or ctx[d.context_len - 1] != d.context_last:
+        return None
+    emitted = list(ctx[d.context_len :])
+    best = None
+    for tokens, confs in d.candidates:
+        longer = best is None or len(tokens) - skip > len(best[0])
+        if skip < len(tokens) and longer and list(tokens[:skip]) == emitted:
+            best = (tokens[skip:], confs[skip:])
+    return best
 
 
 def _reason(e: Exception) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from cosine.runtime.compression import CompressedDist, Compression, decompress
-from cosine.runtime.drafter import Draft
+from cosine.runtime.drafter import Draft, DraftBranch
 from cosine.runtime.speculative_sampling import SamplingParams
 from cosine.runtime.transport import drafter_pb2 as pb
 
@@ -43,4 +43,5 @@ def draft_from_proto(m: pb.ProposeResponse, vocab_size: int, name: str) -> Draft
     if wire and len(wire) != len(m.token_ids):
         raise ValueError(f"{len(m.token_ids)} draft tokens but {len(wire)} distributions")
     probs = torch.stack([decompress(c, vocab_size) for c in wire]) if wire else None
-    return Draft(tuple(m.token_ids), probs, tuple(m.confidences), name, m.draft_s, wire)
+    branches = tuple(DraftBranch(b.prefix_len, tuple(b.token_ids), tuple(b.confidences)) for b in m.branches)
+    return Draft(tuple(m.token_ids), probs, tuple(m.confidences), name, m.draft_s, wire, m.prefix_len, branches)

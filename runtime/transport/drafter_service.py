@@ -106,7 +106,8 @@ class DrafterServicer(pb_grpc.DrafterServicer):
             self.metrics.contexts.set(len(self._contexts))
         for gone in evicted:
             self.batcher.release(gone)
-        job = DraftJob(rid, tuple(ctx), int(request.max_tokens), max(self.min_confidence, request.min_confidence))
+        job = DraftJob(rid, tuple(ctx), int(request.max_tokens), max(self.min_confidence, request.min_confidence),
+                       tuple(request.expected_ids), int(request.max_branches))
         fut = self.batcher.submit(job)
         remaining = context.time_remaining()
         try:
@@ -115,9 +116,12 @@ class DrafterServicer(pb_grpc.DrafterServicer):
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"request {rid}: draft not ready before the deadline")
         except Exception as e:  # noqa: BLE001 - the engine's error, as a status
             context.abort(grpc.StatusCode.INTERNAL, f"{self.engine.name}: {e}")
-        self.metrics.draft_tokens.inc(len(result.token_ids))
-        msg = pb.ProposeResponse(token_ids=list(result.token_ids), confidences=list(result.confidences),
-                                 draft_s=result.draft_s, drafter=self.pool)
+        self.metrics.draft_tokens.inc(len(result.token_ids) + sum(len(br.token_ids) for br in result.branches))
+        msg = pb.ProposeResponse(
+            token_ids=list(result.token_ids), confidences=list(result.confidences), draft_s=result.draft_s,
+            drafter=self.pool, prefix_len=result.prefix_len,
+            branches=[pb.Branch(prefix_len=br.prefix_len, token_ids=list(br.token_ids),
+                                confidences=list(br.confidences)) for br in result.branches])
         self.metrics.bytes_sent.inc(msg.ByteSize())
         return msg
 

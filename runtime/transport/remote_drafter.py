@@ -104,8 +104,11 @@ class RemoteDrafter:
         *,
         min_confidence: float = 0.0,
         generator: torch.Generator | None = None,
+        expected: Seq[int] = (),
+        max_branches: int = 0,
     ) -> Draft:
-        """Draft remotely. Raises grpc.RpcError (deadline, unavailable, …) on failure."""
+        """Draft remotely (see `Drafter.propose`). Raises grpc.RpcError (deadline, unavailable, …)
+        on failure."""
         if max_tokens <= 0:
             return Draft((), None, (), self.name, 0.0)
         sent = self._sent.get(request_id, [])
@@ -116,12 +119,14 @@ class RemoteDrafter:
             seed = random.getrandbits(62)
         t0 = time.perf_counter()
         try:
-            resp = self._call(request_id, context_ids, common, max_tokens, params, min_confidence, seed)
+            resp = self._call(request_id, context_ids, common, max_tokens, params, min_confidence, seed,
+                              expected, max_branches)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
             log.info("drafter %s lost request %s; resending its context", self.name, request_id)
-            resp = self._call(request_id, context_ids, 0, max_tokens, params, min_confidence, seed)
+            resp = self._call(request_id, context_ids, 0, max_tokens, params, min_confidence, seed, expected,
+                              max_branches)
         self._sent[request_id] = list(context_ids)
         self.calls += 1
         size = resp.ByteSize()
@@ -140,14 +145,17 @@ class RemoteDrafter:
         self.bandwidth_bytes_per_s = bw if prev is None else 0.8 * prev + 0.2 * bw
         self.compression = choose_compression(self.bandwidth_bytes_per_s, draft_token_s)
 
-    def _call(self, request_id, context_ids, common, max_tokens, params, min_confidence, seed) -> pb.ProposeResponse:
+    def _call(self, request_id, context_ids, common, max_tokens, params, min_confidence, seed, expected=(),
+              max_branches=0) -> pb.ProposeResponse:
         new = list(context_ids[common:])
         req = pb.ProposeRequest(
             request_id=request_id, num_cached=common, new_token_ids=new, max_tokens=max_tokens,
             min_confidence=min_confidence, sampling=codec.sampling_to_proto(params), seed=seed,
-            compression=codec.compression_to_proto(self.compression),
+            compression=codec.compression_to_proto(self.compression), expected_ids=list(expected),
+            max_branches=max_branches,
         )
-        timeout = self.base_timeout_s + self.per_token_timeout_s * (max_tokens + len(new) / 16)
+        drafted = max_tokens * (1 + max_branches) + len(expected)
+        timeout = self.base_timeout_s + self.per_token_timeout_s * (drafted + len(new) / 16)
         return self._stub.Propose(req, timeout=timeout)
 
     def release(self, request_id: str) -> None:

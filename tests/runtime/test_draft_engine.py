@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from cosine.runtime.draft_engine import DraftBatcher, DraftJob, DraftResult, greedy_with_confidence
+from cosine.runtime.draft_engine import DraftBatcher, DraftJob, DraftResult, branch_points, greedy_with_confidence
 
 
 class RecordingEngine:
@@ -103,6 +103,22 @@ def test_greedy_with_confidence():
     assert tok == 1 and conf == pytest.approx(p[1], rel=1e-6)
 
 
+def test_branch_points_are_the_likeliest_rejection_outcomes():
+    # the drafter's probabilities before each of 3 expected tokens (vocab of 4): it expects token 0
+    # with 0.9, then token 1 with 0.5 (alternative 2 at 0.4), then token 0 with 0.99
+    probs = np.array([[0.9, 0.05, 0.03, 0.02], [0.05, 0.5, 0.4, 0.05], [0.99, 0.005, 0.003, 0.002]])
+    logits = np.log(probs)
+    # outcomes: reject at 0 -> 0.05; at 1 -> 0.9 * 0.4 = 0.36; at 2 -> 0.45 * 0.005
+    got = branch_points(logits, [0, 1, 0], max_branches=2)
+    assert [(i, alt) for i, alt, _ in got] == [(0, 1), (1, 2)]
+    assert got[1][2] == pytest.approx(0.4)
+    assert [(i, alt) for i, alt, _ in branch_points(logits, [0, 1, 0], max_branches=1)] == [(1, 2)]
+    # an expected token the drafter does not believe in: its own top token is the alternative
+    assert branch_points(logits, [3, 1, 0], max_branches=1)[0][:2] == (0, 0)
+    assert branch_points(logits, [0, 1, 0], max_branches=0) == []
+    assert branch_points(logits, [0, 1, 0], max_branches=3, min_score=0.04) == got  # 0.00225 left out
+
+
 # ------------------------------------------------------------------ llama.cpp, real model
 
 DRAFTER = "qwen2.5-coder-0.5b-instruct"
@@ -127,7 +143,6 @@ def _ids(text: str) -> tuple[int, ...]:
     return tuple(AutoTokenizer.from_pretrained(resolve(DRAFTER))(text)["input_ids"])
 
 
-@pytest.mark.real_model
 def _same_up_to_a_near_tie(a, b) -> None:
     """Equal drafts up to the first near-tie (top-1 probability < 0.25): KV entries computed in a
     batched pass and in single-token passes round differently, which can flip a near-tie."""
@@ -139,6 +154,7 @@ def _same_up_to_a_near_tie(a, b) -> None:
         assert ta == tb
 
 
+@pytest.mark.real_model
 def test_llamacpp_batched_drafts_equal_drafts_one_at_a_time(llama_engine):
     """Requests batched in one decode keep their own KV sequences: each draft is what it is alone,
     up to the first near-tie (a batched pass rounds differently from a single-sequence one, as in
@@ -173,6 +189,28 @@ def test_llamacpp_rolls_back_rejected_tokens_by_position(llama_engine):
     _same_up_to_a_near_tie(cont, fresh)
     llama_engine.release("r")
     llama_engine.release("fresh")
+
+
+@pytest.mark.real_model
+def test_llamacpp_drafts_past_the_expected_tokens_and_from_their_rejection_points(llama_engine):
+    """With `expected`, the main draft is the greedy continuation of context + expected, and each
+    branch is the greedy continuation of context + expected[:i] + its first token; the forked KV
+    sequences are freed after the round."""
+    ctx = _ids("def is_prime(n):\n    ")
+    expected = llama_engine.draft([DraftJob("plain", ctx, 6)])[0].token_ids
+    free = len(llama_engine._free_seqs)
+    r = llama_engine.draft([DraftJob("x", ctx, 5, expected=expected, max_branches=2)])[0]
+    assert r.prefix_len == len(expected) and len(r.token_ids) == 5
+    assert len(llama_engine._free_seqs) == free - 1  # "x" only: the branches' sequences are back
+    _same_up_to_a_near_tie(r, llama_engine.draft([DraftJob("main", ctx + expected, 5)])[0])
+    assert 1 <= len(r.branches) <= 2
+    for n, b in enumerate(r.branches):
+        assert b.token_ids[0] != expected[b.prefix_len]  # the alternative to the expected token
+        alone = llama_engine.draft([DraftJob(f"b{n}", ctx + expected[: b.prefix_len] + b.token_ids[:1], 4)])[0]
+        _same_up_to_a_near_tie(DraftResult(b.token_ids[1:], b.confidences[1:], 0.0), alone)
+    for rid in ("plain", "x", "main", "b0", "b1"):
+        llama_engine.release(rid)
+    assert llama_engine.num_requests() == 0
 
 
 @pytest.mark.real_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from cosine.runtime.drafter import Draft
+from cosine.runtime.drafter import Draft, DraftBranch
 from cosine.runtime.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 
 REPEAT = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7]  # the tail 5 6 7 was seen before, followed by 8 9 10 ...
@@ -23,7 +23,8 @@ class FakePool:
         self.gate = threading.Event()
         self.gate.set()
 
-    def propose(self, request_id, context_ids, max_tokens, params, *, min_confidence=0.0, generator=None) -> Draft:
+    def propose(self, request_id, context_ids, max_tokens, params, *, min_confidence=0.0, generator=None,
+                expected=(), max_branches=0) -> Draft:
         self.calls += 1
         self.gate.wait()
         time.sleep(self.delay_s)
@@ -318,3 +319,59 @@ def test_every_request_probes_a_pool_on_its_first_step():
         assert pool.calls == before + 1
         p.retain(set())
     p.close()
+
+
+class BranchingPool(FakePool):
+    """Drafts past `expected` (ctx[-1]+1, ... after it) and, at each of its first `max_branches`
+    positions i, from expected[:i] + 100 + i: what a llama.cpp pool returns."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.asked: list[tuple[tuple[int, ...], int]] = []
+
+    def propose(self, request_id, context_ids, max_tokens, params, *, min_confidence=0.0, generator=None,
+                expected=(), max_branches=0) -> Draft:
+        self.asked.append((tuple(expected), max_branches))
+        last = expected[-1] if expected else context_ids[-1]
+        main = tuple(last + 1 + i for i in range(max_tokens))
+        branches = tuple(DraftBranch(i, tuple(100 + i + j for j in range(max_tokens)), (0.5,) * max_tokens)
+                         for i in range(min(max_branches, len(expected))))
+        return Draft(main, None, (0.9,) * max_tokens, self.name, 0.0, prefix_len=len(expected), branches=branches)
+
+
+def test_pool_drafts_past_the_draft_being_verified_and_from_its_rejection_points():
+    def pool_and_first_draft():
+        pool = BranchingPool("coder")
+        p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False, pool_branches=2), [pool])
+        assert p.propose({"r": [1, 2, 3]}) == {"r": []}
+        _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+        assert p.propose({"r": [1, 2, 3, 4]}) == {"r": [5, 6, 7]}  # verified now; the pool is asked meanwhile
+        _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+        assert pool.asked[-1] == ((5, 6, 7), 2)
+        return p
+
+    # all three accepted, then the target's own token 8: the main draft continues
+    assert pool_and_first_draft().propose({"r": [1, 2, 3, 4, 5, 6, 7, 8]}) == {"r": [9, 10, 11]}
+    # 5 accepted, 6 rejected and the target emitted 101 instead: the branch at position 1 continues
+    assert pool_and_first_draft().propose({"r": [1, 2, 3, 4, 5, 101]}) == {"r": [102, 103, 104]}
+    # a rejection point the pool did not draft from: nothing usable, counted as not on time
+    p = pool_and_first_draft()
+    assert p.propose({"r": [1, 2, 3, 4, 5, 6, 99]}) == {"r": []}
+    assert p.stats.pool_on_time["coder"] < 1.0
+
+
+def test_branches_follow_the_pool_round_trip_against_the_verifier_step():
+    pool = BranchingPool("coder")
+    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_branches=2)
+    p = CoSineProposer(s, [pool])
+    p.observe_step(StepRecord(1.0, 1))  # a verifier step takes 1 s
+    p.stats.pool_rtt_s["coder"] = 0.9  # the pool's answers take most of it
+    p._adapt_branches("coder")
+    assert p._branches["coder"] == 1
+    p._adapt_branches("coder")
+    p._adapt_branches("coder")
+    assert p._branches["coder"] == 0  # never below none
+    p.stats.pool_rtt_s["coder"] = 0.2
+    for _ in range(5):
+        p._adapt_branches("coder")
+    assert p._branches["coder"] == 2  # never above the setting

@@ -12,7 +12,7 @@ import time
 import grpc
 import pytest
 
-from cosine.runtime.draft_engine import DraftResult
+from cosine.runtime.draft_engine import Branch, DraftResult
 from cosine.runtime.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 from cosine.runtime.speculative_sampling import SamplingParams
 from cosine.runtime.transport import codegen
@@ -38,8 +38,10 @@ class RuleEngine:
         with self._lock:
             self.held.update(j.request_id for j in jobs)
             self.batch_sizes.append(len(jobs))
+        self.jobs = list(jobs)
         return [DraftResult(tuple((j.context_ids[-1] + 1 + i) % 50 for i in range(j.max_tokens)),
-                            (0.9,) * j.max_tokens, 0.0) for j in jobs]
+                            (0.9,) * j.max_tokens, 0.0, len(j.expected),
+                            tuple(Branch(i, (40 + i,), (0.3,)) for i in range(j.max_branches))) for j in jobs]
 
     def release(self, request_id):
         with self._lock:
@@ -77,6 +79,11 @@ def test_remote_drafts_are_the_engines_and_info(pool):
     d = remote.propose("r", [1, 2, 3, 4, 5], 2, SamplingParams())  # a context delta: 2 new tokens sent
     assert d.token_ids == (6, 7)
     assert servicer._contexts["r"] == [1, 2, 3, 4, 5]
+    # the draft being verified goes to the engine; the main draft's prefix and the branches come back
+    d = remote.propose("r", [1, 2, 3, 4, 5], 2, SamplingParams(), expected=(6, 7), max_branches=2)
+    assert (engine.jobs[0].expected, engine.jobs[0].max_branches) == ((6, 7), 2)
+    assert d.prefix_len == 2 and [(b.prefix_len, b.token_ids) for b in d.branches] == [(0, (40,)), (1, (41,))]
+    assert d.branches[0].confidences == pytest.approx((0.3,))
     remote.release("r")
     assert servicer.num_contexts() == 0
 
