@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--max-tokens", type=int, default=64)
     be.add_argument("--systems", default="",
                     help="--engine vllm: vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine (the "
-                         "default), cosine-nofusion; --engine hf: "
+                         "default), cosine-nofusion, cosine-nobranch; --engine hf: "
                          "target-only,hf-assisted,single-coder,single-smollm2,single-ngram,cosine-routing,cosine")
     be.add_argument("--cross-drafter", default="smollm2-135m-instruct",
                     help="drafter with its own tokenizer (single-smollm2 and the collaborative systems)")

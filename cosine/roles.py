@@ -201,7 +201,7 @@ def verifier_command(
     model_path = str(resolve(spec.verifier.model))
     sp = spec.speculation
     args = vllm_engine_args(spec.verifier, model_path, sp.max_draft_len, pools, metrics_port, adaptive=sp.adaptive,
-                            fusion=sp.fusion, min_confidence=sp.min_confidence)
+                            fusion=sp.fusion, min_confidence=sp.min_confidence, branches=sp.branches)
     argv = [sys.executable, "-P", "-m", VLLM_SERVER, *cli_flags(args), "--host", host, "--port", str(http_port),
             "--uvicorn-log-level", "warning"]
     env = {**os.environ, **vllm_cpu_env(spec.verifier, cores)}
@@ -215,7 +215,7 @@ VLLM_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` (the
 
 def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: list[dict[str, Any]],
                      metrics_port: int = 0, *, adaptive: bool = True, fusion: bool = True,
-                     min_confidence: float = 0.0) -> dict[str, Any]:
+                     min_confidence: float = 0.0, branches: int = 2) -> dict[str, Any]:
     """The verifier spec (`spec.verifier`) as vLLM engine arguments (`EngineArgs` field names):
     model, dtype, maxBatchTokens -> max_num_batched_tokens, maxModelLen, maxNumSeqs,
     gpuMemoryUtilization (GPU pods; kvCacheSpaceGiB is the CPU pods' `vllm_cpu_env`).
@@ -245,7 +245,7 @@ def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: li
     if max_draft_tokens > 0:
         config = vllm_hooks.proposer_config(max_draft_tokens=max_draft_tokens, pools=pools, model=model_path,
                                             metrics_port=metrics_port, adaptive=adaptive, fusion=fusion,
-                                            min_confidence=min_confidence)
+                                            min_confidence=min_confidence, branches=branches)
         args.update(vllm_hooks.engine_kwargs(config))
     return args
 

@@ -15,7 +15,9 @@ Systems, each a real OpenAI server on this machine, driven through the official 
 - `cosine-lookup` (ablation): CoSine's proposer without pools (prompt lookup, suffix cache and the
   closed-loop k), i.e. what the drafting plane adds before any drafter pod;
 - `cosine-nofusion` (ablation, not run by default): `cosine` from a copy of the manifest with
-  `spec.speculation.fusion: false` (one pool per request, no fused drafts).
+  `spec.speculation.fusion: false` (one pool per request, no fused drafts);
+- `cosine-nobranch` (ablation, not run by default): `cosine` with `spec.speculation.branches: 0`
+  (pools draft past the draft being verified, never from its rejection points).
 The engine arguments (dtype, batch tokens, eager mode, KV cache size) are the same for all: they
 come from the manifest's verifier spec.
 
@@ -68,7 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -80,8 +82,10 @@ from cosine.workloads import Prompt
 
 log = logging.getLogger(__name__)
 
-SYSTEMS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-draft", "cosine-lookup", "cosine", "cosine-nofusion")
-DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s != "cosine-nofusion")
+ABLATIONS = {"cosine-nofusion": {"fusion": False}, "cosine-nobranch": {"branches": 0}}  # spec.speculation overrides
+SYSTEMS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-draft", "cosine-lookup", "cosine", *ABLATIONS)
+DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ABLATIONS)
+CLUSTERS = ("cosine", *ABLATIONS)  # the systems that run the embedded cluster (`cosine serve`)
 REFERENCE = "vllm"
 PEERS = ("vllm-ngram", "vllm-suffix", "vllm-draft")  # vLLM's own speculation methods
 PLACEMENTS = ("shared", "split")
@@ -205,7 +209,7 @@ def placement_env(system: str, placement: str, cpus: Sequence[int]) -> dict[str,
     """
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; choose among {list(PLACEMENTS)}")
-    if placement == "shared" or system in ("cosine", "cosine-nofusion"):
+    if placement == "shared" or system in CLUSTERS:
         return {}
     if system == "cosine-lookup":
         cpus = list(cpus)[: split_threads(len(cpus))[0]]
@@ -214,13 +218,14 @@ def placement_env(system: str, placement: str, cpus: Sequence[int]) -> dict[str,
     return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus))}
 
 
-def derived_manifest(obj: dict[str, Any], *, fusion: bool | None = None, split_cores: int = 0) -> dict[str, Any]:
-    """A copy of a CoSineCluster manifest with `spec.speculation.fusion` set (None: unchanged) and,
+def derived_manifest(obj: dict[str, Any], *, speculation: Mapping[str, Any] | None = None,
+                     split_cores: int = 0) -> dict[str, Any]:
+    """A copy of a CoSineCluster manifest with `speculation`'s keys set in `spec.speculation` and,
     for `split_cores` > 0, the verifier's and each pool's `threads` from `split_threads`."""
     out = copy.deepcopy(obj)
     spec = out.setdefault("spec", {})
-    if fusion is not None:
-        spec["speculation"] = {**(spec.get("speculation") or {}), "fusion": fusion}
+    if speculation:
+        spec["speculation"] = {**(spec.get("speculation") or {}), **speculation}
     if split_cores > 0:
         spec["verifier"]["threads"], drafter_threads = split_threads(split_cores)
         for pool in spec.get("drafterPools") or []:
@@ -228,11 +233,15 @@ def derived_manifest(obj: dict[str, Any], *, fusion: bool | None = None, split_c
     return out
 
 
-def _manifest_variant(system: str, placement: str, cpus: Sequence[int]) -> tuple[bool | None, int]:
-    """(fusion, split cores) of the manifest copy a system runs from; (None, 0) = the input manifest."""
+Variant = tuple[tuple[tuple[str, Any], ...], int]  # (spec.speculation overrides, split cores)
+
+
+def _manifest_variant(system: str, placement: str, cpus: Sequence[int]) -> Variant:
+    """(spec.speculation overrides, split cores) of the manifest copy a system runs from;
+    ((), 0) = the input manifest."""
     if not system.startswith("cosine"):
-        return None, 0
-    return (False if system == "cosine-nofusion" else None), (len(cpus) if placement == "split" else 0)
+        return (), 0
+    return tuple(sorted(ABLATIONS.get(system, {}).items())), (len(cpus) if placement == "split" else 0)
 
 
 def peer_command(system: str, manifest: Path | None, port: int, drafter_model: str, peer_k: int, suffix_k: int,
@@ -254,7 +263,7 @@ def peer_command(system: str, manifest: Path | None, port: int, drafter_model: s
 def _server_command(system: str, manifest: Path | None, port: int, metrics_port: int, drafter_model: str,
                     peer_k: int, suffix_k: int, placement: str, extra_env: dict[str, str]
                     ) -> tuple[list[str], dict[str, str]]:
-    if system in ("cosine", "cosine-nofusion"):
+    if system in CLUSTERS:
         cmd = [sys.executable, "-P", "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
                "--placement", placement]
         return cmd + (["--cluster", str(manifest)] if manifest else []), {**os.environ, **extra_env}
@@ -543,13 +552,14 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     rows: list[dict[str, Any]] = []
     records: list[Record] = []
     with tempfile.TemporaryDirectory(prefix="cosine-bench-") as tmp:
-        manifests: dict[tuple[bool | None, int], Path | None] = {(None, 0): manifest}
+        manifests: dict[Variant, Path | None] = {((), 0): manifest}
         for run in runs:
             system, run_placement = system_placement(run.system, placement)
             variant = _manifest_variant(system, run_placement, cpus)
             if variant not in manifests:
-                path = Path(tmp) / f"cluster-fusion{variant[0]}-split{variant[1]}.yaml"
-                path.write_text(yaml.safe_dump(derived_manifest(source, fusion=variant[0], split_cores=variant[1])))
+                path = Path(tmp) / f"cluster-{len(manifests)}.yaml"
+                path.write_text(yaml.safe_dump(derived_manifest(source, speculation=dict(variant[0]),
+                                                                split_cores=variant[1])))
                 manifests[variant] = path
             extra_env = placement_env(system, run_placement, cpus)
             port = roles.free_port()
@@ -580,10 +590,10 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
             "records": [asdict(r) for r in records]}
 
 
-def _manifest_note(variant: tuple[bool | None, int]) -> str:
-    fusion, split = variant
+def _manifest_note(variant: Variant) -> str:
+    overrides, split = variant
     threads = split_threads(split)
-    notes = [*(["spec.speculation.fusion: false"] if fusion is False else []),
+    notes = [*(f"spec.speculation.{k}: {json.dumps(v)}" for k, v in overrides),
              *([f"split over {split} cores: verifier threads {threads[0]}, each pool's {threads[1]}"] if split else [])]
     return "; ".join(notes) or "as given"
 

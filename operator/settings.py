@@ -269,7 +269,10 @@ class SpeculationSpec(_Checked):
     (else always ``max_draft_len``). ``fusion``: when the router expects two or more pools to pay
     for a request's domain, they all draft and their chains are fused by confidence per position;
     ``False``: one pool per request. ``min_confidence``: a pool's drafter stops a draft at the first
-    token whose top-1 probability is below this, ``0..1`` (0 never stops early).
+    token whose top-1 probability is below this, ``0..1`` (0 never stops early). ``branches``: at
+    most this many rejection points of the draft being verified a pool also drafts from (its
+    guess of the target's token there), ``0..4``; fewer while the pool's round trip nears a
+    verifier step; 0: a pool drafts past the verified draft only.
     Out-of-bounds values raise ``ValueError`` (as for every spec dataclass here).
     """
 
@@ -278,6 +281,7 @@ class SpeculationSpec(_Checked):
     adaptive: bool = spec_field("adaptive", True)
     fusion: bool = spec_field("fusion", True)
     min_confidence: float = spec_field("minConfidence", 0.0, minimum=0, maximum=1)
+    branches: int = spec_field("branches", 2, minimum=0, maximum=4)
 
 
 @dataclass(frozen=True)

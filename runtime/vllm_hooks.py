@@ -124,6 +124,7 @@ def proposer_config(
     adaptive: bool = True,
     fusion: bool = True,
     min_confidence: float = 0.0,
+    branches: int = 2,
     model: str | None = None,
     metrics_port: int = 0,
 ) -> dict[str, Any]:
@@ -136,11 +137,13 @@ def proposer_config(
         adaptive: choose k per request from measured goodput (False: always `max_draft_tokens`).
         fusion: a request may draft on several pools, fused by confidence (False: one pool).
         min_confidence: pools stop a draft at a token whose top-1 probability is below this.
+        branches: rejection points of the verified draft a pool also drafts from, at most.
         model: the target's path (its tokenizer classifies prompts into domains for routing).
         metrics_port: serve CoSine's `cosine:` series on this port (0 = none).
     """
     return {"max_draft_tokens": max_draft_tokens, "pools": [dict(p) for p in pools], "lookup": lookup,
-            "adaptive": adaptive, "fusion": fusion, "min_confidence": min_confidence, "model": model,
+            "adaptive": adaptive, "fusion": fusion, "min_confidence": min_confidence, "branches": branches,
+            "model": model,
             "metrics_port": metrics_port}
 
 
@@ -172,6 +175,7 @@ def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
                                      lookup=bool(config.get("lookup", True)),
                                      fusion=bool(config.get("fusion", True)),
                                      min_confidence=float(config.get("min_confidence", 0.0)),
+                                     pool_branches=int(config.get("branches", 2)),
                                      speculation=SpeculationSettings(adaptive=bool(config.get("adaptive", True))))
     return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")))
 

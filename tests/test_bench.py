@@ -58,7 +58,8 @@ def test_plan_runs_fresh_server_per_level_reference_first_and_last():
         assert [r.system for r in level] == ["vllm", *middle, "vllm"]
         assert [r.run for r in level] == list(range(len(middle) + 2))
     assert [r.concurrency for r in runs] == [1] * 7 + [4] * 7  # level by level: each level bracketed
-    assert "cosine-nofusion" not in vllm_bench.DEFAULT_SYSTEMS and "cosine-nofusion" in vllm_bench.SYSTEMS
+    for ablation in ("cosine-nofusion", "cosine-nobranch"):
+        assert ablation not in vllm_bench.DEFAULT_SYSTEMS and ablation in vllm_bench.SYSTEMS
     with pytest.raises(ValueError, match="unknown systems"):
         vllm_bench.plan_runs(["vllm", "sglang"], [1])
 
@@ -119,10 +120,10 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
     assert not manifests["cosine"].exists()
 
 
-def test_derived_manifest_fusion_off_and_split_threads():
+def test_derived_manifest_ablations_and_split_threads():
     source = roles.load_manifest(None)
     kept = copy.deepcopy(source)
-    off = vllm_bench.derived_manifest(source, fusion=False)
+    off = vllm_bench.derived_manifest(source, speculation={"fusion": False})
     assert off["spec"]["speculation"]["fusion"] is False
     assert off["spec"]["speculation"]["maxDraftLen"] == source["spec"]["speculation"]["maxDraftLen"]
     assert source == kept  # the input is not modified
@@ -133,9 +134,12 @@ def test_derived_manifest_fusion_off_and_split_threads():
     assert four["spec"]["verifier"]["threads"] == 2 and four["spec"]["drafterPools"][0]["threads"] == 2
     spec = roles.parse_spec(yaml.safe_load(yaml.safe_dump(off)))  # still a valid CoSineCluster spec
     assert spec.verifier.model == source["spec"]["verifier"]["model"]
-    assert vllm_bench._manifest_variant("cosine-nofusion", "shared", [0, 1]) == (False, 0)
-    assert vllm_bench._manifest_variant("cosine-lookup", "split", [0, 1]) == (None, 2)
-    assert vllm_bench._manifest_variant("vllm-draft", "split", [0, 1]) == (None, 0)
+    assert vllm_bench._manifest_variant("cosine-nofusion", "shared", [0, 1]) == ((("fusion", False),), 0)
+    assert vllm_bench._manifest_variant("cosine-nobranch", "split", [0, 1]) == ((("branches", 0),), 2)
+    assert vllm_bench._manifest_variant("cosine-lookup", "split", [0, 1]) == ((), 2)
+    assert vllm_bench._manifest_variant("vllm-draft", "split", [0, 1]) == ((), 0)
+    nobranch = vllm_bench.derived_manifest(source, speculation=dict(vllm_bench.ABLATIONS["cosine-nobranch"]))
+    assert roles.parse_spec(nobranch).speculation.branches == 0  # the ablation is a valid spec the runtime reads
 
 
 def test_suffix_speculative_config_uses_vllm_defaults_but_k():
