@@ -310,6 +310,21 @@ class CoSineProposer:
             self._request_pool_drafts(rid, req, ctx, drafts[rid])
         return drafts
 
+    def prefetch(self, request_id: str, prompt: Sequence[int]) -> None:
+        """A request the engine starts prefilling: route it and ask its pools for a first draft
+        now, so they take in the prompt (their own prefill) while the target prefills it, instead
+        of after it. Never blocks; a request already known is left alone."""
+        if request_id in self._requests or not prompt or not self.pools:
+            return
+        req = self._new_request(request_id, prompt)
+        self._contexts[request_id] = prompt
+        now = self.clock()
+        for name in req.pools:
+            if self.down_until.get(name, 0.0) <= now:
+                req.used.add(name)
+                req.inflight[name] = self._executor.submit(self._draft_on_pool, name, request_id, tuple(prompt),
+                                                           self.settings.max_draft_tokens + 1)
+
     def source_of(self, request_id: str) -> str:
         """The source of the draft last proposed for the request ("" for none)."""
         req = self._requests.get(request_id)

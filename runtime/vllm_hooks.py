@@ -214,7 +214,11 @@ class CoSineScheduler(Scheduler):
 
     def schedule(self, *args: Any, **kwargs: Any):
         self._step_t0 = time.perf_counter()
-        return super().schedule(*args, **kwargs)
+        out = super().schedule(*args, **kwargs)
+        for new in out.scheduled_new_reqs:  # pools take in the prompt while the target prefills it
+            if new.prompt_token_ids:
+                self.cosine.prefetch(new.req_id, new.prompt_token_ids)
+        return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
         step_s = time.perf_counter() - self._step_t0

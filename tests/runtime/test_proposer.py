@@ -375,3 +375,18 @@ def test_branches_follow_the_pool_round_trip_against_the_verifier_step():
     for _ in range(5):
         p._adapt_branches("coder")
     assert p._branches["coder"] == 2  # never above the setting
+
+
+def test_prefetch_asks_the_pools_with_the_prompt_before_the_first_step():
+    pool = BranchingPool("coder")
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool])
+    p.prefetch("r", [1, 2, 3])  # the target starts prefilling [1, 2, 3]
+    _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+    assert pool.asked == [((), 0)]
+    # the prefill emitted 4, the pool's own first token: its draft serves the first decode step
+    assert p.propose({"r": [1, 2, 3, 4]}) == {"r": [5, 6, 7]}
+    p.prefetch("r", [1, 2, 3])  # known: not asked again
+    _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+    assert len(pool.asked) == 2  # the first step's ask only
+    p.release("r")
+    _wait(lambda: pool.released == ["r"])
