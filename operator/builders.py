@@ -11,6 +11,10 @@ For a cluster ``N`` in namespace ``NS`` (the runtime contract):
   (its ``scale`` subresource: the operator's autoscaler, HPA/KEDA or ``kubectl scale`` write it) is
   the one value the Deployment's replicas follow; :func:`scale_free` is what reconcile patches onto
   existing objects, so it never sets either after creation.
+* NetworkPolicies (``spec.networkPolicy.enabled``): ``N-verifier`` (http from anywhere, metrics from
+  the metrics sources) and per pool ``N-drafter-P`` (gRPC from the cluster's verifier pods only,
+  metrics from the metrics sources): :func:`build_network_policies`;
+* with ``spec.drafterTLS``, its Secret mounted read-only at ``TLS_DIR`` in drafter and verifier pods.
 
 Every builder takes the spec parsed once (:class:`~cosine.operator.settings.ClusterSpec`).
 Owner references are not set here; the handlers ``kopf.adopt()`` every child.
@@ -40,6 +44,10 @@ CLUSTER_LABEL = "cosine.dev/cluster"
 POOL_LABEL = "cosine.dev/pool"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 RUN_AS_USER = 10001  # the image's non-root user (Dockerfile)
+# spec.drafterTLS's Secret in drafter and verifier pods (not under CONFIG_DIR: a read-only volume)
+TLS_DIR = "/etc/cosine-tls"
+TLS_VOLUME = "drafter-tls"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by Kubernetes on every namespace
 
 Manifest = dict[str, Any]
 
@@ -92,10 +100,11 @@ def runtime_document(name: str, cluster: s.ClusterSpec) -> dict[str, Any]:
 
 
 def config_hash(cluster: s.ClusterSpec) -> str:
-    """16 hex digits of the spec as written minus replica counts and autoscaling (a scale must not
-    restart pods)."""
+    """16 hex digits of the spec as written minus replica counts, autoscaling and networkPolicy
+    (a scale or a policy change must not restart pods)."""
     doc = copy.deepcopy(dict(cluster.raw))
     doc.pop("autoscaling", None)
+    doc.pop("networkPolicy", None)
     doc.get("verifier", {}).pop("replicas", None)
     for pool in doc.get("drafterPools", []):
         for key in ("replicas", "minReplicas", "maxReplicas"):
@@ -137,7 +146,12 @@ def _model_pull(pod: s.PodOverrides, image: s.ImageSpec, models: list[str]) -> d
 
 
 def _pod_spec(
-    pod: s.PodOverrides, container: dict[str, Any], name: str, image: s.ImageSpec, models: list[str] | None = None
+    pod: s.PodOverrides,
+    container: dict[str, Any],
+    name: str,
+    image: s.ImageSpec,
+    models: list[str] | None = None,
+    tls: s.DrafterTLSSpec | None = None,
 ) -> dict[str, Any]:
     container = {
         "image": image.reference,
@@ -167,6 +181,9 @@ def _pod_spec(
             {"name": "models", "emptyDir": {}},
         ],
     }
+    if tls is not None:
+        container["volumeMounts"].append({"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True})
+        spec["volumes"].append({"name": TLS_VOLUME, "secret": {"secretName": tls.secret_name}})
     if pod.node_selector:
         spec["nodeSelector"] = dict(pod.node_selector)
     tolerations = _tolerations(pod)
@@ -234,6 +251,11 @@ def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec)
     for pool in cluster.drafter_pools:
         target = f"dns:///{drafter_name(name, pool.name)}.{namespace}.svc:{s.DRAFTER_GRPC_PORT}"
         args += ["--drafter", f"{pool.name}={target}"]
+    tls = cluster.drafter_tls
+    if tls is not None:
+        args += ["--drafter-tls-dir", TLS_DIR]
+        if tls.server_name:
+            args += ["--drafter-tls-server-name", tls.server_name]
     extra_env: list[dict[str, Any]] = []
     gw = cluster.gateway
     if gw.api_key_secret is not None:
@@ -254,7 +276,7 @@ def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec)
             "failureThreshold": 3,
         },
     }
-    pod_spec = _pod_spec(v.pod, container, name, cluster.image, [v.model])
+    pod_spec = _pod_spec(v.pod, container, name, cluster.image, [v.model], tls)
     return _deployment(
         name,
         namespace,
@@ -275,6 +297,7 @@ def build_drafter_deployment(
     spec's); afterwards its replicas follow the pool's ``CoSineDrafterPool``. ``KeyError`` if the
     cluster has no pool ``pool``."""
     p = cluster.pool(pool)
+    tls = cluster.drafter_tls
     container = {
         "name": "drafter",
         "command": ["cosine"],
@@ -296,13 +319,21 @@ def build_drafter_deployment(
             {"name": "grpc", "containerPort": s.DRAFTER_GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": s.DRAFTER_METRICS_PORT, "protocol": "TCP"},
         ],
-        "readinessProbe": {"grpc": {"port": s.DRAFTER_GRPC_PORT}, "periodSeconds": 5, "failureThreshold": 3},
+        # the kubelet's gRPC probe speaks plaintext only: with TLS, the port being open (the
+        # server starts once the engine is loaded) is the readiness signal
+        "readinessProbe": {
+            **({"tcpSocket": {"port": s.DRAFTER_GRPC_PORT}} if tls else {"grpc": {"port": s.DRAFTER_GRPC_PORT}}),
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
     }
+    if tls is not None:
+        container["args"] += ["--tls-dir", TLS_DIR]
     # a model pool needs its model; a translating pool also the verifier's, for its tokenizer
     models = [] if p.model is None else [p.model]
     if models and p.translate_tokenizer:
         models.append(cluster.verifier.model)
-    pod_spec = _pod_spec(p.pod, container, name, cluster.image, models)
+    pod_spec = _pod_spec(p.pod, container, name, cluster.image, models, tls)
     return _deployment(
         name,
         namespace,
@@ -402,13 +433,92 @@ def pool_selector(cluster: str, pool: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector_labels(cluster, "drafter", pool).items())
 
 
-def build_children(
-    name: str, namespace: str, cluster: s.ClusterSpec, pool_replicas: Mapping[str, int]
+def operator_peer(namespace: str, pod_labels: Mapping[str, str]) -> dict[str, Any] | None:
+    """The NetworkPolicy peer of the operator's own pods (its autoscaler scrapes the pods'
+    metrics ports): its namespace by name and its pod labels; ``None`` if either is unknown."""
+    if not namespace or not pod_labels:
+        return None
+    return {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}},
+        "podSelector": {"matchLabels": dict(pod_labels)},
+    }
+
+
+def metrics_sources(cluster: s.ClusterSpec, operator: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Who may reach the metrics ports: ``spec.networkPolicy.metricsFrom`` as written, else every
+    pod of the cluster's namespace; plus the operator's pods (``operator``, see :func:`operator_peer`)."""
+    given = cluster.network_policy.metrics_from
+    peers = json.loads(json.dumps(list(given))) if given else [{"podSelector": {}}]
+    if operator is not None:
+        peers.append(json.loads(json.dumps(dict(operator))))
+    return peers
+
+
+def _network_policy(
+    name: str, namespace: str, policy: str, component: str, pool: str | None, ingress: list[dict[str, Any]]
+) -> Manifest:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": policy, "namespace": namespace, "labels": labels(name, component, pool)},
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(name, component, pool)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def _tcp(port: int) -> list[dict[str, Any]]:
+    return [{"protocol": "TCP", "port": port}]
+
+
+def build_network_policies(
+    name: str, namespace: str, cluster: s.ClusterSpec, operator: Mapping[str, Any] | None = None
 ) -> list[Manifest]:
-    """Every child, in creation order (a pool's Deployment before its scale target, so the scale
-    target always has a Deployment to resize); ``pool_replicas`` gives each pool's replicas at
-    creation (default: the spec's, within its bounds)."""
+    """NetworkPolicies (ingress only; egress stays open: model downloads, the verifier's calls):
+
+    * ``N-verifier`` on the verifier pods: the http port (the OpenAI API, also behind the gateway
+      Service, possibly a LoadBalancer) from anywhere; CoSine's metrics port from the metrics
+      sources (:func:`metrics_sources`); nothing else;
+    * per pool ``N-drafter-P`` on the pool's pods: gRPC only from this cluster's verifier pods,
+      the metrics port from the metrics sources; nothing else.
+
+    Empty when ``spec.networkPolicy.enabled`` is false. Traffic from a pod's own node (kubelet
+    probes) is always allowed by Kubernetes."""
+    if not cluster.network_policy.enabled:
+        return []
+    sources = metrics_sources(cluster, operator)
+    verifier = [
+        {"ports": _tcp(s.VERIFIER_HTTP_PORT)},  # no `from`: every source
+        {"from": sources, "ports": _tcp(s.VERIFIER_METRICS_PORT)},
+    ]
+    out = [_network_policy(name, namespace, verifier_name(name), "verifier", None, verifier)]
+    for pool in cluster.drafter_pools:
+        drafter = [
+            {
+                "from": [{"podSelector": {"matchLabels": selector_labels(name, "verifier")}}],
+                "ports": _tcp(s.DRAFTER_GRPC_PORT),
+            },
+            {"from": copy.deepcopy(sources), "ports": _tcp(s.DRAFTER_METRICS_PORT)},
+        ]
+        out.append(_network_policy(name, namespace, drafter_name(name, pool.name), "drafter", pool.name, drafter))
+    return out
+
+
+def build_children(
+    name: str,
+    namespace: str,
+    cluster: s.ClusterSpec,
+    pool_replicas: Mapping[str, int],
+    operator: Mapping[str, Any] | None = None,
+) -> list[Manifest]:
+    """Every child, in creation order (the NetworkPolicies first, so no pod starts unprotected; a
+    pool's Deployment before its scale target, so the scale target always has a Deployment to
+    resize); ``pool_replicas`` gives each pool's replicas at creation (default: the spec's, within
+    its bounds); ``operator``: the operator's pods as a NetworkPolicy peer (:func:`operator_peer`)."""
     children = [
+        *build_network_policies(name, namespace, cluster, operator),
         build_config_map(name, namespace, cluster),
         build_verifier_service(name, namespace),
         build_gateway_service(name, namespace, cluster),

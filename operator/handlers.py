@@ -108,7 +108,7 @@ def _hand_scaled(cluster: s.ClusterSpec, old_spec: Any) -> set[str]:
 async def _prune(api: Any, name: str, namespace: str, pools: set[str], logger: Any) -> list[str]:
     """Delete the children of drafter pools no longer in the spec; returns the pools removed."""
     removed: set[str] = set()
-    for kind in (s.POOL_KIND, "Deployment", "Service"):
+    for kind in (s.POOL_KIND, "Deployment", "Service", "NetworkPolicy"):
         for obj in await kube.list_owned(api, kind, namespace, name):
             meta = obj["metadata"]
             pool = (meta.get("labels") or {}).get(builders.POOL_LABEL)
@@ -117,6 +117,13 @@ async def _prune(api: Any, name: str, namespace: str, pools: set[str], logger: A
                 removed.add(pool)
                 logger.info(f"deleted {kind} {meta['name']} of removed pool {pool}")
     return sorted(removed)
+
+
+async def _drop_network_policies(api: Any, name: str, namespace: str, logger: Any) -> None:
+    """``spec.networkPolicy.enabled: false``: delete the NetworkPolicies this cluster owns."""
+    for obj in await kube.list_owned(api, "NetworkPolicy", namespace, name):
+        await kube.delete(api, "NetworkPolicy", namespace, obj["metadata"]["name"])
+        logger.info(f"deleted NetworkPolicy {obj['metadata']['name']} (spec.networkPolicy.enabled is false)")
 
 
 async def _refresh_status(
@@ -149,7 +156,8 @@ async def _reconcile(
     hand_scaled = _hand_scaled(cluster, old_spec)
     created = await _creation_replicas(api, name, namespace, cluster, hand_scaled)
     drafters: dict[str, dict[str, Any]] = {}  # pool -> its Deployment as applied
-    for child in builders.build_children(name, namespace, cluster, created):
+    operator = builders.operator_peer(memo.config.namespace, memo.config.pod_labels)
+    for child in builders.build_children(name, namespace, cluster, created, operator):
         kopf.adopt(child, owner=body)
         pool = child["metadata"]["labels"].get(builders.POOL_LABEL)
         scaled = child["kind"] == s.POOL_KIND and pool in hand_scaled
@@ -160,6 +168,8 @@ async def _reconcile(
             await kube.patch(api, s.POOL_KIND, namespace, applied["metadata"]["name"],
                              {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
     removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
+    if not cluster.network_policy.enabled:
+        await _drop_network_policies(api, name, namespace, logger)
     if removed:
         kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
     generation = body.metadata.get("generation")

@@ -24,6 +24,7 @@ _PATHS: dict[str, tuple[str, str]] = {
     "Service": ("/api/v1", "services"),
     "Pod": ("/api/v1", "pods"),
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     s.POOL_KIND: (f"/apis/{s.GROUP}/{s.VERSION}", s.POOL_PLURAL),
     s.CLUSTER_KIND: (f"/apis/{s.GROUP}/{s.VERSION}", s.CLUSTER_PLURAL),
 }
@@ -34,6 +35,7 @@ CALLS: dict[tuple[str, str], set[str]] = {
     ("", "services"): {"get", "create", "patch", "list", "delete"},
     ("", "pods"): {"list"},
     ("apps", "deployments"): {"get", "create", "patch", "list", "delete"},
+    ("networking.k8s.io", "networkpolicies"): {"create", "patch", "list", "delete"},
     (s.GROUP, s.POOL_PLURAL): {"get", "create", "patch", "list", "delete"},
     (s.GROUP, f"{s.CLUSTER_PLURAL}/status"): {"patch"},
     (s.GROUP, s.CLUSTER_PLURAL): {"get"},

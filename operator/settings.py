@@ -319,6 +319,35 @@ class GatewaySpec(_Checked):
 
 
 @dataclass(frozen=True)
+class NetworkPolicySpec(_Checked):
+    """``spec.networkPolicy``: the NetworkPolicies the operator creates for the cluster's pods.
+
+    ``enabled``: create them (``False``: the operator deletes the ones it made on the next
+    reconcile). ``metrics_from``: Kubernetes ``NetworkPolicyPeer`` objects, verbatim, allowed to
+    the metrics ports instead of every pod of the cluster's namespace (the operator's own pods are
+    always allowed: its autoscaler scrapes them).
+    """
+
+    SPEC_PATH: ClassVar[str] = "spec.networkPolicy"
+    enabled: bool = spec_field("enabled", True)
+    metrics_from: tuple[Mapping[str, Any], ...] = spec_field("metricsFrom", (), verbatim=True)
+
+
+@dataclass(frozen=True)
+class DrafterTLSSpec(_Checked):
+    """``spec.drafterTLS``: TLS on the drafters' gRPC service from a ``kubernetes.io/tls`` Secret
+    (``tls.crt``, ``tls.key``, ``ca.crt``) mounted into drafter and verifier pods.
+
+    ``server_name``: the name the verifier checks the drafters' certificate against; ``None``:
+    each pool's Service DNS name (``N-drafter-P.NS.svc``, or a ``*.NS.svc`` wildcard SAN).
+    """
+
+    SPEC_PATH: ClassVar[str] = "spec.drafterTLS"
+    secret_name: str = spec_field("secretName")
+    server_name: str | None = spec_field("serverName", None)
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """A whole ``CoSineCluster.spec``, parsed once (:func:`parse_cluster_spec`) and passed around.
 
@@ -332,6 +361,9 @@ class ClusterSpec:
     speculation: SpeculationSpec = field(default_factory=SpeculationSpec, metadata={"key": "speculation"})
     autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec, metadata={"key": "autoscaling"})
     gateway: GatewaySpec = field(default_factory=GatewaySpec, metadata={"key": "gateway"})
+    network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec, metadata={"key": "networkPolicy"})
+    # spec.drafterTLS (None: plain gRPC between the verifier and the drafters)
+    drafter_tls: DrafterTLSSpec | None = field(default=None, metadata={"key": "drafterTLS"})
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def pool(self, name: str) -> DrafterPoolSpec:
@@ -377,6 +409,8 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
         speculation=read_fields(SpeculationSpec, raw.get("speculation") or {}),
         autoscaling=read_fields(AutoscalingSpec, raw.get("autoscaling") or {}),
         gateway=gateway,
+        network_policy=read_fields(NetworkPolicySpec, raw.get("networkPolicy") or {}),
+        drafter_tls=read_fields(DrafterTLSSpec, raw["drafterTLS"]) if raw.get("drafterTLS") else None,
         raw=raw,
     )
 
@@ -416,6 +450,9 @@ class OperatorConfig:
     ``scrape_timeout_s``: per-pod ``/metrics`` request timeout.
     ``tick_s``: how often each cluster's autoscaler daemon wakes, in seconds; it scrapes every
     ``spec.autoscaling.intervalSeconds`` and notices a changed spec or a deletion within a tick.
+    ``namespace``, ``pod_labels``: the operator's own namespace and pod labels (the chart passes
+    them: downward API, ``k=v,k=v``); the clusters' NetworkPolicies let such pods reach the
+    metrics ports. Either empty: no such peer (the operator runs outside the cluster).
     """
 
     webhook_port: int | None = None
@@ -424,6 +461,8 @@ class OperatorConfig:
     metrics_port: int | None = None
     scrape_timeout_s: float = 2.0
     tick_s: float = 1.0
+    namespace: str = ""
+    pod_labels: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> OperatorConfig:
@@ -439,4 +478,10 @@ class OperatorConfig:
             webhook_insecure=env.get("COSINE_OPERATOR_WEBHOOK_INSECURE", "") in ("1", "true"),
             metrics_port=opt_int("COSINE_OPERATOR_METRICS_PORT"),
             scrape_timeout_s=float(env.get("COSINE_OPERATOR_SCRAPE_TIMEOUT_S", "2.0")),
+            namespace=env.get("COSINE_OPERATOR_NAMESPACE", ""),
+            pod_labels=dict(
+                map(str.strip, item.split("=", 1))
+                for item in env.get("COSINE_OPERATOR_POD_LABELS", "").split(",")
+                if "=" in item
+            ),
         )

@@ -35,7 +35,10 @@ def operator(emulator: EmulatorThread, webhook_port: int) -> Iterator[Any]:
     """``cosine-operator --standalone -A`` (kopf run) in a thread, pointed at the emulator,
     with the admission webhook on plain HTTP at ``webhook_port``. One operator per test module."""
     with run_operator(emulator.kubeconfig, {"COSINE_OPERATOR_WEBHOOK_PORT": str(webhook_port),
-                                            "COSINE_OPERATOR_WEBHOOK_INSECURE": "1"}) as runner:
+                                            "COSINE_OPERATOR_WEBHOOK_INSECURE": "1",
+                                            "COSINE_OPERATOR_NAMESPACE": "cosine-system",
+                                            "COSINE_OPERATOR_POD_LABELS": "app.kubernetes.io/name=cosine-operator"}
+                      ) as runner:
         yield runner
 
 

@@ -36,6 +36,7 @@ DEPLOYMENTS = "apps/v1/deployments"
 SERVICES = "v1/services"
 CONFIGMAPS = "v1/configmaps"
 PODS = "v1/pods"
+NETWORKPOLICIES = "networking.k8s.io/v1/networkpolicies"
 EVENTS = "v1/events"
 
 # group/version/plural -> (kind, subresources)
@@ -46,6 +47,7 @@ RESOURCES: dict[str, tuple[str, set[str]]] = {
     "v1/pods": ("Pod", {"status"}),
     "v1/services": ("Service", {"status"}),
     "v1/configmaps": ("ConfigMap", set()),
+    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", set()),
     "v1/events": ("Event", set()),
 }
 # Cluster-scoped resources kopf's "backbone" waits for in discovery (it watches CRDs; with -A it

@@ -128,7 +128,7 @@ def test_scaling_does_not_change_the_pod_template_but_a_model_change_does() -> N
 
 def test_build_children_uses_the_scale_targets_replicas() -> None:
     children = builders.build_children("demo", "ns", CLUSTER, {"code": 5})
-    kinds = [(c["kind"], c["metadata"]["name"]) for c in children]
+    kinds = [(c["kind"], c["metadata"]["name"]) for c in children if c["kind"] != "NetworkPolicy"]
     assert kinds[0] == ("ConfigMap", "demo-config")
     assert ("CoSineDrafterPool", "demo-code") in kinds
     by_name = {c["metadata"]["name"]: c for c in children if c["kind"] == "Deployment"}
@@ -171,3 +171,140 @@ def test_reconcile_patches_leave_the_pools_scale_alone() -> None:
             assert patch == child
     kinds = [c["kind"] for c in builders.build_children("demo", "ns", CLUSTER, {})]
     assert kinds.index("Deployment") < kinds.index("CoSineDrafterPool")  # the scale target's Deployment first
+
+
+# ---------------------------------------------------------------- NetworkPolicies and TLS
+
+OPERATOR_LABELS = {"app.kubernetes.io/name": "cosine-operator", "app.kubernetes.io/instance": "cosine"}
+OPERATOR = builders.operator_peer("cosine-system", OPERATOR_LABELS)
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector  # the evaluator below knows matchLabels only
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def _peer_admits(peer: dict[str, Any], policy_ns: str, ns: str, labels: dict[str, str]) -> bool:
+    assert set(peer) <= {"podSelector", "namespaceSelector"}, peer
+    if "namespaceSelector" in peer:
+        ns_ok = _matches(peer["namespaceSelector"], {"kubernetes.io/metadata.name": ns})
+    else:
+        ns_ok = ns == policy_ns  # a podSelector alone: the policy's namespace
+    return ns_ok and _matches(peer.get("podSelector", {}), labels)
+
+
+def allowed(policies: list[dict[str, Any]], dest: tuple[str, dict[str, str]], port: int,
+            src: tuple[str, dict[str, str]]) -> bool:
+    """Kubernetes' ingress semantics for pods: ``src`` (namespace, labels) may reach ``port`` of
+    ``dest`` if no policy selects ``dest``, or some rule of a selecting policy admits both."""
+    selecting = [
+        p for p in policies
+        if p["metadata"]["namespace"] == dest[0] and _matches(p["spec"]["podSelector"], dest[1])
+        and "Ingress" in p["spec"]["policyTypes"]
+    ]
+    if not selecting:
+        return True
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress") or []:
+            port_ok = "ports" not in rule or any(
+                r["port"] == port and r.get("protocol", "TCP") == "TCP" for r in rule["ports"]
+            )
+            from_ok = "from" not in rule or any(
+                _peer_admits(peer, policy["metadata"]["namespace"], *src) for peer in rule["from"]
+            )
+            if port_ok and from_ok:
+                return True
+    return False
+
+
+def _pod(component: str, pool: str | None = None, cluster: str = "demo", ns: str = "ns") -> tuple[str, dict[str, str]]:
+    return ns, builders.labels(cluster, component, pool)
+
+
+def test_network_policies_allow_what_each_port_needs_and_nothing_else() -> None:
+    """Catches: drafters' gRPC open to any pod (or to another cluster's verifier); a policy on the
+    wrong pods (another pool, the whole namespace); metrics open across namespaces, or closed to the
+    operator's autoscaler; the OpenAI port closed."""
+    policies = builders.build_network_policies("demo", "ns", CLUSTER, OPERATOR)
+    names = sorted(p["metadata"]["name"] for p in policies)
+    assert names == ["demo-drafter-code", "demo-drafter-ngram", "demo-verifier"]
+    verifier, code, ngram = _pod("verifier"), _pod("drafter", "code"), _pod("drafter", "ngram")
+    neighbour = ("ns", {"app": "something-else"})
+    elsewhere = ("other", {"app": "something-else"})
+    operator = ("cosine-system", OPERATOR_LABELS)
+    other_verifier = _pod("verifier", cluster="other")
+    for drafter in (code, ngram):
+        assert allowed(policies, drafter, 50052, verifier)
+        for src in (neighbour, elsewhere, operator, other_verifier, _pod("drafter", "ngram")):
+            assert not allowed(policies, drafter, 50052, src), (drafter, src)
+        for src in (neighbour, operator, verifier):
+            assert allowed(policies, drafter, 9090, src), (drafter, src)
+        assert not allowed(policies, drafter, 9090, elsewhere)
+        assert not allowed(policies, drafter, 8080, verifier)  # no other port
+    for src in (neighbour, elsewhere, operator):
+        assert allowed(policies, verifier, 8000, src)
+    assert allowed(policies, verifier, 9091, neighbour) and allowed(policies, verifier, 9091, operator)
+    assert not allowed(policies, verifier, 9091, elsewhere)
+    assert not allowed(policies, verifier, 50052, neighbour)
+    # each policy selects its own pods only: another cluster's and the operator's pods are untouched
+    assert allowed(policies, _pod("drafter", "code", cluster="other"), 50052, neighbour)
+    (code_policy,) = [p for p in policies if p["metadata"]["name"] == "demo-drafter-code"]
+    assert allowed([code_policy], ngram, 50052, neighbour)  # code's policy does not select ngram pods
+    assert code_policy["metadata"]["labels"][builders.POOL_LABEL] == "code"  # pruned with its pool
+
+
+def test_metrics_from_replaces_the_namespace_peer_and_disabled_creates_none() -> None:
+    """Catches: metricsFrom ignored or merged with the namespace-wide default; the operator's peer
+    dropped when metricsFrom is given; policies built although disabled."""
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    spec = copy.deepcopy(SPEC)
+    spec["networkPolicy"] = {"metricsFrom": [monitoring]}
+    policies = builders.build_network_policies("demo", "ns", parse_cluster_spec(spec), OPERATOR)
+    prometheus = ("monitoring", {"app": "prometheus"})
+    for dest, port in ((_pod("verifier"), 9091), (_pod("drafter", "code"), 9090)):
+        assert allowed(policies, dest, port, prometheus)
+        assert allowed(policies, dest, port, ("cosine-system", OPERATOR_LABELS))
+        assert not allowed(policies, dest, port, ("ns", {"app": "something-else"}))
+    spec["networkPolicy"] = {"enabled": False}
+    cluster = parse_cluster_spec(spec)
+    assert builders.build_network_policies("demo", "ns", cluster) == []
+    assert not [c for c in builders.build_children("demo", "ns", cluster, {}) if c["kind"] == "NetworkPolicy"]
+    # no operator identity (it runs outside the cluster): no operator peer, the namespace still allowed
+    assert builders.operator_peer("", OPERATOR_LABELS) is None
+    assert builders.metrics_sources(CLUSTER) == [{"podSelector": {}}]
+
+
+def test_network_policies_come_first_and_do_not_restart_pods() -> None:
+    kinds = [c["kind"] for c in builders.build_children("demo", "ns", CLUSTER, {})]
+    assert kinds.index("Deployment") > max(i for i, k in enumerate(kinds) if k == "NetworkPolicy")
+    spec = copy.deepcopy(SPEC)
+    spec["networkPolicy"] = {"enabled": False, "metricsFrom": [{"podSelector": {}}]}
+    assert builders.config_hash(parse_cluster_spec(spec)) == builders.config_hash(CLUSTER)
+
+
+def test_drafter_tls_secret_is_mounted_and_flags_set() -> None:
+    """Catches: the Secret not mounted in one of the two roles, a flag missing (one side plain, the
+    other TLS: no draft ever arrives), the kubelet's plaintext gRPC probe left on a TLS port."""
+    spec = copy.deepcopy(SPEC)
+    spec["drafterTLS"] = {"secretName": "drafter-tls", "serverName": "drafters.cosine.internal"}
+    cluster = parse_cluster_spec(spec)
+    v = builders.build_verifier_deployment("demo", "ns", cluster)
+    d = builders.build_drafter_deployment("demo", "ns", cluster, "code", replicas=1)
+    for deployment in (v, d):
+        pod = deployment["spec"]["template"]["spec"]
+        assert {"name": "drafter-tls", "secret": {"secretName": "drafter-tls"}} in pod["volumes"]
+        mount = {"name": "drafter-tls", "mountPath": "/etc/cosine-tls", "readOnly": True}
+        assert mount in pod["containers"][0]["volumeMounts"]
+    v_args = v["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert v_args[v_args.index("--drafter-tls-dir") + 1] == "/etc/cosine-tls"
+    assert v_args[v_args.index("--drafter-tls-server-name") + 1] == "drafters.cosine.internal"
+    drafter = d["spec"]["template"]["spec"]["containers"][0]
+    assert drafter["args"][drafter["args"].index("--tls-dir") + 1] == "/etc/cosine-tls"
+    assert drafter["readinessProbe"]["tcpSocket"] == {"port": 50052} and "grpc" not in drafter["readinessProbe"]
+    # without drafterTLS: plain gRPC, no volume, no flag
+    plain = builders.build_drafter_deployment("demo", "ns", CLUSTER, "code", replicas=1)["spec"]["template"]["spec"]
+    assert "--tls-dir" not in plain["containers"][0]["args"]
+    assert all(vol["name"] != "drafter-tls" for vol in plain["volumes"])
+    assert plain["containers"][0]["readinessProbe"]["grpc"] == {"port": 50052}
+    plain_v = builders.build_verifier_deployment("demo", "ns", CLUSTER)["spec"]["template"]["spec"]["containers"][0]
+    assert not any(a.startswith("--drafter-tls") for a in plain_v["args"])

@@ -246,3 +246,25 @@ def test_pool_rule_fires_with_field_named(crds: Any, cleanup: list[str], message
     ok = crds.http.patch(f"{POOLS}/{name}", json={"spec": {"replicas": 2}},
                          headers={"Content-Type": "application/merge-patch+json"})
     assert ok.status_code == 200, ok.text
+
+
+def test_network_policy_and_drafter_tls_fields(crds: Any) -> None:
+    """Catches: metricsFrom peers pruned or rejected (they are Kubernetes' NetworkPolicyPeer,
+    kept verbatim); networkPolicy.enabled not defaulted to true; drafterTLS without its Secret."""
+    body = _valid()
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchLabels": {"app": "prometheus"}}}
+    body["spec"]["networkPolicy"] = {"metricsFrom": [peer, {"ipBlock": {"cidr": "10.0.0.0/8"}}]}
+    body["spec"]["drafterTLS"] = {"secretName": "drafter-tls"}
+    out = crds.http.post(CLUSTERS, json=body, params={"dryRun": "All", "fieldValidation": "Strict"})
+    assert out.status_code == 201, out.text
+    spec = out.json()["spec"]
+    assert spec["networkPolicy"] == {"enabled": True, "metricsFrom": body["spec"]["networkPolicy"]["metricsFrom"]}
+    assert spec["drafterTLS"] == {"secretName": "drafter-tls"}
+    del body["spec"]["networkPolicy"]
+    assert crds.http.post(CLUSTERS, json=body, params={"dryRun": "All"}).json()["spec"]["networkPolicy"] == {
+        "enabled": True
+    }
+    body["spec"]["drafterTLS"] = {"serverName": "drafters"}
+    r = crds.http.post(CLUSTERS, json=body, params={"dryRun": "All"})
+    assert r.status_code == 422 and "spec.drafterTLS.secretName" in r.text, r.text

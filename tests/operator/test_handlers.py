@@ -19,6 +19,7 @@ from k8s_emulator import (
     CONFIGMAPS,
     DEPLOYMENTS,
     EVENTS,
+    NETWORKPOLICIES,
     PODS,
     POOLS,
     SERVICES,
@@ -87,6 +88,9 @@ def test_create_children_owner_references_and_status(operator: Any, kube: Kube) 
         (SERVICES, "alpha-drafter-ngram"),
         (POOLS, "alpha-code"),
         (POOLS, "alpha-ngram"),
+        (NETWORKPOLICIES, "alpha-verifier"),
+        (NETWORKPOLICIES, "alpha-drafter-code"),
+        (NETWORKPOLICIES, "alpha-drafter-ngram"),
     ]
     for resource, name in children:
         obj = kube.get(resource, NS, name)
@@ -94,6 +98,13 @@ def test_create_children_owner_references_and_status(operator: Any, kube: Kube) 
         assert [r["uid"] for r in obj["metadata"]["ownerReferences"]] == [uid], name
     args = verifier["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "code=dns:///alpha-drafter-code.default.svc:50052" in args
+    # the operator's own pods (namespace and labels from its environment) may scrape the metrics ports
+    operator_peer = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "cosine-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "cosine-operator"}},
+    }
+    metrics_rule = kube.get(NETWORKPOLICIES, NS, "alpha-verifier")["spec"]["ingress"][1]
+    assert metrics_rule["from"] == [{"podSelector": {}}, operator_peer]
     pending = wait_for(lambda: condition(kube, "alpha", "Ready"), what="Ready condition")
     assert pending["status"] == "False"
 
@@ -140,17 +151,38 @@ def test_scale_pool_change_model_and_remove_pool(operator: Any, kube: Kube) -> N
     )
     assert replicas(kube, "beta-drafter-code") == 3  # the rollout kept the scale
 
-    # Remove the ngram pool: its Deployment, Service and scale target go.
+    # Remove the ngram pool: its Deployment, Service, scale target and NetworkPolicy go.
     spec = copy.deepcopy(kube.get(CLUSTERS, NS, "beta")["spec"])
     kube.patch(CLUSTERS, NS, "beta", {"spec": {"drafterPools": spec["drafterPools"][:1]}})
     for resource, name in [
         (DEPLOYMENTS, "beta-drafter-ngram"),
         (SERVICES, "beta-drafter-ngram"),
         (POOLS, "beta-ngram"),
+        (NETWORKPOLICIES, "beta-drafter-ngram"),
     ]:
         wait_for(lambda: kube.get(resource, NS, name) is None, what=f"{name} deleted")  # noqa: B023
     args = kube.get(DEPLOYMENTS, NS, "beta-verifier")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not any("ngram=" in a for a in args)
+
+
+def test_network_policies_follow_spec_network_policy(operator: Any, kube: Kube) -> None:
+    """Catches: policies left behind after ``enabled: false``, or not recreated when re-enabled;
+    a changed ``metricsFrom`` not applied to existing policies."""
+    names = ["gamma-verifier", "gamma-drafter-code", "gamma-drafter-ngram"]
+    kube.create(CLUSTERS, NS, cluster_body("gamma"))
+    wait_for(lambda: all(kube.get(NETWORKPOLICIES, NS, n) for n in names), what="NetworkPolicies")
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    kube.patch(CLUSTERS, NS, "gamma", {"spec": {"networkPolicy": {"metricsFrom": [monitoring]}}})
+    wait_for(
+        lambda: kube.get(NETWORKPOLICIES, NS, "gamma-drafter-code")["spec"]["ingress"][1]["from"][0] == monitoring,
+        what="metricsFrom applied",
+    )
+    kube.patch(CLUSTERS, NS, "gamma", {"spec": {"networkPolicy": {"enabled": False}}})
+    for n in names:
+        wait_for(lambda: kube.get(NETWORKPOLICIES, NS, n) is None, what=f"{n} deleted")  # noqa: B023
+    assert kube.get(DEPLOYMENTS, NS, "gamma-drafter-code") is not None  # nothing else goes
+    kube.patch(CLUSTERS, NS, "gamma", {"spec": {"networkPolicy": {"enabled": True}}})
+    wait_for(lambda: all(kube.get(NETWORKPOLICIES, NS, n) for n in names), what="NetworkPolicies back")
 
 
 def test_pool_scale_survives_reconcile_and_status_is_observed(operator: Any, kube: Kube,

@@ -163,3 +163,22 @@ def test_examples_name_each_model_pools_engine_for_its_device(path: Path) -> Non
             assert pool.engine == ("vllm" if pool.pod.requests_gpu else "llamacpp"), pool.name
         else:
             assert pool.engine is None
+
+
+def test_network_policy_and_drafter_tls_parse() -> None:
+    """Catches: policies off by default, metricsFrom not kept verbatim, a drafterTLS without its
+    Secret accepted, the operator's identity not read from its environment."""
+    plain = _cluster({"name": "p", "kind": "ngram"})
+    assert plain.network_policy.enabled and plain.network_policy.metrics_from == () and plain.drafter_tls is None
+    peer = {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}
+    c = _cluster({"name": "p", "kind": "ngram"}, networkPolicy={"enabled": False, "metricsFrom": [peer]},
+                 drafterTLS={"secretName": "tls", "serverName": "drafters"})
+    assert not c.network_policy.enabled and c.network_policy.metrics_from == (peer,)
+    assert (c.drafter_tls.secret_name, c.drafter_tls.server_name) == ("tls", "drafters")
+    with pytest.raises(ValueError, match=r"spec\.drafterTLS\.secretName is required"):
+        _cluster({"name": "p", "kind": "ngram"}, drafterTLS={"serverName": "x"})
+    config = s.OperatorConfig.from_env(
+        {"COSINE_OPERATOR_NAMESPACE": "ops", "COSINE_OPERATOR_POD_LABELS": "a=1, b=two"}
+    )
+    assert (config.namespace, dict(config.pod_labels)) == ("ops", {"a": "1", "b": "two"})
+    assert s.OperatorConfig.from_env({}).pod_labels == {}
