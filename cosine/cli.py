@@ -192,14 +192,14 @@ def _load_bench(args: argparse.Namespace, prompts, target, drafter, config) -> i
 def _drafter(args: argparse.Namespace) -> int:
     from cosine.roles import run_drafter
 
-    return run_drafter(args.cluster, args.pool, args.grpc_port, args.metrics_port, args.host)
+    return run_drafter(args.cluster, args.pool, args.grpc_port, args.metrics_port, args.host, args.tls_dir)
 
 
 def _verifier(args: argparse.Namespace) -> int:
     from cosine.roles import run_verifier
 
     return run_verifier(args.cluster, args.http_port, args.host, args.drafter, os.environ.get("COSINE_API_KEY"),
-                        args.metrics_port)
+                        args.metrics_port, args.drafter_tls_dir, args.drafter_tls_server_name)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -313,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--grpc-port", type=int, default=50052)
     dr.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (0 = off)")
     dr.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in a pod)")
+    dr.add_argument("--tls-dir", default=None,
+                    help="serve gRPC over TLS with tls.crt/tls.key from this directory (a mounted kubernetes.io/tls "
+                         "Secret); default: plaintext")
     dr.set_defaults(func=_drafter)
 
     ve = sub.add_parser("verifier", help="vLLM OpenAI server on the target, with CoSine's proposer (the verifier pod)")
@@ -323,6 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
     ve.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in a pod)")
     ve.add_argument("--metrics-port", type=int, default=9091,
                     help="CoSine's per-pool cosine: series (vLLM's vllm: series are on the HTTP port's /metrics)")
+    ve.add_argument("--drafter-tls-dir", default=None,
+                    help="dial the drafters over TLS, trusting ca.crt from this directory; default: plaintext")
+    ve.add_argument("--drafter-tls-server-name", default=None,
+                    help="name the drafters' certificate must carry (default: each --drafter address's host)")
     ve.set_defaults(func=_verifier)
 
     se = sub.add_parser("serve", help="embedded cluster: drafter processes + verifier + gateway on this machine")

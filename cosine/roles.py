@@ -90,7 +90,9 @@ def tokenizer_problems(spec) -> list[str]:
 # ---------------------------------------------------------------- drafter
 
 
-def run_drafter(manifest: Path | None, pool: str, grpc_port: int, metrics_port: int, host: str) -> int:
+def run_drafter(manifest: Path | None, pool: str, grpc_port: int, metrics_port: int, host: str,
+                tls_dir: str | None = None) -> int:
+    """Serve one pool's drafter over gRPC (TLS with `tls_dir`'s tls.crt/tls.key, else plaintext)."""
     from prometheus_client import start_http_server
 
     from cosine.runtime.transport.drafter_service import DrafterMetrics, DrafterServicer, serve
@@ -102,7 +104,7 @@ def run_drafter(manifest: Path | None, pool: str, grpc_port: int, metrics_port: 
     metrics = DrafterMetrics(pool)
     servicer = DrafterServicer(engine, pool, family, model=p.model or p.kind, metrics=metrics, vocab_size=vocab,
                                min_confidence=spec.speculation.min_confidence)
-    server = serve(servicer, grpc_port, host=host)
+    server = serve(servicer, grpc_port, host=host, tls_dir=tls_dir)
     if metrics_port:
         start_http_server(metrics_port, addr=host, registry=metrics.registry)
     _wait_for_signal()
@@ -163,11 +165,12 @@ def drafter_engine(pool, verifier):
 
 def run_verifier(
     manifest: Path | None, http_port: int, host: str, drafters: list[str], api_key: str | None,
-    metrics_port: int = 0,
+    metrics_port: int = 0, drafter_tls_dir: str | None = None, drafter_tls_server_name: str | None = None,
 ) -> int:
     """Replace this process with vLLM's OpenAI-compatible server running the target model, with
     CoSine's proposer under its engine (`vllm_hooks`) and the given remote drafter pools."""
-    argv, env = verifier_command(manifest, http_port, host, drafters, api_key, metrics_port)
+    argv, env = verifier_command(manifest, http_port, host, drafters, api_key, metrics_port,
+                                 drafter_tls_dir=drafter_tls_dir, drafter_tls_server_name=drafter_tls_server_name)
     log.info("verifier: vLLM OpenAI server on http://%s:%d/v1 (drafters %s)", host, http_port, drafters or "none")
     os.execve(sys.executable, argv, env)
     return 0  # not reached
@@ -175,10 +178,13 @@ def run_verifier(
 
 def verifier_command(
     manifest: Path | None, http_port: int, host: str, drafters: list[str], api_key: str | None,
-    metrics_port: int = 0, cores: Sequence[int] = (),
+    metrics_port: int = 0, cores: Sequence[int] = (), *, drafter_tls_dir: str | None = None,
+    drafter_tls_server_name: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) of the verifier: `python -m <vLLM's API server> <engine flags>`; on a
-    CPU, its engine threads bound to `cores` when given (else vLLM's own binding).
+    CPU, its engine threads bound to `cores` when given (else vLLM's own binding). With
+    `drafter_tls_dir` the proposer dials the pools over TLS (`transport.tls`), checking their
+    certificate against `drafter_tls_server_name` (default: each address's host).
 
     Raises:
         ValueError: a `--drafter` that is not POOL=ADDRESS, or a pool not in the manifest.
@@ -198,6 +204,8 @@ def verifier_command(
         except KeyError:
             raise ValueError(f"--drafter {item!r}: no drafter pool {name!r} in the manifest") from None
         pools.append({"name": name, "address": address, "expertise": list(pool.expertise)})
+        if drafter_tls_dir:
+            pools[-1].update(tls_dir=drafter_tls_dir, tls_server_name=drafter_tls_server_name)
     model_path = str(resolve(spec.verifier.model))
     sp = spec.speculation
     args = vllm_engine_args(spec.verifier, model_path, sp.max_draft_len, pools, metrics_port, adaptive=sp.adaptive,

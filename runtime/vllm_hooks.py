@@ -132,7 +132,8 @@ def proposer_config(
 
     Args:
         max_draft_tokens: k's upper bound (must equal vLLM's `num_speculative_tokens`).
-        pools: `{"name", "address", "expertise": [...]}` per remote drafter pool (gRPC).
+        pools: `{"name", "address", "expertise": [...]}` per remote drafter pool (gRPC); optional
+            `tls_dir`, `tls_server_name`: TLS to that pool (`transport.tls`).
         lookup: run prompt lookup in-process.
         adaptive: choose k per request from measured goodput (False: always `max_draft_tokens`).
         fusion: a request may draft on several pools, fused by confidence (False: one pool).
@@ -167,7 +168,8 @@ def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
 
         # drafts are greedy point-mass proposals here: no q is sent, so no compression applies
         pools.append(RemoteDrafter(p["address"], p["name"], vocab_size=0, compression=None,
-                                   base_timeout_s=float(p.get("timeout_s", 2.0)), per_token_timeout_s=0.2))
+                                   base_timeout_s=float(p.get("timeout_s", 2.0)), per_token_timeout_s=0.2,
+                                   tls_dir=p.get("tls_dir"), tls_server_name=p.get("tls_server_name")))
         expertise[p["name"]] = tuple(p.get("expertise", ()))
     from cosine.runtime.speculation_control import SpeculationSettings
 

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from cosine.runtime.draft_engine import DraftBatcher, DraftEngine, DraftJob, DraftResult
 from cosine.runtime.transport import drafter_pb2 as pb
 from cosine.runtime.transport import drafter_pb2_grpc as pb_grpc
+from cosine.runtime.transport import tls
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +155,11 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         return out
 
 
-def serve(servicer: DrafterServicer, port: int, host: str = "127.0.0.1", max_workers: int = 64) -> grpc.Server:
+def serve(
+    servicer: DrafterServicer, port: int, host: str = "127.0.0.1", max_workers: int = 64, tls_dir: str | None = None
+) -> grpc.Server:
     """Start a gRPC server with the drafter and health services; returns the started server.
+    With `tls_dir` (`tls.crt`, `tls.key`: `transport.tls`) it serves TLS only, else plaintext.
 
     `max_workers` bounds concurrent `Propose` calls (each waits on the batcher, so it is the most
     requests one round can batch).
@@ -167,12 +171,17 @@ def serve(servicer: DrafterServicer, port: int, host: str = "127.0.0.1", max_wor
     pb_grpc.add_DrafterServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if tls_dir is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, tls.server_credentials(tls_dir))
     if bound == 0:
         raise RuntimeError(f"could not bind the drafter's gRPC port {host}:{port}")
     server.start()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     server.bound_port = bound  # type: ignore[attr-defined]
-    log.info("drafter %s (pool %s) serving on %s:%d", servicer.model_name, servicer.pool, host, bound)
+    log.info("drafter %s (pool %s) serving on %s:%d (%s)", servicer.model_name, servicer.pool, host, bound,
+             "TLS" if tls_dir else "plaintext")
     return server

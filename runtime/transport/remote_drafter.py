@@ -24,6 +24,7 @@ from cosine.runtime.speculative_sampling import SamplingParams
 from cosine.runtime.transport import codec
 from cosine.runtime.transport import drafter_pb2 as pb
 from cosine.runtime.transport import drafter_pb2_grpc as pb_grpc
+from cosine.runtime.transport.tls import channel as drafter_channel
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class RemoteDrafter:
         adaptive_compression: re-choose top-K / bits from the measured bandwidth of this link.
         base_timeout_s, per_token_timeout_s: the deadline of a Propose call is
             base + per_token * (draft tokens + context tokens sent / 16).
+        tls_dir: TLS with the CA in this directory (`transport.tls.channel`); None: plaintext.
+        tls_server_name: the name the drafter's certificate must carry (default: the address's host).
     """
 
     def __init__(
@@ -68,6 +71,8 @@ class RemoteDrafter:
         base_timeout_s: float = 5.0,
         per_token_timeout_s: float = 1.0,
         adaptive_compression: bool = False,
+        tls_dir: str | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         self.address = address
         self.name = name
@@ -75,8 +80,10 @@ class RemoteDrafter:
         self.compression = compression
         self.base_timeout_s = base_timeout_s
         self.per_token_timeout_s = per_token_timeout_s
-        self._channel = grpc.insecure_channel(
+        self._channel = drafter_channel(
             address,
+            tls_dir=tls_dir,
+            server_name=tls_server_name,
             options=[
                 ("grpc.service_config", _RETRY_CONFIG),
                 ("grpc.enable_retries", 1),
