@@ -55,8 +55,8 @@ def test_lint_is_clean() -> None:
     [
         {},
         {"watchNamespaces": ["team-a", "team-b"], "metrics": {"serviceMonitor": {"enabled": True}}},
-        {"webhook": {"enabled": False}},
-        {"webhook": {"certManager": {"enabled": True}}},
+        {"webhook": {"enabled": False}, "networkPolicy": {"metricsFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}},
+        {"webhook": {"certManager": {"enabled": True}}, "networkPolicy": {"enabled": False}},
         {
             "sampleCluster": {
                 "name": "demo",
@@ -132,7 +132,7 @@ def test_operator_deployment_wiring() -> None:
     assert container["command"] == ["cosine-operator"]
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     assert "--log-format=json" in container["args"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["COSINE_OPERATOR_WEBHOOK_PORT"] == "9443"
     webhook = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")
     config = webhook["webhooks"][0]["clientConfig"]
@@ -140,3 +140,35 @@ def test_operator_deployment_wiring() -> None:
     assert config["caBundle"]
     secret = next(d for d in docs if d["kind"] == "Secret")
     assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+
+
+def _policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    return policy
+
+
+def test_operator_network_policy() -> None:
+    """Catches: the policy selecting other pods than the operator's; the webhook port closed (the
+    API server cannot be named by a selector) or kept when there is no webhook; metrics open to all;
+    networkPolicy.metricsFrom ignored; the operator not told who it is (its clusters' policies
+    would shut its autoscaler out)."""
+    docs = render()
+    policy = _policy(docs)
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": pod_labels}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    webhook, metrics = policy["spec"]["ingress"]
+    assert webhook == {"ports": [{"protocol": "TCP", "port": 9443}]}
+    assert metrics == {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 9100}]}
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["COSINE_OPERATOR_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    labels = dict(kv.split("=") for kv in env["COSINE_OPERATOR_POD_LABELS"]["value"].split(","))
+    assert labels == pod_labels
+
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    (metrics,) = _policy(render({"webhook": {"enabled": False}, "networkPolicy": {"metricsFrom": [peer]}}))[
+        "spec"
+    ]["ingress"]
+    assert metrics["from"] == [peer]
+    assert not [d for d in render({"networkPolicy": {"enabled": False}}) if d["kind"] == "NetworkPolicy"]

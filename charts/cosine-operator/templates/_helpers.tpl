@@ -21,6 +21,15 @@ app.kubernetes.io/name: {{ include "cosine-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* The pod's selector labels as k=v,k=v (COSINE_OPERATOR_POD_LABELS). */}}
+{{- define "cosine-operator.podLabelsList" -}}
+{{- $pairs := list }}
+{{- range $k, $v := include "cosine-operator.selectorLabels" . | fromYaml }}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
+
 {{- define "cosine-operator.labels" -}}
 helm.sh/chart: {{ include "cosine-operator.chart" . }}
 {{ include "cosine-operator.selectorLabels" . }}
