@@ -33,7 +33,7 @@ MAX_DRAFT_LEN = 32  # spec.speculation.maxDraftLen's maximum in the CRD
 
 @dataclass(frozen=True)
 class ImageSpec:
-    """The one image every role runs (``cosine`` entrypoint)."""
+    """The runtime image the verifier and drafter pods run (``cosine`` entrypoint; the operator has its own)."""
 
     repository: str = "ghcr.io/cosine-project/cosine"
     tag: str = "0.1.0"
