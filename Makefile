@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 RUN_ARGS ?=
 
 .PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver images \
-	image-runtime image-operator
+	image-runtime image-operator minbase-image
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -100,6 +100,13 @@ IMAGE_BUILD = $(if $(CONTAINER_ENGINE),$(CONTAINER_ENGINE) build,$(error no dock
 	$(IMAGE_BUILD_FLAGS) $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE))
 
 images: image-operator image-runtime
+
+# A base image made here, for a machine that reaches no image registry but Debian's packages:
+# Debian bookworm minbase (mmdebstrap; the Dockerfile adds Debian's python3.11), then
+# `make images BASE_IMAGE=$(MINBASE_IMAGE)`.
+MINBASE_IMAGE ?= localhost/debian-minbase:bookworm
+minbase-image:
+	mmdebstrap --variant=minbase bookworm - | $(CONTAINER_ENGINE) import --change 'CMD ["/bin/bash"]' - $(MINBASE_IMAGE)
 
 image-operator:
 	$(IMAGE_BUILD) --target operator -t $(OPERATOR_IMAGE) .
