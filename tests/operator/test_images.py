@@ -62,7 +62,8 @@ def _image(engine: str, target: str, tag: str) -> str:
 def _run(engine: str, image: str, name: str, args: list[str], *, env: dict[str, str],
          volumes: list[str]) -> None:
     subprocess.run([engine, "rm", "-f", name], capture_output=True)
-    cmd = [engine, "run", "-d", "--name", name, "--network", "host",
+    # --shm-size: vLLM's engine core allocates its shared memory there (a pod: a Memory emptyDir)
+    cmd = [engine, "run", "-d", "--name", name, "--network", "host", "--shm-size=1g",
            *shlex.split(os.environ.get("IMAGE_RUN_FLAGS", "")),
            *[f"--env={k}={v}" for k, v in env.items()], *[f"--volume={v}" for v in volumes], image, *args]
     subprocess.run(cmd, check=True, capture_output=True)
@@ -97,8 +98,13 @@ def test_operator_image_has_no_runtime_dependencies(engine: str) -> None:
 
 def test_runtime_image_serves_health_and_a_completion(engine: str, tmp_path: Path) -> None:
     image = _image(engine, "runtime", _make_var("RUNTIME_IMAGE"))
-    models = cache_root() / "models"
-    assert (models / MODEL / "model.gguf").exists(), f"`cosine models pull {MODEL}` first"
+    cached = cache_root() / "models" / MODEL
+    assert (cached / "model.gguf").exists(), f"`cosine models pull {MODEL}` first"
+    # A copy readable by the image's user (uid 10001): the cache's files may be private to their owner.
+    models = tmp_path / "models"
+    shutil.copytree(cached, models / MODEL)
+    for path in [models, *models.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
     cluster = {
         "apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": "image"},
         "spec": {"verifier": {"model": MODEL, "threads": 1},
