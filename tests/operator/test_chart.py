@@ -3,6 +3,8 @@ kubernetes-validate (strict schemas), the CRD copy is byte-identical, RBAC = wha
 
 from __future__ import annotations
 
+import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from cosine.operator import kube
+from cosine.operator import kube, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cosine-operator"
@@ -172,3 +174,31 @@ def test_operator_network_policy() -> None:
     ]["ingress"]
     assert metrics["from"] == [peer]
     assert not [d for d in render({"networkPolicy": {"enabled": False}}) if d["kind"] == "NetworkPolicy"]
+
+
+def _make_var(name: str) -> str:
+    """A ``NAME ?= value`` default of the Makefile, ``$(VAR)`` references expanded."""
+    text = (ROOT / "Makefile").read_text()
+    value = re.search(rf"^{name} \?= (.*)$", text, re.M)
+    assert value, name
+    return re.sub(r"\$\((\w+)\)", lambda m: _make_var(m.group(1)), value.group(1).strip())
+
+
+def test_chart_images_are_the_images_make_builds() -> None:
+    """`make images` tags what the chart runs by default: the operator image for the operator, the
+    runtime image (also the CRD's spec.image default) for a CoSineCluster's verifier and drafters."""
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert _make_var("IMAGE_TAG") == app_version
+    sample = {"name": "demo", "spec": {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}]}}
+    docs = render({"sampleCluster": sample})
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == _make_var("OPERATOR_IMAGE")
+    cluster = next(d for d in docs if d["kind"] == "CoSineCluster")
+    runtime = _make_var("RUNTIME_IMAGE")
+    assert "{repository}:{tag}".format(**cluster["spec"]["image"]) == runtime
+    assert settings.ImageSpec().reference == runtime  # the CRD's default (test_manifests: CRD == operator)
+    own = copy.deepcopy(sample)
+    own["spec"]["image"] = {"repository": "registry.example/cosine", "tag": "dev"}
+    cluster = next(d for d in render({"sampleCluster": own}) if d["kind"] == "CoSineCluster")
+    image = cluster["spec"]["image"]
+    assert (image["repository"], image["tag"]) == ("registry.example/cosine", "dev")

