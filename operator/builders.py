@@ -152,7 +152,10 @@ def _pod_spec(
     image: s.ImageSpec,
     models: list[str] | None = None,
     tls: s.DrafterTLSSpec | None = None,
+    shm: bool = False,
 ) -> dict[str, Any]:
+    """A pod spec around ``container``. ``shm``: a memory-backed ``/dev/shm`` (vLLM's engine
+    processes exchange tensors through shared memory, more than a container's default 64 MiB)."""
     container = {
         "image": image.reference,
         "imagePullPolicy": image.pull_policy,
@@ -181,6 +184,9 @@ def _pod_spec(
             {"name": "models", "emptyDir": {}},
         ],
     }
+    if shm:
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+        spec["volumes"].append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
     if tls is not None:
         container["volumeMounts"].append({"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True})
         spec["volumes"].append({"name": TLS_VOLUME, "secret": {"secretName": tls.secret_name}})
@@ -276,7 +282,7 @@ def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec)
             "failureThreshold": 3,
         },
     }
-    pod_spec = _pod_spec(v.pod, container, name, cluster.image, [v.model], tls)
+    pod_spec = _pod_spec(v.pod, container, name, cluster.image, [v.model], tls, shm=True)
     return _deployment(
         name,
         namespace,
@@ -333,7 +339,7 @@ def build_drafter_deployment(
     models = [] if p.model is None else [p.model]
     if models and p.translate_tokenizer:
         models.append(cluster.verifier.model)
-    pod_spec = _pod_spec(p.pod, container, name, cluster.image, models, tls)
+    pod_spec = _pod_spec(p.pod, container, name, cluster.image, models, tls, shm=p.resolved_engine == "vllm")
     return _deployment(
         name,
         namespace,

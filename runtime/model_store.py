@@ -220,6 +220,9 @@ def _staging_dir(final: Path) -> Path:
 def _publish(staging: Path, final: Path, meta: Mapping[str, object]) -> None:
     """Write the completion marker last, then move ``staging`` into place atomically."""
     (staging / _MARKER).write_text(json.dumps(meta, indent=2) + "\n")
+    for f in staging.rglob("*"):  # some writers (temporary files) make files private: models are shared
+        if f.is_file():
+            f.chmod(0o644)
     if final.exists():  # a leftover without marker (checked by the caller): not a model
         shutil.rmtree(final)
     os.replace(staging, final)

@@ -73,7 +73,7 @@ def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
     assert env["COSINE_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "cosine-key", "key": "token"}
     assert env["HF_HOME"]["value"] == "/models/hf"
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
-    assert mounts == {"/etc/cosine", "/models"}
+    assert mounts == {"/etc/cosine", "/models", "/dev/shm"}  # vLLM needs more shared memory than 64 MiB
     assert pod["securityContext"]["runAsNonRoot"] is True
 
 
@@ -96,6 +96,11 @@ def test_drafter_deployment_and_headless_service() -> None:
     ]
     assert c["readinessProbe"]["grpc"] == {"port": 50052}
     assert "tolerations" not in d["spec"]["template"]["spec"]  # no GPU asked for
+    # a llama.cpp or n-gram pool needs no big /dev/shm; vLLM's engine processes do
+    assert not [m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    v = builders.build_verifier_deployment("demo", "ns", CLUSTER)["spec"]["template"]["spec"]
+    (mount,) = [m for m in v["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    assert {"name": mount["name"], "emptyDir": {"medium": "Memory"}} in v["volumes"]
     svc = builders.build_drafter_service("demo", "ns", "code")
     assert svc["spec"]["clusterIP"] == "None"
     assert {p["port"] for p in svc["spec"]["ports"]} == {50052, 9090}

@@ -120,6 +120,8 @@ def test_pull_assembles_verifies_and_publishes(store):
     assert sorted(p.name for p in path.iterdir()) == [".cosine-complete", "config.json", "model.gguf"]
     assert model_store.resolve_gguf(FAKE) == path / "model.gguf"
     assert (path / "model.gguf").read_bytes() == WHOLE
+    # readable by any user (an image's non-root user reads a cache another user filled)
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in path.iterdir())
     assert model_store.pull(FAKE) == path and len(store) == 1  # cached: no second download
 
 
