@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 import torch
 
 from cosine.runtime import routing
-from cosine.runtime.batching import BatchBudget, BatchSettings, PassCost, ReadyRequest, plan_batch
 from cosine.runtime.collaborative import CollaborativeDrafters
 from cosine.runtime.drafter import Drafter
 from cosine.runtime.models import ModelRunner
@@ -53,6 +52,7 @@ from cosine.runtime.speculation_control import (
 )
 from cosine.runtime.speculative_decoding import Generation, GenerationStats, StepOutput, VerifyWork, wait_quietly
 from cosine.runtime.speculative_sampling import SamplingParams
+from cosine.simulation.batching import BatchBudget, BatchSettings, PassCost, ReadyRequest, plan_batch
 
 log = logging.getLogger(__name__)
 

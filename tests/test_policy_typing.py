@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-POLICY = ["runtime/speculation_control.py", "runtime/routing.py", "runtime/batching.py", "operator/autoscaling.py",
+POLICY = ["runtime/speculation_control.py", "runtime/routing.py", "simulation/batching.py", "operator/autoscaling.py",
           "operator/settings.py"]
 
 

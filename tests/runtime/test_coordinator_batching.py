@@ -8,13 +8,13 @@ import asyncio
 
 import pytest
 
-from cosine.runtime.batching import BatchBudget
 from cosine.runtime.coordinator import Coordinator, GenerationRequest
 from cosine.runtime.drafter import ModelDrafter
 from cosine.runtime.models import tiny_qwen2
 from cosine.runtime.ngram_drafter import NgramDrafter
 from cosine.runtime.speculation_control import SpeculationSettings
 from cosine.runtime.speculative_decoding import generate
+from cosine.simulation.batching import BatchBudget
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8], [1, 1, 2]]
 
@@ -93,7 +93,7 @@ def test_token_budget_bounds_every_pass():
 
 
 def test_long_prompts_are_prefilled_in_chunks_without_changing_output():
-    from cosine.runtime.batching import BatchSettings
+    from cosine.simulation.batching import BatchSettings
 
     runner = tiny_qwen2(seed=0)
     target = _CountingTarget(runner)
