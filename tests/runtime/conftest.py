@@ -14,7 +14,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from cosine.runtime.models import ModelRunner
+from .hf_runner import ModelRunner
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_CONTEXT_TOKENS = 256
@@ -60,7 +60,7 @@ def build_chat_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
 
 
 def build_chat_runner(tokenizer: PreTrainedTokenizerFast, seed: int = 0, name: str = "tiny") -> ModelRunner:
-    """A random-weight Qwen2 (as `models.tiny_qwen2`) over `tokenizer`'s vocabulary, with a
+    """A random-weight Qwen2 (a tiny Qwen2 config) over `tokenizer`'s vocabulary, with a
     256-token context and Qwen's EOS ids (`<|im_end|>`, `<|endoftext|>`)."""
     torch.manual_seed(seed)
     config = Qwen2Config(
@@ -69,7 +69,7 @@ def build_chat_runner(tokenizer: PreTrainedTokenizerFast, seed: int = 0, name: s
         tie_word_embeddings=False,
     )
     model = Qwen2ForCausalLM(config).float()
-    with torch.no_grad():  # confident, diverse argmaxes (as tiny_qwen2)
+    with torch.no_grad():  # sharpen the output: confident, diverse argmaxes
         model.lm_head.weight.mul_(8.0)
     eos = ("<|im_end|>", "<|endoftext|>")
     model.generation_config.eos_token_id = [tokenizer.convert_tokens_to_ids(t) for t in eos]

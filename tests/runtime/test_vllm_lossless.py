@@ -37,15 +37,13 @@ _SCRIPT = textwrap.dedent('''
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if __name__ == "__main__":
-        from vllm import LLM, SamplingParams
+        from vllm import SamplingParams
         from cosine.runtime import vllm_hooks
         from cosine.runtime.model_store import resolve
         system, prompt, samples, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         model = str(resolve("MODEL"))
-        kw = {}
-        if system == "cosine":
-            kw = vllm_hooks.engine_kwargs(vllm_hooks.proposer_config(max_draft_tokens=4, adaptive=False))
-        llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=512, seed=0, **kw)
+        config = vllm_hooks.proposer_config(max_draft_tokens=4, adaptive=False) if system == "cosine" else None
+        llm = vllm_hooks.cosine_llm(model, config, dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
         sampled = llm.generate([prompt] * samples, SamplingParams(temperature=1.0, max_tokens=tokens, seed=None,
                                                                   ignore_eos=True), use_tqdm=False)
         greedy = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
