@@ -1,4 +1,4 @@
-"""`cosine` command line: models, workloads, generate, bench (and, later, serve/verifier/drafter).
+"""`cosine` command line: models, workloads, generate, bench, serve, verifier, drafter, demo, simulate.
 
 Entry point only: parses flags and wires library calls together.
 """
@@ -13,7 +13,6 @@ from pathlib import Path
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
-_HF_SYSTEMS = "target-only,hf-assisted,single-coder,single-smollm2,single-ngram,cosine-routing,cosine"
 
 
 def _models_pull(args: argparse.Namespace) -> int:
@@ -42,98 +41,40 @@ def _workloads_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_pair(target: str, drafter: str | None, dtype: str):
-    from cosine.runtime.models import ModelRunner
-
-    t = ModelRunner.load(target, dtype=dtype)
-    d = ModelRunner.load(drafter, dtype=dtype) if drafter and drafter != "none" else None
-    return t, d
-
-
 def _generate(args: argparse.Namespace) -> int:
+    """One prompt through vLLM with CoSine's proposer (prompt lookup only: no drafter pools)."""
     import time
 
-    import torch
+    from cosine.runtime.model_store import resolve
 
-    from cosine.runtime.drafter import ModelDrafter
-    from cosine.runtime.ngram_drafter import NgramDrafter
-    from cosine.runtime.speculation_control import SpeculationSettings
-    from cosine.runtime.speculative_decoding import GenerationStats, generate_stream, measure_cost_model
-    from cosine.runtime.speculative_sampling import SamplingParams
-
-    torch.set_num_threads(args.threads)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    target, drafter_runner = _load_pair(args.target, args.drafter, args.dtype)
-    prompt_ids = target.encode_prompt(args.prompt)
-    settings = SpeculationSettings(max_draft_tokens=args.max_draft_tokens, min_confidence=args.min_confidence)
-    cost = measure_cost_model(target, drafter_runner) if drafter_runner else None
-    drafter = ModelDrafter(drafter_runner) if drafter_runner else None
-    lookup = NgramDrafter() if drafter_runner else None  # --drafter none: plain target decoding
-    stats = GenerationStats()
-    tokens: list[int] = []
-    printed = ""
+    path = str(resolve(args.target))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on a CPU (vLLM's CPU backend)
+    from vllm import SamplingParams
+
+    from cosine.runtime import vllm_hooks
+
+    config = (vllm_hooks.proposer_config(max_draft_tokens=args.max_draft_tokens, model=path)
+              if args.max_draft_tokens > 0 else None)
+    llm = vllm_hooks.cosine_llm(path, config, dtype=args.dtype, enforce_eager=True, seed=0,
+                                max_model_len=args.max_model_len, disable_log_stats=False)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or -1, seed=args.seed,
+                            max_tokens=args.max_tokens)
     t0 = time.perf_counter()
-    for step in generate_stream(
-        target, prompt_ids, args.max_tokens, params, drafter=drafter, settings=settings, cost=cost, stats=stats,
-        lookup=lookup,
-    ):
-        tokens.extend(step.token_ids)
-        text = target.decode(tokens)
-        sys.stdout.write(text[len(printed):])
-        sys.stdout.flush()
-        printed = text
+    out = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)[0]
     wall = time.perf_counter() - t0
-    sys.stdout.write("\n")
-    acc = stats.mean_acceptance_length
-    spec = f"mean acceptance length {acc:.2f}" if acc else "no speculation"
-    print(
-        f"[{len(tokens)} tokens in {wall:.2f} s: {len(tokens) / wall:.2f} tok/s, "
-        f"TTFT {stats.ttft_s * 1e3:.0f} ms, {spec}]",
-        file=sys.stderr,
-    )
+    print(out.outputs[0].text)
+    counters = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
+    drafts = counters.get("vllm:spec_decode_num_drafts", 0)
+    accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0)
+    spec = f"mean acceptance length {1 + accepted / drafts:.2f}" if drafts else "no speculation"
+    n = len(out.outputs[0].token_ids)
+    print(f"[{n} tokens in {wall:.2f} s: {n / wall:.2f} tok/s, {spec}]", file=sys.stderr)
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
-    if args.engine == "vllm":
-        return _vllm_bench(args)
-    from cosine.bench import BenchConfig, format_table, plot, run_bench, write_report
-    from cosine.runtime.speculation_control import SpeculationSettings
-    from cosine.workloads import load, resolve_workload
-
-    systems = [s.strip() for s in (args.systems or _HF_SYSTEMS).split(",") if s.strip()]
-    prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    config = BenchConfig(
-        max_tokens=args.max_tokens,
-        dtype=args.dtype,
-        threads=args.threads,
-        speculation=SpeculationSettings(max_draft_tokens=args.max_draft_tokens, min_confidence=args.min_confidence),
-        tree_budget=args.tree_budget,
-    )
-    target, drafter = _load_pair(args.target, args.drafter, args.dtype)
-    if args.concurrency or args.request_rate:
-        return _load_bench(args, prompts, target, drafter, config)
-    needs_cross = {"single-smollm2", "cosine-routing", "cosine"} & set(systems)
-    cross = None
-    if needs_cross and args.cross_drafter != "none":
-        from cosine.runtime.models import ModelRunner
-
-        cross = ModelRunner.load(args.cross_drafter, dtype=args.dtype)
-    report = run_bench(prompts, target, drafter, systems, config, cross_drafter=cross)
-    write_report(report, args.out)
-    print(format_table(report["results"]))
-    print(f"wrote {args.out}")
-    if args.plot:
-        plot(report, args.plot)
-        print(f"wrote {args.plot}")
-    return 0
-
-
-def _vllm_bench(args: argparse.Namespace) -> int:
     from cosine import vllm_bench
     from cosine.workloads import load, resolve_workload
 
@@ -153,38 +94,6 @@ def _vllm_bench(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}")
     if args.plot:
         vllm_bench.plot(report, args.plot)
-        print(f"wrote {args.plot}")
-    return 0
-
-
-def _load_bench(args: argparse.Namespace, prompts, target, drafter, config) -> int:
-    from cosine.bench import write_report
-    from cosine.load_bench import LOAD_SYSTEMS, plot_load, run_load_bench
-
-    systems = [s.strip() for s in (args.systems or "").split(",") if s.strip() in LOAD_SYSTEMS]
-    if not systems:
-        raise ValueError(f"a load run (--concurrency/--request-rate) runs systems among {list(LOAD_SYSTEMS)}")
-    try:
-        levels = [int(c) for c in args.concurrency.split(",")] if args.concurrency else []
-    except ValueError:
-        raise ValueError(f"--concurrency takes integers like 1,2,4,8, got {args.concurrency!r}") from None
-    report = run_load_bench(prompts, target, drafter, systems, config, concurrencies=levels or (1,),
-                            request_rate=args.request_rate)
-    write_report(report, args.out)
-    rows = [r for r in report["results"] if r["domain"] == "all"]
-    print(f"{'system':>16} {'conc':>4} {'tok/s':>7} {'TPOT ms':>8} {'lat p50':>8} {'lat p99':>8} {'acc.len':>7} "
-          f"{'idle':>6} {'x target':>8} {'x fixed-k':>9} identical")
-    for r in rows:
-        def f(v):
-            return "-" if v is None else f"{v:.3g}"
-        level = r["concurrency"] if r["concurrency"] is not None else f"{r.get('request_rate')}/s"
-        print(f"{r['system']:>16} {level!s:>4} {f(r['output_tokens_per_s']):>7} {f(r['tpot_ms_p50']):>8} "
-              f"{f(r['latency_s_p50']):>8} {f(r['latency_s_p99']):>8} {f(r['mean_acceptance_length']):>7} "
-              f"{f(r['verifier_idle_fraction']):>6} {f(r['speedup_vs_target_only']):>8} "
-              f"{f(r['speedup_vs_single_fixed_k']):>9} {r['identical_to_target']}")
-    print(f"wrote {args.out}")
-    if args.plot and args.concurrency:
-        plot_load(report, args.plot)
         print(f"wrote {args.plot}")
     return 0
 
@@ -253,57 +162,42 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true")
     b.set_defaults(func=_workloads_build)
 
-    def model_flags(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--target", default=DEFAULT_TARGET, help="target model")
-        sp.add_argument("--drafter", default=DEFAULT_DRAFTER, help="drafter model, or 'none'")
-        sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-        sp.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch CPU threads")
-        sp.add_argument("--max-draft-tokens", type=int, default=8, help="upper bound on speculation length k")
-        sp.add_argument("--min-confidence", type=float, default=0.3,
-                        help="drafter stops at a position whose top probability is below this")
-
-    g = sub.add_parser("generate", help="generate text for one prompt")
-    g.add_argument("--prompt", required=True)
+    g = sub.add_parser("generate", help="generate text for one prompt: vLLM with CoSine's proposer, prompt lookup "
+                       "only (no drafter pools; `cosine serve` runs those)")
+    g.add_argument("--prompt", required=True, help="the user message (the target's chat template is applied)")
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=None)
-    model_flags(g)
+    g.add_argument("--target", default=DEFAULT_TARGET, help="target model")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--max-model-len", type=int, default=4096, help="context length of vLLM's engine")
+    g.add_argument("--max-draft-tokens", type=int, default=8,
+                   help="upper bound on speculation length k (0: the target alone)")
     g.set_defaults(func=_generate)
 
-    be = sub.add_parser("bench", help="compare systems on a workload; JSON + plot")
-    be.add_argument("--engine", default="vllm", choices=["vllm", "hf"],
-                    help="vllm: vLLM target-only, its ngram, suffix and draft_model speculation and CoSine on vLLM, as "
-                         "servers; hf: the reference transformers engine's systems (the previous release)")
+    be = sub.add_parser("bench", help="vLLM target-only, its ngram, suffix and draft_model speculation and CoSine "
+                        "on vLLM, as servers, on the same prompts; JSON + plot")
     be.add_argument("--cluster", type=Path, default=None,
-                    help="CoSineCluster manifest for --engine vllm (verifier engine arguments, drafter pools)")
+                    help="CoSineCluster manifest (verifier engine arguments, drafter pools)")
+    be.add_argument("--drafter", default=DEFAULT_DRAFTER, help="vllm-draft's drafter model")
     be.add_argument("--peer-k", type=int, default=4, help="speculation length of vllm-ngram and vllm-draft")
     be.add_argument("--suffix-k", type=int, default=None,
                     help="most tokens vllm-suffix drafts per step (default: --peer-k; 0: vLLM's default, its "
                          "suffix tree depth)")
     be.add_argument("--placement", default="split", choices=["shared", "split"],
-                    help="--engine vllm: shared (the manifest's and vLLM's own placement) or split (equal "
-                         "resources: vLLM's systems on every core, CoSine's verifier and drafter pools on "
-                         "disjoint halves)")
+                    help="shared (the manifest's and vLLM's own placement) or split (equal resources: vLLM's "
+                         "systems on every core, CoSine's verifier and drafter pools on disjoint halves)")
     be.add_argument("--workload", default="mixed", help="JSONL file or a built workload name (mixed, repeat, code, …)")
     be.add_argument("--limit", type=int, default=0, help="prompts per domain (0 = all)")
     be.add_argument("--max-tokens", type=int, default=64)
     be.add_argument("--systems", default="",
-                    help="--engine vllm: vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine (the "
-                         "default), cosine-nofusion, cosine-nobranch; --engine hf: "
-                         "target-only,hf-assisted,single-coder,single-smollm2,single-ngram,cosine-routing,cosine")
-    be.add_argument("--cross-drafter", default="smollm2-135m-instruct",
-                    help="drafter with its own tokenizer (single-smollm2 and the collaborative systems)")
-    be.add_argument("--tree-budget", type=int, default=16, help="token-tree nodes per verification (cosine)")
-    be.add_argument("--concurrency", default="",
-                    help="closed-loop load run at these concurrency levels, e.g. 1,2,4,8 (systems: target-only, "
-                         "hf-assisted, single-coder, cosine, cosine-pipelined)")
-    be.add_argument("--request-rate", type=float, default=None,
-                    help="open-loop load run: Poisson arrivals at this many requests/s")
+                    help="vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine (the default), cosine-nofusion, "
+                         "cosine-nobranch")
+    be.add_argument("--concurrency", default="1,4,8", help="closed-loop concurrency levels, e.g. 1,4,8")
     be.add_argument("--out", type=Path, default=Path("results/bench.json"))
     be.add_argument("--plot", type=Path, default=None)
-    model_flags(be)
     be.set_defaults(func=_bench)
 
     cluster_help = "CoSineCluster manifest (default: the single-machine cluster shipped with cosine)"

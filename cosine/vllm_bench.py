@@ -1,4 +1,4 @@
-"""`cosine bench --engine vllm`: CoSine on vLLM against vLLM's own speculation, same machine, same prompts.
+"""`cosine bench`: CoSine on vLLM against vLLM's own speculation, same machine, same prompts.
 
 Systems, each a real OpenAI server on this machine, driven through the official `openai` client
 (streaming chat, greedy, the same prompts and `max_tokens`), closed loop at each concurrency level

@@ -428,7 +428,7 @@ def spec_declarations(cls: type = ClusterSpec, prefix: str = "") -> dict[str, Ma
         key = f.metadata.get("key")
         if typing.get_origin(hint) is tuple and is_dataclass(typing.get_args(hint)[0]):
             out.update(spec_declarations(typing.get_args(hint)[0], f"{prefix}{key}[]."))
-        elif is_dataclass(hint):
+        elif isinstance(hint, type) and is_dataclass(hint):
             # a field without a key (``pod``) is read from the same mapping
             out.update(spec_declarations(hint, f"{prefix}{key}." if key else prefix))
         elif key is not None:
@@ -479,9 +479,9 @@ class OperatorConfig:
             metrics_port=opt_int("COSINE_OPERATOR_METRICS_PORT"),
             scrape_timeout_s=float(env.get("COSINE_OPERATOR_SCRAPE_TIMEOUT_S", "2.0")),
             namespace=env.get("COSINE_OPERATOR_NAMESPACE", ""),
-            pod_labels=dict(
-                map(str.strip, item.split("=", 1))
-                for item in env.get("COSINE_OPERATOR_POD_LABELS", "").split(",")
-                if "=" in item
-            ),
+            pod_labels={
+                k.strip(): v.strip()
+                for k, _, v in (item.partition("=") for item in env.get("COSINE_OPERATOR_POD_LABELS", "").split(","))
+                if _
+            },
         )

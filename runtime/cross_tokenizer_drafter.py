@@ -12,15 +12,14 @@ between the two vocabularies as text.
    so far is decoded to text and re-tokenized by the drafter. Any other context (plain completions,
    other templates) is decoded as plain text without special tokens, as `transformers` does.
 2. The drafter keeps one KV cache per request; each call syncs it to the new drafter ids
-   (`ModelRunner.sync`: only the suffix that changed is fed, never a full re-prefill).
+   (`Runner.sync`: only the suffix that changed is fed, never a full re-prefill).
 3. The drafter drafts greedily; its tokens are decoded to text and tokenized by the target's
    tokenizer after a short window of the target context, so the draft starts on the target's own
    token boundary. The last target token is dropped unless the drafter stopped at a special token:
    it could be the prefix of a longer token the following text would have merged into.
 
-Drafts are point-mass proposals (`probs=None`): no q exists in the target's vocabulary, so sampled
-requests use the point-mass rule of `speculative_sampling` and stay lossless, and
-`compression` does not apply.
+Drafts are point-mass proposals (no q exists in the target's vocabulary), which vLLM's rejection
+sampler verifies losslessly for sampled requests too.
 """
 
 from __future__ import annotations
@@ -30,15 +29,12 @@ import re
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from jinja2 import TemplateError
 
-from cosine.runtime.compression import Compression
 from cosine.runtime.drafter import Draft
-from cosine.runtime.models import ModelRunner, Sequence
-from cosine.runtime.speculative_sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +64,41 @@ def same_vocabulary(a: Any, b: Any) -> bool:
     return bool(a.get_vocab() == b.get_vocab())
 
 
+class Sequence(Protocol):
+    """One request's KV sequence on a `Runner`: the tokens in its cache."""
+
+    token_ids: list[int]
+
+    @property
+    def num_tokens(self) -> int: ...
+
+
+class Runner(Protocol):
+    """A causal LM with per-request KV sequences, as the drafter drives it
+    (`draft_engine.LlamaCppRunner` in drafter pools)."""
+
+    name: str
+    tokenizer: Any
+    max_context_tokens: int
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    def new_sequence(self) -> Any: ...
+
+    def sync(self, seq: Any, context_ids: Seq[int]) -> list[int]:
+        """Roll back to the longest common prefix with `context_ids`; the rest, to be fed."""
+        ...
+
+    def rollback(self, seq: Any, num_tokens: int) -> None: ...
+
+    def forward(self, seq: Any, token_ids: Seq[int], *, logits_to_keep: int = 0) -> torch.Tensor:
+        """Append tokens; logits [rows, vocab] (the last row: after the last token)."""
+        ...
+
+    def release(self, seq: Any) -> None: ...
+
+
 @dataclass
 class _Request:
     """One request's drafter state: its KV cache and how its prompt was translated."""
@@ -89,7 +120,7 @@ class CrossTokenizerDrafter:
         ValueError: `runner` has no tokenizer.
     """
 
-    def __init__(self, runner: ModelRunner, target_tokenizer: Any, name: str | None = None) -> None:
+    def __init__(self, runner: Runner, target_tokenizer: Any, name: str | None = None) -> None:
         if runner.tokenizer is None:
             raise ValueError(f"{runner.name} has no tokenizer; a cross-tokenizer drafter translates via text")
         self.runner = runner
@@ -109,21 +140,10 @@ class CrossTokenizerDrafter:
         self._target_default_system = _default_system_prompt(target_tokenizer)
         self._requests: dict[str, _Request] = {}
 
-    def propose(
-        self,
-        request_id: str,
-        context_ids: Seq[int],
-        max_tokens: int,
-        params: SamplingParams,
-        *,
-        min_confidence: float = 0.0,
-        generator: torch.Generator | None = None,
-        compression: Compression | None = None,
-    ) -> Draft:
+    def propose(self, request_id: str, context_ids: Seq[int], max_tokens: int, *, min_confidence: float = 0.0) -> Draft:
         """Draft up to `max_tokens` TARGET tokens continuing `context_ids` (target prompt + emitted ids).
 
-        The drafter always drafts greedily (whatever `params` say): the draft is a point mass, so
-        `probs` is None and `generator` and `compression` are unused. It drafts about
+        The drafter drafts greedily (a point-mass draft). It drafts about
         `max_tokens + 2` drafter tokens, stopping early at a drafter special token (end of turn:
         mapped to the target's token of the same spelling when there is one) or at the first
         position whose top probability is below `min_confidence`.
@@ -162,7 +182,7 @@ class CrossTokenizerDrafter:
     # ------------------------------------------------------------------ internals
 
     def _empty(self, t0: float) -> Draft:
-        return Draft((), None, (), self.name, time.perf_counter() - t0)
+        return Draft((), (), self.name, time.perf_counter() - t0)
 
     def _propose(self, request_id: str, ctx: list[int], max_tokens: int, min_confidence: float, t0: float) -> Draft:
         req = self._request(request_id, ctx)
@@ -181,7 +201,7 @@ class CrossTokenizerDrafter:
             target_ids.append(self._stop_to_target[stop])
             target_confs.append(confs[-1] if len(confs) > len(tokens) else 1.0)
         target_ids, target_confs = target_ids[:max_tokens], target_confs[:max_tokens]
-        return Draft(tuple(target_ids), None, tuple(target_confs), self.name, time.perf_counter() - t0)
+        return Draft(tuple(target_ids), tuple(target_confs), self.name, time.perf_counter() - t0)
 
     def _request(self, request_id: str, ctx: list[int]) -> _Request:
         """The request's state, translating its prompt on the first call (or if the prompt changed)."""

@@ -499,12 +499,10 @@ class SequentialEngine:
         self.drafter.release(request_id)  # type: ignore[attr-defined]
 
     def draft(self, jobs: Sequence[DraftJob]) -> list[DraftResult]:
-        from cosine.runtime.speculative_sampling import SamplingParams
-
         out = []
         for j in jobs:
             self._known.add(j.request_id)
-            d = self.drafter.propose(j.request_id, j.context_ids, j.max_tokens, SamplingParams(),  # type: ignore[attr-defined]
+            d = self.drafter.propose(j.request_id, j.context_ids, j.max_tokens,  # type: ignore[attr-defined]
                                      min_confidence=j.min_confidence)
             out.append(DraftResult(tuple(d.token_ids), tuple(d.confidences), d.draft_s))
         return out

@@ -4,20 +4,18 @@ CoSine fuses the drafts of cooperating drafters by confidence (Gao et al. 2025, 
 "confidence-based token fusion"): per position the most confident candidate continues the shared
 draft. Here the drafters draft independently (they are separate processes; drafting in lock step
 would cost a network round trip per token), and fusion happens over their drafts:
-- the drafts are merged into a token tree (a trie rooted at the request's last accepted token), so
-  one verification pass can accept whichever branch the target agrees with (SpecInfer, Miao et al.
-  2024, arXiv:2305.09781, §3-4);
+- the drafts are merged into a token tree (a trie rooted at the request's last accepted token,
+  as in SpecInfer, Miao et al. 2024, arXiv:2305.09781, §3-4);
 - at every node the children are ordered by confidence: the first child at each node is the fused
-  draft (the most confident candidate per position), the others are its alternatives. Sampling
-  verification tries children in that order;
+  draft (the most confident candidate per position), the others are its alternatives. The
+  proposer sends vLLM the chain of first children (vLLM 0.32 verifies chains, not trees);
 - a node's priority is the product, along its path, of each token's score, where a token's score
   is the geometric mean of its drafter's own confidence and the drafter's measured acceptance
   (`weights`, e.g. from the router): the paper combines confidence with agreement. The tree keeps
   the `budget` highest-priority nodes; priorities shrink along a path, so every kept node's
   parent is kept.
 
-Pure: no torch, no clock. A proposal's `q` is carried opaquely (a [vocab] tensor row
-or None for a point-mass proposal) for the verifier.
+Pure: no torch, no clock. Draft tokens are point-mass proposals: no distribution travels with them.
 """
 
 from __future__ import annotations
@@ -25,27 +23,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
 class DraftPath:
-    """One drafter's draft: `token_ids[i]` drafted with top probability `confidences[i]` from
-    distribution `q_rows[i]` (None: point-mass proposals, e.g. greedy or model-free drafting)."""
+    """One drafter's draft: `token_ids[i]` drafted with top probability `confidences[i]`."""
 
     drafter: str
     token_ids: tuple[int, ...]
     confidences: tuple[float, ...]
-    q_rows: Sequence[Any] | None = None
 
 
 @dataclass(frozen=True)
 class Proposal:
-    """A drafter's claim on a tree node: its score there and the distribution it drew the token from."""
+    """A drafter's claim on a tree node: its score there."""
 
     drafter: str
     priority: float
-    q: Any = None  # [vocab] float32 tensor, or None (point mass)
 
 
 @dataclass(frozen=True)
@@ -112,7 +106,7 @@ def fuse(drafts: Sequence[DraftPath], budget: int, weights: Mapping[str, float] 
         weights: per drafter, its measured acceptance rate in [0, 1] (default 1: confidence alone).
 
     Raises:
-        ValueError: budget < 0, or a draft whose confidences or q rows do not match its tokens.
+        ValueError: budget < 0, or a draft whose confidences do not match its tokens.
     """
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
@@ -124,9 +118,8 @@ def fuse(drafts: Sequence[DraftPath], budget: int, weights: Mapping[str, float] 
     depths: list[int] = []
     claims: list[list[Proposal]] = []
     for d in drafts:
-        if len(d.confidences) != len(d.token_ids) or (d.q_rows is not None and len(d.q_rows) != len(d.token_ids)):
-            raise ValueError(f"draft of {d.drafter}: {len(d.token_ids)} tokens but {len(d.confidences)} "
-                             f"confidences / {None if d.q_rows is None else len(d.q_rows)} q rows")
+        if len(d.confidences) != len(d.token_ids):
+            raise ValueError(f"draft of {d.drafter}: {len(d.token_ids)} tokens but {len(d.confidences)} confidences")
         parent, priority = -1, 1.0
         w = weights.get(d.drafter, 1.0)
         for i, token in enumerate(d.token_ids):
@@ -139,7 +132,7 @@ def fuse(drafts: Sequence[DraftPath], budget: int, weights: Mapping[str, float] 
                 parents.append(parent)
                 depths.append(i + 1)
                 claims.append([])
-            claims[node].append(Proposal(d.drafter, priority, None if d.q_rows is None else d.q_rows[i]))
+            claims[node].append(Proposal(d.drafter, priority))
             parent = node
     best = [max(p.priority for p in c) for c in claims]
     # keep the `budget` best nodes; ties go to the shallower node, so a parent ranks before its child

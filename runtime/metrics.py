@@ -1,8 +1,8 @@
 """Prometheus metrics of the serving runtime, named after vLLM's under a `cosine:` prefix.
 
-Layers (after vLLM `spec_decode/metrics.py`): the coordinator reports events through
-`ServingMetrics.*` methods; `prometheus_client` aggregates; `/metrics` exports. The operator's
-autoscaler reads the same series (its contract: the names below).
+The proposer counts (`proposer.ProposerStats`); `ProposerCollector` turns the counts into series
+at scrape time; `ProposerExporter` serves them. The operator's autoscaler reads the same series
+(its contract: the names below).
 
 Derived figures in PromQL:
 - acceptance rate per pool:
@@ -12,115 +12,12 @@ Derived figures in PromQL:
 - verifier idle ("bubble") fraction:
     rate(cosine:verifier_idle_seconds_total[1m])
       / (rate(cosine:verifier_idle_seconds_total[1m]) + rate(cosine:verifier_busy_seconds_total[1m]))
-- TTFT p99: histogram_quantile(0.99, rate(cosine:time_to_first_token_seconds_bucket[5m]))
+Latency (TTFT, inter-token latency) is vLLM's own: its `vllm:` histograms on the OpenAI server.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
-
-
-class ServingMetrics:
-    """Metrics of one verifier (coordinator + gateway). `registry` defaults to a fresh one so tests
-    and several in-process servers do not collide."""
-
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        r, labels = self.registry, {"model_name": model_name}
-        self.requests_total = Counter(
-            "cosine:request_success_total", "Finished requests by finish reason.", ["model_name", "finished_reason"],
-            registry=r,
-        )
-        self.running = Gauge("cosine:num_requests_running", "Requests being decoded.", ["model_name"], registry=r)
-        self.waiting = Gauge(
-            "cosine:num_requests_waiting", "Requests queued for admission.", ["model_name"], registry=r
-        )
-        self.prompt_tokens = Counter(
-            "cosine:prompt_tokens_total", "Prefilled prompt tokens.", ["model_name"], registry=r
-        )
-        self.generation_tokens = Counter(
-            "cosine:generation_tokens_total", "Emitted output tokens.", ["model_name"], registry=r
-        )
-        self.ttft = Histogram(
-            "cosine:time_to_first_token_seconds", "Time to first token.", ["model_name"], buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.itl = Histogram(
-            "cosine:inter_token_latency_seconds", "Mean time per output token after the first, per request.",
-            ["model_name"], buckets=_LATENCY_BUCKETS, registry=r,
-        )
-        self.e2e = Histogram(
-            "cosine:e2e_request_latency_seconds", "Request latency from admission to last token.", ["model_name"],
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )
-        self.num_drafts = Counter(
-            "cosine:spec_decode_num_drafts_total", "Verifications that had a draft.", ["model_name", "pool"], registry=r
-        )
-        self.draft_tokens = Counter(
-            "cosine:spec_decode_num_draft_tokens_total", "Draft tokens verified.", ["model_name", "pool"], registry=r
-        )
-        self.accepted_tokens = Counter(
-            "cosine:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", ["model_name", "pool"],
-            registry=r,
-        )
-        self.verified_tokens = Counter(
-            "cosine:verifier_tokens_verified_total", "Tokens scored by target passes (drafts + pending).",
-            ["model_name"], registry=r,
-        )
-        self.busy_s = Counter(
-            "cosine:verifier_busy_seconds_total", "Seconds the verifier engine spent in passes.", ["model_name"],
-            registry=r,
-        )
-        self.idle_s = Counter(
-            "cosine:verifier_idle_seconds_total", "Seconds the verifier engine waited for work.", ["model_name"],
-            registry=r,
-        )
-        self.rejected = Counter(
-            "cosine:request_rejected_total", "Requests refused at admission (overload).", ["model_name"], registry=r
-        )
-        self.draft_bytes = Counter(
-            "cosine:draft_bytes_total", "Bytes of draft messages received from drafters.", ["model_name", "pool"],
-            registry=r,
-        )
-        self._labels = labels
-
-    def set_queue(self, running: int, waiting: int) -> None:
-        self.running.labels(**self._labels).set(running)
-        self.waiting.labels(**self._labels).set(waiting)
-
-    def request_rejected(self) -> None:
-        self.rejected.labels(**self._labels).inc()
-
-    def first_token(self, ttft_s: float) -> None:
-        self.ttft.labels(**self._labels).observe(ttft_s)
-
-    def spec_step(self, pool: str, num_draft_tokens: int, num_accepted: int, draft_bytes: int = 0) -> None:
-        lab = {**self._labels, "pool": pool}
-        self.num_drafts.labels(**lab).inc()
-        self.draft_tokens.labels(**lab).inc(num_draft_tokens)
-        self.accepted_tokens.labels(**lab).inc(num_accepted)
-        if draft_bytes:
-            self.draft_bytes.labels(**lab).inc(draft_bytes)
-
-    def tokens_verified(self, n: int) -> None:
-        self.verified_tokens.labels(**self._labels).inc(n)
-
-    def verifier_busy(self, seconds: float) -> None:
-        self.busy_s.labels(**self._labels).inc(max(0.0, seconds))
-
-    def verifier_idle(self, seconds: float) -> None:
-        self.idle_s.labels(**self._labels).inc(max(0.0, seconds))
-
-    def request_finished(self, stats, e2e_s: float, reason: str) -> None:
-        """`stats` is the request's `GenerationStats`; reason: "stop", "length" or "abort"."""
-        self.requests_total.labels(**self._labels, finished_reason=reason).inc()
-        self.prompt_tokens.labels(**self._labels).inc(stats.prompt_tokens)
-        self.generation_tokens.labels(**self._labels).inc(stats.output_tokens)
-        if stats.tpot_s is not None:
-            self.itl.labels(**self._labels).observe(stats.tpot_s)
-        self.e2e.labels(**self._labels).observe(e2e_s)
+from prometheus_client import CollectorRegistry
 
 
 class ProposerCollector:

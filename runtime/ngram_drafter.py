@@ -6,8 +6,8 @@ the tokens that followed it. `SuffixCache` extends the lookup across requests: c
 target emitted for earlier requests are indexed by their preceding n-gram (after SuffixDecoding,
 arXiv:2411.04975), which pays off on repeated templates, code edits and extraction.
 
-Drafts carry no distribution: they are point-mass proposals, verified losslessly by the
-`speculative_sampling` point-mass rule (accept with p(x), else sample from p without x).
+Drafts carry no distribution: they are point-mass proposals, which vLLM's rejection sampler
+verifies losslessly (accept x with p(x), else sample from p without x).
 Costs microseconds and no accelerator, so it runs beside anything.
 """
 
@@ -17,10 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 
-import torch
-
 from cosine.runtime.drafter import Draft
-from cosine.runtime.speculative_sampling import SamplingParams
 
 
 def ngram_propose(context: Seq[int], max_tokens: int, *, min_n: int = 2, max_n: int = 4) -> tuple[list[int], int]:
@@ -83,28 +80,18 @@ class NgramDrafter:
         self.cache = cache if cache is not None else SuffixCache()
         self._contexts: dict[str, list[int]] = {}
 
-    def propose(
-        self,
-        request_id: str,
-        context_ids: Seq[int],
-        max_tokens: int,
-        params: SamplingParams,
-        *,
-        min_confidence: float = 0.0,
-        generator: torch.Generator | None = None,
-        compression=None,
-    ) -> Draft:
+    def propose(self, request_id: str, context_ids: Seq[int], max_tokens: int, *, min_confidence: float = 0.0) -> Draft:
         t0 = time.perf_counter()
         self._contexts[request_id] = list(context_ids)
         if max_tokens <= 0:
-            return Draft((), None, (), self.name, 0.0)
+            return Draft((), (), self.name, 0.0)
         tokens, n = ngram_propose(context_ids, max_tokens, min_n=self.min_n, max_n=self.max_n)
         conf = n / self.max_n
         if not tokens:
             tokens, conf = self.cache.lookup(context_ids, max_tokens), 0.5
         if conf < min_confidence:
             tokens = []
-        return Draft(tuple(tokens), None, (conf,) * len(tokens), self.name, time.perf_counter() - t0)
+        return Draft(tuple(tokens), (conf,) * len(tokens), self.name, time.perf_counter() - t0)
 
     def release(self, request_id: str) -> None:
         ctx = self._contexts.pop(request_id, None)

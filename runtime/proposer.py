@@ -61,7 +61,6 @@ from cosine.runtime import speculation_control as sc
 from cosine.runtime.drafter import Drafter
 from cosine.runtime.fusion import DraftPath, fuse
 from cosine.runtime.ngram_drafter import SuffixCache, ngram_propose
-from cosine.runtime.speculative_sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +136,8 @@ class ProposerSettings:
     branch_rtt_high: float = 0.8
 
     def __post_init__(self) -> None:
-        if not 0 <= self.max_draft_tokens <= 64:
-            raise ValueError(f"max_draft_tokens must be in [0, 64], got {self.max_draft_tokens}")
+        if not 0 <= self.max_draft_tokens <= sc.MAX_DRAFT_TOKENS:
+            raise ValueError(f"max_draft_tokens must be in [0, {sc.MAX_DRAFT_TOKENS}], got {self.max_draft_tokens}")
         if self.lookup_min_n < 1 or self.lookup_max_n < self.lookup_min_n:
             raise ValueError(f"need 1 <= lookup_min_n <= lookup_max_n, got {self.lookup_min_n}, {self.lookup_max_n}")
         if self.pool_probe_every < 1 or not 0 < self.pool_yield_decay <= 1:
@@ -421,12 +420,12 @@ class CoSineProposer:
             if not tokens:
                 tokens, conf = self.suffix_cache.lookup(ctx, k_max), 0.5
             if tokens:
-                paths.append(DraftPath(LOOKUP, tuple(tokens), (conf,) * len(tokens), None))
+                paths.append(DraftPath(LOOKUP, tuple(tokens), (conf,) * len(tokens)))
             req.lookup_hit = 0.8 * req.lookup_hit + 0.2 * (1.0 if tokens else 0.0)
         for name in req.pools:
             usable = self._arrived(req, name, ctx)
             if usable:
-                paths.append(DraftPath(name, usable[0], usable[1], None))
+                paths.append(DraftPath(name, usable[0], usable[1]))
         if not paths:
             return (), ""
         if len(paths) == 1:
@@ -503,7 +502,7 @@ class CoSineProposer:
                        branches: int = 0) -> _PoolDraft:
         t0 = self.clock()
         try:
-            d = self.pools[name].propose(rid, ctx, k, SamplingParams(), min_confidence=self.settings.min_confidence,
+            d = self.pools[name].propose(rid, ctx, k, min_confidence=self.settings.min_confidence,
                                          expected=expected, max_branches=branches)
         except Exception as e:
             self._pool_failed(name, e)

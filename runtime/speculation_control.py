@@ -7,8 +7,8 @@ Model (Leviathan et al. 2023, arXiv:2211.17192, §3.1; SmartSpec, arXiv:2406.140
 per-token acceptance probability alpha, a draft of k tokens yields on average
     E[tokens | alpha, k] = (1 - alpha**(k + 1)) / (1 - alpha)
 tokens per verification (accepted + the recovered/bonus token), at a cost of
-    k * draft_token_s + verify_s(k + 1),   verify_s(n) = verify_base_s + (n - 1) * verify_token_s.
-Goodput is their ratio; k = 0 (plain decoding) is one token per `verify_base_s`. So speculation is
+    k * draft_token_s + verify_s(k + 1),   verify_s(n): the target's time to verify n tokens.
+Goodput is their ratio; k = 0 (plain decoding) is one token per `verify_s(1)`. So speculation is
 switched off where it does not pay, and probed again every `probe_interval_steps` steps so a
 request whose text turns predictable (code, repetition) gets it back.
 
@@ -34,6 +34,8 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Protocol
 
+MAX_DRAFT_TOKENS = 32  # k's upper bound: the CRD's maximum of spec.speculation.maxDraftLen
+
 
 @dataclass(frozen=True)
 class SpeculationSettings:
@@ -53,8 +55,7 @@ class SpeculationSettings:
     load_dwell_observations: consecutive observations beyond a threshold before the cap moves, and
     so between two moves. load_shrink_factor: cap *= factor on a shrink (at least 1 token less).
     load_grow_tokens: cap += this on a grow. load_min_draft_tokens: the lowest cap (0 = speculation
-    off under overload). free_catch_up_tokens: a model drafter this many context tokens behind is
-    brought up to date without weighing it (`catch_up_pays`). Invalid values raise ValueError.
+    off under overload). Invalid values raise ValueError.
     """
 
     max_draft_tokens: int = 8
@@ -70,11 +71,10 @@ class SpeculationSettings:
     load_shrink_factor: float = 0.5
     load_grow_tokens: int = 1
     load_min_draft_tokens: int = 0
-    free_catch_up_tokens: int = 16
 
     def __post_init__(self) -> None:
-        if not 0 <= self.max_draft_tokens <= 64:
-            raise ValueError(f"max_draft_tokens must be in [0, 64], got {self.max_draft_tokens}")
+        if not 0 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"max_draft_tokens must be in [0, {MAX_DRAFT_TOKENS}], got {self.max_draft_tokens}")
         if not 0.0 <= self.min_confidence <= 1.0:
             raise ValueError(f"min_confidence must be in [0, 1], got {self.min_confidence}")
         if not 0.0 < self.ema_weight <= 1.0:
@@ -89,34 +89,12 @@ class SpeculationSettings:
             raise ValueError(f"load_min_draft_tokens must be non-negative, got {self.load_min_draft_tokens}")
 
 
-@dataclass(frozen=True)
-class CostModel:
-    """Measured costs, in seconds.
-
-    draft_token_s: drafter time per draft token. verify_base_s: one target pass over one token.
-    verify_token_s: extra target time per additional token in the same pass.
-    catch_up_token_s: drafter time per context token it has not seen yet (its prefill), which it
-    must process before drafting (see `catch_up_pays`); 0 = free (prompt lookup, or unmeasured).
-    """
-
-    draft_token_s: float
-    verify_base_s: float
-    verify_token_s: float
-    catch_up_token_s: float = 0.0
-
-    def verify_s(self, num_tokens: int) -> float:
-        return self.verify_base_s + max(0, num_tokens - 1) * self.verify_token_s
-
-
 class Cost(Protocol):
     """What the k policy needs of a cost model: seconds per draft token and per verification of
-    `num_tokens` tokens (the pending token + the draft). `CostModel` and `BatchedCost` are costs."""
+    `num_tokens` tokens (the pending token + the draft), e.g. `BatchedCost`."""
 
     @property
     def draft_token_s(self) -> float: ...
-
-    @property
-    def catch_up_token_s(self) -> float: ...
 
     def verify_s(self, num_tokens: int) -> float: ...
 
@@ -127,7 +105,7 @@ class PassCurve:
 
     points: (tokens, seconds) with tokens strictly increasing from 1; piecewise linear between
     them, extrapolated past the last point with the last segment's slope (flat with one point).
-    Measured at start-up (`speculative_decoding.measure_pass_curve`) and refined by `observe` from
+    Seeded by the first engine step measured and refined by `observe` from
     every pass the engine runs, so it follows the machine's real shape: on a CPU a second token is
     almost free and from a few tokens on the pass is compute-bound (linear); on a GPU it stays flat
     up to hundreds of tokens. Raises ValueError for points that are not as described.
@@ -197,35 +175,21 @@ class BatchedCost:
     the others' drafts, so one request's speculation does not make another's look cheaper.
     draft_token_s: drafter seconds per token (0 for prompt lookup). other_tokens: tokens the other
     requests put in the same pass. num_requests: requests in the pass, this one included.
-    catch_up_token_s: as in `CostModel`.
-    padded_to: the other requests' longest token count in the pass, when the pass pads every
-    request to the longest (`ModelRunner.forward_batch` does): a pass then computes
-    num_requests * max(n, padded_to) tokens, so a draft longer than the others' costs that many
-    rows for every request; one no longer still pays its packed cost (so drafts cannot sustain
-    each other's padding); 0 = packed (cost by total tokens). The curve is then in padded tokens,
-    as the engine observes it.
-    Raises ValueError for a negative cost, negative other_tokens or padded_to, or num_requests < 1.
+    Raises ValueError for a negative cost or other_tokens, or num_requests < 1.
     """
 
     draft_token_s: float
     curve: PassCurve
     other_tokens: int = 0
     num_requests: int = 1
-    catch_up_token_s: float = 0.0
-    padded_to: int = 0
 
     def __post_init__(self) -> None:
-        if min(self.draft_token_s, self.catch_up_token_s) < 0 or min(self.other_tokens, self.padded_to) < 0:
-            raise ValueError(f"invalid batched cost {self!r}")
-        if self.num_requests < 1:
+        if self.draft_token_s < 0 or self.other_tokens < 0 or self.num_requests < 1:
             raise ValueError(f"invalid batched cost {self!r}")
 
     def verify_s(self, num_tokens: int) -> float:
         c, r = self.curve, self.num_requests
         added = c.seconds(self.other_tokens + num_tokens) - c.seconds(self.other_tokens + 1)
-        if self.padded_to > 0:  # never below the packed cost: no request drafts "for free" in
-            m = self.padded_to  # another's padding, so long drafts cannot keep each other going
-            added = max(added, c.seconds(r * max(num_tokens, m)) - c.seconds(r * m))
         return c.seconds(r) / r + added
 
 
@@ -307,25 +271,6 @@ def next_draft_len(
     if state.steps_since_probe + 1 >= settings.probe_interval_steps:
         return replace(state, steps_since_probe=0), min(settings.probe_draft_tokens, max_k)
     return replace(state, steps_since_probe=state.steps_since_probe + 1), 0
-
-
-def catch_up_pays(
-    alpha: float, cost: Cost, catch_up_tokens: int, remaining_tokens: int, settings: SpeculationSettings
-) -> bool:
-    """Whether a model drafter that has not seen `catch_up_tokens` of the context (a new request:
-    the whole prompt) is worth bringing up to date to draft from now on.
-
-    Catching up costs catch_up_tokens * cost.catch_up_token_s seconds, once. It pays if what
-    speculation saves over the `remaining_tokens` the request may still emit is larger: per token,
-    1 / goodput(k = 0) - 1 / goodput(best k) seconds at acceptance `alpha`. A catch-up of at most
-    `settings.free_catch_up_tokens` tokens (a drafter a few steps behind, e.g. for a probe) costs
-    about one draft step and is always allowed, so probes still re-measure acceptance.
-    """
-    if catch_up_tokens <= settings.free_catch_up_tokens or cost.catch_up_token_s <= 0:
-        return True
-    k = best_draft_len(alpha, cost, settings.max_draft_tokens)
-    saved_per_token_s = 1.0 / goodput_per_s(alpha, 0, cost) - 1.0 / goodput_per_s(alpha, k, cost)
-    return saved_per_token_s * max(0, remaining_tokens) > catch_up_tokens * cost.catch_up_token_s
 
 
 def observe(

@@ -159,6 +159,15 @@ def engine_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def cosine_llm(model: str, config: Mapping[str, Any] | None, **llm_kwargs: Any) -> Any:
+    """An in-process `vllm.LLM` on `model` with CoSine's proposer under its engine (`config`, a
+    `proposer_config` dict; None: the target alone, no speculative path). `llm_kwargs` are the
+    other `LLM` arguments (dtype, seed, max_model_len, ...)."""
+    from vllm import LLM
+
+    return LLM(model=model, **(engine_kwargs(config) if config else {}), **llm_kwargs)
+
+
 def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
     """A `CoSineProposer` from the `additional_config["cosine"]` dict (remote pools over gRPC)."""
     pools = []
@@ -166,10 +175,9 @@ def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
     for p in config.get("pools", ()):
         from cosine.runtime.transport.remote_drafter import RemoteDrafter
 
-        # drafts are greedy point-mass proposals here: no q is sent, so no compression applies
-        pools.append(RemoteDrafter(p["address"], p["name"], vocab_size=0, compression=None,
-                                   base_timeout_s=float(p.get("timeout_s", 2.0)), per_token_timeout_s=0.2,
-                                   tls_dir=p.get("tls_dir"), tls_server_name=p.get("tls_server_name")))
+        pools.append(RemoteDrafter(p["address"], p["name"], base_timeout_s=float(p.get("timeout_s", 2.0)),
+                                   per_token_timeout_s=0.2, tls_dir=p.get("tls_dir"),
+                                   tls_server_name=p.get("tls_server_name")))
         expertise[p["name"]] = tuple(p.get("expertise", ()))
     from cosine.runtime.speculation_control import SpeculationSettings
 

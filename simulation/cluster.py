@@ -2,14 +2,13 @@
 
 Processes: request arrivals (Poisson, closed loop or a trace), one process per verifier replica
 (continuous batching), drafter pools as SimPy containers of replica slots with a network in front
-(RTT, bandwidth, compressed-q bytes), and the autoscaler acting every `interval_s`.
+(RTT, bandwidth, draft bytes), and the autoscaler acting every `interval_s`.
 
-The decisions are the product's own pure policies, called as the runtime and operator call them:
-`batching.plan_batch` picks each pass, `speculation_control.next_draft_len` / `adjust_for_load` /
-`observe` set k, `routing.route` / `observe` pick pools, `compression.choose_compression` sizes
-the drafts on the wire, and `operator.autoscaling.desired_replicas` scales the pools. The simulator
-only supplies time: pass and draft durations from `cost_models`, acceptance draws from its
-distributions.
+The decisions are pure policies: `batching.plan_batch` (the simulated verifier's scheduler) picks
+each pass; the product's own `speculation_control.next_draft_len` / `adjust_for_load` / `observe`
+set k, `routing.route` / `observe` pick pools, and `operator.autoscaling.desired_replicas` scales
+the pools, called as the runtime and operator call them. The simulator only supplies time: pass
+and draft durations from `cost_models`, acceptance draws from its distributions.
 
 Modes (the systems of the paper's evaluation, arXiv:2503.10325 §6):
 - `target-only`: continuous batching, no speculation (vLLM).
@@ -32,11 +31,12 @@ from dataclasses import dataclass, field
 import simpy
 
 from cosine.operator import autoscaling
-from cosine.runtime import batching, routing, speculation_control
-from cosine.runtime.compression import choose_compression, wire_bytes_per_token
+from cosine.runtime import routing, speculation_control
+from cosine.simulation import batching
 from cosine.simulation.cost_models import AcceptanceModel, accepted_tokens
 
 MODES = ("target-only", "vanilla", "specinfer", "cosine")
+DRAFT_BYTES_PER_TOKEN = 8  # a draft token on the wire: its id and its confidence (no distribution)
 
 
 @dataclass(frozen=True)
@@ -350,9 +350,8 @@ class _Cluster:
     def _draft_one(self, r: _Req, p: PoolModel) -> simpy.events.ProcessGenerator:
         ctx = r.spec.prompt_tokens + r.emitted
         unseen = ctx - r.seen_tokens.get(p.name, 0)
-        comp = choose_compression(p.bandwidth_bytes_per_s, max(p.draft_token_s, 1e-6))
         up_bytes = 4 * min(unseen, ctx)  # context delta: token ids
-        down_bytes = r.draft_len * wire_bytes_per_token(comp)
+        down_bytes = r.draft_len * DRAFT_BYTES_PER_TOKEN
         yield self.env.timeout(p.rtt_s / 2 + up_bytes / p.bandwidth_bytes_per_s)
         yield self.slots[p.name].get(1)
         work_s = unseen * p.catch_up_token_s + r.draft_len * p.draft_token_s

@@ -12,7 +12,7 @@ the network. Example (`cosine/simulation/default_cluster.yaml`):
         code: {hardware: rtx-4090, slots: 16, acceptance: llama-68m-specialist}
       network: {rttMs: 1.0, bandwidthGbps: 10}
       podStartSeconds: 60
-      workload: {promptTokens: 256, outputTokens: 128, requestRate: 4, durationSeconds: 300}
+      workload: {promptTokens: 256, outputTokens: 128, requestRate: 2, durationSeconds: 300}
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class WorkloadSettings:
 
     prompt_tokens: int = 256
     output_tokens: int = 128
-    request_rate: float = 4.0
+    request_rate: float = 2.0
     duration_s: float = 300.0
 
 
@@ -75,8 +75,11 @@ def build_setup(obj: dict[str, Any], profiles: Profiles | None = None, mode: str
     settings = SpeculationSettings(max_draft_tokens=spec.speculation.max_draft_len, adaptive=spec.speculation.adaptive)
     sim = obj.get("simulation") or {}
     w = sim.get("workload") or {}
-    workload = WorkloadSettings(int(w.get("promptTokens", 256)), int(w.get("outputTokens", 128)),
-                                float(w.get("requestRate", 4.0)), float(w.get("durationSeconds", 300)))
+    d = WorkloadSettings()
+    workload = WorkloadSettings(
+        int(w.get("promptTokens", d.prompt_tokens)), int(w.get("outputTokens", d.output_tokens)),
+        float(w.get("requestRate", d.request_rate)), float(w.get("durationSeconds", d.duration_s)),
+    )
     ref_kv = workload.prompt_tokens + workload.output_tokens // 2
     vs = sim.get("verifier") or {}
     vroof = profiles.roofline(spec.verifier.model, vs.get("hardware", "a100-80gb"), int(vs.get("gpus", 1)))

@@ -24,33 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&cosine/runtime/transport/drafter.proto\x12\tcosine.v1\"C\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\"*\n\x0b\x43ompression\x12\r\n\x05top_k\x18\x01 \x01(\r\x12\x0c\n\x04\x62its\x18\x02 \x01(\r\"\x8f\x02\n\x0eProposeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_cached\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x16\n\x0emin_confidence\x18\x05 \x01(\x02\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.cosine.v1.SamplingParams\x12\x0c\n\x04seed\x18\x07 \x01(\x04\x12+\n\x0b\x63ompression\x18\x08 \x01(\x0b\x32\x16.cosine.v1.Compression\x12\x14\n\x0c\x65xpected_ids\x18\t \x03(\r\x12\x14\n\x0cmax_branches\x18\n \x01(\r\"D\n\x06\x42ranch\x12\x12\n\nprefix_len\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x13\n\x0b\x63onfidences\x18\x03 \x03(\x02\"5\n\x11\x44raftDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05\x63odes\x18\x02 \x01(\x0c\"\xcf\x01\n\x0fProposeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x13\n\x0b\x63onfidences\x18\x02 \x03(\x02\x12+\n\x05\x64ists\x18\x03 \x03(\x0b\x32\x1c.cosine.v1.DraftDistribution\x12\x0c\n\x04\x62its\x18\x04 \x01(\r\x12\x0f\n\x07\x64raft_s\x18\x05 \x01(\x01\x12\x0f\n\x07\x64rafter\x18\x06 \x01(\t\x12\x12\n\nprefix_len\x18\x07 \x01(\r\x12#\n\x08\x62ranches\x18\x08 \x03(\x0b\x32\x11.cosine.v1.Branch\"$\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse\"\r\n\x0bInfoRequest\"Y\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x18\n\x10tokenizer_family\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0c\n\x04pool\x18\x04 \x01(\t2\xc6\x01\n\x07\x44rafter\x12@\n\x07Propose\x12\x19.cosine.v1.ProposeRequest\x1a\x1a.cosine.v1.ProposeResponse\x12@\n\x07Release\x12\x19.cosine.v1.ReleaseRequest\x1a\x1a.cosine.v1.ReleaseResponse\x12\x37\n\x04Info\x12\x16.cosine.v1.InfoRequest\x1a\x17.cosine.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&cosine/runtime/transport/drafter.proto\x12\tcosine.v1\"\xb9\x01\n\x0eProposeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_cached\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x16\n\x0emin_confidence\x18\x05 \x01(\x02\x12\x14\n\x0c\x65xpected_ids\x18\t \x03(\r\x12\x14\n\x0cmax_branches\x18\n \x01(\rJ\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\t\"D\n\x06\x42ranch\x12\x12\n\nprefix_len\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x13\n\x0b\x63onfidences\x18\x03 \x03(\x02\"\xa0\x01\n\x0fProposeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x13\n\x0b\x63onfidences\x18\x02 \x03(\x02\x12\x0f\n\x07\x64raft_s\x18\x05 \x01(\x01\x12\x0f\n\x07\x64rafter\x18\x06 \x01(\t\x12\x12\n\nprefix_len\x18\x07 \x01(\r\x12#\n\x08\x62ranches\x18\x08 \x03(\x0b\x32\x11.cosine.v1.BranchJ\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05\"$\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse\"\r\n\x0bInfoRequest\"Y\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x18\n\x10tokenizer_family\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0c\n\x04pool\x18\x04 \x01(\t2\xc6\x01\n\x07\x44rafter\x12@\n\x07Propose\x12\x19.cosine.v1.ProposeRequest\x1a\x1a.cosine.v1.ProposeResponse\x12@\n\x07Release\x12\x19.cosine.v1.ReleaseRequest\x1a\x1a.cosine.v1.ReleaseResponse\x12\x37\n\x04Info\x12\x16.cosine.v1.InfoRequest\x1a\x17.cosine.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cosine.runtime.transport.drafter_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SAMPLINGPARAMS']._serialized_start=53
-  _globals['_SAMPLINGPARAMS']._serialized_end=120
-  _globals['_COMPRESSION']._serialized_start=122
-  _globals['_COMPRESSION']._serialized_end=164
-  _globals['_PROPOSEREQUEST']._serialized_start=167
-  _globals['_PROPOSEREQUEST']._serialized_end=438
-  _globals['_BRANCH']._serialized_start=440
-  _globals['_BRANCH']._serialized_end=508
-  _globals['_DRAFTDISTRIBUTION']._serialized_start=510
-  _globals['_DRAFTDISTRIBUTION']._serialized_end=563
-  _globals['_PROPOSERESPONSE']._serialized_start=566
-  _globals['_PROPOSERESPONSE']._serialized_end=773
-  _globals['_RELEASEREQUEST']._serialized_start=775
-  _globals['_RELEASEREQUEST']._serialized_end=811
-  _globals['_RELEASERESPONSE']._serialized_start=813
-  _globals['_RELEASERESPONSE']._serialized_end=830
-  _globals['_INFOREQUEST']._serialized_start=832
-  _globals['_INFOREQUEST']._serialized_end=845
-  _globals['_INFORESPONSE']._serialized_start=847
-  _globals['_INFORESPONSE']._serialized_end=936
-  _globals['_DRAFTER']._serialized_start=939
-  _globals['_DRAFTER']._serialized_end=1137
+  _globals['_PROPOSEREQUEST']._serialized_start=54
+  _globals['_PROPOSEREQUEST']._serialized_end=239
+  _globals['_BRANCH']._serialized_start=241
+  _globals['_BRANCH']._serialized_end=309
+  _globals['_PROPOSERESPONSE']._serialized_start=312
+  _globals['_PROPOSERESPONSE']._serialized_end=472
+  _globals['_RELEASEREQUEST']._serialized_start=474
+  _globals['_RELEASEREQUEST']._serialized_end=510
+  _globals['_RELEASERESPONSE']._serialized_start=512
+  _globals['_RELEASERESPONSE']._serialized_end=529
+  _globals['_INFOREQUEST']._serialized_start=531
+  _globals['_INFOREQUEST']._serialized_end=544
+  _globals['_INFORESPONSE']._serialized_start=546
+  _globals['_INFORESPONSE']._serialized_end=635
+  _globals['_DRAFTER']._serialized_start=638
+  _globals['_DRAFTER']._serialized_end=836
 # @@protoc_insertion_point(module_scope)

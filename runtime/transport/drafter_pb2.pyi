@@ -6,34 +6,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k")
-    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
-    TOP_P_FIELD_NUMBER: _ClassVar[int]
-    TOP_K_FIELD_NUMBER: _ClassVar[int]
-    temperature: float
-    top_p: float
-    top_k: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ...) -> None: ...
-
-class Compression(_message.Message):
-    __slots__ = ("top_k", "bits")
-    TOP_K_FIELD_NUMBER: _ClassVar[int]
-    BITS_FIELD_NUMBER: _ClassVar[int]
-    top_k: int
-    bits: int
-    def __init__(self, top_k: _Optional[int] = ..., bits: _Optional[int] = ...) -> None: ...
-
 class ProposeRequest(_message.Message):
-    __slots__ = ("request_id", "num_cached", "new_token_ids", "max_tokens", "min_confidence", "sampling", "seed", "compression", "expected_ids", "max_branches")
+    __slots__ = ("request_id", "num_cached", "new_token_ids", "max_tokens", "min_confidence", "expected_ids", "max_branches")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MIN_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
-    SAMPLING_FIELD_NUMBER: _ClassVar[int]
-    SEED_FIELD_NUMBER: _ClassVar[int]
-    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
@@ -41,12 +20,9 @@ class ProposeRequest(_message.Message):
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_tokens: int
     min_confidence: float
-    sampling: SamplingParams
-    seed: int
-    compression: Compression
     expected_ids: _containers.RepeatedScalarFieldContainer[int]
     max_branches: int
-    def __init__(self, request_id: _Optional[str] = ..., num_cached: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., min_confidence: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., compression: _Optional[_Union[Compression, _Mapping]] = ..., expected_ids: _Optional[_Iterable[int]] = ..., max_branches: _Optional[int] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., num_cached: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., min_confidence: _Optional[float] = ..., expected_ids: _Optional[_Iterable[int]] = ..., max_branches: _Optional[int] = ...) -> None: ...
 
 class Branch(_message.Message):
     __slots__ = ("prefix_len", "token_ids", "confidences")
@@ -58,33 +34,21 @@ class Branch(_message.Message):
     confidences: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, prefix_len: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., confidences: _Optional[_Iterable[float]] = ...) -> None: ...
 
-class DraftDistribution(_message.Message):
-    __slots__ = ("token_ids", "codes")
-    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    CODES_FIELD_NUMBER: _ClassVar[int]
-    token_ids: _containers.RepeatedScalarFieldContainer[int]
-    codes: bytes
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., codes: _Optional[bytes] = ...) -> None: ...
-
 class ProposeResponse(_message.Message):
-    __slots__ = ("token_ids", "confidences", "dists", "bits", "draft_s", "drafter", "prefix_len", "branches")
+    __slots__ = ("token_ids", "confidences", "draft_s", "drafter", "prefix_len", "branches")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCES_FIELD_NUMBER: _ClassVar[int]
-    DISTS_FIELD_NUMBER: _ClassVar[int]
-    BITS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_S_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
     BRANCHES_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     confidences: _containers.RepeatedScalarFieldContainer[float]
-    dists: _containers.RepeatedCompositeFieldContainer[DraftDistribution]
-    bits: int
     draft_s: float
     drafter: str
     prefix_len: int
     branches: _containers.RepeatedCompositeFieldContainer[Branch]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., confidences: _Optional[_Iterable[float]] = ..., dists: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ..., bits: _Optional[int] = ..., draft_s: _Optional[float] = ..., drafter: _Optional[str] = ..., prefix_len: _Optional[int] = ..., branches: _Optional[_Iterable[_Union[Branch, _Mapping]]] = ...) -> None: ...
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., confidences: _Optional[_Iterable[float]] = ..., draft_s: _Optional[float] = ..., drafter: _Optional[str] = ..., prefix_len: _Optional[int] = ..., branches: _Optional[_Iterable[_Union[Branch, _Mapping]]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("request_id",)

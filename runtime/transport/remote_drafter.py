@@ -10,18 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-import random
-import time
 from collections.abc import Sequence as Seq
 
 import grpc
-import torch
 
-from cosine.runtime.compression import Compression, choose_compression
 from cosine.runtime.draft_engine import common_prefix
-from cosine.runtime.drafter import Draft
-from cosine.runtime.speculative_sampling import SamplingParams
-from cosine.runtime.transport import codec
+from cosine.runtime.drafter import Draft, DraftBranch
 from cosine.runtime.transport import drafter_pb2 as pb
 from cosine.runtime.transport import drafter_pb2_grpc as pb_grpc
 from cosine.runtime.transport.tls import channel as drafter_channel
@@ -52,9 +46,6 @@ class RemoteDrafter:
     Args:
         address: gRPC target, e.g. `127.0.0.1:50052` or `dns:///demo-drafter-code.ns.svc:50052`.
         name: pool name used in metrics and routing.
-        vocab_size: the target's vocabulary size (to rebuild q~).
-        compression: top-K / bits requested for sampled drafts (the starting point when adaptive).
-        adaptive_compression: re-choose top-K / bits from the measured bandwidth of this link.
         base_timeout_s, per_token_timeout_s: the deadline of a Propose call is
             base + per_token * (draft tokens + context tokens sent / 16).
         tls_dir: TLS with the CA in this directory (`transport.tls.channel`); None: plaintext.
@@ -65,19 +56,14 @@ class RemoteDrafter:
         self,
         address: str,
         name: str,
-        vocab_size: int,
         *,
-        compression: Compression | None = Compression(),
         base_timeout_s: float = 5.0,
         per_token_timeout_s: float = 1.0,
-        adaptive_compression: bool = False,
         tls_dir: str | None = None,
         tls_server_name: str | None = None,
     ) -> None:
         self.address = address
         self.name = name
-        self.vocab_size = vocab_size
-        self.compression = compression
         self.base_timeout_s = base_timeout_s
         self.per_token_timeout_s = per_token_timeout_s
         self._channel = drafter_channel(
@@ -96,71 +82,36 @@ class RemoteDrafter:
         self._sent: dict[str, list[int]] = {}
         self.bytes_received = 0
         self.calls = 0
-        self.adaptive_compression = adaptive_compression
-        self.bandwidth_bytes_per_s: float | None = None
 
     def info(self, timeout_s: float = 5.0) -> pb.InfoResponse:
         return self._stub.Info(pb.InfoRequest(), timeout=timeout_s)
 
-    def propose(
-        self,
-        request_id: str,
-        context_ids: Seq[int],
-        max_tokens: int,
-        params: SamplingParams,
-        *,
-        min_confidence: float = 0.0,
-        generator: torch.Generator | None = None,
-        expected: Seq[int] = (),
-        max_branches: int = 0,
-    ) -> Draft:
+    def propose(self, request_id: str, context_ids: Seq[int], max_tokens: int, *, min_confidence: float = 0.0,
+                expected: Seq[int] = (), max_branches: int = 0) -> Draft:
         """Draft remotely (see `Drafter.propose`). Raises grpc.RpcError (deadline, unavailable, …)
         on failure."""
         if max_tokens <= 0:
-            return Draft((), None, (), self.name, 0.0)
+            return Draft((), (), self.name, 0.0)
         sent = self._sent.get(request_id, [])
         common = common_prefix(sent, context_ids)
-        if generator is not None:
-            seed = int(torch.randint(0, 2**62, (), generator=generator))
-        else:
-            seed = random.getrandbits(62)
-        t0 = time.perf_counter()
         try:
-            resp = self._call(request_id, context_ids, common, max_tokens, params, min_confidence, seed,
-                              expected, max_branches)
+            resp = self._call(request_id, context_ids, common, max_tokens, min_confidence, expected, max_branches)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
             log.info("drafter %s lost request %s; resending its context", self.name, request_id)
-            resp = self._call(request_id, context_ids, 0, max_tokens, params, min_confidence, seed, expected,
-                              max_branches)
+            resp = self._call(request_id, context_ids, 0, max_tokens, min_confidence, expected, max_branches)
         self._sent[request_id] = list(context_ids)
         self.calls += 1
-        size = resp.ByteSize()
-        self.bytes_received += size
-        if self.adaptive_compression and resp.dists and resp.token_ids:
-            self._adapt(size, time.perf_counter() - t0 - resp.draft_s, resp.draft_s / len(resp.token_ids))
-        return codec.draft_from_proto(resp, self.vocab_size, self.name)
+        self.bytes_received += resp.ByteSize()
+        branches = tuple(DraftBranch(b.prefix_len, tuple(b.token_ids), tuple(b.confidences)) for b in resp.branches)
+        return Draft(tuple(resp.token_ids), tuple(resp.confidences), self.name, resp.draft_s, resp.prefix_len, branches)
 
-    def _adapt(self, size_bytes: int, transfer_s: float, draft_token_s: float) -> None:
-        """Track the link's bandwidth (EMA of response bytes over time not spent drafting) and pick
-        the next calls' top-K and bit-width with `compression.choose_compression` (after COACH)."""
-        if transfer_s <= 0:
-            return
-        bw = size_bytes / transfer_s
-        prev = self.bandwidth_bytes_per_s
-        self.bandwidth_bytes_per_s = bw if prev is None else 0.8 * prev + 0.2 * bw
-        self.compression = choose_compression(self.bandwidth_bytes_per_s, draft_token_s)
-
-    def _call(self, request_id, context_ids, common, max_tokens, params, min_confidence, seed, expected=(),
+    def _call(self, request_id, context_ids, common, max_tokens, min_confidence, expected=(),
               max_branches=0) -> pb.ProposeResponse:
         new = list(context_ids[common:])
-        req = pb.ProposeRequest(
-            request_id=request_id, num_cached=common, new_token_ids=new, max_tokens=max_tokens,
-            min_confidence=min_confidence, sampling=codec.sampling_to_proto(params), seed=seed,
-            compression=codec.compression_to_proto(self.compression), expected_ids=list(expected),
-            max_branches=max_branches,
-        )
+        req = pb.ProposeRequest(request_id=request_id, num_cached=common, new_token_ids=new, max_tokens=max_tokens,
+                                min_confidence=min_confidence, expected_ids=list(expected), max_branches=max_branches)
         drafted = max_tokens * (1 + max_branches) + len(expected)
         timeout = self.base_timeout_s + self.per_token_timeout_s * (drafted + len(new) / 16)
         return self._stub.Propose(req, timeout=timeout)

@@ -1,20 +1,18 @@
-"""A tiny chat model for serving tests: a real (in-process trained) byte-level BPE tokenizer with
-Qwen's special tokens and chat template, and a random-weight Qwen2 over its vocabulary.
+"""A tiny chat model for the cross-tokenizer drafter's tests: a real (in-process trained)
+byte-level BPE tokenizer with Qwen's special tokens and chat template, and a random-weight Qwen2
+over its vocabulary.
 
 The tokenizer is byte-level, so the random model's output regularly splits multi-byte UTF-8
-characters across tokens, which is what the gateway's incremental detokenizer must handle.
+characters across tokens, which the drafter's translation through text must handle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from cosine.runtime.models import ModelRunner
+from .hf_runner import ModelRunner
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_CONTEXT_TOKENS = 256
@@ -60,7 +58,7 @@ def build_chat_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
 
 
 def build_chat_runner(tokenizer: PreTrainedTokenizerFast, seed: int = 0, name: str = "tiny") -> ModelRunner:
-    """A random-weight Qwen2 (as `models.tiny_qwen2`) over `tokenizer`'s vocabulary, with a
+    """A random-weight Qwen2 (a tiny Qwen2 config) over `tokenizer`'s vocabulary, with a
     256-token context and Qwen's EOS ids (`<|im_end|>`, `<|endoftext|>`)."""
     torch.manual_seed(seed)
     config = Qwen2Config(
@@ -69,24 +67,8 @@ def build_chat_runner(tokenizer: PreTrainedTokenizerFast, seed: int = 0, name: s
         tie_word_embeddings=False,
     )
     model = Qwen2ForCausalLM(config).float()
-    with torch.no_grad():  # confident, diverse argmaxes (as tiny_qwen2)
+    with torch.no_grad():  # sharpen the output: confident, diverse argmaxes
         model.lm_head.weight.mul_(8.0)
     eos = ("<|im_end|>", "<|endoftext|>")
     model.generation_config.eos_token_id = [tokenizer.convert_tokens_to_ids(t) for t in eos]
     return ModelRunner(model, tokenizer, name=name)
-
-
-@pytest.fixture(scope="session")
-def chat_tokenizer() -> PreTrainedTokenizerFast:
-    return build_chat_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def make_chat_runner(chat_tokenizer) -> Callable[..., ModelRunner]:
-    """Factory: `make_chat_runner(seed=0)` -> a fresh tiny chat `ModelRunner` (same seed, same weights)."""
-    return lambda seed=0, name="tiny": build_chat_runner(chat_tokenizer, seed, name)
-
-
-@pytest.fixture
-def chat_runner(make_chat_runner) -> ModelRunner:
-    return make_chat_runner()

@@ -2,8 +2,9 @@
 
 Fast tests use two tiny byte-level BPE tokenizers of different vocabularies (conftest) over
 random-weight models; `real_model` tests draft with SmolLM2-135M-Instruct (vocab 49,152) for a
-Qwen2.5-Coder-0.5B-Instruct target (vocab 151,936): greedy output stays token-identical to
-target-only decoding and some drafts are accepted.
+Qwen2.5-Coder-0.5B-Instruct target (vocab 151,936): drafts continue the context in the target's
+vocabulary, and the drafter's KV cache grows instead of restarting. The models run on
+`transformers` here (`hf_runner`); pools run the same drafter on llama.cpp.
 """
 
 from __future__ import annotations
@@ -17,15 +18,9 @@ from cosine.runtime.cross_tokenizer_drafter import (
     parse_chatml,
     same_vocabulary,
 )
-from cosine.runtime.models import ModelRunner
-from cosine.runtime.speculation_control import SpeculationSettings
-from cosine.runtime.speculative_decoding import generate
-from cosine.runtime.speculative_sampling import SamplingParams
 
 from .conftest import build_chat_runner, build_chat_tokenizer
-
-GREEDY = SamplingParams()
-SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=3)
+from .hf_runner import ModelRunner
 
 
 class CountingRunner(ModelRunner):
@@ -106,8 +101,8 @@ def test_drafts_are_target_ids_continuing_the_context(scripted):
     target, drafter_runner = scripted
     drafter = CrossTokenizerDrafter(drafter_runner, target.tokenizer, name="x")
     ctx = _chat_context(target, "The quick")
-    draft = drafter.propose("r", ctx, 4, GREEDY)
-    assert draft.drafter == "x" and draft.probs is None and draft.draft_s > 0
+    draft = drafter.propose("r", ctx, 4)
+    assert draft.drafter == "x" and draft.draft_s > 0
     assert draft.num_tokens == 4 and len(draft.confidences) == 4
     assert all(0 <= t < target.vocab_size for t in draft.token_ids)
     assert all(0.99 < c <= 1.0 for c in draft.confidences)
@@ -123,7 +118,7 @@ def test_drafts_are_target_ids_continuing_the_context(scripted):
 def test_end_of_turn_maps_to_the_targets_token(scripted):
     target, drafter_runner = scripted
     drafter = CrossTokenizerDrafter(drafter_runner, target.tokenizer)
-    draft = drafter.propose("r", _chat_context(target, "The quick brown fox jumps over the lazy"), 8, GREEDY)
+    draft = drafter.propose("r", _chat_context(target, "The quick brown fox jumps over the lazy"), 8)
     # the text is complete (the drafter ended its turn), so no token is held back
     assert target.tokenizer.decode(draft.token_ids) == " dog.<|im_end|>"
     assert draft.token_ids[-1] == target.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -133,14 +128,14 @@ def test_kv_cache_is_reused_across_calls(scripted):
     target, drafter_runner = scripted
     drafter = CrossTokenizerDrafter(drafter_runner, target.tokenizer)
     ctx = _chat_context(target, "The quick")
-    drafter.propose("r", ctx, 4, GREEDY)
+    drafter.propose("r", ctx, 4)
     prefill = drafter_runner.fed[0]
     cached = drafter.cached_tokens("r")
     assert prefill > 10 and cached >= prefill
     for word in (" brown", " fox", " jumps"):
         ctx = ctx + target.encode_text(word)
         drafter_runner.fed.clear()
-        drafter.propose("r", ctx, 4, GREEDY)
+        drafter.propose("r", ctx, 4)
         assert drafter_runner.fed[0] < 8, f"re-prefilled {drafter_runner.fed[0]} tokens"  # the new suffix only
         assert drafter.cached_tokens("r") > cached
         cached = drafter.cached_tokens("r")
@@ -152,19 +147,19 @@ def test_odd_inputs_give_empty_drafts(scripted):
     target, drafter_runner = scripted
     drafter = CrossTokenizerDrafter(drafter_runner, target.tokenizer)
     ctx = _chat_context(target, "The quick")
-    assert drafter.propose("r", ctx, 0, GREEDY).num_tokens == 0
-    assert drafter.propose("r", [], 4, GREEDY).num_tokens == 0
-    assert drafter.propose("r", [*ctx, 10**6], 4, GREEDY).num_tokens == 0
-    assert drafter.propose("r", [*ctx, -1], 4, GREEDY).num_tokens == 0
+    assert drafter.propose("r", ctx, 0).num_tokens == 0
+    assert drafter.propose("r", [], 4).num_tokens == 0
+    assert drafter.propose("r", [*ctx, 10**6], 4).num_tokens == 0
+    assert drafter.propose("r", [*ctx, -1], 4).num_tokens == 0
     euro = target.encode_text(" \u20ac")  # 3 UTF-8 bytes, split over byte tokens in this vocabulary
     assert "\ufffd" in target.tokenizer.decode(ctx + euro[:-1])
-    assert drafter.propose("r", ctx + euro[:-1], 4, GREEDY).num_tokens == 0  # ends inside a character
-    assert drafter.propose("r", ctx + euro, 4, GREEDY).num_tokens > 0
+    assert drafter.propose("r", ctx + euro[:-1], 4).num_tokens == 0  # ends inside a character
+    assert drafter.propose("r", ctx + euro, 4).num_tokens > 0
     # special tokens only; plain text (no chat markup); a context beyond the drafter's window
-    assert drafter.propose("s", target.tokenizer.convert_tokens_to_ids(["<|im_start|>"]), 4, GREEDY).num_tokens == 0
-    plain = drafter.propose("t", target.encode_text("The quick"), 4, GREEDY)
+    assert drafter.propose("s", target.tokenizer.convert_tokens_to_ids(["<|im_start|>"]), 4).num_tokens == 0
+    plain = drafter.propose("t", target.encode_text("The quick"), 4)
     assert target.tokenizer.decode(plain.token_ids).startswith(" brown")
-    assert drafter.propose("u", target.encode_text("The quick " * 200), 4, GREEDY).num_tokens == 0
+    assert drafter.propose("u", target.encode_text("The quick " * 200), 4).num_tokens == 0
 
 
 def test_chat_template_refusing_the_prompt_falls_back_to_plain_text(tokenizers):
@@ -177,7 +172,7 @@ def test_chat_template_refusing_the_prompt_falls_back_to_plain_text(tokenizers):
     target = build_chat_runner(target_tok, seed=0)
     drafter = CrossTokenizerDrafter(ScriptedRunner(build_chat_runner(drafter_tok, seed=1), REPLY), target_tok)
     ctx = target.encode_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
-    draft = drafter.propose("r", ctx + target.encode_text("The quick"), 4, GREEDY)
+    draft = drafter.propose("r", ctx + target.encode_text("The quick"), 4)
     assert target_tok.decode(draft.token_ids).startswith(" brown")
     assert drafter._requests["r"].prompt_target_ids == ()  # plain text mode
 
@@ -190,28 +185,8 @@ def test_random_drafter_never_raises(tokenizers):
         gen = torch.Generator().manual_seed(seed)
         ctx = [int(t) for t in torch.randint(0, len(target_tok), (20,), generator=gen)]
         for n in range(1, 4):
-            draft = drafter.propose(f"r{seed}", ctx[: 5 * n], 6, GREEDY)
+            draft = drafter.propose(f"r{seed}", ctx[: 5 * n], 6)
             assert draft.num_tokens <= 6 and all(0 <= t < len(target_tok) for t in draft.token_ids)
-
-
-def test_sampling_request_gets_a_point_mass_draft(scripted):
-    target, drafter_runner = scripted
-    drafter = CrossTokenizerDrafter(drafter_runner, target.tokenizer)
-    gen = torch.Generator().manual_seed(0)
-    draft = drafter.propose("r", _chat_context(target, "The"), 5, SAMPLED, generator=gen)
-    assert draft.num_tokens > 0 and draft.probs is None and draft.compressed == ()
-
-
-@pytest.mark.parametrize("params", [GREEDY, SAMPLED])
-def test_generation_accepts_translated_drafts(scripted, params):
-    target, drafter_runner = scripted
-    ids = _chat_context(target)
-    want = generate(target, ids, 64, params)
-    got = generate(target, ids, 64, params, drafter=CrossTokenizerDrafter(drafter_runner, target.tokenizer),
-                   settings=SpeculationSettings(max_draft_tokens=4, adaptive=False))
-    assert target.decode(want.token_ids) == REPLY and want.finish_reason == "stop"
-    assert got.token_ids == want.token_ids  # the scripted target is (near) deterministic when sampled too
-    assert got.stats.acceptance_rate is not None and got.stats.acceptance_rate > 0.5
 
 
 def test_served_over_grpc_in_the_targets_vocabulary(scripted):
@@ -225,17 +200,13 @@ def test_served_over_grpc_in_the_targets_vocabulary(scripted):
     servicer = DrafterServicer(engine, "chat", "tiny-target", vocab_size=target.vocab_size)
     server = serve(servicer, port=0)
     try:
-        remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "chat", target.vocab_size)
+        remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "chat")
         info = remote.info()
         assert (info.vocab_size, info.tokenizer_family) == (target.vocab_size, "tiny-target")
-        ctx = _chat_context(target, "The quick")
-        for params in (GREEDY, SAMPLED):  # pools draft greedily whatever the request samples with (point mass)
-            got = remote.propose("r", ctx, 4, params, generator=torch.Generator().manual_seed(0))
-            want = local.propose("r", ctx, 4, GREEDY)
-            assert got.token_ids == want.token_ids and got.probs is None
-        result = generate(target, _chat_context(target), 64, drafter=remote,
-                          settings=SpeculationSettings(max_draft_tokens=4, adaptive=False))
-        assert target.decode(result.token_ids) == REPLY and result.stats.acceptance_rate > 0.5
+        for reply in ("The quick", "The quick brown fox"):
+            ctx = _chat_context(target, reply)
+            got, want = remote.propose("r", ctx, 4), local.propose("r", ctx, 4)
+            assert got.token_ids == want.token_ids and got.num_tokens > 0
     finally:
         server.stop(None)
 
@@ -285,25 +256,12 @@ def test_real_drafts_continue_the_context(real):
     drafter = CrossTokenizerDrafter(drafter_runner, target.tokenizer)
     ctx = target.encode_prompt("What is the capital of France? Answer in one sentence.")
     ctx += target.encode_text("The capital of France")
-    draft = drafter.propose("r", ctx, 8, GREEDY)
+    draft = drafter.propose("r", ctx, 8)
     text = target.decode(draft.token_ids)
     print(f"draft: {text!r} confidences {[round(c, 2) for c in draft.confidences]}")
     assert draft.num_tokens > 0 and all(0 <= t < target.vocab_size for t in draft.token_ids)
     assert target.tokenizer.decode(ctx + list(draft.token_ids)).startswith(target.tokenizer.decode(ctx))
     assert "Paris" in text
-
-
-@pytest.mark.real_model
-def test_real_greedy_identical_and_some_drafts_accepted(real):
-    target, drafter_runner = real
-    ids = target.encode_prompt("Write a Python function that returns the sum of a list of numbers.")
-    want = generate(target, ids, 32)
-    got = generate(target, ids, 32, drafter=CrossTokenizerDrafter(drafter_runner, target.tokenizer),
-                   settings=SpeculationSettings(max_draft_tokens=6, adaptive=False))
-    print(f"acceptance rate {got.stats.acceptance_rate:.2f}, mean acceptance length "
-          f"{got.stats.mean_acceptance_length:.2f}, {got.stats.num_drafts} drafts")
-    assert got.token_ids == want.token_ids, target.decode(got.token_ids)
-    assert got.stats.acceptance_rate is not None and got.stats.acceptance_rate > 0
 
 
 @pytest.mark.real_model
@@ -313,14 +271,14 @@ def test_real_kv_cache_grows_instead_of_restarting(real):
     drafter = CrossTokenizerDrafter(runner, target.tokenizer)
     ctx = target.encode_prompt("Name three primary colors.")
     ctx += target.encode_text("The three primary colors are")
-    drafter.propose("r", ctx, 4, GREEDY)
+    drafter.propose("r", ctx, 4)
     seq = drafter._requests["r"].seq
     assert runner.fed[0] > 20 and sum(runner.fed) == seq.num_tokens  # prefill, then one pass per draft token
     context_tokens = runner.fed[0]
     for word in (" red", ",", " blue", " and"):
         ctx += target.encode_text(word)
         runner.fed.clear()
-        drafter.propose("r", ctx, 4, GREEDY)
+        drafter.propose("r", ctx, 4)
         assert drafter._requests["r"].seq is seq
         assert runner.fed[0] <= 4, runner.fed  # the new suffix only (and a re-tokenized last word)
         now = seq.num_tokens - sum(runner.fed[1:])  # cached tokens of the context, without this draft's
@@ -328,15 +286,6 @@ def test_real_kv_cache_grows_instead_of_restarting(real):
         context_tokens = now
     drafter.release("r")
     assert drafter.cached_tokens("r") == 0
-
-
-@pytest.mark.real_model
-def test_real_sampled_request_gets_point_mass_draft(real):
-    target, drafter_runner = real
-    drafter = CrossTokenizerDrafter(drafter_runner, target.tokenizer)
-    ctx = target.encode_prompt("Say hello.") + target.encode_text("Hello")
-    draft = drafter.propose("r", ctx, 4, SAMPLED, generator=torch.Generator().manual_seed(0))
-    assert draft.num_tokens > 0 and draft.probs is None
 
 
 @pytest.mark.real_model
@@ -354,7 +303,7 @@ def test_real_pool_with_translate_tokenizer_drafts_in_the_verifiers_vocabulary(r
     drafter = engine.drafter
     assert isinstance(drafter, CrossTokenizerDrafter) and drafter.name == "chat"
     assert (vocab, family) == (target.vocab_size, "qwen2")
-    draft = drafter.propose("r", target.encode_prompt("Say hello.") + target.encode_text("Hello"), 4, GREEDY)
+    draft = drafter.propose("r", target.encode_prompt("Say hello.") + target.encode_text("Hello"), 4)
     assert draft.num_tokens > 0 and all(0 <= t < vocab for t in draft.token_ids)
     same, vocab, family = drafter_engine(spec.pool("coder"), spec.verifier)  # llama.cpp on the target's GGUF
     assert isinstance(same, LlamaCppEngine) and family == "qwen2" and vocab >= 151643

@@ -23,15 +23,14 @@ class FakePool:
         self.gate = threading.Event()
         self.gate.set()
 
-    def propose(self, request_id, context_ids, max_tokens, params, *, min_confidence=0.0, generator=None,
-                expected=(), max_branches=0) -> Draft:
+    def propose(self, request_id, context_ids, max_tokens, *, min_confidence=0.0, expected=(), max_branches=0) -> Draft:
         self.calls += 1
         self.gate.wait()
         time.sleep(self.delay_s)
         if self.fail:
             raise ConnectionError("drafter down")
         toks = tuple(self.rule(list(context_ids), max_tokens))
-        return Draft(toks, None, (self.confidence,) * len(toks), self.name, self.delay_s)
+        return Draft(toks, (self.confidence,) * len(toks), self.name, self.delay_s)
 
     def release(self, request_id: str) -> None:
         self.released.append(request_id)
@@ -164,7 +163,7 @@ def test_release_reaches_every_pool_the_request_used_after_its_calls_end():
         _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
     assert a.calls and b.calls
     b.gate.clear()  # b's last call hangs while the request finishes
-    p._requests["r"].inflight["b"] = p._executor.submit(b.propose, "r", [1], 3, None)
+    p._requests["r"].inflight["b"] = p._executor.submit(b.propose, "r", [1], 3)
     p.retain(set())
     time.sleep(0.1)
     assert "r" in a.released or "r" not in b.released  # b's release waits for b's call
@@ -329,14 +328,14 @@ class BranchingPool(FakePool):
         super().__init__(name)
         self.asked: list[tuple[tuple[int, ...], int]] = []
 
-    def propose(self, request_id, context_ids, max_tokens, params, *, min_confidence=0.0, generator=None,
-                expected=(), max_branches=0) -> Draft:
+    def propose(self, request_id, context_ids, max_tokens, *, min_confidence=0.0, expected=(),
+                max_branches=0) -> Draft:
         self.asked.append((tuple(expected), max_branches))
         last = expected[-1] if expected else context_ids[-1]
         main = tuple(last + 1 + i for i in range(max_tokens))
         branches = tuple(DraftBranch(i, tuple(100 + i + j for j in range(max_tokens)), (0.5,) * max_tokens)
                          for i in range(min(max_branches, len(expected))))
-        return Draft(main, None, (0.9,) * max_tokens, self.name, 0.0, prefix_len=len(expected), branches=branches)
+        return Draft(main, (0.9,) * max_tokens, self.name, 0.0, prefix_len=len(expected), branches=branches)
 
 
 def test_pool_drafts_past_the_draft_being_verified_and_from_its_rejection_points():

@@ -1,20 +1,19 @@
 """Adaptive speculation length: a pure policy, tested with plain numbers."""
 
-from dataclasses import replace
+from dataclasses import dataclass
 from itertools import pairwise
 
 import pytest
 
 from cosine.runtime.speculation_control import (
+    MAX_DRAFT_TOKENS,
     BatchedCost,
-    CostModel,
     LoadSignal,
     LoadState,
     PassCurve,
     SpeculationSettings,
     adjust_for_load,
     best_draft_len,
-    catch_up_pays,
     expected_tokens,
     initial_load_state,
     initial_state,
@@ -22,9 +21,22 @@ from cosine.runtime.speculation_control import (
     observe,
 )
 
+
+@dataclass(frozen=True)
+class LinearCost:
+    """A `Cost` of one request alone: verify_s(n) = verify_base_s + (n - 1) * verify_token_s."""
+
+    draft_token_s: float
+    verify_base_s: float
+    verify_token_s: float
+
+    def verify_s(self, num_tokens: int) -> float:
+        return self.verify_base_s + max(0, num_tokens - 1) * self.verify_token_s
+
+
 # the default pair on our CPU, roughly: 0.5B drafts at ~0.14 s/token, 1.5B verifies at ~0.37 s/pass
-CPU_PAIR = CostModel(draft_token_s=0.14, verify_base_s=0.37, verify_token_s=0.02)
-FREE_DRAFTER = CostModel(draft_token_s=0.0005, verify_base_s=0.37, verify_token_s=0.02)
+CPU_PAIR = LinearCost(draft_token_s=0.14, verify_base_s=0.37, verify_token_s=0.02)
+FREE_DRAFTER = LinearCost(draft_token_s=0.0005, verify_base_s=0.37, verify_token_s=0.02)
 
 
 def test_expected_tokens():
@@ -79,6 +91,18 @@ def test_fixed_when_not_adaptive_or_unmeasured():
 def test_settings_validation():
     with pytest.raises(ValueError, match="max_draft_tokens"):
         SpeculationSettings(max_draft_tokens=-1)
+    with pytest.raises(ValueError, match=r"\[0, 32\]"):  # the CRD's maxDraftLen maximum
+        SpeculationSettings(max_draft_tokens=MAX_DRAFT_TOKENS + 1)
+    assert SpeculationSettings(max_draft_tokens=MAX_DRAFT_TOKENS).max_draft_tokens == 32
+
+
+def test_runtime_bound_on_k_is_the_crds():
+    from cosine.operator.settings import MAX_DRAFT_LEN
+    from cosine.runtime.proposer import ProposerSettings
+
+    assert MAX_DRAFT_TOKENS == MAX_DRAFT_LEN
+    with pytest.raises(ValueError, match="max_draft_tokens"):
+        ProposerSettings(max_draft_tokens=MAX_DRAFT_TOKENS + 1)
     with pytest.raises(ValueError, match="min_confidence"):
         SpeculationSettings(min_confidence=2)
 
@@ -237,36 +261,9 @@ def test_speculation_switches_off_as_a_compute_bound_batch_grows():
     assert best_draft_len(0.98, BatchedCost(0.0, CPU_CURVE, other_tokens=3, num_requests=4), 8) >= 4  # code
 
 
-def test_padded_batch_charges_a_long_draft_for_every_row():
-    """Right padding (forward_batch): among 4 single-token requests, k = 8 makes a 36-row pass
-    (too dear at alpha 0.8). Inside another request's padding a draft still pays its packed cost,
-    so drafts do not keep each other long."""
-    lone_long = BatchedCost(0.0, CPU_CURVE, other_tokens=3, num_requests=4, padded_to=1)
-    assert lone_long.verify_s(9) - lone_long.verify_s(1) == pytest.approx(CPU_CURVE.seconds(36) - CPU_CURVE.seconds(4))
-    assert best_draft_len(0.8, lone_long, 8) <= 2
-    packed = BatchedCost(0.0, CPU_CURVE, other_tokens=11, num_requests=4)
-    already_padded = BatchedCost(0.0, CPU_CURVE, other_tokens=11, num_requests=4, padded_to=9)
-    assert already_padded.verify_s(9) == pytest.approx(packed.verify_s(9))
-    assert best_draft_len(0.8, already_padded, 8) == best_draft_len(0.8, packed, 8)
-    with pytest.raises(ValueError):
-        BatchedCost(0.0, CPU_CURVE, padded_to=-1)
-
-
 def test_memory_bound_pass_keeps_speculating_in_a_batch():
     """On a GPU-like flat curve (drafting batched too: a tiny per-request draft cost) a batch of 32
     drafts as long as a lone request."""
     alone = best_draft_len(0.8, BatchedCost(3e-5, GPU_CURVE), 8)
     batched = best_draft_len(0.8, BatchedCost(3e-5, GPU_CURVE, other_tokens=31, num_requests=32), 8)
     assert alone == 8 and batched >= 7
-
-
-def test_catch_up_pays_only_when_the_drafts_can_repay_the_drafter_prefill():
-    """A 0.5B drafter new to a 300-token prompt spends 2.1 s catching up (0.007 s per token)."""
-    s = SpeculationSettings(max_draft_tokens=8)
-    cost = replace(CPU_PAIR, catch_up_token_s=0.007)
-    assert not catch_up_pays(0.6, cost, 300, 32, s)  # saves ~0.04 s per token: not over 32 tokens
-    assert catch_up_pays(0.6, cost, 300, 2000, s)  # ... but over 2000
-    assert catch_up_pays(0.95, cost, 300, 48, s)  # saves ~0.15 s per token
-    assert not catch_up_pays(0.05, cost, 300, 10_000, s)  # no speculation pays: nothing to repay it with
-    assert catch_up_pays(0.05, cost, 16, 1, s)  # a few steps behind (a probe): always allowed
-    assert catch_up_pays(0.6, CPU_PAIR, 300, 32, s)  # catching up unmeasured (free)

@@ -14,7 +14,6 @@ import pytest
 
 from cosine.runtime.draft_engine import Branch, DraftResult
 from cosine.runtime.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
-from cosine.runtime.speculative_sampling import SamplingParams
 from cosine.runtime.transport import codegen
 from cosine.runtime.transport.drafter_service import DrafterServicer, serve
 from cosine.runtime.transport.remote_drafter import RemoteDrafter
@@ -71,16 +70,16 @@ def pool():
 
 def test_remote_drafts_are_the_engines_and_info(pool):
     server, servicer, engine = pool
-    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", 0, compression=None)
+    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code")
     info = remote.info()
     assert (info.pool, info.vocab_size, info.tokenizer_family) == ("code", 50, "tiny")
-    d = remote.propose("r", [1, 2, 3], 4, SamplingParams())
+    d = remote.propose("r", [1, 2, 3], 4)
     assert d.token_ids == (4, 5, 6, 7) and d.confidences == pytest.approx((0.9,) * 4)
-    d = remote.propose("r", [1, 2, 3, 4, 5], 2, SamplingParams())  # a context delta: 2 new tokens sent
+    d = remote.propose("r", [1, 2, 3, 4, 5], 2)  # a context delta: 2 new tokens sent
     assert d.token_ids == (6, 7)
     assert servicer._contexts["r"] == [1, 2, 3, 4, 5]
     # the draft being verified goes to the engine; the main draft's prefix and the branches come back
-    d = remote.propose("r", [1, 2, 3, 4, 5], 2, SamplingParams(), expected=(6, 7), max_branches=2)
+    d = remote.propose("r", [1, 2, 3, 4, 5], 2, expected=(6, 7), max_branches=2)
     assert (engine.jobs[0].expected, engine.jobs[0].max_branches) == ((6, 7), 2)
     assert d.prefix_len == 2 and [(b.prefix_len, b.token_ids) for b in d.branches] == [(0, (40,)), (1, (41,))]
     assert d.branches[0].confidences == pytest.approx((0.3,))
@@ -91,23 +90,23 @@ def test_remote_drafts_are_the_engines_and_info(pool):
 def test_drafter_restart_is_transparent(pool):
     """The server forgets a request (restart / eviction): the client resends the whole context."""
     server, servicer, _ = pool
-    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", 0, compression=None)
-    remote.propose("r1", [1, 2, 3, 4], 3, SamplingParams())
+    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code")
+    remote.propose("r1", [1, 2, 3, 4], 3)
     servicer._contexts.clear()
-    d2 = remote.propose("r1", [1, 2, 3, 4, 5], 3, SamplingParams())
+    d2 = remote.propose("r1", [1, 2, 3, 4, 5], 3)
     assert d2.token_ids == (6, 7, 8)
 
 
 def test_dead_drafter_raises_quickly():
     servicer = DrafterServicer(RuleEngine(), pool="code")
     server = serve(servicer, port=0)
-    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", 0, compression=None, base_timeout_s=0.5)
-    assert remote.propose("x", [1, 2], 2, SamplingParams()).token_ids == (3, 4)
+    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", base_timeout_s=0.5)
+    assert remote.propose("x", [1, 2], 2).token_ids == (3, 4)
     server.stop(None)
     servicer.close()
     t0 = time.perf_counter()
     with pytest.raises(grpc.RpcError):
-        remote.propose("x", [1, 2, 3], 2, SamplingParams())
+        remote.propose("x", [1, 2, 3], 2)
     assert time.perf_counter() - t0 < 3
 
 
@@ -115,11 +114,11 @@ def test_hung_drafter_is_cut_off_by_the_deadline():
     servicer = DrafterServicer(RuleEngine(hang_s=3.0), pool="stuck")
     server = serve(servicer, port=0)
     try:
-        remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "stuck", 0, compression=None, base_timeout_s=0.2,
+        remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "stuck", base_timeout_s=0.2,
                                per_token_timeout_s=0.01)
         t0 = time.perf_counter()
         with pytest.raises(grpc.RpcError) as err:
-            remote.propose("r", [1, 2], 2, SamplingParams())
+            remote.propose("r", [1, 2], 2)
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert time.perf_counter() - t0 < 1.0
     finally:
@@ -132,8 +131,8 @@ def test_concurrent_proposes_are_batched():
     servicer = DrafterServicer(engine, pool="code")
     server = serve(servicer, port=0)
     try:
-        remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code", 0, compression=None)
-        threads = [threading.Thread(target=remote.propose, args=(f"r{i}", [i, i + 1], 3, SamplingParams()))
+        remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code")
+        threads = [threading.Thread(target=remote.propose, args=(f"r{i}", [i, i + 1], 3))
                    for i in range(12)]
         for t in threads:
             t.start()
@@ -153,7 +152,7 @@ def test_soak_two_pools_rerouted_leave_no_contexts():
     engines = [RuleEngine(delay_s=0.001, jitter_s=0.01), RuleEngine(delay_s=0.001, jitter_s=0.01)]
     servicers = [DrafterServicer(e, pool=n) for e, n in zip(engines, ("a", "b"), strict=True)]
     servers = [serve(s, port=0) for s in servicers]
-    remotes = [RemoteDrafter(f"127.0.0.1:{srv.bound_port}", n, 0, compression=None)
+    remotes = [RemoteDrafter(f"127.0.0.1:{srv.bound_port}", n)
                for srv, n in zip(servers, ("a", "b"), strict=True)]
     p = CoSineProposer(ProposerSettings(max_draft_tokens=3, reroute_every=1, pool_probe_every=1), remotes, seed=3)
     rng = random.Random(0)

@@ -11,7 +11,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cosine.runtime.speculative_sampling import SamplingParams
 from cosine.runtime.transport.drafter_service import DrafterServicer, serve
 from cosine.runtime.transport.remote_drafter import RemoteDrafter
 
@@ -71,12 +70,12 @@ def tls_pool(tmp_path):
 def test_round_trip_over_tls(tls_pool):
     port, secret, _ = tls_pool
     # the Service's DNS name checked against the certificate (the address here is loopback)
-    remote = RemoteDrafter(f"127.0.0.1:{port}", "code", 0, tls_dir=str(secret),
+    remote = RemoteDrafter(f"127.0.0.1:{port}", "code", tls_dir=str(secret),
                            tls_server_name=SERVICE)
     assert remote.info().pool == "code"
-    assert remote.propose("r", [1, 2, 3], 4, SamplingParams()).token_ids == (4, 5, 6, 7)
+    assert remote.propose("r", [1, 2, 3], 4).token_ids == (4, 5, 6, 7)
     # no override: the host of the address is the name checked (a SAN)
-    plain_name = RemoteDrafter(f"localhost:{port}", "code", 0, tls_dir=str(secret))
+    plain_name = RemoteDrafter(f"localhost:{port}", "code", tls_dir=str(secret))
     assert plain_name.info().pool == "code"
 
 
@@ -86,10 +85,10 @@ def test_clients_that_cannot_verify_the_drafter_get_nothing(tls_pool):
     port, _, tmp_path = tls_pool
     other_ca = _secret_dir(tmp_path / "other", "some-other-ca")
     clients = {
-        "plaintext": RemoteDrafter(f"127.0.0.1:{port}", "code", 0),
-        "another CA": RemoteDrafter(f"127.0.0.1:{port}", "code", 0, tls_dir=str(other_ca),
+        "plaintext": RemoteDrafter(f"127.0.0.1:{port}", "code"),
+        "another CA": RemoteDrafter(f"127.0.0.1:{port}", "code", tls_dir=str(other_ca),
                                     tls_server_name=SERVICE),
-        "wrong name": RemoteDrafter(f"127.0.0.1:{port}", "code", 0,
+        "wrong name": RemoteDrafter(f"127.0.0.1:{port}", "code",
                                     tls_dir=str(tls_pool[1]), tls_server_name="evil.example"),
     }
     for what, client in clients.items():

@@ -4,13 +4,12 @@ import random
 
 import pytest
 
-from cosine.runtime.batching import (
+from cosine.simulation.batching import (
     BatchBudget,
     BatchSettings,
     PassCost,
     ReadyRequest,
     plan_batch,
-    shorten_drafts,
 )
 
 COST = PassCost(base_s=0.3, per_token_s=0.01, per_request_s=0.005)
@@ -176,35 +175,3 @@ def test_random_plans_respect_the_bounds():
         starving = [r for r in fits_alone if NOW - r.ready_since_s > settings.max_wait_s]
         if starving:  # the longest-waiting request that can run at all goes first
             assert taken[0] == min(starving, key=lambda r: (r.ready_since_s, r.arrival_s, r.request_id)).request_id
-
-
-def test_shorten_drafts_water_filling():
-    assert shorten_drafts({"a": 3, "b": 2}, 10) == {"a": 3, "b": 2}  # fits: unchanged
-    assert shorten_drafts({"a": 8, "b": 2, "c": 5}, 11) == {"a": 5, "b": 2, "c": 4}  # longest cut first
-    assert shorten_drafts({"a": 8, "b": 8}, 9) == {"a": 5, "b": 4}  # leftover token to one of the tied
-    assert shorten_drafts({"a": 6, "b": 6, "c": 1}, 4) == {"a": 2, "b": 1, "c": 1}
-    assert shorten_drafts({"a": 6, "b": 4}, 0) == {"a": 0, "b": 0}
-    assert shorten_drafts({"a": 6, "b": 4}, 4, min_len=3) == {"a": 3, "b": 3}  # floors win over the budget
-    assert shorten_drafts({"a": 6, "b": 1}, 5, min_len=2) == {"a": 4, "b": 1}
-    assert shorten_drafts({}, 3) == {}
-    with pytest.raises(ValueError):
-        shorten_drafts({"a": -1}, 3)
-    with pytest.raises(ValueError):
-        shorten_drafts({"a": 1}, -3)
-
-
-def test_shorten_drafts_random_cases():
-    rng = random.Random(1)
-    for _ in range(500):
-        lens = {f"r{i}": rng.randint(0, 16) for i in range(rng.randint(1, 8))}
-        budget, min_len = rng.randint(0, 60), rng.randint(0, 3)
-        out = shorten_drafts(lens, budget, min_len)
-        floors = sum(min(n, min_len) for n in lens.values())
-        assert sum(out.values()) == min(sum(lens.values()), max(budget, floors))
-        assert all(min(n, min_len) <= out[r] <= n for r, n in lens.items())
-        # water-filling: cut drafts are within 1 token of each other, and at most 1 shorter than any
-        # draft left whole
-        cut = [out[r] for r, n in lens.items() if out[r] < n]
-        if cut and budget > floors:
-            assert max(cut) - min(cut) <= 1
-            assert all(min(cut) + 1 >= out[r] for r, n in lens.items() if out[r] == n)

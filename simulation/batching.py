@@ -1,9 +1,9 @@
-"""Batch scheduling: which drafted requests the target's next verification pass takes.
+"""Batch scheduling of the simulated verifier: which drafted requests its next pass takes.
 
 Gao et al. 2025 (CoSine, arXiv:2503.10325), batch scheduling: the verifier "selectively groups
-requests" for latency and throughput under a token budget; when drafts outgrow the budget, the
-longest are shortened first (`shorten_drafts`). Throughput is scored as goodput, expected emitted
-tokens per second of verifier time (SmartSpec, arXiv:2406.14066).
+requests" for latency and throughput under a token budget. Throughput is scored as goodput,
+expected emitted tokens per second of verifier time (SmartSpec, arXiv:2406.14066). The serving
+path leaves this to vLLM's scheduler; the simulator (`cluster`) plans its passes with it.
 
 Pure policy: a snapshot of ready requests, the budget and the measured pass cost in,
 a `BatchPlan` out; no torch, no clock (`now_s` is passed in). Requests not taken stay ready.
@@ -21,7 +21,7 @@ more than the passes its elders need.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 _MIN_COST_S = 1e-9  # floor of a request's marginal pass time, so a free pass scores finitely
@@ -203,40 +203,3 @@ def plan_batch(
     total = sum(t.num_tokens for t in taken)
     return BatchPlan(tuple(taken), tuple(r.request_id for r in ready if r.request_id not in ids),
                      cost.pass_s(total, len(taken)))
-
-
-def shorten_drafts(draft_lens: Mapping[str, int], token_budget: int, min_len: int = 0) -> dict[str, int]:
-    """Shorten the longest drafts first until the total fits `token_budget` (water-filling).
-
-    Gao et al. 2025, batch scheduling: when the drafts of a pass exceed the verifier's budget, the
-    longest are cut, since their last tokens are the least likely to be accepted. Every draft is
-    capped at a common level L (the largest that fits); leftover tokens go one each to the longest
-    original drafts (ties by id). No draft is cut below `min_len`.
-
-    Args:
-        draft_lens: draft tokens per request id (excluding the +1 bonus token of each request).
-        token_budget: draft tokens the pass may verify (e.g. max_tokens - number of requests).
-        min_len: floor per draft; if the floors alone exceed the budget, the floors are returned.
-    Raises ValueError for negative lengths, budget or min_len.
-    """
-    if token_budget < 0 or min_len < 0 or any(n < 0 for n in draft_lens.values()):
-        raise ValueError("draft lengths, token_budget and min_len must be non-negative")
-    if sum(draft_lens.values()) <= token_budget:
-        return dict(draft_lens)
-
-    def total(level: int) -> int:
-        return sum(min(n, max(level, min_len)) for n in draft_lens.values())
-
-    lo, hi = 0, max(draft_lens.values())  # largest level with total(level) <= budget, by bisection
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if total(mid) <= token_budget else (lo, mid - 1)
-    level = max(lo, min_len)
-    out = {rid: min(n, level) for rid, n in draft_lens.items()}
-    spare = token_budget - sum(out.values())
-    for rid in sorted((r for r, n in draft_lens.items() if n > level), key=lambda r: (-draft_lens[r], r)):
-        if spare <= 0:
-            break
-        out[rid] += 1
-        spare -= 1
-    return out

@@ -1,0 +1,17 @@
+"""`cosine` command line: errors are one line and exit code 2, before any engine starts."""
+
+from cosine.cli import build_parser, main
+
+
+def test_generate_errors_are_clear(capsys):
+    assert main(["generate", "--prompt", "hi", "--max-tokens", "0"]) == 2
+    assert "--max-tokens" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "hi", "--target", "no-such-model"]) == 2
+    assert "no-such-model" in capsys.readouterr().err
+
+
+def test_generate_and_bench_flags():
+    args = build_parser().parse_args(["generate", "--prompt", "hi"])
+    assert (args.max_tokens, args.max_draft_tokens, args.temperature) == (128, 8, 0.0)
+    args = build_parser().parse_args(["bench"])
+    assert (args.concurrency, args.placement, args.systems) == ("1,4,8", "split", "")
