@@ -191,7 +191,7 @@ class PodOverrides:
 
 @dataclass(frozen=True)
 class VerifierSpec(_Checked):
-    """The target model's pods: gateway, coordinator and batched verifier."""
+    """The target model's pods: vLLM with CoSine's proposer, serving the OpenAI-compatible API."""
 
     SPEC_PATH: ClassVar[str] = "spec.verifier"
     model: str = spec_field("model")
