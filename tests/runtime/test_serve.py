@@ -189,20 +189,27 @@ def _pool_asked(metrics_url: str, pool: str = "small") -> float:
 
 
 def test_fifty_requests_at_concurrency_eight(cluster):
+    """Every request gets its own answer: 50 requests over 5 prompts whose greedy answers differ,
+    at concurrency 8, each compared with its prompt's answer alone (a lost, duplicated or crossed
+    answer fails)."""
     base, _, _ = cluster
     client = _client(base)
+    prompts = [f"Count from {n} to {n + 3}, separated by commas." for n in (1, 10, 20, 50, 100)]
+
+    def complete(prompt: str) -> str:
+        return client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+
+    alone = {p: complete(p) for p in prompts}
+    assert len(set(alone.values())) == len(prompts), alone  # distinct answers: a crossed one would show
 
     def one(i: int) -> tuple[int, str, float]:
         t = time.perf_counter()
-        r = client.completions.create(model=MODEL, prompt=f"Request {i}: count to three.", max_tokens=8,
-                                      temperature=0, user=str(i))
-        return i, r.id, time.perf_counter() - t
+        return i, complete(prompts[i % len(prompts)]), time.perf_counter() - t
 
     with cf.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(one, range(50)))
-    ids = [r[1] for r in results]
-    assert sorted(r[0] for r in results) == list(range(50))
-    assert len(set(ids)) == 50, "no request answered twice or lost"
+    assert [r[0] for r in results] == list(range(50))
+    assert [r[1] for r in results] == [alone[prompts[i % len(prompts)]] for i in range(50)]
     lat = sorted(r[2] for r in results)
     p50, p99 = statistics.median(lat), lat[int(0.99 * (len(lat) - 1))]
     print(f"\n50 requests at concurrency 8: p50 {p50:.2f} s, p99 {p99:.2f} s")
