@@ -142,6 +142,7 @@ def _per_domain(prompts: list, limit: int) -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `cosine` argument parser; each subcommand sets `func`, its handler."""
     p = argparse.ArgumentParser(prog="cosine", description="CoSine: collaborative speculative inference")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
@@ -226,10 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="name the drafters' certificate must carry (default: each --drafter address's host)")
     ve.set_defaults(func=_verifier)
 
-    se = sub.add_parser("serve", help="embedded cluster: drafter processes + verifier + gateway on this machine")
+    se = sub.add_parser("serve", help="embedded cluster: drafter processes + verifier (vLLM's OpenAI server) "
+                            "on this machine")
     se.add_argument("--cluster", type=Path, default=None, help=cluster_help)
-    se.add_argument("--port", type=int, default=8000, help="gateway port")
-    se.add_argument("--host", default="127.0.0.1", help="gateway bind address")
+    se.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (OpenAI API)")
+    se.add_argument("--host", default="127.0.0.1", help="the verifier's HTTP bind address")
     se.add_argument("--metrics-port", type=int, default=9091, help="CoSine's per-pool cosine: series (0 = off)")
     se.add_argument("--placement", choices=("split", "shared"), default="split",
                     help="split: verifier and drafters on disjoint CPU cores (spec threads); shared: no pinning")
@@ -240,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--workload", default="mixed")
     de.add_argument("--limit", type=int, default=2, help="prompts per domain (0 = all)")
     de.add_argument("--max-tokens", type=int, default=64)
-    de.add_argument("--port", type=int, default=8000, help="gateway port (0 = any free port)")
+    de.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (0 = any free port)")
     de.add_argument("--exit", action="store_true", help="stop the cluster after the report")
     de.set_defaults(func=_demo)
 
@@ -288,6 +290,11 @@ def _add_simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the `cosine` command (`argv`: default `sys.argv[1:]`); returns the exit status.
+
+    Usage errors (ValueError, FileNotFoundError) and missing models print `error: ...` and return 2;
+    other exceptions propagate.
+    """
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"

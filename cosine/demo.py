@@ -15,6 +15,8 @@ from cosine.workloads import Prompt
 
 @dataclass(frozen=True)
 class Answer:
+    """One answered prompt: its text, completion tokens, time to first content chunk and wall time (seconds)."""
+
     prompt: Prompt
     text: str
     completion_tokens: int
@@ -75,6 +77,14 @@ def per_pool_counters(metrics_url: str) -> dict[str, dict[str, float]]:
 
 
 def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port: int, keep_serving: bool) -> int:
+    """Start `cosine serve` on `port` (0: a free one), ask it each prompt (greedy, at most
+    `max_tokens` tokens), print per-prompt and per-pool results, then keep serving until Ctrl-C
+    unless `keep_serving` is False; the cluster is stopped on return. Returns 0.
+
+    Raises:
+        ValueError: an invalid manifest.
+        RuntimeError: the cluster exited or was not ready in time.
+    """
     from openai import OpenAI
 
     spec = parse_spec(load_manifest(manifest))

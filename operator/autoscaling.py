@@ -99,6 +99,7 @@ class ScaleDecision:
 
     @property
     def changed(self) -> bool:
+        """Whether the desired replicas differ from the current ones."""
         return self.desired != self.current
 
 

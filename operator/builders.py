@@ -53,22 +53,27 @@ Manifest = dict[str, Any]
 
 
 def config_name(cluster: str) -> str:
+    """The ConfigMap's name, ``N-config``."""
     return f"{cluster}-config"
 
 
 def verifier_name(cluster: str) -> str:
+    """The verifier Deployment's and Service's name, ``N-verifier``."""
     return f"{cluster}-verifier"
 
 
 def gateway_name(cluster: str) -> str:
+    """The gateway Service's name, ``N-gateway``."""
     return f"{cluster}-gateway"
 
 
 def drafter_name(cluster: str, pool: str) -> str:
+    """Pool ``P``'s Deployment and headless Service name, ``N-drafter-P``."""
     return f"{cluster}-drafter-{pool}"
 
 
 def pool_object_name(cluster: str, pool: str) -> str:
+    """Pool ``P``'s ``CoSineDrafterPool`` name, ``N-P``."""
     return f"{cluster}-{pool}"
 
 
@@ -83,6 +88,8 @@ def labels(cluster: str, component: str, pool: str | None = None) -> dict[str, s
 
 
 def selector_labels(cluster: str, component: str, pool: str | None = None) -> dict[str, str]:
+    """Labels that select a component's pods (instance, cluster, component and, for a pool, pool);
+    immutable once a Deployment exists."""
     out = {"app.kubernetes.io/instance": cluster, CLUSTER_LABEL: cluster, COMPONENT_LABEL: component}
     if pool is not None:
         out[POOL_LABEL] = pool

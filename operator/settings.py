@@ -300,7 +300,8 @@ class AutoscalingSpec(_Checked):
 
 @dataclass(frozen=True)
 class ApiKeySecretRef(_Checked):
-    """``spec.gateway.apiKeySecretRef``: the Secret key holding the gateway's API key."""
+    """``spec.gateway.apiKeySecretRef``: the Secret key holding the API key the verifier's OpenAI server
+    requires (passed to verifier pods as ``COSINE_API_KEY``)."""
 
     SPEC_PATH: ClassVar[str] = "spec.gateway.apiKeySecretRef"
     name: str = spec_field("name")
@@ -309,7 +310,8 @@ class ApiKeySecretRef(_Checked):
 
 @dataclass(frozen=True)
 class GatewaySpec(_Checked):
-    """The OpenAI-compatible front door's Service."""
+    """``spec.gateway``: the OpenAI-compatible front door, a Service (``N-gateway``) onto the verifier pods'
+    port 8000."""
 
     SPEC_PATH: ClassVar[str] = "spec.gateway"
     service_type: str = spec_field("serviceType", "ClusterIP", enum=("ClusterIP", "NodePort", "LoadBalancer"))

@@ -23,6 +23,7 @@ class OperatorMetrics:
 
     @classmethod
     def create(cls) -> OperatorMetrics:
+        """The metrics in a fresh registry of their own."""
         registry = CollectorRegistry()
         return cls(
             registry=registry,

@@ -70,7 +70,9 @@ class Sequence(Protocol):
     token_ids: list[int]
 
     @property
-    def num_tokens(self) -> int: ...
+    def num_tokens(self) -> int:
+        """Tokens in the cache."""
+        ...
 
 
 class Runner(Protocol):
@@ -82,21 +84,29 @@ class Runner(Protocol):
     max_context_tokens: int
 
     @property
-    def eos_token_ids(self) -> frozenset[int]: ...
+    def eos_token_ids(self) -> frozenset[int]:
+        """The model's end-of-sequence / end-of-turn token ids."""
+        ...
 
-    def new_sequence(self) -> Any: ...
+    def new_sequence(self) -> Any:
+        """An empty KV sequence for a new request."""
+        ...
 
     def sync(self, seq: Any, context_ids: Seq[int]) -> list[int]:
         """Roll back to the longest common prefix with `context_ids`; the rest, to be fed."""
         ...
 
-    def rollback(self, seq: Any, num_tokens: int) -> None: ...
+    def rollback(self, seq: Any, num_tokens: int) -> None:
+        """Truncate the sequence's cache to its first `num_tokens` tokens."""
+        ...
 
     def forward(self, seq: Any, token_ids: Seq[int], *, logits_to_keep: int = 0) -> torch.Tensor:
         """Append tokens; logits [rows, vocab] (the last row: after the last token)."""
         ...
 
-    def release(self, seq: Any) -> None: ...
+    def release(self, seq: Any) -> None:
+        """Free the sequence's KV cache."""
+        ...
 
 
 @dataclass

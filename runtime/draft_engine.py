@@ -169,9 +169,11 @@ class LlamaCppEngine:
         self._cached: dict[str, list[int]] = {}  # request id -> tokens in its KV sequence
 
     def num_requests(self) -> int:
+        """Requests holding a KV sequence."""
         return len(self._seq)
 
     def release(self, request_id: str) -> None:
+        """Free the request's KV sequence (its cells are removed from the cache). Idempotent."""
         seq = self._seq.pop(request_id, None)
         self._cached.pop(request_id, None)
         if seq is not None:
@@ -179,6 +181,7 @@ class LlamaCppEngine:
             self._free_seqs.append(seq)
 
     def close(self) -> None:
+        """Free llama.cpp's batch, context and model; the engine is unusable after."""
         self._ll.llama_batch_free(self._batch)
         self._ll.llama_free(self._ctx)
         self._ll.llama_model_free(self._model)
@@ -362,6 +365,7 @@ class LlamaSequence:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens in the sequence's cache."""
         return len(self.token_ids)
 
 
@@ -391,6 +395,7 @@ class LlamaCppRunner:
         return self.engine.eog_token_ids
 
     def new_sequence(self) -> LlamaSequence:
+        """An empty sequence under a fresh key (the engine allocates its KV sequence on first use)."""
         self._next += 1
         return LlamaSequence(f"xtok-{self._next}", [])
 
@@ -416,6 +421,7 @@ class LlamaCppRunner:
         return torch.from_numpy(logits)[None]
 
     def release(self, seq: LlamaSequence) -> None:
+        """Free the sequence's KV sequence on the engine and empty it."""
         self.engine.release(seq.key)
         seq.token_ids.clear()
 
@@ -447,12 +453,18 @@ class VllmEngine:
         self._known: set[str] = set()
 
     def num_requests(self) -> int:
+        """Requests drafted since their last release."""
         return len(self._known)
 
     def release(self, request_id: str) -> None:
+        """Forget the request (vLLM's prefix cache evicts its blocks itself)."""
         self._known.discard(request_id)  # vLLM's prefix cache evicts the blocks by itself
 
     def draft(self, jobs: Sequence[DraftJob]) -> list[DraftResult]:
+        """One result per job, in order: up to `max_tokens` greedy tokens each, all jobs in one
+        `generate`, cut at the first token whose probability is below `min_confidence`. Ignores
+        `expected` (prefix_len 0, no branches); jobs with no context or `max_tokens` <= 0 get an
+        empty draft."""
         from vllm import SamplingParams, TokensPrompt
 
         t0 = time.perf_counter()
@@ -492,13 +504,16 @@ class SequentialEngine:
         self._known: set[str] = set()
 
     def num_requests(self) -> int:
+        """Requests drafted since their last release."""
         return len(self._known)
 
     def release(self, request_id: str) -> None:
+        """Release the request on the wrapped drafter."""
         self._known.discard(request_id)
         self.drafter.release(request_id)  # type: ignore[attr-defined]
 
     def draft(self, jobs: Sequence[DraftJob]) -> list[DraftResult]:
+        """One result per job, in order, each from the drafter's `propose` (`expected` is ignored)."""
         out = []
         for j in jobs:
             self._known.add(j.request_id)
@@ -549,6 +564,8 @@ class DraftBatcher:
         return fut
 
     def release(self, request_id: str) -> None:
+        """Cancel the request's queued drafts (their Futures get an empty `DraftResult`) and free its
+        engine state before the next round."""
         with self._cv:
             for p in [p for p in self._queue if p.job.request_id == request_id]:
                 self._queue.remove(p)
@@ -557,6 +574,7 @@ class DraftBatcher:
             self._cv.notify()
 
     def close(self) -> None:
+        """Stop the batcher thread (waits up to 5 s for the running round); queued Futures are cancelled."""
         with self._cv:
             self._stop = True
             self._cv.notify()

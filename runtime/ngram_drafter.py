@@ -63,6 +63,7 @@ class SuffixCache:
             self._table.popitem(last=False)
 
     def lookup(self, context: Seq[int], max_tokens: int) -> list[int]:
+        """Up to `max_tokens` tokens that followed `context`'s last n tokens; [] on a miss."""
         if len(context) < self.n:
             return []
         follow = self._table.get(tuple(context[-self.n:]))
@@ -81,6 +82,8 @@ class NgramDrafter:
         self._contexts: dict[str, list[int]] = {}
 
     def propose(self, request_id: str, context_ids: Seq[int], max_tokens: int, *, min_confidence: float = 0.0) -> Draft:
+        """Up to `max_tokens` tokens by prompt lookup, else from the suffix cache; empty when the
+        confidence is below `min_confidence`. Remembers the context for `release`."""
         t0 = time.perf_counter()
         self._contexts[request_id] = list(context_ids)
         if max_tokens <= 0:
@@ -94,6 +97,7 @@ class NgramDrafter:
         return Draft(tuple(tokens), (conf,) * len(tokens), self.name, time.perf_counter() - t0)
 
     def release(self, request_id: str) -> None:
+        """Forget the request, indexing its last seen context in the suffix cache."""
         ctx = self._contexts.pop(request_id, None)
         if ctx:
             self.cache.add(ctx)

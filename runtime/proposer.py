@@ -39,7 +39,7 @@ A failed pool (`pool_down_after` failures in a row) is left out for `pool_retry_
 warning per pool at most every `pool_warn_every_s`, and a late or failed draft is otherwise only
 a metric (`cosine:drafter_errors_total`, `cosine:spec_decode_drafts_late_total`), never a log line.
 
-A pool is anything with the `Drafter` interface (`transport.RemoteDrafter` over gRPC in
+A pool is anything with the `Drafter` interface (`transport.remote_drafter.RemoteDrafter` over gRPC in
 deployments); its calls run on this module's threads, so a crashed or hung pool costs drafts,
 never a request.
 """
@@ -111,7 +111,10 @@ class ProposerSettings:
     decay of the yield's counts (`cosine:drafter_yield_tokens`). pool_branches: at most this many
     rejection points of the draft being verified a pool drafts from as well (`Drafter.propose`'s
     `max_branches`); per pool, one fewer while its round trip exceeds `branch_rtt_high` verifier
-    steps and one more while it is below `branch_rtt_low`."""
+    steps and one more while it is below `branch_rtt_low`.
+
+    Raises ValueError for max_draft_tokens outside [0, `speculation_control.MAX_DRAFT_TOKENS`],
+    lookup n-gram sizes not 1 <= min <= max, pool_probe_every < 1 or pool_yield_decay outside (0, 1]."""
 
     max_draft_tokens: int = 8
     speculation: sc.SpeculationSettings = sc.SpeculationSettings()
@@ -193,6 +196,7 @@ class ProposerStats:
     requests_waiting: int = 0
 
     def add(self, counter: dict[str, int], key: str, n: int = 1) -> None:
+        """Add `n` to `counter[key]` (one of this object's per-source counters)."""
         counter[key] = counter.get(key, 0) + n
 
 
@@ -206,6 +210,9 @@ class CoSineProposer:
         classify: request domain from its prompt tokens (e.g. decode + `routing.classify_prompt`).
         clock: monotonic seconds (injected for tests).
         seed: the router's Thompson-sampling seed.
+
+    Raises:
+        ValueError: duplicate pool names, or a pool named like the prompt-lookup source (`LOOKUP`).
     """
 
     def __init__(
@@ -351,6 +358,7 @@ class CoSineProposer:
         return len(self._requests)
 
     def close(self) -> None:
+        """Stop the pool-call threads without waiting; queued pool calls are cancelled."""
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ policy glue

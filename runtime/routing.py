@@ -28,7 +28,8 @@ DOMAINS = ("code", "math", "chat", "edit")
 @dataclass(frozen=True)
 class RoutingSettings:
     """prior_weight: pseudo-outcomes given to a declared expertise. discount: weight kept by old
-    outcomes per new observation (1 = never forget). confidence_weight: how much the drafter's own
+    outcomes per new observation (1 = never forget). prior_acceptance_expert / prior_acceptance_other:
+    the prior's per-token acceptance on a declared / other domain. confidence_weight: how much the drafter's own
     confidence adds to the sampled acceptance. max_drafters: drafters returned per request.
     optimism_sd: posterior standard deviations above the mean in `optimistic_acceptance`."""
 
@@ -54,6 +55,8 @@ class ArmStats:
 
 @dataclass(frozen=True)
 class DrafterProfile:
+    """A drafter's name and the domains (`DOMAINS`) it declares expertise in."""
+
     name: str
     expertise: tuple[str, ...] = ()
 

@@ -94,9 +94,13 @@ class Cost(Protocol):
     `num_tokens` tokens (the pending token + the draft), e.g. `BatchedCost`."""
 
     @property
-    def draft_token_s(self) -> float: ...
+    def draft_token_s(self) -> float:
+        """Drafter seconds per draft token."""
+        ...
 
-    def verify_s(self, num_tokens: int) -> float: ...
+    def verify_s(self, num_tokens: int) -> float:
+        """Seconds the target takes to verify `num_tokens` tokens."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,7 @@ class BatchedCost:
             raise ValueError(f"invalid batched cost {self!r}")
 
     def verify_s(self, num_tokens: int) -> float:
+        """The request's seconds for verifying `num_tokens` tokens in the shared pass (formula above)."""
         c, r = self.curve, self.num_requests
         added = c.seconds(self.other_tokens + num_tokens) - c.seconds(self.other_tokens + 1)
         return c.seconds(r) / r + added
@@ -203,6 +208,7 @@ class SpeculationState:
 
     @property
     def acceptance_rate(self) -> float:
+        """Estimated per-token acceptance probability alpha, in [0, 1] (0 before any trial)."""
         return self.accepted_ema / self.trials_ema if self.trials_ema > 0 else 0.0
 
 

@@ -54,10 +54,12 @@ class NoDraftProposer:
         """One empty draft per batch row. sampled_token_ids: [num_reqs][1 + accepted]."""
         return [[] for _ in sampled_token_ids]
 
-    def load_model(self, *args: Any, **kwargs: Any) -> None:  # no model of its own
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No-op: the proposer has no model of its own."""
         return None
 
     def dummy_run(self, *args: Any, **kwargs: Any) -> None:
+        """No-op (vLLM's warm-up call)."""
         return None
 
 
@@ -203,7 +205,12 @@ def _classifier(model: str | None):
 
 class CoSineScheduler(Scheduler):
     """vLLM's scheduler with CoSine's drafts (see the module docstring). Everything else, from
-    admission and KV blocks to preemption, is vLLM's own."""
+    admission and KV blocks to preemption, is vLLM's own.
+
+    Raises:
+        ValueError: no `additional_config["cosine"]`, or its `max_draft_tokens` differs from
+            `speculative_config.num_speculative_tokens`.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -223,6 +230,7 @@ class CoSineScheduler(Scheduler):
             self._exporter = ProposerExporter(self.cosine.stats, port=int(config["metrics_port"]))
 
     def schedule(self, *args: Any, **kwargs: Any):
+        """vLLM's schedule, timed from here; new requests' prompts are prefetched to their pools."""
         self._step_t0 = time.perf_counter()
         out = super().schedule(*args, **kwargs)
         for new in out.scheduled_new_reqs:  # pools take in the prompt while the target prefills it
@@ -231,6 +239,8 @@ class CoSineScheduler(Scheduler):
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        """vLLM's update, after reading each request's draft outcome (drafted, accepted = sampled - 1)
+        and the step's wall seconds and token count for `CoSineProposer.observe_step`."""
         step_s = time.perf_counter() - self._step_t0
         outcomes = []
         sampled = model_runner_output.sampled_token_ids
@@ -254,6 +264,8 @@ class CoSineScheduler(Scheduler):
         return out
 
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        """Replace the worker's (empty) drafts with CoSine's, per running decode request; requests
+        vLLM no longer holds are released from the proposer."""
         contexts: dict[str, Sequence[int]] = {}
         prompt_lens: dict[str, int] = {}
         for rid in draft_token_ids.req_ids:
@@ -268,5 +280,6 @@ class CoSineScheduler(Scheduler):
         super().update_draft_token_ids(DraftTokenIds(list(draft_token_ids.req_ids), rows))
 
     def shutdown(self) -> None:
+        """Close the proposer, then vLLM's scheduler."""
         self.cosine.close()
         super().shutdown()

@@ -93,6 +93,13 @@ class DrafterServicer(pb_grpc.DrafterServicer):
             return len(self._contexts)
 
     def Propose(self, request: pb.ProposeRequest, context: grpc.ServicerContext) -> pb.ProposeResponse:
+        """Extend the request's kept context (`num_cached` tokens kept + `new_token_ids`) and draft
+        from it in the next batched round, waiting up to the call's deadline.
+
+        Aborts with FAILED_PRECONDITION when fewer than `num_cached` tokens are kept (the client
+        resends the whole context), INVALID_ARGUMENT for an empty context, DEADLINE_EXCEEDED when
+        the round does not finish in time, INTERNAL when the engine fails.
+        """
         rid = request.request_id
         with self._lock:
             known = self._contexts.get(rid)
@@ -127,6 +134,7 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         return msg
 
     def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseResponse:
+        """Forget the request's context and free its engine state (idempotent)."""
         with self._lock:
             self._contexts.pop(request.request_id, None)
             self.metrics.contexts.set(len(self._contexts))
@@ -134,12 +142,14 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         return pb.ReleaseResponse()
 
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
+        """The replica's model, tokenizer family, vocabulary size and pool name."""
         return pb.InfoResponse(
             model=self.model_name, tokenizer_family=self.tokenizer_family,
             vocab_size=self.vocab_size, pool=self.pool,
         )
 
     def close(self) -> None:
+        """Stop the batcher (see `DraftBatcher.close`)."""
         self.batcher.close()
 
     def _count_round(self, seconds: float, results: Sequence[DraftResult]) -> None:

@@ -84,6 +84,7 @@ class RemoteDrafter:
         self.calls = 0
 
     def info(self, timeout_s: float = 5.0) -> pb.InfoResponse:
+        """The pool's `Info` (model, tokenizer family, vocab size, pool). Raises grpc.RpcError on failure."""
         return self._stub.Info(pb.InfoRequest(), timeout=timeout_s)
 
     def propose(self, request_id: str, context_ids: Seq[int], max_tokens: int, *, min_confidence: float = 0.0,
@@ -126,4 +127,5 @@ class RemoteDrafter:
             log.debug("release %s on %s failed: %s", request_id, self.name, e.code())
 
     def close(self) -> None:
+        """Close the gRPC channel."""
         self._channel.close()
