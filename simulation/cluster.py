@@ -1,28 +1,30 @@
 """A discrete-event simulation of one CoSineCluster (SimPy processes; no event loop of our own).
 
-Processes: request arrivals (Poisson, closed loop or a trace), one process per verifier replica
-(continuous batching), drafter pools as SimPy containers of replica slots with a network in front
-(RTT, bandwidth, draft bytes), and the autoscaler acting every `interval_s`.
+What serves, modelled step by step:
+- each verifier replica is vLLM's scheduler: every engine step has a token budget
+  (`max_batch_tokens`, vLLM's `max_num_batched_tokens`); running requests go first, each with its
+  pending token plus its draft tokens (a draft clipped to what is left of the budget), a request
+  still prefilling with the next chunk of its prompt (chunked prefill), then waiting requests are
+  admitted first come, first served, up to `max_requests`, their prompts chunked into what is left.
+  The step takes `pass_s(tokens in the step)`;
+- after each step CoSine's proposer drafts for every running decode request from what is available
+  *now*: prompt lookup (found on a share of steps, `LookupModel`) and any pool draft that has
+  arrived and still continues the context (`PoolModel.use_prob`); the chain's length k comes from
+  the product's `speculation_control.next_draft_len` on the pass curve (`BatchedCost`, per request
+  and per source, probes included); a pool is asked only where `speculation_control.pool_pays`
+  (or on the request's probe steps), and its draft, made while the verifier computes, serves a
+  later step: the verifier never waits for a pool;
+- pools are SimPy containers of replica slots behind a network (RTT, bandwidth); `routing.route`
+  picks them, the operator's `autoscaling.desired_replicas` scales them every `interval_s`.
 
-The decisions are pure policies: `batching.plan_batch` (the simulated verifier's scheduler) picks
-each pass; the product's own `speculation_control.next_draft_len` / `adjust_for_load` / `observe`
-set k, `routing.route` / `observe` pick pools, and `operator.autoscaling.desired_replicas` scales
-the pools, called as the runtime and operator call them. The simulator only supplies time: pass
-and draft durations from `cost_models`, acceptance draws from its distributions.
-
-Modes (the systems of the paper's evaluation, arXiv:2503.10325 §6):
-- `target-only`: continuous batching, no speculation (vLLM).
-- `vanilla`: one drafter co-located on the verifier's GPUs; each cycle drafts k tokens for the
-  batch, then verifies (no overlap).
-- `specinfer`: several co-located drafters, their drafts merged into a tree verified in one pass
-  (n * k tokens per request; accepted = the longest accepted branch).
-- `cosine`: remote pools, routing, fusion of `max_drafters` drafts (accepted = the best candidate,
-  an upper bound on per-position confidence fusion), pipelined: pools draft some requests while the
-  verifier verifies others; a request waits only for its own draft.
+Modes: `target-only` (vLLM, no speculation); `cosine` (the proposer: prompt lookup if the setup
+has a `LookupModel`, and the pools); `vanilla` (a drafter co-located on the verifier drafts k
+tokens for every request before each step: vLLM's draft-model speculation).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 from collections.abc import Callable
@@ -32,17 +34,20 @@ import simpy
 
 from cosine.operator import autoscaling
 from cosine.runtime import routing, speculation_control
-from cosine.simulation import batching
 from cosine.simulation.cost_models import AcceptanceModel, accepted_tokens
 
-MODES = ("target-only", "vanilla", "specinfer", "cosine")
+MODES = ("target-only", "vanilla", "cosine")
+LOOKUP = "lookup"  # prompt lookup's source name (its acceptance key in `AcceptanceModel`)
 DRAFT_BYTES_PER_TOKEN = 8  # a draft token on the wire: its id and its confidence (no distribution)
 
 
 @dataclass(frozen=True)
 class PoolModel:
     """A drafter pool: `slots` requests drafted at once per replica, `draft_token_s` per token per
-    request at that load, `catch_up_token_s` per unseen context token; the link to the verifier."""
+    request at that load, `catch_up_token_s` per unseen context token; the link to the verifier.
+    tokens_per_call: draft tokens a call makes (0: k's bound + 2, the proposer's lookahead).
+    use_prob: share of returned drafts the verifier can use (the draft still continues the
+    context when it is looked at; 0.5 measured on this machine's 2-core run)."""
 
     name: str
     expertise: tuple[str, ...]
@@ -55,18 +60,29 @@ class PoolModel:
     rtt_s: float = 0.0
     bandwidth_bytes_per_s: float = 1.25e9
     price_per_hour_usd: float = 0.0
+    tokens_per_call: int = 0
+    use_prob: float = 0.5
+
+
+@dataclass(frozen=True)
+class LookupModel:
+    """Prompt lookup: on a decode step it finds a draft with probability `hit_rate`, of up to
+    `draft_tokens` tokens (acceptance: the `lookup` key of the `AcceptanceModel`)."""
+
+    hit_rate: float
+    draft_tokens: int
 
 
 @dataclass(frozen=True)
 class VerifierModel:
-    """pass_s(tokens, kv_tokens) -> seconds; `colocated_draft_s(batch)`: one draft step of a
-    co-located drafter for a batch (vanilla/specinfer modes)."""
+    """pass_s(tokens, kv_tokens) -> seconds of one engine step; max_batch_tokens: vLLM's
+    `max_num_batched_tokens`; max_requests: its `max_num_seqs`. `colocated_draft_s(batch)`: one
+    draft token for each of `batch` requests by a co-located drafter (vanilla mode)."""
 
     pass_s: Callable[[int, int], float]
     replicas: int = 1
     max_batch_tokens: int = 2048
     max_requests: int = 256
-    max_kv_tokens: int = 1 << 22
     price_per_hour_usd: float = 0.0
     colocated_draft_s: Callable[[int], float] = lambda batch: 0.0
 
@@ -90,17 +106,20 @@ class Workload:
 
 @dataclass(frozen=True)
 class SimSetup:
+    """min_pool_gain_tokens / pool_probe_every: the proposer's settings of the same names."""
+
     mode: str
     verifier: VerifierModel
     pools: tuple[PoolModel, ...]
     acceptance: AcceptanceModel
     speculation: speculation_control.SpeculationSettings
     routing_settings: routing.RoutingSettings = routing.RoutingSettings()
-    batch_settings: batching.BatchSettings = batching.BatchSettings()
     scaling: autoscaling.ScalingPolicy | None = None
     interval_s: float = 30.0
     pod_start_s: float = 30.0
-    num_colocated_drafters: int = 1
+    lookup: LookupModel | None = None
+    min_pool_gain_tokens: float = 0.25
+    pool_probe_every: int = 8
     seed: int = 0
 
 
@@ -108,16 +127,20 @@ class SimSetup:
 class _Req:
     rid: str
     spec: RequestSpec
-    state: speculation_control.SpeculationState
     arrival_s: float
     prefill_left: int
     emitted: int = 0
     draft_len: int = 0
-    drafters: tuple[str, ...] = ()
-    ready_since_s: float = 0.0
+    source: str = ""
+    steps: int = 0
+    pools: tuple[str, ...] = ()
     first_token_s: float | None = None
+    states: dict[str, speculation_control.SpeculationState] = field(default_factory=dict)
     alphas: dict[str, float] = field(default_factory=dict)
     seen_tokens: dict[str, int] = field(default_factory=dict)
+    inflight: set[str] = field(default_factory=set)  # pools drafting for it now
+    arrived: set[str] = field(default_factory=set)  # pools whose draft has arrived, not looked at yet
+    lookup_hit: float = 0.5  # EMA of steps on which prompt lookup found a draft (as the proposer keeps it)
     done: simpy.Event | None = None
 
 
@@ -131,9 +154,12 @@ class SimResult:
     makespan_s: float = 0.0
     verifier_busy_s: float = 0.0
     passes: int = 0
+    steps_with_draft: int = 0
     draft_tokens: int = 0
     accepted: int = 0
     spec_steps: int = 0
+    drafts_late: int = 0
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafts, draft tokens, accepted]
     replicas_timeline: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     scale_events: list[tuple[float, str, int, int]] = field(default_factory=list)
     gpu_cost_usd: float = 0.0
@@ -149,6 +175,11 @@ class SimResult:
             "latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else 0.0,
             "ttft_p50_s": statistics.median(self.ttft_s) if self.ttft_s else 0.0,
             "mean_accepted_per_step": self.accepted / self.spec_steps if self.spec_steps else 0.0,
+            "draft_tokens": self.draft_tokens,
+            "acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else 0.0,
+            "steps_with_draft_fraction": self.steps_with_draft / self.passes if self.passes else 0.0,
+            "verifier_step_s": self.verifier_busy_s / self.passes if self.passes else 0.0,
+            "drafts_late": self.drafts_late,
             "verifier_utilization": self.verifier_busy_s / (self.makespan_s * self.verifier_replicas)
             if self.makespan_s else 0.0,
             "scale_events": len(self.scale_events),
@@ -166,7 +197,8 @@ class _Cluster:
         self.env = simpy.Environment()
         self.rng = random.Random(setup.seed)
         self.out = SimResult(verifier_replicas=setup.verifier.replicas)
-        self.ready: list[_Req] = []
+        self.waiting: list[_Req] = []  # vLLM's waiting queue, shared by the replicas
+        self.running: list[list[_Req]] = [[] for _ in range(setup.verifier.replicas)]
         self.in_flight = 0
         self.idle_verifiers: list[simpy.Event] = []  # one wake-up event per idle verifier replica
         self.all_done = self.env.event()
@@ -177,32 +209,32 @@ class _Cluster:
         self.pods_ready = dict(self.replicas)  # replicas whose pods have started
         self.slots = {p.name: simpy.Container(self.env, capacity=max(1, p.max_replicas * p.slots),
                                               init=p.replicas * p.slots) for p in setup.pools}
+        self.on_time = dict.fromkeys(self.pools, 1.0)  # the proposer's per-pool on-time EMA
         self.load = speculation_control.initial_load_state(setup.speculation)
+        # The pass curve the k policy prices drafts on: the verifier's (the runtime measures it).
         ref_kv = int(statistics.mean(r.prompt_tokens + r.output_tokens // 2 for r in workload.requests))
-        # The pass curve the k policy sees: the verifier's, at a typical context (the runtime learns it).
         self.curve = speculation_control.PassCurve(tuple(
-            (n, setup.verifier.pass_s(n, ref_kv)) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)))
-        self.last_batch = (0, 1)  # (tokens, requests) of the last pass
-        self.window = self._new_window([p.name for p in setup.pools])
+            (n, setup.verifier.pass_s(n, ref_kv)) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)))
+        self.window = self._new_window(list(self.pools))
         self.scaler = autoscaling.ScalerState()
         for p in setup.pools:
             self.out.replicas_timeline[p.name] = [(0.0, p.replicas)]
 
     # ------------------------------------------------------------------ requests
     def _start(self, i: int, spec: RequestSpec) -> _Req:
-        alpha = None
-        r = _Req(f"r{i}", spec, speculation_control.initial_state(self.s.speculation, alpha), self.env.now,
-                 spec.prompt_tokens, ready_since_s=self.env.now, done=self.env.event())
+        r = _Req(f"r{i}", spec, self.env.now, spec.prompt_tokens, done=self.env.event())
+        if self.s.mode == "cosine" and self.pools:
+            up = [n for n in self.pools if self.replicas[n] > 0]
+            rs = self.s.routing_settings  # with fusion every pool may draft, each asked where it pays
+            rs = dataclasses.replace(rs, max_drafters=max(rs.max_drafters, len(self.pools)))
+            r.pools = tuple(routing.route(spec.domain, self.profiles, self.router, rs, self.rng.betavariate,
+                                          available=lambda n: n in up))
         self.in_flight += 1
-        self._make_ready(r)
-        return r
-
-    def _make_ready(self, r: _Req) -> None:
-        r.ready_since_s = self.env.now
-        self.ready.append(r)
+        self.waiting.append(r)
         for wake in self.idle_verifiers:
             wake.succeed()
         self.idle_verifiers = []
+        return r
 
     def _arrivals(self) -> simpy.events.ProcessGenerator:
         for i, spec in enumerate(self.w.requests):
@@ -216,33 +248,45 @@ class _Cluster:
             assert r.done is not None
             yield r.done
 
-    # ------------------------------------------------------------------ verifier
-    def _verifier(self) -> simpy.events.ProcessGenerator:
+    # ------------------------------------------------------------------ verifier (vLLM's scheduler)
+    def _schedule(self, running: list[_Req]) -> list[tuple[_Req, int]]:
+        """One engine step: running requests first (pending token + draft, or the next prefill
+        chunk), then waiting ones admitted while the token budget and `max_requests` allow."""
+        v = self.s.verifier
+        budget, step = v.max_batch_tokens, []
+        for r in running:
+            n = min(r.prefill_left if r.prefill_left > 0 else 1 + r.draft_len, budget)
+            if n < 1:
+                break
+            step.append((r, n))
+            budget -= n
+        while self.waiting and budget > 0 and len(running) < v.max_requests:
+            r = self.waiting.pop(0)
+            running.append(r)
+            n = min(r.prefill_left, budget)
+            step.append((r, n))
+            budget -= n
+        return step
+
+    def _verifier(self, replica: int) -> simpy.events.ProcessGenerator:
         s, v = self.s, self.s.verifier
-        budget = batching.BatchBudget(v.max_batch_tokens, v.max_kv_tokens, v.max_requests)
-        cost = batching.PassCost(self.curve.seconds(1), max(0.0, self.curve.seconds(2) - self.curve.seconds(1)))
+        running = self.running[replica]
         idle_since = self.env.now
         while True:
-            if not self.ready:
+            if not running and not self.waiting:
                 wake = self.env.event()
                 self.idle_verifiers.append(wake)
                 yield wake
-                continue  # another replica may have taken everything
-            now = self.env.now
-            idle_s = now - idle_since
-            by_id = {r.rid: r for r in self.ready}
-            ready = [self._ready_view(r) for r in self.ready]
-            plan = batching.plan_batch(ready, budget, s.batch_settings, now, cost=cost)
-            taken = [(by_id[t.request_id], t.num_tokens) for t in plan.taken]
-            taken_ids = {r.rid for r, _ in taken}
-            self.ready = [r for r in self.ready if r.rid not in taken_ids]
-            tokens = sum(n for _, n in taken)
-            kv = sum(r.spec.prompt_tokens - r.prefill_left + r.emitted for r, _ in taken)
+                continue
+            step = self._schedule(running)
+            tokens = sum(n for _, n in step)
+            kv = sum(r.spec.prompt_tokens - r.prefill_left + r.emitted for r, _ in step)
             pass_s = v.pass_s(tokens, kv)
-            if s.mode in ("vanilla", "specinfer"):  # co-located drafting precedes the pass
-                k_max = max((r.draft_len for r, _ in taken), default=0)
-                pass_s += k_max * v.colocated_draft_s(len(taken)) * s.num_colocated_drafters
-            backlog = sum(x.num_tokens for x in ready if x.request_id not in taken_ids)
+            decodes = [(r, n) for r, n in step if r.prefill_left == 0]
+            if s.mode == "vanilla" and decodes:  # the co-located drafter drafts before the step
+                pass_s += max(r.draft_len for r, _ in decodes) * v.colocated_draft_s(len(decodes))
+            idle_s = self.env.now - idle_since
+            backlog = sum(r.prefill_left for r in self.waiting)
             signal = speculation_control.LoadSignal(min(1.0, idle_s / max(idle_s + pass_s, 1e-9)), backlog,
                                                     v.max_batch_tokens)
             self.load = speculation_control.adjust_for_load(self.load, signal, s.speculation)
@@ -250,62 +294,62 @@ class _Cluster:
             self.out.verifier_busy_s += pass_s
             self.window["busy_s"] += pass_s
             self.out.passes += 1
-            self.last_batch = (tokens, max(1, len(taken)))
-            for r, n in taken:
-                self._after_pass(r, n)
+            if any(n > 1 for _, n in decodes):
+                self.out.steps_with_draft += 1
+            for r, n in step:
+                self._after_step(r, n, running)
+            contexts = [r for r in running if r.prefill_left == 0]
+            drafted = 0
+            for r in contexts:  # the proposer, for the next step
+                self._propose(r, other_tokens=len(contexts) - 1 + drafted, num_requests=len(contexts))
+                drafted += r.draft_len
             idle_since = self.env.now
 
-    def _ready_view(self, r: _Req) -> batching.ReadyRequest:
-        kv = r.spec.prompt_tokens - r.prefill_left + r.emitted
-        if r.prefill_left > 0:
-            return batching.ReadyRequest(r.rid, r.prefill_left, kv, r.arrival_s, r.ready_since_s, 1.0,
-                                         is_prefill=True)
-        width = r.draft_len * (self.s.num_colocated_drafters if self.s.mode == "specinfer" else 1)
-        alpha = r.state.acceptance_rate
-        return batching.ReadyRequest(r.rid, width + 1, kv, r.arrival_s, r.ready_since_s,
-                                     speculation_control.expected_tokens(alpha, r.draft_len))
+    def _alpha(self, r: _Req, source: str) -> float:
+        if source not in r.alphas:
+            r.alphas[source] = self.s.acceptance.sample(source, r.spec.domain, self.rng)
+        return r.alphas[source]
 
-    def _alpha(self, r: _Req, drafter: str) -> float:
-        if drafter not in r.alphas:
-            r.alphas[drafter] = self.s.acceptance.sample(drafter, r.spec.domain, self.rng)
-        return r.alphas[drafter]
+    def _state(self, r: _Req, source: str) -> speculation_control.SpeculationState:
+        """The request's acceptance estimate for a source; it starts at the source's mean on the
+        domain (what the runtime's router has learned from earlier requests)."""
+        if source not in r.states:
+            r.states[source] = speculation_control.initial_state(
+                self.s.speculation, self.s.acceptance.mean(source, r.spec.domain))
+        return r.states[source]
 
-    def _after_pass(self, r: _Req, n: int) -> None:
+    def _after_step(self, r: _Req, n: int, running: list[_Req]) -> None:
         s = self.s
         if r.prefill_left > 0:
             r.prefill_left -= n
             if r.prefill_left > 0:
-                self._make_ready(r)
                 return
             emitted = 1
             r.first_token_s = self.env.now
         else:
-            k = min(r.draft_len, n - 1)
+            k = n - 1
             emitted = 1
             if k > 0:
-                names = r.drafters or tuple(self.pools)[:1]
-                if s.mode == "specinfer":
-                    names = tuple(self.pools)[: s.num_colocated_drafters]
-                acc = {d: accepted_tokens(self._alpha(r, d), k, self.rng) for d in names}
-                best = max(acc.values())
-                emitted += best
+                acc = accepted_tokens(self._alpha(r, r.source), k, self.rng)
+                emitted += acc
                 self.out.draft_tokens += k
-                self.out.accepted += best
+                self.out.accepted += acc
                 self.out.spec_steps += 1
-                r.state = speculation_control.observe(r.state, s.speculation, k, best)
-                for d, a in acc.items():
-                    self.router = routing.observe(self.router, d, r.spec.domain, k, a, self._alpha(r, d),
-                                                  s.routing_settings)
-                    if d in self.window["accepted"]:
-                        self.window["accepted"][d] += a
+                counts = self.out.by_source.setdefault(r.source, [0, 0, 0])
+                counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + k, counts[2] + acc
+                r.states[r.source] = speculation_control.observe(self._state(r, r.source), s.speculation, k, acc)
+                if r.source in self.pools:
+                    self.router = routing.observe(self.router, r.source, r.spec.domain, k, acc,
+                                                  self._alpha(r, r.source), s.routing_settings)
+                    self.window["accepted"][r.source] += acc
         emitted = min(emitted, r.spec.output_tokens - r.emitted)
         r.emitted += emitted
         self.out.tokens += emitted
         self.window["verified"] += emitted
+        r.draft_len, r.source = 0, ""
         if r.emitted >= r.spec.output_tokens:
+            running.remove(r)
             self._finish(r)
-            return
-        self._next_draft(r)
 
     def _finish(self, r: _Req) -> None:
         self.in_flight -= 1
@@ -317,50 +361,73 @@ class _Cluster:
         if len(self.out.latencies_s) == len(self.w.requests):
             self.all_done.succeed()
 
-    # ------------------------------------------------------------------ drafting
-    def _next_draft(self, r: _Req) -> None:
+    # ------------------------------------------------------------------ drafting (CoSine's proposer)
+    def _propose(self, r: _Req, other_tokens: int, num_requests: int) -> None:
+        """The next step's draft for `r` from what is available now, k from goodput; then ask the
+        pools that pay for the request (their drafts serve a later step)."""
         s = self.s
-        r.draft_len, r.drafters = 0, ()
-        if s.mode == "target-only" or not self.pools:
-            self._make_ready(r)
+        r.draft_len, r.source = 0, ""
+        left = r.spec.output_tokens - r.emitted - 1
+        if s.mode == "target-only" or left <= 0:
             return
+        candidates: dict[str, int] = {}  # source -> tokens it offers
+        if s.mode == "vanilla" and self.pools:
+            candidates[next(iter(self.pools))] = s.speculation.max_draft_tokens
+        if s.mode == "cosine" and s.lookup is not None:
+            hit = self.rng.random() < s.lookup.hit_rate
+            r.lookup_hit = 0.8 * r.lookup_hit + 0.2 * (1.0 if hit else 0.0)
+            if hit:
+                candidates[LOOKUP] = s.lookup.draft_tokens
+        for name in r.pools:
+            if name in r.arrived:
+                r.arrived.discard(name)
+                usable = self.rng.random() < self.pools[name].use_prob
+                self.on_time[name] = 0.95 * self.on_time[name] + 0.05 * (1.0 if usable else 0.0)
+                if usable:
+                    candidates[name] = s.speculation.max_draft_tokens
+            elif name in r.inflight:
+                self.out.drafts_late += 1
+                self.on_time[name] = 0.95 * self.on_time[name]
+        r.steps += 1
+        if candidates:  # fusion by confidence, reduced to its leader: the source trusted most
+            source = max(candidates, key=lambda c: self._state(r, c).acceptance_rate)
+            draft_s = self.pools[source].draft_token_s if s.mode == "vanilla" else 0.0
+            cost = speculation_control.BatchedCost(draft_s, self.curve, max(0, other_tokens), max(1, num_requests))
+            state, k = speculation_control.next_draft_len(self._state(r, source), s.speculation, cost,
+                                                          self.load.cap_tokens)
+            r.states[source] = state
+            r.draft_len, r.source = min(k, candidates[source], left), source
         if s.mode == "cosine":
-            up = [n for n in self.pools if self.replicas[n] > 0]
-            r.drafters = tuple(routing.route(r.spec.domain, self.profiles, self.router, s.routing_settings,
-                                             self.rng.betavariate, available=lambda n: n in up))
-            if not r.drafters:
-                self._make_ready(r)
-                return
-        pool = self.pools[(r.drafters or tuple(self.pools))[0]]
-        tokens, reqs = self.last_batch
-        cost = speculation_control.BatchedCost(pool.draft_token_s, self.curve, max(0, tokens - 1), reqs)
-        r.state, k = speculation_control.next_draft_len(r.state, s.speculation, cost, self.load.cap_tokens)
-        r.draft_len = min(k, r.spec.output_tokens - r.emitted - 1)
-        if r.draft_len <= 0 or s.mode != "cosine":
-            r.draft_len = max(0, r.draft_len)
-            self._make_ready(r)
-            return
-        self.env.process(self._draft_remote(r))
+            for name in r.pools:
+                if name not in r.inflight and self.replicas[name] > 0 and self._worth_asking(r, name):
+                    r.inflight.add(name)
+                    self.env.process(self._draft_on_pool(r, self.pools[name]))
 
-    def _draft_remote(self, r: _Req) -> simpy.events.ProcessGenerator:
-        drafts = [self.env.process(self._draft_one(r, self.pools[name])) for name in r.drafters]
-        yield self.env.all_of(drafts)
-        self._make_ready(r)
+    def _worth_asking(self, r: _Req, name: str) -> bool:
+        """As the proposer's `_worth_asking`: on probe steps, else where `pool_pays`."""
+        s = self.s
+        if (r.steps - 1) % s.pool_probe_every == 0:
+            return True
+        lookup_alpha = self._state(r, LOOKUP).acceptance_rate if s.lookup else 0.0
+        return speculation_control.pool_pays(
+            self._state(r, name).acceptance_rate, self.on_time[name], lookup_alpha,
+            r.lookup_hit if s.lookup else 0.0, s.speculation.max_draft_tokens, s.min_pool_gain_tokens)
 
-    def _draft_one(self, r: _Req, p: PoolModel) -> simpy.events.ProcessGenerator:
+    def _draft_on_pool(self, r: _Req, p: PoolModel) -> simpy.events.ProcessGenerator:
         ctx = r.spec.prompt_tokens + r.emitted
         unseen = ctx - r.seen_tokens.get(p.name, 0)
-        up_bytes = 4 * min(unseen, ctx)  # context delta: token ids
-        down_bytes = r.draft_len * DRAFT_BYTES_PER_TOKEN
-        yield self.env.timeout(p.rtt_s / 2 + up_bytes / p.bandwidth_bytes_per_s)
+        k = p.tokens_per_call or self.s.speculation.max_draft_tokens + 2
+        yield self.env.timeout(p.rtt_s / 2 + 4 * unseen / p.bandwidth_bytes_per_s)  # context delta: token ids
         yield self.slots[p.name].get(1)
-        work_s = unseen * p.catch_up_token_s + r.draft_len * p.draft_token_s
+        work_s = unseen * p.catch_up_token_s + k * p.draft_token_s
         yield self.env.timeout(work_s)
         yield self.slots[p.name].put(1)
         self.window["pool_busy_s"][p.name] += work_s
+        self.window["drafted"][p.name] += k
         r.seen_tokens[p.name] = ctx
-        self.window["drafted"][p.name] += r.draft_len
-        yield self.env.timeout(p.rtt_s / 2 + down_bytes / p.bandwidth_bytes_per_s)
+        yield self.env.timeout(p.rtt_s / 2 + k * DRAFT_BYTES_PER_TOKEN / p.bandwidth_bytes_per_s)
+        r.inflight.discard(p.name)
+        r.arrived.add(p.name)
 
     # ------------------------------------------------------------------ autoscaler
     def _autoscaler(self) -> simpy.events.ProcessGenerator:
@@ -373,8 +440,8 @@ class _Cluster:
             verifier = autoscaling.VerifierObservation(
                 utilization=min(1.0, w["busy_s"] / (iv * s.verifier.replicas)),
                 tokens_verified_per_s=w["verified"] / iv,
-                requests_running=float(self.in_flight - len(self.ready)),
-                requests_waiting=float(len(self.ready)),
+                requests_running=float(self.in_flight - len(self.waiting)),
+                requests_waiting=float(len(self.waiting)),
             )
             pools = tuple(
                 autoscaling.PoolObservation(
@@ -425,8 +492,8 @@ class _Cluster:
                 self.env.process(self._client(queue))
         else:
             self.env.process(self._arrivals())
-        for _ in range(self.s.verifier.replicas):
-            self.env.process(self._verifier())
+        for i in range(self.s.verifier.replicas):
+            self.env.process(self._verifier(i))
         if self.s.scaling is not None and self.pools:
             self.env.process(self._autoscaler())
         self.env.run(until=self.duration_s if self.duration_s else self.all_done)

@@ -6,7 +6,7 @@ section says what Kubernetes would know from node labels: which hardware each ro
 the network. Example (`cosine/simulation/default_cluster.yaml`):
 
     simulation:
-      mode: cosine                      # target-only | vanilla | specinfer | cosine
+      mode: cosine                      # target-only | vanilla | cosine
       verifier: {hardware: a100-80gb, gpus: 4}
       pools:
         code: {hardware: rtx-4090, slots: 16, acceptance: llama-68m-specialist}
@@ -126,7 +126,6 @@ def build_setup(obj: dict[str, Any], profiles: Profiles | None = None, mode: str
         scaling=scaling,
         interval_s=float(spec.autoscaling.interval_s),
         pod_start_s=float(sim.get("podStartSeconds", 60)),
-        num_colocated_drafters=int(sim.get("colocatedDrafters", 1)),
         seed=seed,
     )
     return setup, workload

@@ -2,8 +2,8 @@
 how often a drafter's tokens are accepted.
 
 Three sources, each with its provenance next to the numbers (`profiles.yaml`, package data):
-(a) measured here: a pass curve (tokens -> seconds), draft and catch-up seconds per token, from a
-    `cosine bench` run (`MeasuredCosts.from_json`);
+(a) measured here: pass time, prompt lookup, pools' speed and acceptance, from a `cosine bench`
+    JSON (`calibration.calibrate`);
 (b) a roofline for GPUs: a pass reads the weights and the KV cache once and computes 2 FLOPs per
     parameter per token, so
         pass_s = max(bytes / (bandwidth * eff_bw * gpus), flops / (peak * eff_flops * gpus))
@@ -19,7 +19,6 @@ context they are < 2% of 2 * params for the models here.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from importlib import resources
@@ -98,34 +97,6 @@ class Roofline:
     @property
     def price_per_hour_usd(self) -> float:
         return self.hardware.price_per_hour_usd * self.gpus
-
-
-@dataclass(frozen=True)
-class MeasuredCosts:
-    """Costs measured on one machine by `cosine bench` (cost source (a)).
-
-    pass_curve: target pass seconds vs tokens in the pass. draft_token_s: drafter seconds per draft
-    token. catch_up_token_s: drafter seconds per context token it has not seen (its prefill).
-    source: where the numbers come from (a run, a commit, a note).
-    """
-
-    pass_curve: PassCurve
-    draft_token_s: float
-    catch_up_token_s: float
-    source: str
-
-    @staticmethod
-    def from_json(path: Path) -> MeasuredCosts:
-        """Read the `costs` section of a recorded bench JSON:
-        {"costs": {"pass_curve": [[tokens, s], ...], "draft_token_s": .., "catch_up_token_s": ..}, "source": ..}."""
-        data = json.loads(Path(path).read_text())
-        c = data["costs"]
-        return MeasuredCosts(
-            PassCurve(tuple((int(n), float(s)) for n, s in c["pass_curve"])),
-            float(c["draft_token_s"]),
-            float(c["catch_up_token_s"]),
-            str(data.get("source", path)),
-        )
 
 
 @dataclass(frozen=True)

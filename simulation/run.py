@@ -13,7 +13,7 @@ from cosine.simulation import config, scenarios
 from cosine.simulation.cluster import RequestSpec, Workload, poisson_requests, simulate
 
 STUDIES = ("validation", "paper", "rtt", "autoscale")
-_DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "tests" / "simulation" / "data" / "bench_issue6.json"
+_DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "tests" / "simulation" / "data" / "bench_session8.json"
 
 
 def read_trace(path: Path) -> tuple[RequestSpec, ...]:

@@ -1,4 +1,4 @@
-"""The studies `cosine simulate` runs: validation on this machine, the paper's testbed, where
+"""The studies `cosine simulate` runs: validation against a recorded `cosine bench` run, the paper's testbed, where
 disaggregated drafting pays (RTT x speed ratio), and the autoscaler at scale.
 
 Each returns a JSON-able dict; `plots` draws them.
@@ -7,81 +7,70 @@ Each returns a JSON-able dict; `plots` draws them.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
+import statistics
 from pathlib import Path
 from typing import Any
 
 from cosine.operator.autoscaling import PoolLimits, ScalingPolicy
 from cosine.runtime.routing import DOMAINS
-from cosine.runtime.speculation_control import SpeculationSettings
-from cosine.simulation import config
+from cosine.simulation import calibration, config
 from cosine.simulation.cluster import (
-    PoolModel,
     RequestSpec,
     SimResult,
     SimSetup,
-    VerifierModel,
     Workload,
     poisson_requests,
     simulate,
 )
-from cosine.simulation.cost_models import MeasuredCosts, Profiles, load_profiles
+from cosine.simulation.cost_models import Profiles, load_profiles
 
 # The paper's headline figures (Gao et al., arXiv:2503.10325, abstract and §6).
-PAPER = {"latency_reduction": 0.232, "throughput_gain": 0.325, "over_specinfer": (1.31, 1.62)}
+PAPER = {"latency_reduction": 0.232, "throughput_gain": 0.325}
 
 
 # ------------------------------------------------------------------ validation on this machine
-def _bench_requests(data: dict[str, Any]) -> tuple[RequestSpec, ...]:
-    """The bench's prompts: tokens ~ chars / 3.5 (BPE on English and code) + 30 of chat template."""
-    w = data["workload"]
-    return tuple(RequestSpec(0.0, int(c / 3.5) + 30, int(w["max_tokens"]), dom)
-                 for dom, chars in w["prompt_chars"].items() for c in chars)
+VALIDATED = ("vllm", "cosine-lookup", "cosine")
 
 
-def _local_setup(mode: str, costs: MeasuredCosts, kv_token_s: float, profiles: Profiles) -> SimSetup:
-    """The embedded cluster on this machine: the measured pass curve plus `kv_token_s` per cached
-    token (attention over the KV cache, which the short-context curve does not see), one 0.5B pool
-    in-process (loopback RTT)."""
-    pool = PoolModel("coder", ("code", "math"), 1, 1, 1, costs.draft_token_s, costs.catch_up_token_s, 1, 0.0005)
-    verifier = VerifierModel(lambda n, kv: costs.pass_curve.seconds(n) + kv_token_s * kv, max_batch_tokens=512)
-    acceptance = profiles.acceptance({"coder": ("qwen2.5-coder-0.5b-instruct", ("code", "math"))}, DOMAINS)
-    return SimSetup(mode, verifier, (pool,), acceptance, SpeculationSettings())
+def bench_workload(bench: dict[str, Any], system: str, concurrency: int) -> tuple[RequestSpec, ...]:
+    """The requests of one bench row, in the order it sent them: prompt tokens (counted with the
+    target's tokenizer, `<bench>.meta.json`), the output tokens each produced, its domain."""
+    return tuple(RequestSpec(0.0, int(bench["prompt_tokens"][x["prompt_id"]]), int(x["completion_tokens"]), x["domain"])
+                 for x in calibration.records(bench, system, concurrency))
 
 
-def validation(bench_json: Path, profiles: Profiles | None = None) -> dict[str, Any]:
-    """Predict a recorded `cosine bench` run from its measured costs.
-
-    One parameter is fitted, on one point: `kv_token_s` so that target-only at concurrency 1
-    matches; every other point (target-only c>1, every cosine point) is a prediction.
-    """
-    profiles = profiles or load_profiles()
-    data = json.loads(Path(bench_json).read_text())
-    costs = MeasuredCosts.from_json(bench_json)
-    reqs = _bench_requests(data)
-
-    def run(mode: str, c: int, kv_s: float) -> dict[str, float | int]:
-        return simulate(_local_setup(mode, costs, kv_s, profiles), Workload(reqs, c)).summary()
-
-    lo, hi = 0.0, 0.01
-    target = float(data["throughput_tok_s"]["target-only"]["1"])
-    for _ in range(25):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if float(run("target-only", 1, mid)["throughput_tok_s"]) > target else (lo, mid)
+def validation(bench_json: Path, systems: tuple[str, ...] = VALIDATED, seeds: int = 5) -> dict[str, Any]:
+    """Replay a recorded `cosine bench` run: each system calibrated on its concurrency-1 row
+    (`calibration.calibrate`), then simulated at every concurrency of the run with the row's own
+    requests (closed loop), output tokens/s averaged over `seeds` seeds. Concurrency 1 is
+    in-sample (the calibration's own run), higher levels out of sample. `measured_tok_s` is the
+    system's first run at the level; `measured_runs_tok_s` every run (the reference runs twice)."""
+    bench = calibration.load_bench(bench_json)
+    domains = tuple(sorted({x["domain"] for x in bench["records"]}))
     rows = []
-    for mode, measured in data["throughput_tok_s"].items():
-        for c, tok_s in measured.items():
-            s = run(mode, int(c), lo)
-            rows.append({"system": mode, "concurrency": int(c), "measured_tok_s": tok_s,
-                         "simulated_tok_s": s["throughput_tok_s"],
-                         "error": float(s["throughput_tok_s"]) / tok_s - 1,
-                         # no per-request latency was recorded: Little's law on the closed loop gives
-                         # mean latency = concurrency * max_tokens / throughput
-                         "derived_latency_s": int(c) * data["workload"]["max_tokens"] / tok_s,
-                         "simulated_p50_s": s["latency_p50_s"], "fitted": mode == "target-only" and c == "1"})
-    return {"source": data["source"], "kv_token_s": lo, "rows": rows}
+    for system in systems:
+        cal = calibration.calibrate(bench, system, 1)
+        for c in bench["concurrency"]:
+            reqs = bench_workload(bench, system, c)
+            runs = [simulate(calibration.sim_setup(cal, domains, seed=i), Workload(reqs, c)).summary()
+                    for i in range(seeds)]
+            sim = statistics.mean(float(r["throughput_tok_s"]) for r in runs)
+            measured = calibration.row(bench, system, c)
+            rows.append({
+                "system": system, "concurrency": c, "in_sample": c == 1,
+                "measured_tok_s": measured["output_tokens_per_s"],
+                "measured_runs_tok_s": [r["output_tokens_per_s"] for r in bench["rows"]
+                                        if r["system"] == system and r["concurrency"] == c],
+                "simulated_tok_s": sim, "error": sim / measured["output_tokens_per_s"] - 1,
+                "measured_ttft_p50_s": measured["ttft_s_p50"],
+                "simulated_ttft_p50_s": statistics.mean(float(r["ttft_p50_s"]) for r in runs),
+                "measured_latency_p50_s": measured["latency_s_p50"],
+                "simulated_latency_p50_s": statistics.mean(float(r["latency_p50_s"]) for r in runs),
+            })
+    return {"bench": str(bench_json), "command": bench["command"], "rows": rows,
+            "calibration": {s: dataclasses.asdict(calibration.calibrate(bench, s, 1)) for s in systems}}
 
 
 # ------------------------------------------------------------------ the paper's testbed
@@ -106,8 +95,7 @@ def _pair_manifest(pair: str, mode: str) -> dict[str, Any]:
         "spec": {"verifier": {"model": vm, "maxBatchTokens": 2048, "maxNumSeqs": 256}, "drafterPools": pools,
                  "speculation": {"maxDraftLen": 8}, "autoscaling": {"enabled": False}},
         "simulation": {"mode": mode, "verifier": {"hardware": vhw, "gpus": gpus}, "pools": sim_pools,
-                       "network": {"rttMs": 1.0, "bandwidthGbps": 10}, "maxDrafters": 2,
-                       "colocatedDrafters": 3 if mode == "specinfer" else 1},
+                       "network": {"rttMs": 1.0, "bandwidthGbps": 10}, "maxDrafters": 2},
     }
 
 
@@ -120,7 +108,7 @@ def paper_testbed(profiles: Profiles | None = None, low_rate: float = 1.0, high_
                   saturation_concurrency: int = 96, requests: int = 96, seed: int = 0) -> dict[str, Any]:
     """Latency at low load (Poisson `low_rate` req/s, 120 s) and throughput closed-loop at
     `high_concurrency` (and at `saturation_concurrency`), 256 in / 128 out, for the four systems;
-    ratios to target-only and SpecInfer, per dollar."""
+    ratios to target-only and to a co-located drafter (vanilla), per dollar."""
     profiles = profiles or load_profiles()
     rng = random.Random(seed)
     closed = tuple(RequestSpec(0.0, 256, 128, rng.choice(DOMAINS)) for _ in range(requests))
@@ -128,7 +116,7 @@ def paper_testbed(profiles: Profiles | None = None, low_rate: float = 1.0, high_
     table: dict[str, Any] = {}
     for pair in PAIRS:
         rows = {}
-        for mode in ("target-only", "vanilla", "specinfer", "cosine"):
+        for mode in ("target-only", "vanilla", "cosine"):
             setup, _ = config.build_setup(_pair_manifest(pair, mode), profiles, seed=seed)
             lat = simulate(setup, Workload(open_loop)).summary()
             thr = simulate(setup, Workload(closed, high_concurrency)).summary()
@@ -138,12 +126,12 @@ def paper_testbed(profiles: Profiles | None = None, low_rate: float = 1.0, high_
                           "saturated_tok_s": sat["throughput_tok_s"],
                           "usd_per_hour": usd_h, "tok_s_per_usd_h": float(thr["throughput_tok_s"]) / usd_h,
                           "mean_accepted_per_step": thr["mean_accepted_per_step"]}
-        base, si, co = rows["target-only"], rows["specinfer"], rows["cosine"]
+        base, va, co = rows["target-only"], rows["vanilla"], rows["cosine"]
         rows["ratios"] = {
             "cosine_latency_vs_target_only": float(co["latency_p50_s"]) / float(base["latency_p50_s"]) - 1,
             "cosine_throughput_per_usd_vs_target_only": co["tok_s_per_usd_h"] / base["tok_s_per_usd_h"] - 1,
             "cosine_throughput_vs_target_only": float(co["throughput_tok_s"]) / float(base["throughput_tok_s"]) - 1,
-            "cosine_over_specinfer_per_usd": co["tok_s_per_usd_h"] / si["tok_s_per_usd_h"],
+            "cosine_over_vanilla_per_usd": co["tok_s_per_usd_h"] / va["tok_s_per_usd_h"],
         }
         table[pair] = rows
     return {"paper": PAPER, "pairs": table}

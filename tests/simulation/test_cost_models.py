@@ -1,13 +1,10 @@
-"""The roofline against published measurements; acceptance draws; the measured-cost reader."""
+"""The roofline against published measurements; acceptance draws."""
 
 import random
-from pathlib import Path
 
 import pytest
 
-from cosine.simulation.cost_models import MeasuredCosts, accepted_tokens, load_profiles
-
-DATA = Path(__file__).parent / "data"
+from cosine.simulation.cost_models import accepted_tokens, load_profiles
 
 # NeMo Framework performance page, Llama-2 inference, 128 input / 20 output tokens, TP=1
 # (docs.nvidia.com/nemo-framework/user-guide/latest/performance/llama.html): average latency, ms.
@@ -41,9 +38,3 @@ def test_acceptance_draws_follow_the_mean():
     runs = [accepted_tokens(0.5, 8, rng) for _ in range(20000)]
     assert sum(runs) / len(runs) == pytest.approx(sum(0.5**i for i in range(1, 9)), abs=0.03)
     assert accepted_tokens(1.0, 8, rng) == 8 and accepted_tokens(0.0, 8, rng) == 0
-
-
-def test_measured_costs_from_recorded_bench():
-    mc = MeasuredCosts.from_json(DATA / "bench_issue6.json")
-    assert mc.pass_curve.seconds(8) == pytest.approx(1.00)
-    assert mc.draft_token_s == 0.128 and mc.catch_up_token_s == 0.0067

@@ -1,0 +1,76 @@
+"""The simulator against a recorded `cosine bench` run of today's system.
+
+Data: `data/bench_session8.json`, produced on this project's 2-core CPU machine by
+    cosine bench --workload results/mixed2-heldout3.jsonl --max-tokens 32 --concurrency 1,8
+        --systems vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine --placement split
+(`data/bench_session8.meta.json`: the command, the machine, the prompts' token counts;
+`data/mixed2-heldout3.jsonl`: the 11 prompts). Each system is calibrated on its own
+concurrency-1 row (`calibration.calibrate`) and simulated with the row's own requests.
+
+Achieved error of simulated output tokens/s against the measured (first run at each level),
+mean of 5 seeds:
+    concurrency 1 (in-sample: calibrated on the same run): vllm +0.0%, cosine-lookup -4.6%,
+        cosine -0.1%;
+    concurrency 8 (out of sample: nothing of the c=8 rows is used): vllm +7.8% (-0.6% against its
+        second run, 4.39 tok/s), cosine-lookup +11.7%, cosine +14.7%.
+Tolerances: 10% in-sample (the model's structure only: decode passes priced flat, one prefill
+line, acceptance as i.i.d. runs), 20% out of sample. 20% is what this data can honestly support:
+the machine's own run-to-run spread is as large (vllm at c=1 ran at 1.39 and 0.78 tok/s in the
+same session; at c=8 at 4.04 and 4.39), each row has 11 requests, and acceptance differs between
+levels (cosine-lookup's 0.68 at c=1, 0.89 at c=8). The simulator errs high at c=8 for the CoSine
+systems: it does not model the pool and the verifier competing for memory bandwidth more under
+load, nor attention over the KV cache.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from cosine.simulation import calibration, scenarios
+
+BENCH = Path(__file__).parent / "data" / "bench_session8.json"
+TOLERANCE = {True: 0.10, False: 0.20}  # in_sample -> relative error of output tokens/s
+
+
+@pytest.fixture(scope="module")
+def validation():
+    return scenarios.validation(BENCH)
+
+
+def test_throughput_per_system_and_concurrency(validation):
+    rows = {(r["system"], r["concurrency"]): r for r in validation["rows"]}
+    assert set(rows) == {(s, c) for s in ("vllm", "cosine-lookup", "cosine") for c in (1, 8)}
+    for r in rows.values():
+        assert abs(r["error"]) <= TOLERANCE[r["in_sample"]], r
+    assert validation["command"].startswith("cosine bench --workload")
+
+
+def test_speculation_ordering_is_reproduced(validation):
+    """What the bench shows at c=1 (split placement: CoSine's verifier on one core), the simulator
+    shows: cosine beats cosine-lookup; vllm on two cores beats both CoSine systems at c=8."""
+    sim = {(r["system"], r["concurrency"]): r["simulated_tok_s"] for r in validation["rows"]}
+    assert sim[("cosine", 1)] > sim[("cosine-lookup", 1)]
+    assert sim[("vllm", 8)] > max(sim[("cosine", 8)], sim[("cosine-lookup", 8)])
+
+
+def test_calibration_reads_the_bench():
+    bench = calibration.load_bench(BENCH)
+    vllm = calibration.calibrate(bench, "vllm", 1)
+    assert vllm.run == 0 and vllm.pools == () and vllm.lookup_draft_tokens == 0
+    assert vllm.decode_pass_s == pytest.approx(0.61, abs=0.01)  # ~ its TPOT p50, 0.62 s
+    assert vllm.prefill_token_s == pytest.approx(0.026, abs=0.002)
+    cos = calibration.calibrate(bench, "cosine", 1)
+    assert [p.name for p in cos.pools] == ["coder"]
+    coder = cos.pools[0]
+    assert coder.draft_token_s == pytest.approx(0.143, abs=0.001) and coder.tokens_per_call == 10
+    assert 0.0 < coder.use_prob < 1.0 and 0.5 < coder.alpha < 1.0
+    assert 0.5 < cos.lookup_alpha < 1.0 and cos.lookup_draft_tokens == 5
+    # the pass curve: flat (memory-bound) for a few tokens, then the prefill line
+    assert cos.pass_s(1) == cos.pass_s(2) == cos.decode_pass_s
+    assert cos.pass_s(512) == pytest.approx(cos.prefill_base_s + 512 * cos.prefill_token_s)
+
+
+def test_fit_alpha_inverts_expected_accepted_tokens():
+    a = calibration.fit_alpha(2.0, 4.0)
+    assert sum(a**i for i in range(1, 5)) == pytest.approx(2.0, rel=1e-6)
+    assert calibration.fit_alpha(0.0, 4.0) == 0.0 and calibration.fit_alpha(4.0, 4.0) == 1.0
