@@ -271,9 +271,11 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _add_simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from cosine.simulation.cluster import MODES
+
     si = sub.add_parser("simulate", help="discrete-event simulation of a CoSineCluster on GPU cost models; JSON + plot")
     si.add_argument("--cluster", type=Path, help="CoSineCluster manifest with a simulation: section "
-                    "(default: the paper's testbed, cosine/simulation/default_cluster.yaml)")
+                    "(default: the paper's testbed, simulation/default_cluster.yaml)")
     src = si.add_mutually_exclusive_group()
     src.add_argument("--workload", type=Path, help="workload JSONL (domain, prompt): prompt lengths and domains")
     src.add_argument("--trace", type=Path, help="trace JSONL: t, prompt_tokens, output_tokens, domain")
@@ -281,7 +283,7 @@ def _add_simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     load = si.add_mutually_exclusive_group()
     load.add_argument("--request-rate", type=float, help="Poisson arrivals per second")
     load.add_argument("--concurrency", type=int, help="closed loop with this many clients")
-    si.add_argument("--mode", choices=("target-only", "vanilla", "specinfer", "cosine"), help="override the manifest")
+    si.add_argument("--mode", choices=MODES, help="override the manifest")
     si.add_argument("--studies", default="", help="comma list of validation,paper,rtt,autoscale (minutes)")
     si.add_argument("--seed", type=int, default=0)
     si.add_argument("--out", type=Path, default=Path("results/sim.json"))

@@ -9,7 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # folder -> the package it is installed as (pyproject `package-dir`)
 PACKAGES = {"runtime": "runtime", "operator": "operator", "simulation": "simulation"}
-POLICY = ["runtime/speculation_control.py", "runtime/routing.py", "simulation/batching.py", "operator/autoscaling.py",
+POLICY = ["runtime/speculation_control.py", "runtime/routing.py", "operator/autoscaling.py",
           "operator/settings.py"]
 
 
