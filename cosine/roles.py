@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -217,7 +217,7 @@ def verifier_command(
                             fusion=sp.fusion, min_confidence=sp.min_confidence, branches=sp.branches)
     argv = [sys.executable, "-P", "-m", VLLM_SERVER, *cli_flags(args), "--host", host, "--port", str(http_port),
             "--uvicorn-log-level", "warning"]
-    env = {**os.environ, **vllm_cpu_env(spec.verifier, cores), **vllm_plugins_env(os.environ)}
+    env = {**os.environ, **vllm_cpu_env(spec.verifier, cores)}
     if api_key:
         env["VLLM_API_KEY"] = api_key  # not on the command line, where `ps` shows it
     return argv, env
@@ -282,22 +282,6 @@ def vllm_cpu_env(verifier, cores: Sequence[int] = ()) -> dict[str, str]:
     if iomp.exists() and "libiomp5" not in os.environ.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = " ".join(x for x in (str(iomp), os.environ.get("LD_PRELOAD", "")) if x)
     return env
-
-
-UNUSED_VLLM_PLUGINS = frozenset({"arctic_inference"})  # vLLM's suffix decoding (a bench peer), not CoSine's
-
-
-def vllm_plugins_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """`VLLM_PLUGINS` for CoSine's verifier: every installed vLLM general plugin but those the
-    verifier never uses (Arctic Inference, installed for the `vllm-suffix` bench peer, loads its
-    nanobind extension into every vLLM process and reports leaked objects at exit). A
-    `VLLM_PLUGINS` the user set is kept."""
-    if "VLLM_PLUGINS" in environ:
-        return {}
-    from importlib.metadata import entry_points
-
-    names = sorted({ep.name for ep in entry_points(group="vllm.general_plugins")} - UNUSED_VLLM_PLUGINS)
-    return {"VLLM_PLUGINS": ",".join(names)}
 
 
 def cli_flags(args: dict[str, Any]) -> list[str]:

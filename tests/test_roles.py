@@ -54,13 +54,3 @@ def test_verifier_command_rejects_a_drafter_not_in_the_manifest():
         roles.verifier_command(None, 8000, "127.0.0.1", ["nope"], None)
     with pytest.raises(ValueError, match="no drafter pool 'other'"):
         roles.verifier_command(None, 8000, "127.0.0.1", ["other=1.2.3.4:5"], None)
-
-
-def test_verifier_loads_every_vllm_plugin_but_arctic_inference():
-    from importlib.metadata import entry_points
-
-    env = roles.vllm_plugins_env({})
-    names = set(env["VLLM_PLUGINS"].split(",")) - {""}
-    assert "arctic_inference" not in names
-    assert names == {ep.name for ep in entry_points(group="vllm.general_plugins")} - {"arctic_inference"}
-    assert roles.vllm_plugins_env({"VLLM_PLUGINS": "mine"}) == {}  # the user's choice stands
