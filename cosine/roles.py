@@ -246,6 +246,9 @@ def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: li
         "dtype": verifier.dtype,
         "max_num_batched_tokens": verifier.max_batch_tokens,
         "seed": 0,
+        # drain on SIGTERM: the API server stops its engine, instead of aborting it at once and
+        # logging the engine's death as an error
+        "shutdown_timeout": 5,
     }
     if gpus > 1:
         args["tensor_parallel_size"] = gpus
