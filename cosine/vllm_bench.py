@@ -490,6 +490,15 @@ def _drafter_figures(drafters: Sequence[tuple[str, Scrape, Scrape]], wall_s: flo
             for pool, (busy, tokens, n) in sorted(acc.items())}
 
 
+def _decode_rate(records: Sequence[Record]) -> float | None:
+    """A request's decoding speed after its first token, in tokens per second:
+    sum(completion_tokens - 1) / sum(latency_s - ttft_s). It leaves the prefill out (TTFT), which
+    speculation does not touch and which a split placement computes on fewer cores."""
+    tokens = sum(r.completion_tokens - 1 for r in records if r.completion_tokens > 1)
+    seconds = sum(r.latency_s - r.ttft_s for r in records if r.completion_tokens > 1)
+    return tokens / seconds if seconds > 0 else None
+
+
 def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: Scrape,
               drafters: Sequence[tuple[str, Scrape, Scrape]] = ()) -> dict[str, Any]:
     """One (system, run, level) row: throughput, latency percentiles and speculation figures over
@@ -513,6 +522,7 @@ def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: S
         "output_tokens_per_s": tokens / wall_s if wall_s > 0 else None,
         "tpot_ms_p50": (_pct(tpots, 0.5) or 0) * 1e3 if tpots else None,
         "ttft_s_p50": _pct([r.ttft_s for r in records], 0.5),
+        "decode_tokens_per_s": _decode_rate(records),
         "latency_s_p50": _pct([r.latency_s for r in records], 0.5),
         "latency_s_p99": _pct([r.latency_s for r in records], 0.99),
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
@@ -607,6 +617,9 @@ def _add_ratios(rows: list[dict[str, Any]], records: Sequence[Record]) -> None:
         refs = [r for r in rows if r["system"] == REFERENCE and r["concurrency"] == c]
         ref_tps = statistics.mean(r["output_tokens_per_s"] for r in refs)
         row["speedup_vs_vllm"] = row["output_tokens_per_s"] / ref_tps if ref_tps else None
+        ref_decode = [r["decode_tokens_per_s"] for r in refs if r.get("decode_tokens_per_s")]
+        row["decode_speedup_vs_vllm"] = (row["decode_tokens_per_s"] / statistics.mean(ref_decode)
+                                         if ref_decode and row.get("decode_tokens_per_s") else None)
         per_domain = {}
         for d, v in row["per_domain_tokens_per_s"].items():
             ref_d = statistics.mean(r["per_domain_tokens_per_s"].get(d, 0.0) for r in refs)
@@ -615,11 +628,14 @@ def _add_ratios(rows: list[dict[str, Any]], records: Sequence[Record]) -> None:
         mine = [r for r in records if r.system == row["system"] and r.run == row["run"] and r.concurrency == c]
         row["identical_to_vllm"] = sum(ref_text.get((c, r.prompt_id)) == r.text for r in mine)
     for c in {r["concurrency"] for r in rows}:
-        peers = [r["output_tokens_per_s"] for r in rows
-                 if r["concurrency"] == c and r["system"].partition("@")[0] in PEERS]
+        peer_rows = [r for r in rows if r["concurrency"] == c and r["system"].partition("@")[0] in PEERS]
+        peers = [r["output_tokens_per_s"] for r in peer_rows]
+        peer_decode = [r["decode_tokens_per_s"] for r in peer_rows if r.get("decode_tokens_per_s")]
         for row in rows:
             if row["concurrency"] == c and peers:
                 row["speedup_vs_best_vllm_speculation"] = row["output_tokens_per_s"] / max(peers)
+            if row["concurrency"] == c and peer_decode and row.get("decode_tokens_per_s"):
+                row["decode_speedup_vs_best_vllm_speculation"] = row["decode_tokens_per_s"] / max(peer_decode)
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -627,7 +643,8 @@ def format_table(report: dict[str, Any]) -> str:
     def f(v: Any) -> str:
         return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
 
-    lines = [f"{'system':>15} {'run':>3} {'c':>2} {'tok/s':>6} {'x vllm':>6} {'x best spec':>11} {'TPOT ms':>7} "
+    lines = [f"{'system':>15} {'run':>3} {'c':>2} {'tok/s':>6} {'x vllm':>6} {'x best spec':>11} "
+             f"{'decode x vllm':>13} {'decode x spec':>13} {'TPOT ms':>7} "
              f"{'TTFT s':>6} {'p50 s':>6} {'p99 s':>6} {'acc.len':>7} {'late':>5} {'w/draft':>7} "
              f"{'step ms':>7} {'busy':>5} identical"]
     for r in report["rows"]:
@@ -636,6 +653,7 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             f"{r['system']:>15} {r['run']:>3} {r['concurrency']:>2} {f(r['output_tokens_per_s']):>6} "
             f"{f(r['speedup_vs_vllm']):>6} {f(r.get('speedup_vs_best_vllm_speculation')):>11} "
+            f"{f(r.get('decode_speedup_vs_vllm')):>13} {f(r.get('decode_speedup_vs_best_vllm_speculation')):>13} "
             f"{f(r['tpot_ms_p50']):>7} {f(r['ttft_s_p50']):>6} {f(r['latency_s_p50']):>6} "
             f"{f(r['latency_s_p99']):>6} {f(r['mean_acceptance_length']):>7} {f(r['drafts_late']):>5} "
             f"{f(r['steps_with_draft_fraction']):>7} {f(step * 1e3 if step else None):>7} "

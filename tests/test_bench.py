@@ -80,6 +80,10 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
         ("vllm", 0, 1), ("vllm-ngram", 1, 1), ("cosine", 2, 1), ("cosine-nofusion", 3, 1), ("vllm", 4, 1)]
     assert rows[1]["per_domain_speedup_vs_vllm"]["code"] == pytest.approx(2.0)  # wall times are real here
     assert rows[1]["identical_to_vllm"] == 2 and rows[1]["speedup_vs_vllm"] is not None
+    # decoding after the first token: vllm 9 tokens in 0.9 s, the others 19 in 0.9 s
+    assert rows[2]["decode_tokens_per_s"] == pytest.approx(19 / 0.9)
+    assert rows[2]["decode_speedup_vs_vllm"] == pytest.approx(19 / 9)
+    assert rows[2]["decode_speedup_vs_best_vllm_speculation"] == pytest.approx(1.0)  # vllm-ngram decodes as fast
     assert rows[0]["binding"]["env"] == {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, report["cpus"]))}
     assert report["placement"] == "split" and rows[0]["binding"]["processes"][0]["cpus"] == [0, 1]
     manifests = {system: manifest for system, manifest, _ in commands}
