@@ -5,7 +5,7 @@
 #       --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 -t cosine:cuda .
 #            The GPU driver comes from the node (NVIDIA device plugin); the CUDA runtime ships in the torch wheel.
 #   operator (--target operator): `cosine-operator` (kopf): the operator distribution (operator/) alone,
-#            no torch, transformers or vLLM (`cosine_operator` imports nothing of `cosine`).
+#            no torch, transformers or vLLM (`cosine_operator` imports nothing of `cosine`: .importlinter).
 #   The runtime image installs both distributions: runtime/ (`cosine-inference`) reads the cluster spec
 #   types from operator/ (`cosine-operator`).
 # Both non-root (uid 10001). BASE_IMAGE: python:3.11-slim-bookworm, or any Debian bookworm (one without

@@ -79,6 +79,7 @@ bench-repeat: models workloads
 apiserver: install
 	$(BIN)/python tests/operator/real_apiserver.py
 
+# The suite includes the import layers (.importlinter: tests/test_layers.py runs lint-imports).
 test: install apiserver
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -118,6 +119,7 @@ image-runtime:
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

@@ -161,7 +161,7 @@ def _requirements(component: str) -> set[str]:
 def test_operator_needs_only_its_own_dependencies() -> None:
     """The operator image installs the operator distribution alone: every module operator/ imports
     comes from one of its dependencies, and the heavy ones are the runtime distribution's.
-    (That `cosine_operator` imports nothing of `cosine`: tests/operator/test_layers.py.)"""
+    (That `cosine_operator` imports nothing of `cosine`: .importlinter, tests/test_layers.py.)"""
     base = _requirements("operator")
     providers = importlib.metadata.packages_distributions()
     for module in _third_party_imports(ROOT / "operator"):

@@ -7,5 +7,5 @@ Modules, one concept each: ``settings`` (typed spec), ``builders`` (pure manifes
 
 ``settings`` and ``autoscaling`` (with ``builders`` and ``status``) import only the standard library
 and PyYAML: they are the CRD's types and policies, which the runtime distribution (``cosine``) imports
-too; the kopf modules stay here.
+too; the kopf modules stay here (``.importlinter``).
 """
