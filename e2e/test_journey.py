@@ -60,7 +60,7 @@ class EmulatedControlPlane:
         from k8s_emulator import EmulatorThread, Kube
         from kopf.testing import KopfRunner
 
-        from cosine.operator.__main__ import kopf_args
+        from cosine_operator.__main__ import kopf_args
 
         self.emulator = stack.enter_context(EmulatorThread(tmp))
         self.kube = Kube(self.emulator.url)

@@ -1,4 +1,4 @@
-"""The verifier spec as vLLM engine arguments and server flags (`cosine/roles.py`), without starting vLLM."""
+"""The verifier spec as vLLM engine arguments and server flags (`cosine.roles`), without starting vLLM."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cosine import roles
-from cosine.operator.settings import parse_cluster_spec
+from cosine_operator.settings import parse_cluster_spec
 
 
 def _verifier(**fields):

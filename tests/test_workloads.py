@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cosine import workloads
-from cosine.runtime import model_store
+from cosine import model_store, workloads
 from cosine.workloads import Message, Prompt
 
 

@@ -48,7 +48,7 @@ def run_operator(kubeconfig: Any, extra_env: dict[str, str]) -> Iterator[Any]:
     the webhook's port and TLS."""
     from kopf.testing import KopfRunner
 
-    from cosine.operator.__main__ import kopf_args
+    from cosine_operator.__main__ import kopf_args
 
     env = {"KUBECONFIG": str(kubeconfig), "COSINE_OPERATOR_SCRAPE_TIMEOUT_S": "1", **extra_env}
     saved = {k: os.environ.get(k) for k in [*env, "KUBERNETES_SERVICE_HOST"]}

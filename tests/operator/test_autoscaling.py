@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cosine.operator.autoscaling import (
+from cosine_operator.autoscaling import (
     Observations,
     PoolLimits,
     PoolObservation,

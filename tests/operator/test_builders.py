@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
-from cosine.operator import builders
-from cosine.operator.settings import parse_cluster_spec
+from cosine_operator import builders
+from cosine_operator.settings import parse_cluster_spec
 
 SPEC: dict[str, Any] = {
     "verifier": {

@@ -13,14 +13,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from cosine.operator import kube, settings
+from cosine_operator import kube, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cosine-operator"
 K8S_VERSION = "1.33.0"
 # Kinds from other projects' CRDs (not in kubernetes-validate's schemas).
 EXTERNAL_KINDS = {"ServiceMonitor", "Certificate", "Issuer", "CoSineCluster"}
-# What kopf itself needs beyond cosine.operator.kube.CALLS: watching its resources, patching
+# What kopf itself needs beyond cosine_operator.kube.CALLS: watching its resources, patching
 # its annotations on handled objects, posting Events, observing CRDs.
 KOPF_NEEDS: dict[tuple[str, str], set[str]] = {
     ("cosine.dev", "cosineclusters"): {"list", "watch", "patch"},

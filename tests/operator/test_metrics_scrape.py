@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fake_metrics import Counters, serve
 
-from cosine.operator.metrics_scrape import (
+from cosine_operator.metrics_scrape import (
     DrafterSample,
     Scrape,
     ScrapeTarget,

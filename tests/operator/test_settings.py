@@ -1,4 +1,4 @@
-"""Typed spec views (operator/settings.py) against the CRDs in crds/ (defaults, enums and bounds,
+"""Typed spec views (operator/src/cosine_operator/settings.py) against the CRDs in crds/ (defaults, enums and bounds,
 read from the files), the drafter engine's default rule, the one tokenizer-family table."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cosine.operator import settings as s
+from cosine_operator import settings as s
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -98,7 +98,7 @@ def test_gpu_count_from_limits_or_requests() -> None:
 
 def test_the_model_store_reads_the_one_tokenizer_table() -> None:
     """Catches: a second family table (the model store naming a family the webhook does not)."""
-    from cosine.runtime import model_store
+    from cosine import model_store
 
     for source in model_store.KNOWN_MODELS.values():
         assert source.tokenizer_family == s.tokenizer_family(source.name) == s.tokenizer_family(source.hf_repo)

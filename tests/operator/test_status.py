@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from cosine.operator.autoscaling import Observations, PoolObservation, ScaleDecision, VerifierObservation
-from cosine.operator.settings import parse_cluster_spec
-from cosine.operator.status import autoscaler_status, build_status
+from cosine_operator.autoscaling import Observations, PoolObservation, ScaleDecision, VerifierObservation
+from cosine_operator.settings import parse_cluster_spec
+from cosine_operator.status import autoscaler_status, build_status
 
 SPEC = parse_cluster_spec({"verifier": {"model": "m"}, "drafterPools": [{"name": "code", "model": "m"}]})
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cosine.operator.settings import tokenizer_family
-from cosine.operator.webhook import validate_cluster
+from cosine_operator.settings import tokenizer_family
+from cosine_operator.webhook import validate_cluster
 
 
 @pytest.mark.parametrize(

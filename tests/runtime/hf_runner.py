@@ -46,7 +46,7 @@ class ModelRunner:
     @classmethod
     def load(cls, name: str) -> ModelRunner:
         """A model from the model store (`cosine models pull`), in float32."""
-        from cosine.runtime.model_store import resolve
+        from cosine.model_store import resolve
 
         path = resolve(name)
         return cls(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cosine.runtime.cross_tokenizer_drafter import (
+from cosine.cross_tokenizer_drafter import (
     CrossTokenizerDrafter,
     _span_confidences,
     parse_chatml,
@@ -190,9 +190,9 @@ def test_random_drafter_never_raises(tokenizers):
 
 
 def test_served_over_grpc_in_the_targets_vocabulary(scripted):
-    from cosine.runtime.draft_engine import SequentialEngine
-    from cosine.runtime.transport.drafter_service import DrafterServicer, serve
-    from cosine.runtime.transport.remote_drafter import RemoteDrafter
+    from cosine.draft_engine import SequentialEngine
+    from cosine.transport.drafter_service import DrafterServicer, serve
+    from cosine.transport.remote_drafter import RemoteDrafter
 
     target, drafter_runner = scripted
     local = CrossTokenizerDrafter(drafter_runner, target.tokenizer, name="chat")
@@ -241,7 +241,7 @@ TARGET, DRAFTER = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def real():
-    from cosine.runtime.model_store import pull
+    from cosine.model_store import pull
 
     # one thread: on a shared 2-core machine two spinning threads per process run ~10x slower
     torch.set_num_threads(1)
@@ -290,9 +290,9 @@ def test_real_kv_cache_grows_instead_of_restarting(real):
 
 @pytest.mark.real_model
 def test_real_pool_with_translate_tokenizer_drafts_in_the_verifiers_vocabulary(real):
-    from cosine.operator.settings import parse_cluster_spec
+    from cosine.draft_engine import LlamaCppEngine
     from cosine.roles import drafter_engine
-    from cosine.runtime.draft_engine import LlamaCppEngine
+    from cosine_operator.settings import parse_cluster_spec
 
     target, _ = real
     spec = parse_cluster_spec({"verifier": {"model": TARGET}, "drafterPools": [

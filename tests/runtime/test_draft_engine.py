@@ -1,4 +1,4 @@
-"""Drafter engines and the batcher in front of them (`runtime/draft_engine.py`).
+"""Drafter engines and the batcher in front of them (`runtime/src/cosine/draft_engine.py`).
 
 The batcher is tested with a recording engine (pure Python: what is batched with what, and that a
 release always wins); llama.cpp on the real Qwen2.5-Coder-0.5B GGUF (real_model): batched greedy
@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from cosine.runtime.draft_engine import DraftBatcher, DraftJob, DraftResult, branch_points, greedy_with_confidence
+from cosine.draft_engine import DraftBatcher, DraftJob, DraftResult, branch_points, greedy_with_confidence
 
 
 class RecordingEngine:
@@ -126,8 +126,8 @@ DRAFTER = "qwen2.5-coder-0.5b-instruct"
 
 @pytest.fixture(scope="module")
 def llama_engine():
-    from cosine.runtime.draft_engine import LlamaCppEngine
-    from cosine.runtime.model_store import pull, resolve_gguf
+    from cosine.draft_engine import LlamaCppEngine
+    from cosine.model_store import pull, resolve_gguf
 
     pull(DRAFTER, progress=False)
     eng = LlamaCppEngine(str(resolve_gguf(DRAFTER)), "coder", threads=1, max_requests=8, ctx_tokens=4096)
@@ -138,7 +138,7 @@ def llama_engine():
 def _ids(text: str) -> tuple[int, ...]:
     from transformers import AutoTokenizer
 
-    from cosine.runtime.model_store import resolve
+    from cosine.model_store import resolve
 
     return tuple(AutoTokenizer.from_pretrained(resolve(DRAFTER))(text)["input_ids"])
 
@@ -224,7 +224,7 @@ def test_llamacpp_min_confidence_stops_the_draft(llama_engine):
 def test_llamacpp_runner_drafts_like_the_engine(llama_engine):
     """The per-sequence runner (what the cross-tokenizer drafter drives) sees the same model: its
     greedy continuation of a prompt is the engine's draft, and sync rolls back to the common prefix."""
-    from cosine.runtime.draft_engine import LlamaCppRunner
+    from cosine.draft_engine import LlamaCppRunner
 
     runner = LlamaCppRunner(llama_engine, tokenizer=None, name="coder")
     ctx = list(_ids("def square(x):\n    return"))
@@ -248,8 +248,8 @@ def test_vllm_engine_drafts_greedily_in_batches():
     (greedy), confidences are probabilities, a context that grew drafts its continuation."""
     import os
 
-    from cosine.runtime.draft_engine import VllmEngine
-    from cosine.runtime.model_store import pull
+    from cosine.draft_engine import VllmEngine
+    from cosine.model_store import pull
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     path = pull("smollm2-135m-instruct", progress=False)

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from cosine.runtime.fusion import DraftPath, fuse
+from cosine.fusion import DraftPath, fuse
 
 
 def test_fuse_merges_common_prefixes_and_orders_by_confidence():

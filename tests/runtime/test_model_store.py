@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cosine.runtime import model_store
-from cosine.runtime.model_store import KNOWN_MODELS, ModelNotAvailable, ModelPullError, ModelSource
+from cosine import model_store
+from cosine.model_store import KNOWN_MODELS, ModelNotAvailable, ModelPullError, ModelSource
 
 FAKE = "fake-model"
 # Eleven chunks, so a lexical sort (part1, part10, part11, part2, ...) would scramble them.

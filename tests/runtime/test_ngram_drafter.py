@@ -1,7 +1,7 @@
 """Model-free drafting: literal prompt-lookup cases and the suffix cache (losslessness through
 vLLM: `test_vllm_lossless`)."""
 
-from cosine.runtime.ngram_drafter import NgramDrafter, SuffixCache, ngram_propose
+from cosine.ngram_drafter import NgramDrafter, SuffixCache, ngram_propose
 
 
 def test_prompt_lookup_literal():

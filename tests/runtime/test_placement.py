@@ -2,7 +2,7 @@
 
 import pytest
 
-from cosine.runtime.placement import cpu_list, place
+from cosine.placement import cpu_list, place
 
 
 def test_two_cores_split_verifier_and_drafter():

@@ -1,12 +1,12 @@
-"""CoSine's drafting plane (`runtime/proposer.py`) with plain token lists and fake pools."""
+"""CoSine's drafting plane (`runtime/src/cosine/proposer.py`) with plain token lists and fake pools."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from cosine.runtime.drafter import Draft, DraftBranch
-from cosine.runtime.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
+from cosine.drafter import Draft, DraftBranch
+from cosine.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 
 REPEAT = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7]  # the tail 5 6 7 was seen before, followed by 8 9 10 ...
 
@@ -127,7 +127,7 @@ def test_failed_pool_is_one_warning_not_a_line_per_call(caplog):
     pool = FakePool("coder", fail=True)
     s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_retry_s=0.0)  # asked again at once
     p = CoSineProposer(s, [pool])
-    with caplog.at_level("DEBUG", logger="cosine.runtime.proposer"):
+    with caplog.at_level("DEBUG", logger="cosine.proposer"):
         for i in range(30):
             p.propose({"r": [1, 2, 3 + i]})
             _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
@@ -140,7 +140,7 @@ def test_failed_pool_is_one_warning_not_a_line_per_call(caplog):
 def test_single_late_call_is_a_metric_not_a_warning(caplog):
     pool = FakePool("coder")
     p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool])
-    with caplog.at_level("INFO", logger="cosine.runtime.proposer"):
+    with caplog.at_level("INFO", logger="cosine.proposer"):
         pool.fail = True
         p.propose({"r": [1, 2, 3]})
         _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
@@ -267,7 +267,7 @@ def test_pool_is_not_asked_where_prompt_lookup_gives_more():
 
 
 def test_pool_pays_rule():
-    from cosine.runtime.speculation_control import pool_pays
+    from cosine.speculation_control import pool_pays
 
     assert pool_pays(0.8, 1.0, 0.5, 0.2, 4)  # lookup rarely matches: the pool pays
     assert not pool_pays(0.8, 1.0, 0.9, 1.0, 4)  # lookup matches every step and is accepted more
@@ -289,7 +289,7 @@ def test_pool_whose_drafts_are_accepted_is_asked_every_step():
 def test_collector_exports_pool_calls_and_yield():
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from cosine.runtime.metrics import ProposerCollector
+    from cosine.metrics import ProposerCollector
 
     pool = FakePool("good")
     p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool])

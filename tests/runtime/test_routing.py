@@ -3,7 +3,7 @@
 import random
 from dataclasses import replace
 
-from cosine.runtime.routing import (
+from cosine.routing import (
     DrafterProfile,
     RouterState,
     RoutingSettings,

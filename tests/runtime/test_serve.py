@@ -24,8 +24,8 @@ import httpx
 import pytest
 import yaml
 
+from cosine.model_store import pull
 from cosine.roles import free_port
-from cosine.runtime.model_store import pull
 
 pytestmark = pytest.mark.real_model
 
@@ -80,7 +80,7 @@ def cluster(tmp_path_factory):
     path = _manifest(tmp_path_factory, 4)
     port, metrics_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = _start([sys.executable, "-P", "-m", "cosine", "serve", "--cluster", path, "--port", str(port),
+    proc = _start([sys.executable, "-m", "cosine", "serve", "--cluster", path, "--port", str(port),
                    "--metrics-port", str(metrics_port)], base, {"COSINE_API_KEY": API_KEY})
     yield base, proc, f"http://127.0.0.1:{metrics_port}/metrics"
     _stop(proc)
@@ -93,7 +93,7 @@ def reference(tmp_path_factory):
     path = _manifest(tmp_path_factory, 0)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = _start([sys.executable, "-P", "-m", "cosine", "verifier", "--cluster", path, "--http-port", str(port),
+    proc = _start([sys.executable, "-m", "cosine", "verifier", "--cluster", path, "--http-port", str(port),
                    "--metrics-port", "0"], base, {})
     try:
         client = _client(base, "none")

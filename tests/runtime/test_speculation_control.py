@@ -5,7 +5,7 @@ from itertools import pairwise
 
 import pytest
 
-from cosine.runtime.speculation_control import (
+from cosine.speculation_control import (
     MAX_DRAFT_TOKENS,
     BatchedCost,
     LoadSignal,
@@ -97,8 +97,8 @@ def test_settings_validation():
 
 
 def test_runtime_bound_on_k_is_the_crds():
-    from cosine.operator.settings import MAX_DRAFT_LEN
-    from cosine.runtime.proposer import ProposerSettings
+    from cosine.proposer import ProposerSettings
+    from cosine_operator.settings import MAX_DRAFT_LEN
 
     assert MAX_DRAFT_TOKENS == MAX_DRAFT_LEN
     with pytest.raises(ValueError, match="max_draft_tokens"):

@@ -12,11 +12,11 @@ import time
 import grpc
 import pytest
 
-from cosine.runtime.draft_engine import Branch, DraftResult
-from cosine.runtime.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
-from cosine.runtime.transport import codegen
-from cosine.runtime.transport.drafter_service import DrafterServicer, serve
-from cosine.runtime.transport.remote_drafter import RemoteDrafter
+from cosine.draft_engine import Branch, DraftResult
+from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
+from cosine.transport import codegen
+from cosine.transport.drafter_service import DrafterServicer, serve
+from cosine.transport.remote_drafter import RemoteDrafter
 
 
 class RuleEngine:
@@ -54,7 +54,7 @@ def test_generated_stubs_are_current(tmp_path):
     codegen.generate(tmp_path)
     for name in codegen.GENERATED:
         assert filecmp.cmp(tmp_path / name, codegen.OUT / name, shallow=False), (
-            f"{name} is stale: run python -m cosine.runtime.transport.codegen"
+            f"{name} is stale: run python -m cosine.transport.codegen"
         )
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cosine.runtime.transport.drafter_service import DrafterServicer, serve
-from cosine.runtime.transport.remote_drafter import RemoteDrafter
+from cosine.transport.drafter_service import DrafterServicer, serve
+from cosine.transport.remote_drafter import RemoteDrafter
 
 from .test_transport import RuleEngine
 
@@ -100,7 +100,7 @@ def test_clients_that_cannot_verify_the_drafter_get_nothing(tls_pool):
 def test_the_verifiers_proposer_dials_tls_from_its_config(tls_pool):
     """Catches: `tls_dir` dropped between the verifier's pool config and its RemoteDrafter."""
     pytest.importorskip("vllm")
-    from cosine.runtime import vllm_hooks
+    from cosine import vllm_hooks
 
     port, secret, _ = tls_pool
     pools = [{"name": "code", "address": f"127.0.0.1:{port}", "tls_dir": str(secret), "tls_server_name": SERVICE}]

@@ -15,7 +15,7 @@ import pytest
 
 vllm = pytest.importorskip("vllm")
 
-from cosine.runtime import vllm_hooks  # noqa: E402
+from cosine import vllm_hooks  # noqa: E402
 
 
 def test_pinned_vllm_version():

@@ -41,17 +41,17 @@ _SCRIPT = textwrap.dedent('''
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if __name__ == "__main__":
         from vllm import SamplingParams
-        from cosine.runtime import vllm_hooks
-        from cosine.runtime.model_store import resolve
+        from cosine import vllm_hooks
+        from cosine.model_store import resolve
         system, prompt, samples, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         model = str(resolve("MODEL"))
         config = None
         if system == "cosine":
             config = vllm_hooks.proposer_config(max_draft_tokens=4, adaptive=False)
         if system == "cosine-pool":
-            from cosine.runtime.draft_engine import LlamaCppEngine
-            from cosine.runtime.model_store import resolve_gguf
-            from cosine.runtime.transport.drafter_service import DrafterServicer, serve
+            from cosine.draft_engine import LlamaCppEngine
+            from cosine.model_store import resolve_gguf
+            from cosine.transport.drafter_service import DrafterServicer, serve
             engine = LlamaCppEngine(str(resolve_gguf("MODEL")), "pool", threads=1)
             server = serve(DrafterServicer(engine, "pool"), port=0)
             pools = [{"name": "pool", "address": f"127.0.0.1:{server.bound_port}", "expertise": ["chat"]}]
@@ -75,10 +75,10 @@ _SCRIPT = textwrap.dedent('''
 
 
 def _run(system: str, tmp_path, samples: int = SAMPLES) -> dict:
-    script = tmp_path / f"{system}.py"
+    script = tmp_path / f"run_{system}.py"  # never `vllm.py` or `cosine.py`: its folder is first on sys.path
     script.write_text(_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-P", str(script), system, PROMPT, str(samples), str(TOKENS)],
+    out = subprocess.run([sys.executable, str(script), system, PROMPT, str(samples), str(TOKENS)],
                          capture_output=True, text=True, env=env, timeout=600)
     lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
     assert out.returncode == 0 and lines, out.stderr[-3000:]
@@ -87,7 +87,7 @@ def _run(system: str, tmp_path, samples: int = SAMPLES) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from cosine.runtime.model_store import pull
+    from cosine.model_store import pull
 
     pull(MODEL, progress=False)
     tmp = tmp_path_factory.mktemp("lossless")

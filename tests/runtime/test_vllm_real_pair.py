@@ -42,8 +42,8 @@ def _chat_model(client, model: str, prompt: str) -> str:
 def test_real_pair_identical_to_vllm_target_only(tmp_path):
     from importlib import resources
 
+    from cosine.model_store import pull
     from cosine.roles import free_port
-    from cosine.runtime.model_store import pull
 
     manifest = yaml.safe_load(resources.files("cosine").joinpath("default_cluster.yaml").read_text())
     model = manifest["spec"]["verifier"]["model"]
@@ -54,7 +54,7 @@ def test_real_pair_identical_to_vllm_target_only(tmp_path):
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = _start([sys.executable, "-P", "-m", "cosine", "verifier", "--cluster", str(tmp_path / "alone.yaml"),
+    proc = _start([sys.executable, "-m", "cosine", "verifier", "--cluster", str(tmp_path / "alone.yaml"),
                    "--http-port", str(port), "--metrics-port", "0"], base, {})
     try:
         reference = _chat_all(base, model)
@@ -63,7 +63,7 @@ def test_real_pair_identical_to_vllm_target_only(tmp_path):
 
     port, metrics_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = _start([sys.executable, "-P", "-m", "cosine", "serve", "--port", str(port), "--metrics-port",
+    proc = _start([sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port",
                    str(metrics_port)], base, {})
     try:
         assert _chat_all(base, model) == reference

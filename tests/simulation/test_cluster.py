@@ -2,7 +2,7 @@
 
 import pytest
 
-from cosine.runtime.routing import DOMAINS
+from cosine.routing import DOMAINS
 from cosine.simulation import config
 from cosine.simulation.cluster import RequestSpec, Workload, poisson_requests, simulate
 
@@ -45,9 +45,9 @@ def test_autoscaler_respects_bounds_and_step():
 
 def _flat_setup(mode="target-only", budget=512, pools=(), lookup=None):
     """A verifier whose every step takes 1 s whatever its tokens, vLLM's budget `budget`."""
-    from cosine.runtime.speculation_control import SpeculationSettings
     from cosine.simulation.cluster import SimSetup, VerifierModel
     from cosine.simulation.cost_models import AcceptanceModel
+    from cosine.speculation_control import SpeculationSettings
 
     return SimSetup(mode, VerifierModel(lambda n, kv: 1.0, max_batch_tokens=budget), pools,
                     AcceptanceModel({}, {}, default_mean=0.9), SpeculationSettings(), lookup=lookup)

@@ -51,7 +51,7 @@ app.kubernetes.io/component: operator
 {{- printf "%s-webhook-tls" (include "cosine-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* RBAC rules: exactly what cosine.operator.kube.CALLS and kopf itself use (tests/operator/test_chart.py). */}}
+{{/* RBAC rules: exactly what cosine_operator.kube.CALLS and kopf itself use (tests/operator/test_chart.py). */}}
 {{- define "cosine-operator.namespacedRules" -}}
 - apiGroups: ["cosine.dev"]
   resources: ["cosineclusters"]

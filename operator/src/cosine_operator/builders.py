@@ -1,0 +1,561 @@
+"""Pure builders of a ``CoSineCluster``'s children: plain manifest dicts, no API calls.
+
+For a cluster ``N`` in namespace ``NS`` (the runtime contract):
+
+* ConfigMap ``N-config``, key ``cluster.yaml``: the CoSineCluster (apiVersion, kind, metadata.name,
+  spec) the runtime reads from ``/etc/cosine/cluster.yaml``;
+* Deployment + Service ``N-verifier`` (http 8000: vLLM's OpenAI server, /health, /metrics; metrics 9091:
+  CoSine's series) and the gateway Service ``N-gateway`` (``spec.gateway.serviceType``, ``port`` → 8000);
+* per drafter pool ``P``: Deployment ``N-drafter-P``, headless Service ``N-drafter-P`` (grpc 50052,
+  metrics 9090) and the scale target ``CoSineDrafterPool`` ``N-P``. The pool's ``spec.replicas``
+  (its ``scale`` subresource: the operator's autoscaler, HPA/KEDA or ``kubectl scale`` write it) is
+  the one value the Deployment's replicas follow; :func:`scale_free` is what reconcile patches onto
+  existing objects, so it never sets either after creation.
+* NetworkPolicies (``spec.networkPolicy.enabled``): ``N-verifier`` (http from anywhere, metrics from
+  the metrics sources) and per pool ``N-drafter-P`` (gRPC from the cluster's verifier pods only,
+  metrics from the metrics sources): :func:`build_network_policies`;
+* with ``spec.drafterTLS``, its Secret mounted read-only at ``TLS_DIR`` in drafter and verifier pods.
+
+Every builder takes the spec parsed once (:class:`~cosine_operator.settings.ClusterSpec`).
+Owner references are not set here; the handlers ``kopf.adopt()`` every child.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from cosine_operator import settings as s
+
+CONFIG_DIR = "/etc/cosine"
+CONFIG_FILE = f"{CONFIG_DIR}/cluster.yaml"
+MODEL_CACHE_DIR = "/models"
+GPU_RESOURCE = s.GPU_RESOURCE
+# The taint GKE puts on GPU node pools and the one EKS GPU node groups are usually given.
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+CONFIG_HASH_ANNOTATION = "cosine.dev/config-hash"
+MANAGED_BY = "cosine-operator"
+CLUSTER_LABEL = "cosine.dev/cluster"
+POOL_LABEL = "cosine.dev/pool"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+RUN_AS_USER = 10001  # the image's non-root user (Dockerfile)
+# spec.drafterTLS's Secret in drafter and verifier pods (not under CONFIG_DIR: a read-only volume)
+TLS_DIR = "/etc/cosine-tls"
+TLS_VOLUME = "drafter-tls"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by Kubernetes on every namespace
+
+Manifest = dict[str, Any]
+
+
+def config_name(cluster: str) -> str:
+    """The ConfigMap's name, ``N-config``."""
+    return f"{cluster}-config"
+
+
+def verifier_name(cluster: str) -> str:
+    """The verifier Deployment's and Service's name, ``N-verifier``."""
+    return f"{cluster}-verifier"
+
+
+def gateway_name(cluster: str) -> str:
+    """The gateway Service's name, ``N-gateway``."""
+    return f"{cluster}-gateway"
+
+
+def drafter_name(cluster: str, pool: str) -> str:
+    """Pool ``P``'s Deployment and headless Service name, ``N-drafter-P``."""
+    return f"{cluster}-drafter-{pool}"
+
+
+def pool_object_name(cluster: str, pool: str) -> str:
+    """Pool ``P``'s ``CoSineDrafterPool`` name, ``N-P``."""
+    return f"{cluster}-{pool}"
+
+
+def labels(cluster: str, component: str, pool: str | None = None) -> dict[str, str]:
+    """Recommended labels plus ours; ``selector_labels`` is the immutable subset."""
+    out = {
+        "app.kubernetes.io/name": "cosine",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        **selector_labels(cluster, component, pool),
+    }
+    return out
+
+
+def selector_labels(cluster: str, component: str, pool: str | None = None) -> dict[str, str]:
+    """Labels that select a component's pods (instance, cluster, component and, for a pool, pool);
+    immutable once a Deployment exists."""
+    out = {"app.kubernetes.io/instance": cluster, CLUSTER_LABEL: cluster, COMPONENT_LABEL: component}
+    if pool is not None:
+        out[POOL_LABEL] = pool
+    return out
+
+
+def runtime_document(name: str, cluster: s.ClusterSpec) -> dict[str, Any]:
+    """The CoSineCluster as the runtime reads it: apiVersion, kind, metadata.name, spec (as written)."""
+    return {
+        "apiVersion": f"{s.GROUP}/{s.VERSION}",
+        "kind": s.CLUSTER_KIND,
+        "metadata": {"name": name},
+        "spec": copy.deepcopy(dict(cluster.raw)),
+    }
+
+
+def config_hash(cluster: s.ClusterSpec) -> str:
+    """16 hex digits of the spec as written minus replica counts, autoscaling and networkPolicy
+    (a scale or a policy change must not restart pods)."""
+    doc = copy.deepcopy(dict(cluster.raw))
+    doc.pop("autoscaling", None)
+    doc.pop("networkPolicy", None)
+    doc.get("verifier", {}).pop("replicas", None)
+    for pool in doc.get("drafterPools", []):
+        for key in ("replicas", "minReplicas", "maxReplicas"):
+            pool.pop(key, None)
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_config_map(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
+    """ConfigMap ``N-config`` with ``cluster.yaml``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": config_name(name), "namespace": namespace, "labels": labels(name, "config")},
+        "data": {"cluster.yaml": yaml.safe_dump(runtime_document(name, cluster), sort_keys=False)},
+    }
+
+
+def _tolerations(pod: s.PodOverrides) -> list[dict[str, Any]]:
+    tolerations = [dict(t) for t in pod.tolerations]
+    if pod.requests_gpu and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
+        tolerations.append(dict(GPU_TOLERATION))
+    return tolerations
+
+
+def _model_pull(pod: s.PodOverrides, image: s.ImageSpec, models: list[str]) -> dict[str, Any]:
+    """Init container ``model-pull``: ``cosine models pull`` of the pod's models into the ``models``
+    volume before the runtime starts (the runtime only loads from that cache). A model already
+    there is kept (the pull is a no-op); a failed pull fails the pod, with the reason in its log."""
+    return {
+        "name": "model-pull",
+        "image": image.reference,
+        "imagePullPolicy": image.pull_policy,
+        "command": ["cosine"],
+        "args": ["models", "pull", *models],
+        "env": _env(pod, []),
+        "volumeMounts": [{"name": "models", "mountPath": MODEL_CACHE_DIR}],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+
+
+def _pod_spec(
+    pod: s.PodOverrides,
+    container: dict[str, Any],
+    name: str,
+    image: s.ImageSpec,
+    models: list[str] | None = None,
+    tls: s.DrafterTLSSpec | None = None,
+    shm: bool = False,
+) -> dict[str, Any]:
+    """A pod spec around ``container``. ``shm``: a memory-backed ``/dev/shm`` (vLLM's engine
+    processes exchange tensors through shared memory, more than a container's default 64 MiB)."""
+    container = {
+        "image": image.reference,
+        "imagePullPolicy": image.pull_policy,
+        "resources": json.loads(json.dumps(dict(pod.resources))),
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "models", "mountPath": MODEL_CACHE_DIR},
+        ],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        **container,
+    }
+    spec: dict[str, Any] = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+        },
+        **({"initContainers": [_model_pull(pod, image, models)]} if models else {}),
+        "containers": [container],
+        "volumes": [
+            {"name": "config", "configMap": {"name": config_name(name)}},
+            {"name": "models", "emptyDir": {}},
+        ],
+    }
+    if shm:
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+        spec["volumes"].append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    if tls is not None:
+        container["volumeMounts"].append({"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True})
+        spec["volumes"].append({"name": TLS_VOLUME, "secret": {"secretName": tls.secret_name}})
+    if pod.node_selector:
+        spec["nodeSelector"] = dict(pod.node_selector)
+    tolerations = _tolerations(pod)
+    if tolerations:
+        spec["tolerations"] = tolerations
+    if pod.affinity:
+        spec["affinity"] = json.loads(json.dumps(dict(pod.affinity)))
+    return spec
+
+
+def _env(pod: s.PodOverrides, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"name": "COSINE_CACHE", "value": MODEL_CACHE_DIR}, *extra, *[dict(e) for e in pod.env]]
+
+
+def _deployment(
+    name: str,
+    namespace: str,
+    deployment: str,
+    component: str,
+    pool: str | None,
+    replicas: int,
+    pod_spec: dict[str, Any],
+    metrics_port: int,
+    spec_hash: str,
+) -> Manifest:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": deployment, "namespace": namespace, "labels": labels(name, component, pool)},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(name, component, pool)},
+            "template": {
+                "metadata": {
+                    "labels": labels(name, component, pool),
+                    "annotations": {
+                        CONFIG_HASH_ANNOTATION: spec_hash,
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(metrics_port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
+    """Deployment ``N-verifier``: vLLM's OpenAI server with CoSine's proposer, one ``--drafter`` per pool;
+    Prometheus scrapes CoSine's series on the metrics port (vLLM's are on the http port).
+    Its replicas are ``spec.verifier.replicas`` (reconcile is their one writer)."""
+    v = cluster.verifier
+    args = [
+        "verifier",
+        "--cluster",
+        CONFIG_FILE,
+        "--http-port",
+        str(s.VERIFIER_HTTP_PORT),
+        "--metrics-port",
+        str(s.VERIFIER_METRICS_PORT),
+        "--host",
+        "0.0.0.0",  # the runtime binds loopback unless told otherwise
+    ]
+    for pool in cluster.drafter_pools:
+        target = f"dns:///{drafter_name(name, pool.name)}.{namespace}.svc:{s.DRAFTER_GRPC_PORT}"
+        args += ["--drafter", f"{pool.name}={target}"]
+    tls = cluster.drafter_tls
+    if tls is not None:
+        args += ["--drafter-tls-dir", TLS_DIR]
+        if tls.server_name:
+            args += ["--drafter-tls-server-name", tls.server_name]
+    extra_env: list[dict[str, Any]] = []
+    gw = cluster.gateway
+    if gw.api_key_secret is not None:
+        ref = {"name": gw.api_key_secret.name, "key": gw.api_key_secret.key}
+        extra_env.append({"name": "COSINE_API_KEY", "valueFrom": {"secretKeyRef": ref}})
+    container = {
+        "name": "verifier",
+        "command": ["cosine"],
+        "args": args,
+        "env": _env(v.pod, extra_env),
+        "ports": [
+            {"name": "http", "containerPort": s.VERIFIER_HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": s.VERIFIER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": s.VERIFIER_HTTP_PORT},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+    }
+    pod_spec = _pod_spec(v.pod, container, name, cluster.image, [v.model], tls, shm=True)
+    return _deployment(
+        name,
+        namespace,
+        verifier_name(name),
+        "verifier",
+        None,
+        v.replicas,
+        pod_spec,
+        s.VERIFIER_METRICS_PORT,
+        config_hash(cluster),
+    )
+
+
+def build_drafter_deployment(
+    name: str, namespace: str, cluster: s.ClusterSpec, pool: str, replicas: int
+) -> Manifest:
+    """Deployment ``N-drafter-P`` created with ``replicas`` pods (the scale target's value, not the
+    spec's); afterwards its replicas follow the pool's ``CoSineDrafterPool``. ``KeyError`` if the
+    cluster has no pool ``pool``."""
+    p = cluster.pool(pool)
+    tls = cluster.drafter_tls
+    container = {
+        "name": "drafter",
+        "command": ["cosine"],
+        "args": [
+            "drafter",
+            "--cluster",
+            CONFIG_FILE,
+            "--pool",
+            p.name,
+            "--grpc-port",
+            str(s.DRAFTER_GRPC_PORT),
+            "--metrics-port",
+            str(s.DRAFTER_METRICS_PORT),
+            "--host",
+            "0.0.0.0",
+        ],
+        "env": _env(p.pod, []),
+        "ports": [
+            {"name": "grpc", "containerPort": s.DRAFTER_GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": s.DRAFTER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        # the kubelet's gRPC probe speaks plaintext only: with TLS, the port being open (the
+        # server starts once the engine is loaded) is the readiness signal
+        "readinessProbe": {
+            **({"tcpSocket": {"port": s.DRAFTER_GRPC_PORT}} if tls else {"grpc": {"port": s.DRAFTER_GRPC_PORT}}),
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+    }
+    if tls is not None:
+        container["args"] += ["--tls-dir", TLS_DIR]
+    # a model pool needs its model; a translating pool also the verifier's, for its tokenizer
+    models = [] if p.model is None else [p.model]
+    if models and p.translate_tokenizer:
+        models.append(cluster.verifier.model)
+    pod_spec = _pod_spec(p.pod, container, name, cluster.image, models, tls, shm=p.resolved_engine == "vllm")
+    return _deployment(
+        name,
+        namespace,
+        drafter_name(name, p.name),
+        "drafter",
+        p.name,
+        replicas,
+        pod_spec,
+        s.DRAFTER_METRICS_PORT,
+        config_hash(cluster),
+    )
+
+
+def build_verifier_service(name: str, namespace: str) -> Manifest:
+    """Service ``N-verifier``: the in-cluster http port (8000)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": verifier_name(name), "namespace": namespace, "labels": labels(name, "verifier")},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(name, "verifier"),
+            "ports": [
+                {"name": "http", "port": s.VERIFIER_HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def build_gateway_service(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
+    """Service ``N-gateway``: the OpenAI API, ``spec.gateway.port`` → the verifier's 8000."""
+    gw = cluster.gateway
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": gateway_name(name), "namespace": namespace, "labels": labels(name, "gateway")},
+        "spec": {
+            "type": gw.service_type,
+            "selector": selector_labels(name, "verifier"),
+            "ports": [{"name": "http", "port": gw.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_drafter_service(name: str, namespace: str, pool: str) -> Manifest:
+    """Headless Service ``N-drafter-P``: one DNS record per pod for the verifier's gRPC balancing."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": drafter_name(name, pool),
+            "namespace": namespace,
+            "labels": labels(name, "drafter", pool),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(name, "drafter", pool),
+            "ports": [
+                {"name": "grpc", "port": s.DRAFTER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+                {
+                    "name": "metrics",
+                    "port": s.DRAFTER_METRICS_PORT,
+                    "targetPort": "metrics",
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def build_pool_scaler(
+    name: str, namespace: str, cluster: s.ClusterSpec, pool: str, replicas: int
+) -> Manifest:
+    """``CoSineDrafterPool`` ``N-P``: the pool's scale target, created with ``replicas``; its
+    ``spec.replicas`` drives the Deployment. ``KeyError`` if the cluster has no pool ``pool``."""
+    p = cluster.pool(pool)
+    return {
+        "apiVersion": f"{s.GROUP}/{s.VERSION}",
+        "kind": s.POOL_KIND,
+        "metadata": {
+            "name": pool_object_name(name, pool),
+            "namespace": namespace,
+            "labels": labels(name, "drafter", pool),
+        },
+        "spec": {
+            "clusterName": name,
+            "pool": pool,
+            "replicas": replicas,
+            "minReplicas": p.min_replicas,
+            "maxReplicas": p.max_replicas,
+        },
+    }
+
+
+def pool_selector(cluster: str, pool: str) -> str:
+    """The label selector of a pool's pods as a string (``status.selector``, for HPA)."""
+    return ",".join(f"{k}={v}" for k, v in selector_labels(cluster, "drafter", pool).items())
+
+
+def operator_peer(namespace: str, pod_labels: Mapping[str, str]) -> dict[str, Any] | None:
+    """The NetworkPolicy peer of the operator's own pods (its autoscaler scrapes the pods'
+    metrics ports): its namespace by name and its pod labels; ``None`` if either is unknown."""
+    if not namespace or not pod_labels:
+        return None
+    return {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}},
+        "podSelector": {"matchLabels": dict(pod_labels)},
+    }
+
+
+def metrics_sources(cluster: s.ClusterSpec, operator: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Who may reach the metrics ports: ``spec.networkPolicy.metricsFrom`` as written, else every
+    pod of the cluster's namespace; plus the operator's pods (``operator``, see :func:`operator_peer`)."""
+    given = cluster.network_policy.metrics_from
+    peers = json.loads(json.dumps(list(given))) if given else [{"podSelector": {}}]
+    if operator is not None:
+        peers.append(json.loads(json.dumps(dict(operator))))
+    return peers
+
+
+def _network_policy(
+    name: str, namespace: str, policy: str, component: str, pool: str | None, ingress: list[dict[str, Any]]
+) -> Manifest:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": policy, "namespace": namespace, "labels": labels(name, component, pool)},
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(name, component, pool)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def _tcp(port: int) -> list[dict[str, Any]]:
+    return [{"protocol": "TCP", "port": port}]
+
+
+def build_network_policies(
+    name: str, namespace: str, cluster: s.ClusterSpec, operator: Mapping[str, Any] | None = None
+) -> list[Manifest]:
+    """NetworkPolicies (ingress only; egress stays open: model downloads, the verifier's calls):
+
+    * ``N-verifier`` on the verifier pods: the http port (the OpenAI API, also behind the gateway
+      Service, possibly a LoadBalancer) from anywhere; CoSine's metrics port from the metrics
+      sources (:func:`metrics_sources`); nothing else;
+    * per pool ``N-drafter-P`` on the pool's pods: gRPC only from this cluster's verifier pods,
+      the metrics port from the metrics sources; nothing else.
+
+    Empty when ``spec.networkPolicy.enabled`` is false. Traffic from a pod's own node (kubelet
+    probes) is always allowed by Kubernetes."""
+    if not cluster.network_policy.enabled:
+        return []
+    sources = metrics_sources(cluster, operator)
+    verifier = [
+        {"ports": _tcp(s.VERIFIER_HTTP_PORT)},  # no `from`: every source
+        {"from": sources, "ports": _tcp(s.VERIFIER_METRICS_PORT)},
+    ]
+    out = [_network_policy(name, namespace, verifier_name(name), "verifier", None, verifier)]
+    for pool in cluster.drafter_pools:
+        drafter = [
+            {
+                "from": [{"podSelector": {"matchLabels": selector_labels(name, "verifier")}}],
+                "ports": _tcp(s.DRAFTER_GRPC_PORT),
+            },
+            {"from": copy.deepcopy(sources), "ports": _tcp(s.DRAFTER_METRICS_PORT)},
+        ]
+        out.append(_network_policy(name, namespace, drafter_name(name, pool.name), "drafter", pool.name, drafter))
+    return out
+
+
+def build_children(
+    name: str,
+    namespace: str,
+    cluster: s.ClusterSpec,
+    pool_replicas: Mapping[str, int],
+    operator: Mapping[str, Any] | None = None,
+) -> list[Manifest]:
+    """Every child, in creation order (the NetworkPolicies first, so no pod starts unprotected; a
+    pool's Deployment before its scale target, so the scale target always has a Deployment to
+    resize); ``pool_replicas`` gives each pool's replicas at creation (default: the spec's, within
+    its bounds); ``operator``: the operator's pods as a NetworkPolicy peer (:func:`operator_peer`)."""
+    children = [
+        *build_network_policies(name, namespace, cluster, operator),
+        build_config_map(name, namespace, cluster),
+        build_verifier_service(name, namespace),
+        build_gateway_service(name, namespace, cluster),
+    ]
+    for pool in cluster.drafter_pools:
+        replicas = pool_replicas.get(pool.name, pool.clamp(pool.replicas))
+        children += [
+            build_drafter_service(name, namespace, pool.name),
+            build_drafter_deployment(name, namespace, cluster, pool.name, replicas),
+            build_pool_scaler(name, namespace, cluster, pool.name, replicas),
+        ]
+    children.append(build_verifier_deployment(name, namespace, cluster))
+    return children
+
+
+def scale_free(manifest: Manifest) -> Manifest:
+    """What reconcile merge-patches onto an existing child: ``manifest`` without ``spec.replicas``
+    for a drafter Deployment and a ``CoSineDrafterPool`` (their scale is the pool's
+    ``spec.replicas``, written only through the pool); other children unchanged."""
+    drafter = manifest["kind"] == "Deployment" and (
+        manifest["metadata"]["labels"].get(COMPONENT_LABEL) == "drafter"
+    )
+    if not (drafter or manifest["kind"] == s.POOL_KIND):
+        return manifest
+    out = copy.deepcopy(manifest)
+    out["spec"].pop("replicas", None)
+    return out

@@ -1,0 +1,430 @@
+"""The kopf handlers: thin wiring of builders, the status builders and the scaling policy.
+
+Run with ``cosine-operator`` (or ``kopf run -m cosine_operator.handlers``). Handlers are named
+``<kind>_<event>``; each parses the spec once, calls pure ``build_*``/``desired_replicas``, adopts
+the children (owner references: deleting a cluster deletes them through Kubernetes' garbage
+collector, so the operator adds no finalizer of its own) and applies them with create-or-patch,
+then writes status with conditions. kopf puts its own finalizer on each CoSineCluster while the
+cluster's autoscaler daemon runs, so that it can stop the daemon before the object goes.
+
+A drafter pool's size has one writer chain: whatever scales the pool (the autoscaler daemon, an
+HPA or KEDA through the ``CoSineDrafterPool``'s scale subresource, ``kubectl scale``, or a changed
+``spec.drafterPools[].replicas``) writes the pool's ``spec.replicas``; :func:`cosinedrafterpool_follow`
+alone resizes the pool's Deployment to it. Reconcile sets neither after creation.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import time
+from typing import Any
+
+import kopf
+
+from cosine_operator import builders, kube, status
+from cosine_operator import settings as s
+from cosine_operator.autoscaling import PoolLimits, ScalerState, ScalingPolicy, desired_replicas
+from cosine_operator.metrics_scrape import Scrape, ScrapeTarget, observe, scrape_pods, scrape_prometheus
+from cosine_operator.telemetry import OperatorMetrics
+
+CLUSTER = (s.GROUP, s.VERSION, s.CLUSTER_PLURAL)
+POOL = (s.GROUP, s.VERSION, s.POOL_PLURAL)
+MANAGED = {"app.kubernetes.io/managed-by": builders.MANAGED_BY}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@kopf.on.login()
+def operator_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In-cluster service account first, else ``KUBECONFIG`` (explicit: kubernetes_asyncio is installed)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.startup()
+async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """Typed config from the environment, API client, progress storage, webhook server, metrics."""
+    config = s.OperatorConfig.from_env(os.environ)
+    memo.config = config
+    memo.api = await kube.connect()
+    memo.metrics = OperatorMetrics.create()
+    # Handler progress in annotations only: status stays ours (and schema-valid).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="cosine.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="cosine.dev", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    if config.webhook_port is not None:
+        cert_dir = config.webhook_cert_dir
+        settings.admission.server = kopf.WebhookServer(
+            addr="0.0.0.0",
+            port=config.webhook_port,
+            insecure=config.webhook_insecure,
+            certfile=os.path.join(cert_dir, "tls.crt") if cert_dir else None,
+            pkeyfile=os.path.join(cert_dir, "tls.key") if cert_dir else None,
+        )
+    if config.metrics_port is not None:
+        memo.metrics.serve(config.metrics_port)
+    logger.info("cosine-operator started", extra={"config": repr(config)})
+
+
+@kopf.on.cleanup()
+async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Close the API client's connection pool."""
+    api = getattr(memo, "api", None)
+    if api is not None:
+        await api.close()
+
+
+async def _creation_replicas(api: Any, name: str, namespace: str, cluster: s.ClusterSpec,
+                             hand_scaled: set[str]) -> dict[str, int]:
+    """Each pool's replicas for a child created now: its ``CoSineDrafterPool``'s ``spec.replicas``
+    if the pool exists and was not just scaled by hand, else the spec's; within its bounds.
+    Only ever sent in a create: an existing child is patched with :func:`builders.scale_free`."""
+    out: dict[str, int] = {}
+    for pool in cluster.drafter_pools:
+        current = None
+        if pool.name not in hand_scaled:
+            current = await kube.get(api, s.POOL_KIND, namespace, builders.pool_object_name(name, pool.name))
+        replicas = pool.replicas if current is None else int(current["spec"].get("replicas", pool.replicas))
+        out[pool.name] = pool.clamp(replicas)
+    return out
+
+
+def _hand_scaled(cluster: s.ClusterSpec, old_spec: Any) -> set[str]:
+    """Pools whose ``spec.drafterPools[].replicas`` this update changed (the user scaled by hand)."""
+    if not old_spec:
+        return set()
+    try:
+        old = {p.name: p.replicas for p in s.parse_cluster_spec(old_spec).drafter_pools}
+    except ValueError:
+        return set()
+    return {p.name for p in cluster.drafter_pools if p.name in old and old[p.name] != p.replicas}
+
+
+async def _prune(api: Any, name: str, namespace: str, pools: set[str], logger: Any) -> list[str]:
+    """Delete the children of drafter pools no longer in the spec; returns the pools removed."""
+    removed: set[str] = set()
+    for kind in (s.POOL_KIND, "Deployment", "Service", "NetworkPolicy"):
+        for obj in await kube.list_owned(api, kind, namespace, name):
+            meta = obj["metadata"]
+            pool = (meta.get("labels") or {}).get(builders.POOL_LABEL)
+            if pool is not None and pool not in pools:
+                await kube.delete(api, kind, namespace, meta["name"])
+                removed.add(pool)
+                logger.info(f"deleted {kind} {meta['name']} of removed pool {pool}")
+    return sorted(removed)
+
+
+async def _drop_network_policies(api: Any, name: str, namespace: str, logger: Any) -> None:
+    """``spec.networkPolicy.enabled: false``: delete the NetworkPolicies this cluster owns."""
+    for obj in await kube.list_owned(api, "NetworkPolicy", namespace, name):
+        await kube.delete(api, "NetworkPolicy", namespace, obj["metadata"]["name"])
+        logger.info(f"deleted NetworkPolicy {obj['metadata']['name']} (spec.networkPolicy.enabled is false)")
+
+
+async def _refresh_status(
+    api: Any, name: str, namespace: str, generation: int | None, cluster: s.ClusterSpec, previous: Any
+) -> dict[str, Any]:
+    names = [builders.verifier_name(name)] + [
+        builders.drafter_name(name, p.name) for p in cluster.drafter_pools
+    ]
+    deployments = {n: await kube.get(api, "Deployment", namespace, n) for n in names}
+    return status.build_status(name, namespace, generation, cluster, deployments, previous, _now())
+
+
+async def _reconcile(
+    event: str,
+    body: kopf.Body,
+    spec: Any,
+    name: str,
+    namespace: str,
+    old_spec: Any,
+    memo: kopf.Memo,
+    patch: kopf.Patch,
+    logger: Any,
+) -> None:
+    try:
+        cluster = s.parse_cluster_spec(spec)
+    except ValueError as e:
+        memo.metrics.reconciles.labels(event, "invalid").inc()
+        raise kopf.PermanentError(f"invalid spec: {e}") from e
+    api = memo.api
+    hand_scaled = _hand_scaled(cluster, old_spec)
+    created = await _creation_replicas(api, name, namespace, cluster, hand_scaled)
+    drafters: dict[str, dict[str, Any]] = {}  # pool -> its Deployment as applied
+    operator = builders.operator_peer(memo.config.namespace, memo.config.pod_labels)
+    for child in builders.build_children(name, namespace, cluster, created, operator):
+        kopf.adopt(child, owner=body)
+        pool = child["metadata"]["labels"].get(builders.POOL_LABEL)
+        scaled = child["kind"] == s.POOL_KIND and pool in hand_scaled
+        applied = await kube.apply(api, child, child if scaled else builders.scale_free(child))
+        if child["kind"] == "Deployment" and pool:
+            drafters[pool] = applied
+        elif child["kind"] == s.POOL_KIND:  # the selector from the start (HPA needs it before any pod)
+            await kube.patch(api, s.POOL_KIND, namespace, applied["metadata"]["name"],
+                             {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
+    removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
+    if not cluster.network_policy.enabled:
+        await _drop_network_policies(api, name, namespace, logger)
+    if removed:
+        kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
+    generation = body.metadata.get("generation")
+    patch.status.update(await _refresh_status(api, name, namespace, generation, cluster, body.status))
+    memo.metrics.reconciles.labels(event, "ok").inc()
+    logger.info(f"reconciled: {len(cluster.drafter_pools)} pool(s), hand-scaled {sorted(hand_scaled)}")
+
+
+@kopf.on.create(*CLUSTER)
+async def cosinecluster_create(
+    body: kopf.Body,
+    spec: Any,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    patch: kopf.Patch,
+    logger: Any,
+    **_: Any,
+) -> None:
+    """Create the children of a new CoSineCluster."""
+    await _reconcile("create", body, spec, name, namespace, None, memo, patch, logger)
+
+
+@kopf.on.update(*CLUSTER, field="spec")
+async def cosinecluster_update(
+    body: kopf.Body,
+    spec: Any,
+    old: Any,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    patch: kopf.Patch,
+    logger: Any,
+    **_: Any,
+) -> None:
+    """Roll out a changed spec (new pod templates, pools scaled by hand or removed)."""
+    await _reconcile("update", body, spec, name, namespace, old, memo, patch, logger)
+
+
+@kopf.on.resume(*CLUSTER)
+async def cosinecluster_resume(
+    body: kopf.Body,
+    spec: Any,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    patch: kopf.Patch,
+    logger: Any,
+    **_: Any,
+) -> None:
+    """Re-apply the children when the operator restarts (drift repair; scales are the pools')."""
+    await _reconcile("resume", body, spec, name, namespace, None, memo, patch, logger)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """A child Deployment changed (its pods): refresh the owner's status and its pool's status."""
+    labels = body.metadata.labels
+    cluster_name = labels.get(builders.CLUSTER_LABEL)
+    if not cluster_name or body.metadata.get("deletionTimestamp"):
+        return
+    api = memo.api
+    owner = await kube.get(api, s.CLUSTER_KIND, namespace, cluster_name)
+    if owner is None or owner["metadata"].get("deletionTimestamp"):
+        return
+    try:
+        cluster = s.parse_cluster_spec(owner.get("spec") or {})
+    except ValueError:
+        return
+    new = await _refresh_status(
+        api, cluster_name, namespace, owner["metadata"].get("generation"), cluster, owner.get("status")
+    )
+    await kube.patch(api, s.CLUSTER_KIND, namespace, cluster_name, {"status": new}, subresource="status")
+    pool = labels.get(builders.POOL_LABEL)
+    if pool:
+        await kube.patch(
+            api,
+            s.POOL_KIND,
+            namespace,
+            builders.pool_object_name(cluster_name, pool),
+            {"status": status.pool_status(cluster_name, pool, body)},
+            subresource="status",
+        )
+
+
+@kopf.on.resume(*POOL)
+@kopf.on.create(*POOL)
+@kopf.on.update(*POOL, field="spec")
+async def cosinedrafterpool_follow(
+    spec: Any, namespace: str, memo: kopf.Memo, logger: Any, **_: Any
+) -> None:
+    """The pool's ``spec.replicas`` (or its bounds) changed: resize its Deployment to
+    ``spec.replicas`` within ``[minReplicas, maxReplicas]``, the only write of that Deployment's
+    replicas after its creation. Retried (``kopf.TemporaryError``) while the Deployment is absent."""
+    lo, hi = int(spec.get("minReplicas", 0)), int(spec.get("maxReplicas", 1 << 20))
+    replicas = s.clamp_replicas(int(spec.get("replicas", lo)), lo, hi)
+    deployment = builders.drafter_name(spec["clusterName"], spec["pool"])
+    done = await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}})
+    if done is None:
+        raise kopf.TemporaryError(f"Deployment {deployment} does not exist (yet)", delay=2)
+    logger.info(f"pool {spec['pool']}: Deployment {deployment} scaled to {replicas}")
+
+
+async def _scrape(
+    api: Any, name: str, namespace: str, cluster: s.ClusterSpec, config: s.OperatorConfig
+) -> Scrape:
+    now_s = time.monotonic()
+    if cluster.autoscaling.prometheus_url:
+        return await scrape_prometheus(
+            cluster.autoscaling.prometheus_url,
+            namespace,
+            name,
+            [p.name for p in cluster.drafter_pools],
+            config.scrape_timeout_s,
+            now_s,
+        )
+    targets = []
+    for pod in await kube.list_owned(api, "Pod", namespace, name):
+        meta, pod_status = pod["metadata"], pod.get("status") or {}
+        ip = pod_status.get("podIP")
+        if not ip or pod_status.get("phase", "Running") != "Running" or meta.get("deletionTimestamp"):
+            continue
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        role = labels.get(builders.COMPONENT_LABEL)
+        if role not in ("verifier", "drafter"):
+            continue
+        default_port = s.VERIFIER_METRICS_PORT if role == "verifier" else s.DRAFTER_METRICS_PORT
+        port = annotations.get("prometheus.io/port", str(default_port))
+        path = annotations.get("prometheus.io/path", "/metrics")
+        targets.append(
+            ScrapeTarget(meta["name"], role, labels.get(builders.POOL_LABEL), f"http://{ip}:{port}{path}")
+        )
+    return await scrape_pods(targets, config.scrape_timeout_s, now_s)
+
+
+async def _autoscale_once(
+    api: Any,
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    cluster: s.ClusterSpec,
+    previous: Scrape | None,
+    state: ScalerState,
+    memo: kopf.Memo,
+    logger: Any,
+) -> tuple[Scrape, ScalerState]:
+    """One scrape and, with a previous scrape to take rates against, one decision: each changed
+    pool's ``spec.replicas`` is written (nothing else: the pool handler resizes the Deployment),
+    and the ``ScalingActive`` condition. Returns this scrape and the new scaler state."""
+    now_s = time.monotonic()
+    scrape = await _scrape(api, name, namespace, cluster, memo.config)
+    if previous is None:
+        return scrape, state  # rates need two scrapes
+    pool_replicas: dict[str, tuple[int, int]] = {}
+    for pool in cluster.drafter_pools:
+        scaler = await kube.get(api, s.POOL_KIND, namespace, builders.pool_object_name(name, pool.name))
+        deployment = await kube.get(api, "Deployment", namespace, builders.drafter_name(name, pool.name))
+        if scaler is None:
+            continue
+        ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+        pool_replicas[pool.name] = (int(scaler["spec"].get("replicas", pool.replicas)), ready)
+    observations = observe(previous, scrape, pool_replicas)
+    policy = ScalingPolicy(
+        pools=tuple(PoolLimits(p.name, p.min_replicas, p.max_replicas) for p in cluster.drafter_pools),
+        target_utilization=cluster.autoscaling.target_drafter_utilization,
+        stabilization_s=float(cluster.autoscaling.stabilization_s),
+        max_scale_down_step=cluster.autoscaling.max_scale_down_step,
+    )
+    decisions, state = desired_replicas(observations, policy, state, now_s)
+    for d in decisions:
+        memo.metrics.desired_replicas.labels(namespace, name, d.pool).set(d.desired)
+        if not d.changed:
+            continue
+        direction = "up" if d.desired > d.current else "down"
+        memo.metrics.scale_decisions.labels(d.pool, direction).inc()
+        await kube.patch(
+            api, s.POOL_KIND, namespace, builders.pool_object_name(name, d.pool), {"spec": {"replicas": d.desired}}
+        )
+        kopf.info(
+            body,
+            reason=f"Scaled{direction.capitalize()}",
+            message=f"drafter pool {d.pool}: {d.current} → {d.desired} replicas: {d.reason}",
+        )
+        logger.info(f"pool {d.pool}: {d.current} -> {d.desired}: {d.reason}")
+    measured = observations.verifier is not None
+    new_status = status.autoscaler_status(
+        dict(body.status),
+        observations,
+        decisions,
+        measured,
+        "Measuring" if measured else "NoMetrics",
+        "balancing drafting to verification throughput" if measured else "verifier /metrics not readable",
+        body.metadata.get("generation"),
+        _now(),
+    )
+    await kube.patch(api, s.CLUSTER_KIND, namespace, name, {"status": new_status}, subresource="status")
+    return scrape, state
+
+
+async def _report_disabled(api: Any, body: kopf.Body, name: str, namespace: str) -> None:
+    """``ScalingActive`` = False, reason ``Disabled`` (written once: only if it says otherwise)."""
+    previous = dict(body.status)
+    conds = {c.get("type"): c for c in previous.get("conditions") or ()}
+    if (conds.get("ScalingActive") or {}).get("reason") == "Disabled":
+        return
+    new_status = status.autoscaler_status(
+        previous,
+        None,
+        (),
+        False,
+        "Disabled",
+        "spec.autoscaling.enabled is false: replicas come from the spec or the pools' scale subresource",
+        body.metadata.get("generation"),
+        _now(),
+    )
+    await kube.patch(api, s.CLUSTER_KIND, namespace, name, {"status": new_status}, subresource="status")
+
+
+@kopf.daemon(*CLUSTER, initial_delay=1.0, cancellation_polling=1.0, cancellation_timeout=10.0)
+async def cosinecluster_autoscaler(
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    logger: Any,
+    stopped: kopf.DaemonStopped,
+    **_: Any,
+) -> None:
+    """One per CoSineCluster, for the cluster's life: every ``spec.autoscaling.intervalSeconds``
+    scrape, decide with ``desired_replicas`` and write the pools' ``spec.replicas``.
+
+    Wakes every ``OperatorConfig.tick_s`` seconds to read the (live) spec, so a changed interval,
+    ``enabled: false`` or a deletion is noticed within a tick. Its memory (the previous scrape, the
+    stabilization window) is local: it goes when the cluster does, and is reset while disabled.
+    A failed pass (API or scrape error) is logged and the next one tried; kopf cancels a pass still
+    running ``cancellation_timeout`` s after the cluster's deletion.
+    """
+    api, config = memo.api, memo.config
+    previous: Scrape | None = None
+    state = ScalerState()
+    last_scrape_s = float("-inf")
+    while not stopped:
+        try:
+            cluster = s.parse_cluster_spec(body.spec)
+        except ValueError:
+            cluster = None  # reconcile reports an invalid spec
+        try:
+            if cluster is not None and not cluster.autoscaling.enabled:
+                previous, state, last_scrape_s = None, ScalerState(), float("-inf")
+                await _report_disabled(api, body, name, namespace)
+            elif cluster is not None and time.monotonic() - last_scrape_s >= cluster.autoscaling.interval_s:
+                last_scrape_s = time.monotonic()
+                previous, state = await _autoscale_once(
+                    api, body, name, namespace, cluster, previous, state, memo, logger
+                )
+        except Exception as e:  # noqa: BLE001 - one failed pass must not end the cluster's autoscaler
+            logger.warning(f"autoscaler pass failed: {e!r}")
+        await stopped.wait(config.tick_s)

@@ -1,0 +1,162 @@
+"""The few Kubernetes API calls the operator makes, on one ``kubernetes_asyncio`` ApiClient.
+
+Every call the operator makes is listed here (``CALLS``), and the chart's RBAC test checks the
+rendered ClusterRole/Role grants exactly these plus what kopf itself needs.
+Bodies go in and come out as plain dicts (no generated models).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from cosine_operator import settings as s
+
+Body = dict[str, Any]
+
+# kind -> (API path prefix, plural)
+_PATHS: dict[str, tuple[str, str]] = {
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Service": ("/api/v1", "services"),
+    "Pod": ("/api/v1", "pods"),
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    s.POOL_KIND: (f"/apis/{s.GROUP}/{s.VERSION}", s.POOL_PLURAL),
+    s.CLUSTER_KIND: (f"/apis/{s.GROUP}/{s.VERSION}", s.CLUSTER_PLURAL),
+}
+
+# (apiGroup, resource) -> verbs this module uses; kopf's own needs are in the chart's RBAC test.
+CALLS: dict[tuple[str, str], set[str]] = {
+    ("", "configmaps"): {"get", "create", "patch", "list", "delete"},
+    ("", "services"): {"get", "create", "patch", "list", "delete"},
+    ("", "pods"): {"list"},
+    ("apps", "deployments"): {"get", "create", "patch", "list", "delete"},
+    ("networking.k8s.io", "networkpolicies"): {"create", "patch", "list", "delete"},
+    (s.GROUP, s.POOL_PLURAL): {"get", "create", "patch", "list", "delete"},
+    (s.GROUP, f"{s.CLUSTER_PLURAL}/status"): {"patch"},
+    (s.GROUP, s.CLUSTER_PLURAL): {"get"},
+    (s.GROUP, f"{s.POOL_PLURAL}/status"): {"patch"},
+}
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+async def connect() -> client.ApiClient:
+    """An ApiClient from the in-cluster service account, else ``KUBECONFIG``/``~/.kube/config``."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        # Read KUBECONFIG now: the library's default path was fixed when it was imported.
+        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+    return client.ApiClient()
+
+
+def _path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    prefix, plural = _PATHS[kind]
+    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    if name is not None:
+        path += f"/{name}"
+    if subresource is not None:
+        path += f"/{subresource}"
+    return path
+
+
+async def _call(
+    api: client.ApiClient,
+    method: str,
+    path: str,
+    body: Any = None,
+    content_type: str | None = None,
+    query: list[tuple[str, str]] | None = None,
+) -> Body:
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type or "application/json"
+    result = await api.call_api(
+        path,
+        method,
+        query_params=query or [],
+        header_params=headers,
+        body=body,
+        response_types_map={200: "object", 201: "object", 202: "object"},
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+    )
+    return dict(result or {})
+
+
+async def get(api: client.ApiClient, kind: str, namespace: str, name: str) -> Body | None:
+    """The object, or ``None`` if it does not exist."""
+    try:
+        return await _call(api, "GET", _path(kind, namespace, name))
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+async def list_owned(api: client.ApiClient, kind: str, namespace: str, cluster: str) -> list[Body]:
+    """Objects of ``kind`` in ``namespace`` labelled as children of ``cluster``.
+
+    The label selector is also checked here, so a server that ignores it still gives the right set.
+    """
+    query = [("labelSelector", f"cosine.dev/cluster={cluster}")]
+    items = (await _call(api, "GET", _path(kind, namespace), query=query)).get("items") or []
+    return [
+        i for i in items if (i.get("metadata", {}).get("labels") or {}).get("cosine.dev/cluster") == cluster
+    ]
+
+
+async def patch(
+    api: client.ApiClient,
+    kind: str,
+    namespace: str,
+    name: str,
+    body: Mapping[str, Any],
+    subresource: str | None = None,
+) -> Body | None:
+    """JSON merge-patch; ``None`` if the object is gone."""
+    try:
+        return await _call(api, "PATCH", _path(kind, namespace, name, subresource), dict(body), MERGE_PATCH)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+async def apply(
+    api: client.ApiClient, body: Mapping[str, Any], patch_body: Mapping[str, Any] | None = None
+) -> Body:
+    """Create ``body``, or merge-patch ``patch_body`` (default: ``body``) onto it if it exists
+    (HTTP 409); returns the object. Idempotent. Raises ``ApiException`` on any other failure."""
+    meta = body["metadata"]
+    try:
+        return await _call(api, "POST", _path(body["kind"], meta["namespace"]), dict(body))
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    changes = body if patch_body is None else patch_body
+    patched = await patch(api, body["kind"], meta["namespace"], meta["name"], changes)
+    if patched is None:  # deleted between the two calls: the next reconcile creates it
+        raise ApiException(status=404, reason=f"{body['kind']} {meta['name']} vanished during apply")
+    return patched
+
+
+async def delete(api: client.ApiClient, kind: str, namespace: str, name: str) -> bool:
+    """Delete (background propagation); ``False`` if it was already gone."""
+    try:
+        await _call(
+            api,
+            "DELETE",
+            _path(kind, namespace, name),
+            {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"},
+        )
+        return True
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise

@@ -1,0 +1,60 @@
+"""Admission checks the CRD's CEL rules cannot express, and the kopf validating webhook for them.
+
+CEL (in ``crds/``) covers bounds, ``minReplicas <= maxReplicas``, at least one pool, unique pool
+names and model/ngram consistency (an ngram pool takes no model and no engine). Here: tokenizer
+compatibility between each model drafter and the verifier (CEL cannot know model families; the
+table is :data:`cosine_operator.settings.TOKENIZER_FAMILIES`), and
+the length of child names built from the object's name (CEL on ``spec`` cannot see
+``metadata.name``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from cosine_operator import builders
+from cosine_operator import settings as s
+
+MAX_NAME_LENGTH = 63  # DNS-1035 label: Services and Deployments of the children
+
+
+def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
+    """Every problem CEL cannot catch, each message starting with the offending field's path."""
+    problems: list[str] = []
+    try:
+        cluster = s.parse_cluster_spec(spec)
+    except ValueError as e:
+        message = str(e)
+        return [message if message.startswith("spec.") else f"spec: {message}"]
+    verifier_family = s.tokenizer_family(cluster.verifier.tokenizer_family)
+    for i, pool in enumerate(cluster.drafter_pools):
+        field = f"spec.drafterPools[{i}]"
+        longest = builders.drafter_name(name, pool.name)
+        if len(longest) > MAX_NAME_LENGTH:
+            problems.append(
+                f"{field}.name: child name {longest!r} is {len(longest)} characters, over "
+                f"{MAX_NAME_LENGTH}; shorten the pool or cluster name"
+            )
+        if pool.kind != "model" or pool.translate_tokenizer or pool.tokenizer_family is None:
+            continue
+        family = s.tokenizer_family(pool.tokenizer_family)
+        if family is not None and verifier_family is not None and family != verifier_family:
+            which = "tokenizer" if pool.tokenizer else "model"
+            problems.append(
+                f"{field}.{which}: tokenizer family {family!r} of {pool.tokenizer_family!r} differs from "
+                f"the verifier's {verifier_family!r} ({cluster.verifier.tokenizer_family!r}); set "
+                f"{field}.translateTokenizer: true to translate drafts via text, or use a drafter of "
+                "the verifier's family"
+            )
+    return problems
+
+
+@kopf.on.validate(s.GROUP, s.VERSION, s.CLUSTER_PLURAL, id="validate-cosinecluster")
+def cosinecluster_validate(name: str | None, spec: Mapping[str, Any], **_: Any) -> None:
+    """Reject a CoSineCluster whose spec fails :func:`validate_cluster` (HTTP 422, all messages)."""
+    problems = validate_cluster(name or "", spec)
+    if problems:
+        raise kopf.AdmissionError("; ".join(problems), code=422)

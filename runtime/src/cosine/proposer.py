@@ -1,0 +1,618 @@
+"""CoSine's drafting plane inside an engine: per request id, which draft tokens the verifier checks next.
+
+The engine (vLLM, through `vllm_hooks.CoSineScheduler`) calls two methods per step, never blocked
+by a drafter:
+- `observe_step(step)`: what the last engine step cost (wall seconds, tokens in the pass) and, per
+  request, how many draft tokens it carried and how many the target accepted; this updates the
+  measured pass curve, the per-request acceptance estimates and the router's per-pool statistics,
+  and asks every routed pool to draft ahead from the request's new context;
+- `propose(contexts)`: the draft for each running request, from what is available *now*: prompt
+  lookup over the request's own tokens (and the cross-request suffix cache), and any remote
+  pool draft that has arrived and is still consistent with the context; pool drafts still in
+  flight are counted late (`drafts_late`) and not waited for.
+
+Several candidates are fused by confidence into one chain (Gao et al. 2025, arXiv:2503.10325,
+"confidence-based token fusion", per position; through vLLM only chains are verified: vLLM 0.32
+has no tree attention). The chain's length k comes from goodput on *measured* step times
+(`speculation_control.next_draft_len` over a `BatchedCost` of the `PassCurve` refined by every step
+the engine ran; SmartSpec, arXiv:2406.14066), per request and per draft source, down to k = 0
+with periodic probes. Draft tokens reach the target as point-mass proposals, which vLLM's
+rejection sampler verifies losslessly (accept x with p(x), else sample from p without x).
+
+A pool is asked for a request only where it pays (`speculation_control.pool_pays`): its expected
+accepted tokens per verifier step (the request's acceptance estimate for the pool, times the
+share of the pool's drafts that arrive in time and still continue the context) must beat what
+prompt lookup gives the same request (its acceptance times how often it finds a match). Elsewhere
+the pool is asked only on probe steps (every `pool_probe_every` steps of a request), so its
+estimates can recover: a late or rejected pool stops taking drafter capacity for nothing.
+With `fusion` the router may send a request to several pools; each is asked where it pays, and
+every candidate that arrived is fused by confidence per position.
+
+A pool is asked while the verifier checks the step's draft, so its answer serves the next step and
+must continue whatever the target accepted of that draft plus the target's own token. The ask
+carries the draft being verified (`expected`): the pool drafts past it, and from up to
+`pool_branches` of its likeliest rejection points with its guess of the target's token there
+(`draft_engine.branch_points`); the next step uses the candidate that continues the context
+(after PEARL's post-verify drafting, Liu et al., arXiv:2408.11850).
+
+A failed pool (`pool_down_after` failures in a row) is left out for `pool_retry_s`; that is one
+warning per pool at most every `pool_warn_every_s`, and a late or failed draft is otherwise only
+a metric (`cosine:drafter_errors_total`, `cosine:spec_decode_drafts_late_total`), never a log line.
+
+A pool is anything with the `Drafter` interface (`transport.remote_drafter.RemoteDrafter` over gRPC in
+deployments); its calls run on this module's threads, so a crashed or hung pool costs drafts,
+never a request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+from cosine import routing
+from cosine import speculation_control as sc
+from cosine.drafter import Drafter
+from cosine.fusion import DraftPath, fuse
+from cosine.ngram_drafter import SuffixCache, ngram_propose
+
+log = logging.getLogger(__name__)
+
+LOOKUP = "lookup"  # the in-process prompt-lookup source's name in stats and metrics
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    """One request's part of an engine step: draft tokens it carried, how many were accepted and
+    which source's draft it was (`LOOKUP`, a pool name, or "" for none)."""
+
+    request_id: str
+    num_draft_tokens: int
+    num_accepted: int
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step. step_s: wall seconds of the model pass (schedule to output). num_tokens:
+    tokens computed in the pass, all requests together (prefill chunks, decodes and drafts).
+    has_prefill: the pass computed prompt tokens too; such passes do not teach the pass curve,
+    which prices decode passes (one pending token plus draft tokens per request)."""
+
+    step_s: float
+    num_tokens: int
+    outcomes: tuple[RequestOutcome, ...] = ()
+    has_prefill: bool = False
+
+
+@dataclass(frozen=True)
+class ProposerSettings:
+    """max_draft_tokens: k's upper bound (vLLM's `num_speculative_tokens`). speculation: the k
+    policy (`speculation_control`). routing: the pool router. lookup: run prompt lookup.
+    lookup_min_n / lookup_max_n: n-gram sizes matched. pool_lookahead_tokens: a pool drafts this
+    many tokens beyond k, because the target emits at least one token while the draft is made;
+    more when the pool's measured round trip spans several engine steps (its draft must still
+    reach past what the target emitted meanwhile), up to max_pool_draft_tokens.
+    pool_retry_s: seconds a failed pool is left out, after `pool_down_after` failed calls in a
+    row; pool_warn_every_s: at most one warning per pool in this many seconds.
+    reroute_every: steps between re-routing a request. initial_step_s: the pass time assumed
+    before any step was measured. fusion: a request may be routed to several pools, whose
+    drafts are fused (else one pool per request). min_confidence: pools stop a draft at the
+    first token whose top-1 probability is below this. min_pool_gain_tokens: expected accepted
+    tokens per step a pool must give a request to be asked (besides beating lookup).
+    pool_probe_every: a pool that does not pay for a request is still asked every this many of
+    its steps; pool_yield_decay: per-call
+    decay of the yield's counts (`cosine:drafter_yield_tokens`). pool_branches: at most this many
+    rejection points of the draft being verified a pool drafts from as well (`Drafter.propose`'s
+    `max_branches`); per pool, one fewer while its round trip exceeds `branch_rtt_high` verifier
+    steps and one more while it is below `branch_rtt_low`.
+
+    Raises ValueError for max_draft_tokens outside [0, `speculation_control.MAX_DRAFT_TOKENS`],
+    lookup n-gram sizes not 1 <= min <= max, pool_probe_every < 1 or pool_yield_decay outside (0, 1]."""
+
+    max_draft_tokens: int = 8
+    speculation: sc.SpeculationSettings = sc.SpeculationSettings()
+    routing: routing.RoutingSettings = routing.RoutingSettings()
+    lookup: bool = True
+    lookup_min_n: int = 2
+    lookup_max_n: int = 4
+    pool_lookahead_tokens: int = 2
+    max_pool_draft_tokens: int = 32
+    pool_retry_s: float = 5.0
+    pool_down_after: int = 3
+    pool_warn_every_s: float = 60.0
+    reroute_every: int = 16
+    initial_step_s: float = 0.1
+    fusion: bool = True
+    min_confidence: float = 0.0
+    min_pool_gain_tokens: float = 0.25
+    pool_probe_every: int = 8
+    pool_yield_decay: float = 0.97
+    pool_branches: int = 2
+    branch_rtt_low: float = 0.5
+    branch_rtt_high: float = 0.8
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_draft_tokens <= sc.MAX_DRAFT_TOKENS:
+            raise ValueError(f"max_draft_tokens must be in [0, {sc.MAX_DRAFT_TOKENS}], got {self.max_draft_tokens}")
+        if self.lookup_min_n < 1 or self.lookup_max_n < self.lookup_min_n:
+            raise ValueError(f"need 1 <= lookup_min_n <= lookup_max_n, got {self.lookup_min_n}, {self.lookup_max_n}")
+        if self.pool_probe_every < 1 or not 0 < self.pool_yield_decay <= 1:
+            raise ValueError(
+                f"need pool_probe_every >= 1 and 0 < pool_yield_decay <= 1, got "
+                f"{self.pool_probe_every}, {self.pool_yield_decay}"
+            )
+
+
+@dataclass(frozen=True)
+class _PoolDraft:
+    """A pool's drafts for the context it was asked about (its length and its last token): each
+    candidate is (tokens after that context, their confidences): the main draft and its branches,
+    with the expected tokens they continue put in front."""
+
+    context_len: int
+    context_last: int
+    candidates: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...]
+
+
+@dataclass
+class _Request:
+    domain: str
+    pools: list[str]
+    states: dict[str, sc.SpeculationState] = field(default_factory=dict)
+    steps: int = 0
+    last_source: str = ""
+    inflight: dict[str, Future] = field(default_factory=dict)  # pool -> Future[_PoolDraft]
+    arrived: dict[str, _PoolDraft] = field(default_factory=dict)
+    used: set[str] = field(default_factory=set)  # every pool ever asked for this request (all are released)
+    lookup_hit: float = 0.5  # EMA of steps on which prompt lookup found a draft
+
+
+@dataclass
+class ProposerStats:
+    """Counters since start (the metrics layer turns them into `cosine:` series)."""
+
+    steps: int = 0
+    steps_with_draft: int = 0
+    draft_tokens: dict[str, int] = field(default_factory=dict)
+    accepted_tokens: dict[str, int] = field(default_factory=dict)
+    drafts: dict[str, int] = field(default_factory=dict)
+    drafts_late: dict[str, int] = field(default_factory=dict)
+    pool_errors: dict[str, int] = field(default_factory=dict)
+    pool_rtt_s: dict[str, float] = field(default_factory=dict)  # EMA of a pool call's wall time
+    pool_calls: dict[str, int] = field(default_factory=dict)  # draft calls that returned
+    pool_yield: dict[str, float] = field(default_factory=dict)  # accepted tokens per draft call (recent)
+    pool_on_time: dict[str, float] = field(default_factory=dict)  # EMA: a pool draft continued the context in time
+    pool_skipped: dict[str, int] = field(default_factory=dict)  # asks skipped: the pool did not pay there
+    busy_s: float = 0.0  # seconds in engine steps
+    tokens_verified: int = 0  # tokens computed by the steps (pending + draft + prefill)
+    requests_running: int = 0
+    requests_waiting: int = 0
+
+    def add(self, counter: dict[str, int], key: str, n: int = 1) -> None:
+        """Add `n` to `counter[key]` (one of this object's per-source counters)."""
+        counter[key] = counter.get(key, 0) + n
+
+
+class CoSineProposer:
+    """The drafting plane for one verifier (see the module docstring).
+
+    Args:
+        settings: `ProposerSettings`.
+        pools: remote (or local) drafter pools, distinct names; may be empty (prompt lookup only).
+        expertise: declared domains per pool name (the router's prior).
+        classify: request domain from its prompt tokens (e.g. decode + `routing.classify_prompt`).
+        clock: monotonic seconds (injected for tests).
+        seed: the router's Thompson-sampling seed.
+
+    Raises:
+        ValueError: duplicate pool names, or a pool named like the prompt-lookup source (`LOOKUP`).
+    """
+
+    def __init__(
+        self,
+        settings: ProposerSettings,
+        pools: Sequence[Drafter] = (),
+        expertise: Mapping[str, Sequence[str]] | None = None,
+        *,
+        classify: Callable[[Sequence[int]], str] = lambda prompt: "chat",
+        clock: Callable[[], float] = time.monotonic,
+        seed: int = 0,
+    ) -> None:
+        names = [p.name for p in pools]
+        if len(set(names)) != len(names) or LOOKUP in names:
+            raise ValueError(f"pool names must be distinct and not {LOOKUP!r}, got {names}")
+        self.settings = settings
+        self.pools = {p.name: p for p in pools}
+        self.profiles = [routing.DrafterProfile(n, tuple((expertise or {}).get(n, ()))) for n in names]
+        self.classify = classify
+        self.clock = clock
+        self.router = routing.RouterState()
+        self.stats = ProposerStats()
+        self.suffix_cache = SuffixCache()
+        self.curve: sc.PassCurve | None = None
+        self._curve_observations = 0
+        self.down_until: dict[str, float] = {}
+        self._rng = random.Random(seed)
+        self._requests: dict[str, _Request] = {}
+        self._contexts: dict[str, Sequence[int]] = {}
+        self._lock = threading.Lock()
+        self._yield_counts: dict[str, tuple[float, float]] = {}  # pool -> decayed (accepted, calls)
+        self._failures: dict[str, int] = {}  # pool -> failed calls in a row
+        self._warned_s: dict[str, float] = {}  # pool -> when its last warning was logged
+        self._branches: dict[str, int] = {}  # pool -> rejection points it drafts from now
+        self._executor = ThreadPoolExecutor(max_workers=max(1, 2 * len(pools)), thread_name_prefix="cosine-pool")
+
+    # ------------------------------------------------------------ engine-facing
+
+    def observe_step(self, step: StepRecord) -> None:
+        """Fold one engine step in: the pass curve learns (tokens, seconds); each outcome updates
+        its request's acceptance estimate for the source and the router's (pool, domain) arm."""
+        if not step.has_prefill:
+            self._observe_curve(step.num_tokens, step.step_s)
+        self.stats.steps += 1
+        self.stats.busy_s += max(0.0, step.step_s)
+        self.stats.tokens_verified += step.num_tokens
+        if any(o.num_draft_tokens for o in step.outcomes):
+            self.stats.steps_with_draft += 1
+        for o in step.outcomes:
+            req = self._requests.get(o.request_id)
+            if req is None or o.num_draft_tokens <= 0 or not o.source:
+                continue
+            st = req.states.get(o.source) or self._initial_state(o.source, req.domain)
+            req.states[o.source] = sc.observe(st, self.settings.speculation, o.num_draft_tokens, o.num_accepted)
+            self.stats.add(self.stats.draft_tokens, o.source, o.num_draft_tokens)
+            self.stats.add(self.stats.accepted_tokens, o.source, o.num_accepted)
+            self.stats.add(self.stats.drafts, o.source)
+            if o.source in self.pools:
+                self._count_yield(o.source, accepted=o.num_accepted)
+            # every source's per-domain acceptance is learned across requests (prompt lookup's too:
+            # it is the prior of the next request of the domain); pools' arms also route
+            with self._lock:
+                self.router = routing.observe(
+                    self.router, o.source, req.domain, o.num_draft_tokens, o.num_accepted, 0.5, self.settings.routing
+                )
+
+    def propose(
+        self, contexts: Mapping[str, Sequence[int]], prompt_lens: Mapping[str, int] | None = None
+    ) -> dict[str, list[int]]:
+        """Draft tokens per request for the next step (possibly empty), never waiting on a pool.
+
+        Args:
+            contexts: request id -> all its tokens so far (prompt + output), for the running
+                requests that decode next step.
+            prompt_lens: request id -> prompt length (for routing a new request by its prompt).
+        Returns:
+            request id -> draft token ids, at most `settings.max_draft_tokens`.
+        """
+        base = sum(1 for _ in contexts)  # each request's pending token
+        drafts: dict[str, list[int]] = {}
+        for rid, ctx in contexts.items():
+            req = self._requests.get(rid)
+            if req is None:
+                plen = (prompt_lens or {}).get(rid, len(ctx))
+                req = self._new_request(rid, ctx[:plen])
+            self._contexts[rid] = ctx
+            tokens, source = self._fused(rid, req, ctx)
+            k = (
+                self._draft_len(
+                    req,
+                    source,
+                    other_tokens=base - 1 + sum(len(d) for d in drafts.values()),
+                    num_requests=len(contexts),
+                )
+                if tokens
+                else 0
+            )
+            drafts[rid] = list(tokens[:k])
+            req.last_source = source if k else ""
+            req.steps += 1
+            self._request_pool_drafts(rid, req, ctx, drafts[rid])
+        return drafts
+
+    def prefetch(self, request_id: str, prompt: Sequence[int]) -> None:
+        """A request the engine starts prefilling: route it and ask its pools for a first draft
+        now, so they take in the prompt (their own prefill) while the target prefills it, instead
+        of after it. Never blocks; a request already known is left alone."""
+        if request_id in self._requests or not prompt or not self.pools:
+            return
+        req = self._new_request(request_id, prompt)
+        self._contexts[request_id] = prompt
+        now = self.clock()
+        for name in req.pools:
+            if self.down_until.get(name, 0.0) <= now:
+                req.used.add(name)
+                req.inflight[name] = self._executor.submit(self._draft_on_pool, name, request_id, tuple(prompt),
+                                                           self.settings.max_draft_tokens + 1)
+
+    def source_of(self, request_id: str) -> str:
+        """The source of the draft last proposed for the request ("" for none)."""
+        req = self._requests.get(request_id)
+        return req.last_source if req else ""
+
+    def retain(self, live: Collection[str]) -> None:
+        """Release every request not in `live` (the engine's unfinished request ids)."""
+        for gone in [r for r in self._requests if r not in live]:
+            self.release(gone)
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request: its tokens join the suffix cache; pools release it."""
+        req = self._requests.pop(request_id, None)
+        ctx = self._contexts.pop(request_id, None)
+        if ctx is not None:
+            self.suffix_cache.add(ctx)
+        if req is None:
+            return
+        inflight = list(req.inflight.values())
+        for name in req.used:
+            self._executor.submit(self._release_on_pool, name, request_id, inflight)
+
+    def num_requests(self) -> int:
+        """Requests whose state the proposer keeps (0 once every request finished)."""
+        return len(self._requests)
+
+    def close(self) -> None:
+        """Stop the pool-call threads without waiting; queued pool calls are cancelled."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------ policy glue
+
+    def _observe_curve(self, num_tokens: int, step_s: float) -> None:
+        if num_tokens < 1 or step_s <= 0:
+            return
+        if self.curve is None:  # flat until measured: drafts look cheap and get tried, then priced
+            budget = max(2, 8 * (self.settings.max_draft_tokens + 1))
+            self.curve = sc.PassCurve(((1, step_s),)).extended(budget)
+        self._curve_observations += 1
+        # learn fast at first (the flat start is a guess), then follow the machine's drift
+        weight = 0.5 if self._curve_observations <= 20 else 0.2
+        self.curve = self.curve.observe(num_tokens, step_s, weight=weight)
+
+    def _initial_state(self, source: str, domain: str) -> sc.SpeculationState:
+        """A request's starting acceptance estimate for a source: the source's measured per-domain
+        acceptance on earlier requests (the router's discounted posterior mean; its declared
+        expertise, or none for prompt lookup, as the prior)."""
+        profile = next((p for p in self.profiles if p.name == source), routing.DrafterProfile(source, ()))
+        with self._lock:
+            alpha = routing.expected_acceptance(self.router, profile, domain, self.settings.routing)
+        return sc.initial_state(self.settings.speculation, alpha)
+
+    def _draft_len(self, req: _Request, source: str, other_tokens: int, num_requests: int) -> int:
+        state = req.states.get(source) or self._initial_state(source, req.domain)
+        curve = self.curve or sc.PassCurve(((1, self.settings.initial_step_s),))
+        cost = sc.BatchedCost(
+            draft_token_s=0.0, curve=curve, other_tokens=max(0, other_tokens), num_requests=max(1, num_requests)
+        )
+        spec = replace(self.settings.speculation, max_draft_tokens=self.settings.max_draft_tokens)
+        state, k = sc.next_draft_len(state, spec, cost)
+        req.states[source] = state
+        return k
+
+    def _new_request(self, rid: str, prompt: Sequence[int]) -> _Request:
+        domain = self.classify(prompt)
+        req = _Request(domain=domain, pools=self._route(domain))
+        self._requests[rid] = req
+        return req
+
+    def _route(self, domain: str) -> list[str]:
+        if not self.profiles:
+            return []
+        rs = self.settings.routing
+        if self.settings.fusion:  # every pool may draft; each is asked only where it pays (_worth_asking)
+            rs = replace(rs, max_drafters=max(rs.max_drafters, len(self.profiles)))
+        with self._lock:
+            return routing.route(
+                domain,
+                self.profiles,
+                self.router,
+                rs,
+                self._rng.betavariate,
+                available=lambda n: self.down_until.get(n, 0.0) <= self.clock(),
+            )
+
+    # ------------------------------------------------------------ candidates and fusion
+
+    def _fused(self, rid: str, req: _Request, ctx: Sequence[int]) -> tuple[tuple[int, ...], str]:
+        """The fused chain of every candidate available now, and the source of its first token."""
+        s, k_max = self.settings, self.settings.max_draft_tokens
+        paths: list[DraftPath] = []
+        if s.lookup and k_max > 0:
+            tokens, n = ngram_propose(ctx, k_max, min_n=s.lookup_min_n, max_n=s.lookup_max_n)
+            conf = n / s.lookup_max_n
+            if not tokens:
+                tokens, conf = self.suffix_cache.lookup(ctx, k_max), 0.5
+            if tokens:
+                paths.append(DraftPath(LOOKUP, tuple(tokens), (conf,) * len(tokens)))
+            req.lookup_hit = 0.8 * req.lookup_hit + 0.2 * (1.0 if tokens else 0.0)
+        for name in req.pools:
+            usable = self._arrived(req, name, ctx)
+            if usable:
+                paths.append(DraftPath(name, usable[0], usable[1]))
+        if not paths:
+            return (), ""
+        if len(paths) == 1:
+            return paths[0].token_ids[:k_max], paths[0].drafter
+        weights = {
+            p.drafter: (req.states.get(p.drafter) or self._initial_state(p.drafter, req.domain)).acceptance_rate
+            for p in paths
+        }
+        tree = fuse(paths, budget=k_max * len(paths), weights=weights)
+        chain, node, source = [], -1, ""
+        while len(chain) < k_max:
+            children = tree.children(node)
+            if not children:
+                break
+            node = children[0]  # the first child is the most confident candidate at this position
+            if not chain:
+                source = tree.nodes[node].proposals[0].drafter
+            chain.append(tree.nodes[node].token_id)
+        return tuple(chain), source
+
+    def _arrived(
+        self, req: _Request, name: str, ctx: Sequence[int]
+    ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+        """The part of the pool's latest draft that continues `ctx`, if it has arrived and the
+        tokens the target emitted since it was asked for are the draft's own first tokens."""
+        fut = req.inflight.get(name)
+        if fut is not None and fut.done():
+            req.inflight.pop(name)
+            try:
+                req.arrived[name] = fut.result()
+            except Exception:  # noqa: BLE001 - a failed pool costs drafts, never the request
+                req.arrived.pop(name, None)  # (a failure is not a late draft: it is counted as an error)
+        d = req.arrived.get(name)
+        if d is None:
+            if fut is not None and not fut.done():
+                self.stats.add(self.stats.drafts_late, name)
+                self._on_time(name, False)
+            return None
+        best = _continuation(d, ctx)
+        self._on_time(name, best is not None)
+        return best
+
+    def _on_time(self, name: str, usable: bool) -> None:
+        """Fold one look at a pool's draft into its on-time share (EMA over looks, all requests)."""
+        prev = self.stats.pool_on_time.get(name, 1.0)
+        self.stats.pool_on_time[name] = 0.95 * prev + 0.05 * (1.0 if usable else 0.0)
+
+    def _request_pool_drafts(self, rid: str, req: _Request, ctx: Sequence[int], expected: Sequence[int]) -> None:
+        """Ask each routed pool that is idle for this request to draft ahead from `ctx`, past the
+        `expected` draft tokens the verifier checks meanwhile and from their likeliest rejection
+        points (the verifier's next context is `ctx` plus what it accepts of them plus one token)."""
+        if req.steps % self.settings.reroute_every == 0 and req.steps:
+            req.pools = self._route(req.domain)
+        now = self.clock()
+        s = self.settings
+        step_s = self.curve.seconds(1) if self.curve else s.initial_step_s
+        for name in req.pools:
+            if not self._worth_asking(name, req):
+                self.stats.add(self.stats.pool_skipped, name)
+                continue
+            rtt_s = self.stats.pool_rtt_s.get(name, 0.0)
+            ahead = max(s.pool_lookahead_tokens, math.ceil(rtt_s / max(step_s, 1e-3)))
+            k = min(s.max_draft_tokens + ahead, max(s.max_pool_draft_tokens, s.max_draft_tokens))
+            if self.down_until.get(name, 0.0) > now:
+                continue
+            fut = req.inflight.get(name)
+            if fut is not None and not fut.done():
+                continue
+            req.used.add(name)
+            req.inflight[name] = self._executor.submit(self._draft_on_pool, name, rid, tuple(ctx), k, tuple(expected),
+                                                       self._branches.get(name, s.pool_branches) if expected else 0)
+
+    def _draft_on_pool(self, name: str, rid: str, ctx: tuple[int, ...], k: int, expected: tuple[int, ...] = (),
+                       branches: int = 0) -> _PoolDraft:
+        t0 = self.clock()
+        try:
+            d = self.pools[name].propose(rid, ctx, k, min_confidence=self.settings.min_confidence,
+                                         expected=expected, max_branches=branches)
+        except Exception as e:
+            self._pool_failed(name, e)
+            raise
+        if self._failures.pop(name, 0) >= self.settings.pool_down_after:
+            log.info("drafter pool %s answers again", name)
+        rtt = self.clock() - t0
+        prev = self.stats.pool_rtt_s.get(name)
+        self.stats.pool_rtt_s[name] = rtt if prev is None else 0.8 * prev + 0.2 * rtt
+        self._count_yield(name, call=True)
+        self._adapt_branches(name)
+        candidates = [(expected[: d.prefix_len] + tuple(d.token_ids), (1.0,) * d.prefix_len + tuple(d.confidences))]
+        candidates += [(expected[: b.prefix_len] + tuple(b.token_ids), (1.0,) * b.prefix_len + tuple(b.confidences))
+                       for b in d.branches]
+        return _PoolDraft(len(ctx), ctx[-1], tuple(candidates))
+
+    def _adapt_branches(self, name: str) -> None:
+        """One branch fewer while the pool's round trip is long against a verifier step, one more
+        while it is short (`ProposerSettings.pool_branches`)."""
+        s = self.settings
+        step_s = self.curve.seconds(1) if self.curve else s.initial_step_s
+        steps = self.stats.pool_rtt_s.get(name, 0.0) / max(step_s, 1e-3)
+        n = self._branches.get(name, s.pool_branches)
+        if steps > s.branch_rtt_high:
+            n -= 1
+        elif steps < s.branch_rtt_low:
+            n += 1
+        self._branches[name] = min(s.pool_branches, max(0, n))
+
+    def _count_yield(self, name: str, *, accepted: int = 0, call: bool = False) -> None:
+        """Fold a returned draft call (`call`) or tokens accepted from the pool's drafts into its yield."""
+        with self._lock:
+            acc, calls = self._yield_counts.get(name, (0.0, 0.0))
+            if call:
+                d = self.settings.pool_yield_decay
+                acc, calls = acc * d, calls * d + 1.0
+                self.stats.add(self.stats.pool_calls, name)
+            acc += accepted
+            self._yield_counts[name] = (acc, calls)
+            if calls > 0:
+                self.stats.pool_yield[name] = acc / calls
+
+    def _pool_failed(self, name: str, e: Exception) -> None:
+        """Count a failed draft call; after `pool_down_after` in a row the pool is left out for
+        `pool_retry_s`, with one warning per `pool_warn_every_s` at most."""
+        s = self.settings
+        self.stats.add(self.stats.pool_errors, name)
+        n = self._failures[name] = self._failures.get(name, 0) + 1
+        if n < s.pool_down_after:
+            return
+        now = self.clock()
+        self.down_until[name] = now + s.pool_retry_s
+        if now - self._warned_s.get(name, -math.inf) >= s.pool_warn_every_s:
+            self._warned_s[name] = now
+            log.warning("drafter pool %s failed %d calls in a row (%s); left out for %.0f s at a time",
+                        name, n, _reason(e), s.pool_retry_s)
+
+    def _worth_asking(self, name: str, req: _Request) -> bool:
+        """Ask the pool this step where it pays for the request (`speculation_control.pool_pays`),
+        and on the request's probe steps (its first step, then every `pool_probe_every`)."""
+        if (req.steps - 1) % self.settings.pool_probe_every == 0:
+            return True
+        k = self.settings.max_draft_tokens
+        pool = (req.states.get(name) or self._initial_state(name, req.domain)).acceptance_rate
+        lookup = (req.states.get(LOOKUP) or self._initial_state(LOOKUP, req.domain)).acceptance_rate
+        on_time = self.stats.pool_on_time.get(name, 1.0)
+        return sc.pool_pays(pool, on_time, lookup, req.lookup_hit if self.settings.lookup else 0.0, k,
+                            self.settings.min_pool_gain_tokens)
+
+    def _release_on_pool(self, name: str, rid: str, inflight: Sequence[Future] = ()) -> None:
+        """Release after the request's draft calls return (each has a deadline): a `Release` that
+        overtook a `Propose` would be undone by it."""
+        for fut in inflight:
+            with contextlib.suppress(Exception):
+                fut.exception()  # waits for the call's end, whatever its outcome
+        try:
+            self.pools[name].release(rid)
+        except Exception as e:  # noqa: BLE001 - best effort; pools evict old contexts anyway
+            log.debug("release %s on %s failed: %s", rid, name, e)
+
+
+def _continuation(d: _PoolDraft, ctx: Sequence[int]) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+    """The longest rest of a candidate of `d` that continues `ctx`: the context `d` was asked for
+    is a prefix of `ctx` and the tokens emitted since are the candidate's own first tokens."""
+    skip = len(ctx) - d.context_len
+    if skip < 0 or ctx[d.context_len - 1] != d.context_last:
+        return None
+    emitted = list(ctx[d.context_len :])
+    best = None
+    for tokens, confs in d.candidates:
+        longer = best is None or len(tokens) - skip > len(best[0])
+        if skip < len(tokens) and longer and list(tokens[:skip]) == emitted:
+            best = (tokens[skip:], confs[skip:])
+    return best
+
+
+def _reason(e: Exception) -> str:
+    """One line for a failed draft call: a gRPC status (``DEADLINE_EXCEEDED: ...``) or the exception."""
+    code = getattr(e, "code", None)
+    if callable(code):
+        try:
+            return f"{code().name}: {e.details()}"  # type: ignore[attr-defined]
+        except Exception:
+            pass
+    return repr(e)

@@ -1,0 +1,544 @@
+"""Process roles: `cosine drafter`, `cosine verifier`, `cosine serve` (embedded multi-process cluster).
+
+Wiring only. A role reads a `CoSineCluster` manifest (the object the operator
+reconciles; in a pod it is the ConfigMap's `cluster.yaml`), loads its model and serves:
+- drafter: the gRPC drafter service for one pool (+ Prometheus /metrics on its own port);
+- verifier: vLLM's OpenAI-compatible server on the target model (completions, chat, streaming,
+  `/health`, `/metrics` with vLLM's `vllm:` series), CoSine's proposer under its engine
+  (`runtime/src/cosine/vllm_hooks.py`) with the remote drafter pools at the given addresses, and CoSine's
+  per-pool `cosine:` series on `--metrics-port`;
+- serve: a supervisor that starts one `cosine drafter` process per drafter replica on loopback
+  ports, waits for their health checks, then runs the verifier as a child and stops every
+  child on Ctrl-C / SIGTERM (children also die with it: PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CLUSTER = "default_cluster.yaml"
+
+
+def load_manifest(path: Path | None) -> dict[str, Any]:
+    """Read a CoSineCluster manifest (default: the one shipped for this machine).
+
+    Raises:
+        ValueError: not a CoSineCluster, or an invalid spec (the message names the field).
+    """
+    text = path.read_text() if path else resources.files("cosine").joinpath(DEFAULT_CLUSTER).read_text()
+    obj = yaml.safe_load(text)
+    if not isinstance(obj, dict) or obj.get("kind") != "CoSineCluster":
+        kind = obj.get("kind") if isinstance(obj, dict) else None
+        raise ValueError(f"{path or DEFAULT_CLUSTER}: not a CoSineCluster manifest (kind is {kind!r})")
+    problems = tokenizer_problems(parse_spec(obj))  # validate early
+    if problems:
+        raise ValueError(f"{path or DEFAULT_CLUSTER}: " + "; ".join(problems))
+    return obj
+
+
+def parse_spec(obj: dict[str, Any]):
+    """The manifest's `spec` as an `operator.settings.ClusterSpec`.
+
+    Raises:
+        ValueError: an invalid spec (a missing or ill-typed field; the message names it).
+    """
+    from cosine_operator.settings import parse_cluster_spec
+
+    try:
+        return parse_cluster_spec(obj.get("spec") or {})
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"invalid CoSineCluster spec: {e}") from e
+
+
+def tokenizer_problems(spec) -> list[str]:
+    """Model drafter pools whose tokenizer family differs from the verifier's without
+    `translateTokenizer: true` (the admission webhook's rule, for manifests no webhook saw).
+
+    Judged only when both families are known to the model store; each message names the field.
+    """
+    from cosine.model_store import tokenizer_family
+
+    verifier_family = tokenizer_family(spec.verifier.model)
+    problems = []
+    for i, pool in enumerate(spec.drafter_pools):
+        if pool.kind != "model" or pool.translate_tokenizer or pool.model is None:
+            continue
+        family = tokenizer_family(pool.model)
+        if family is not None and verifier_family is not None and family != verifier_family:
+            problems.append(
+                f"spec.drafterPools[{i}].model: tokenizer family {family!r} of {pool.model!r} differs from the "
+                f"verifier's {verifier_family!r} ({spec.verifier.model!r}); set "
+                f"spec.drafterPools[{i}].translateTokenizer: true to translate drafts via text, or use a drafter "
+                "of the verifier's family"
+            )
+    return problems
+
+
+# ---------------------------------------------------------------- drafter
+
+
+def run_drafter(manifest: Path | None, pool: str, grpc_port: int, metrics_port: int, host: str,
+                tls_dir: str | None = None) -> int:
+    """Serve one pool's drafter over gRPC (TLS with `tls_dir`'s tls.crt/tls.key, else plaintext)."""
+    from prometheus_client import start_http_server
+
+    from cosine.transport.drafter_service import DrafterMetrics, DrafterServicer, serve
+
+    obj = load_manifest(manifest)
+    spec = parse_spec(obj)
+    p = spec.pool(pool)
+    engine, vocab, family = drafter_engine(p, spec.verifier)
+    metrics = DrafterMetrics(pool)
+    servicer = DrafterServicer(engine, pool, family, model=p.model or p.kind, metrics=metrics, vocab_size=vocab,
+                               min_confidence=spec.speculation.min_confidence)
+    server = serve(servicer, grpc_port, host=host, tls_dir=tls_dir)
+    if metrics_port:
+        start_http_server(metrics_port, addr=host, registry=metrics.registry)
+    _wait_for_signal()
+    server.stop(grace=2).wait()
+    servicer.close()
+    return 0
+
+
+def drafter_engine(pool, verifier):
+    """(engine, vocabulary size, tokenizer family) a pool drafts on and reports to the verifier.
+
+    - `kind: ngram`: the model-free n-gram drafter;
+    - `engine: llamacpp` (CPU pools' default): llama.cpp on the model's GGUF file, `threads` threads;
+    - `engine: vllm` (GPU pools' default): the model on a vLLM engine with prefix caching;
+    - `translateTokenizer: true` with another vocabulary than the verifier's: the model drafts on
+      llama.cpp through a `CrossTokenizerDrafter` (in the verifier's vocabulary, so the pool
+      reports the verifier's vocabulary size and tokenizer family; the verifier's tokenizer must
+      be in the model store).
+
+    Raises:
+        cosine.model_store.ModelNotAvailable: the drafter's (or, to translate, the
+            verifier's) model, or its GGUF file, is not in the local cache.
+    """
+    from cosine import draft_engine
+    from cosine.model_store import resolve, resolve_gguf, tokenizer_family
+
+    if pool.kind == "ngram":
+        from cosine.ngram_drafter import NgramDrafter
+
+        return draft_engine.SequentialEngine(NgramDrafter(name=pool.name)), 0, ""
+    if pool.translate_tokenizer:
+        from transformers import AutoConfig, AutoTokenizer
+
+        from cosine.cross_tokenizer_drafter import CrossTokenizerDrafter, same_vocabulary
+
+        path = resolve(verifier.model)
+        target_tokenizer = AutoTokenizer.from_pretrained(path)
+        own_tokenizer = AutoTokenizer.from_pretrained(resolve(pool.model))
+        if not same_vocabulary(own_tokenizer, target_tokenizer):
+            log.info("pool %s: translating drafts of %s into %s's vocabulary (llama.cpp)", pool.name, pool.model,
+                     verifier.model)
+            engine = draft_engine.LlamaCppEngine(str(resolve_gguf(pool.model)), pool.name, threads=pool.threads)
+            runner = draft_engine.LlamaCppRunner(engine, own_tokenizer, pool.name)
+            drafter = CrossTokenizerDrafter(runner, target_tokenizer, name=pool.name)
+            vocab = int(AutoConfig.from_pretrained(path).vocab_size)
+            return draft_engine.SequentialEngine(drafter, vocab), vocab, tokenizer_family(verifier.model) or ""
+        log.info("pool %s: %s shares %s's vocabulary; no translation needed", pool.name, pool.model, verifier.model)
+    family = tokenizer_family(pool.model) or ""
+    if pool.resolved_engine == "vllm":
+        engine = draft_engine.VllmEngine(str(resolve(pool.model)), pool.name, dtype=verifier.dtype)
+        return engine, engine.vocab_size, family
+    engine = draft_engine.LlamaCppEngine(str(resolve_gguf(pool.model)), pool.name, threads=pool.threads)
+    return engine, engine.vocab_size, family
+
+
+# ---------------------------------------------------------------- verifier
+
+
+def run_verifier(
+    manifest: Path | None, http_port: int, host: str, drafters: list[str], api_key: str | None,
+    metrics_port: int = 0, drafter_tls_dir: str | None = None, drafter_tls_server_name: str | None = None,
+) -> int:
+    """Replace this process with vLLM's OpenAI-compatible server running the target model, with
+    CoSine's proposer under its engine (`vllm_hooks`) and the given remote drafter pools."""
+    argv, env = verifier_command(manifest, http_port, host, drafters, api_key, metrics_port,
+                                 drafter_tls_dir=drafter_tls_dir, drafter_tls_server_name=drafter_tls_server_name)
+    log.info("verifier: vLLM OpenAI server on http://%s:%d/v1 (drafters %s)", host, http_port, drafters or "none")
+    os.execve(sys.executable, argv, env)
+    return 0  # not reached
+
+
+def verifier_command(
+    manifest: Path | None, http_port: int, host: str, drafters: list[str], api_key: str | None,
+    metrics_port: int = 0, cores: Sequence[int] = (), *, drafter_tls_dir: str | None = None,
+    drafter_tls_server_name: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of the verifier: `python -m <vLLM's API server> <engine flags>`; on a
+    CPU, its engine threads bound to `cores` when given (else vLLM's own binding). With
+    `drafter_tls_dir` the proposer dials the pools over TLS (`transport.tls`), checking their
+    certificate against `drafter_tls_server_name` (default: each address's host).
+
+    Raises:
+        ValueError: a `--drafter` that is not POOL=ADDRESS, or a pool not in the manifest.
+        cosine.model_store.ModelNotAvailable: the target is not in the model cache.
+    """
+    from cosine.model_store import resolve
+
+    obj = load_manifest(manifest)
+    spec = parse_spec(obj)
+    pools = []
+    for item in drafters:
+        name, _, address = item.partition("=")
+        if not address:
+            raise ValueError(f"--drafter must be POOL=ADDRESS, got {item!r}")
+        try:
+            pool = spec.pool(name)
+        except KeyError:
+            raise ValueError(f"--drafter {item!r}: no drafter pool {name!r} in the manifest") from None
+        pools.append({"name": name, "address": address, "expertise": list(pool.expertise)})
+        if drafter_tls_dir:
+            pools[-1].update(tls_dir=drafter_tls_dir, tls_server_name=drafter_tls_server_name)
+    model_path = str(resolve(spec.verifier.model))
+    sp = spec.speculation
+    args = vllm_engine_args(spec.verifier, model_path, sp.max_draft_len, pools, metrics_port, adaptive=sp.adaptive,
+                            fusion=sp.fusion, min_confidence=sp.min_confidence, branches=sp.branches)
+    argv = [sys.executable, "-m", VLLM_SERVER, *cli_flags(args), "--host", host, "--port", str(http_port),
+            "--uvicorn-log-level", "warning"]
+    env = {**os.environ, **vllm_cpu_env(spec.verifier, cores)}
+    if api_key:
+        env["VLLM_API_KEY"] = api_key  # not on the command line, where `ps` shows it
+    return argv, env
+
+
+VLLM_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` (the `vllm` CLI needs the `vllm` dist name)
+
+
+def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: list[dict[str, Any]],
+                     metrics_port: int = 0, *, adaptive: bool = True, fusion: bool = True,
+                     min_confidence: float = 0.0, branches: int = 2) -> dict[str, Any]:
+    """The verifier spec (`spec.verifier`) as vLLM engine arguments (`EngineArgs` field names):
+    model, dtype, maxBatchTokens -> max_num_batched_tokens, maxModelLen, maxNumSeqs,
+    gpuMemoryUtilization (GPU pods; kvCacheSpaceGiB is the CPU pods' `vllm_cpu_env`).
+
+    GPUs requested per verifier pod (`resources.limits["nvidia.com/gpu"]`) become the
+    tensor-parallel size; without GPUs the engine runs eagerly on the CPU (`vllm-cpu`).
+    `max_draft_tokens` = 0 serves the target alone (no speculative path at all).
+    """
+    from cosine import vllm_hooks
+
+    gpus = verifier.pod.gpu_count
+    args: dict[str, Any] = {
+        "model": model_path,
+        "served_model_name": [verifier.model],
+        "dtype": verifier.dtype,
+        "max_num_batched_tokens": verifier.max_batch_tokens,
+        "seed": 0,
+        # drain on SIGTERM: the API server stops its engine, instead of aborting it at once and
+        # logging the engine's death as an error
+        "shutdown_timeout": 5,
+    }
+    if gpus > 1:
+        args["tensor_parallel_size"] = gpus
+    if gpus == 0:
+        args["enforce_eager"] = True  # CPU: no CUDA graphs; torch.compile start-up does not pay here
+    for key, value in (("max_model_len", verifier.max_model_len), ("max_num_seqs", verifier.max_num_seqs),
+                       ("gpu_memory_utilization", verifier.gpu_memory_utilization if gpus else None)):
+        if value is not None:
+            args[key] = value
+    if max_draft_tokens > 0:
+        config = vllm_hooks.proposer_config(max_draft_tokens=max_draft_tokens, pools=pools, model=model_path,
+                                            metrics_port=metrics_port, adaptive=adaptive, fusion=fusion,
+                                            min_confidence=min_confidence, branches=branches)
+        args.update(vllm_hooks.engine_kwargs(config))
+    return args
+
+
+def vllm_cpu_env(verifier, cores: Sequence[int] = ()) -> dict[str, str]:
+    """Environment vLLM's CPU backend wants: the KV cache size in GiB (instead of a share of
+    RAM), Intel OpenMP preloaded (vLLM warns that speculative decoding is much slower without
+    it) and, given `cores`, its OpenMP threads bound to exactly those (`VLLM_CPU_OMP_THREADS_BIND`,
+    no core reserved: without it vLLM's "auto" binding keeps one core of a 2-core machine for its
+    scheduler process and computes on the other); empty on GPU pods."""
+    if verifier.pod.gpu_count:
+        return {}
+    space = verifier.kv_cache_space_gib
+    env = {"VLLM_CPU_KVCACHE_SPACE": f"{space:g}" if space else os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
+    if cores:
+        from cosine.placement import cpu_list
+
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(cores)
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if iomp.exists() and "libiomp5" not in os.environ.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = " ".join(x for x in (str(iomp), os.environ.get("LD_PRELOAD", "")) if x)
+    return env
+
+
+def cli_flags(args: dict[str, Any]) -> list[str]:
+    """Engine arguments as `vllm serve` flags: dicts as JSON, lists as repeated values, True as a
+    bare flag."""
+    import json
+
+    out: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value, separators=(",", ":"))]
+        elif isinstance(value, list | tuple):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+# ---------------------------------------------------------------- serve (embedded cluster)
+
+
+@dataclass
+class Child:
+    """A drafter replica process of `cosine serve`: its command, environment, gRPC port, the cores it
+    is pinned to (() = any) and how many times `supervise` restarted it."""
+
+    name: str
+    process: subprocess.Popen
+    grpc_port: int
+    cmd: list[str]
+    env: dict[str, str]
+    restarts: int = 0
+
+    cores: tuple[int, ...] = ()
+
+    def start(self) -> None:
+        """(Re)start the process with the same command, environment and cores."""
+        self.process = subprocess.Popen(self.cmd, env=self.env, preexec_fn=_child_setup(self.cores))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (the OS's pick; another process may take it before use)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child before exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _child_setup(cores: Sequence[int]):
+    """A `preexec_fn`: die with the parent and, given cores, run only on them."""
+
+    def setup() -> None:
+        _die_with_parent()
+        if cores:
+            os.sched_setaffinity(0, cores)
+
+    return setup
+
+
+def placement(spec, mode: str = "split"):
+    """Where `cosine serve` runs each role (`runtime.placement`): `split` puts the verifier's
+    engine threads and each drafter replica on disjoint cores of this process's affinity (sharing
+    only when there are too few); `shared` pins nothing (vLLM binds its own threads, drafters
+    float), which is what co-location costs.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    from cosine.placement import Placement, place
+
+    replicas = [pool for pool in spec.drafter_pools for _ in range(max(1, pool.replicas))]
+    if mode == "shared":
+        return Placement((), tuple(() for _ in replicas), True)
+    if mode != "split":
+        raise ValueError(f"placement must be 'split' or 'shared', got {mode!r}")
+    gpus = spec.verifier.pod.gpu_count
+    threads = 1 if gpus else spec.verifier.threads
+    return place(sorted(os.sched_getaffinity(0)), threads, [p.threads for p in replicas])
+
+
+def start_drafters(manifest: Path | None, host: str = "127.0.0.1",
+                   cores: Sequence[Sequence[int]] = ()) -> list[Child]:
+    """One `cosine drafter` process per replica of every pool, on free loopback ports; replica i
+    pinned to `cores[i]` when given."""
+    obj = load_manifest(manifest)
+    spec = parse_spec(obj)
+    children: list[Child] = []
+    for pool in spec.drafter_pools:
+        for replica in range(max(1, pool.replicas)):
+            mine = tuple(cores[len(children)]) if len(children) < len(cores) else ()
+            port = free_port(host)
+            cmd = [sys.executable, "-m", "cosine", "drafter", "--pool", pool.name, "--grpc-port", str(port),
+                   "--metrics-port", str(free_port(host)), "--host", host]
+            if manifest:
+                cmd += ["--cluster", str(manifest)]
+            env = {**os.environ, "OMP_NUM_THREADS": str(pool.threads)}
+            proc = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(mine))
+            children.append(Child(f"{pool.name}-{replica}", proc, port, cmd, env, cores=mine))
+            log.info("started drafter %s-%d (pid %d) on %s:%d, cores %s", pool.name, replica, proc.pid, host, port,
+                     list(mine) or "any")
+    return children
+
+
+def wait_healthy(children: list[Child], host: str = "127.0.0.1", timeout_s: float = 600) -> None:
+    """Block until every child answers its gRPC health check. Raises RuntimeError on exit/timeout."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    for c in children:
+        with grpc.insecure_channel(f"{host}:{c.grpc_port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            while True:
+                if c.process.poll() is not None:
+                    raise RuntimeError(f"drafter {c.name} exited with code {c.process.returncode}")
+                try:
+                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"drafter {c.name} not healthy after {timeout_s:.0f} s")
+                time.sleep(0.5)
+
+
+def stop_children(children: list[Child], timeout_s: float = 10) -> None:
+    """SIGTERM every running child, then SIGKILL those still running after `timeout_s` seconds in all."""
+    for c in children:
+        if c.process.poll() is None:
+            c.process.terminate()
+    end = time.monotonic() + timeout_s
+    for c in children:
+        try:
+            c.process.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.process.kill()
+            c.process.wait()
+
+
+def supervise(children: list[Child], stop: threading.Event, period_s: float = 1.0) -> None:
+    """Restart drafter processes that exit (as a Deployment would); the verifier's client
+    reconnects and its failover lets the drafter back in."""
+    while not stop.wait(period_s):
+        for c in children:
+            if c.process.poll() is not None and not stop.is_set():
+                c.restarts += 1
+                log.warning("drafter %s exited with %s; restarting (restart %d)", c.name, c.process.returncode,
+                            c.restarts)
+                c.start()
+
+
+def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None, metrics_port: int = 0,
+              placement_mode: str = "split") -> int:
+    """Drafter processes, then the verifier (vLLM's server with CoSine's proposer) as a child, on
+    the cores `placement` gives them; returns when the verifier exits or on SIGTERM / Ctrl-C,
+    stopping every child."""
+    where = placement(parse_spec(load_manifest(manifest)), placement_mode)
+    if where.shared and placement_mode == "split":
+        log.warning("too few CPU cores for disjoint placement: drafters share the verifier's cores %s",
+                    list(where.verifier))
+    children = start_drafters(manifest, "127.0.0.1", where.drafters)
+    stop = threading.Event()
+    verifier: subprocess.Popen | None = None
+    try:
+        wait_healthy(children)
+        threading.Thread(target=supervise, args=(children, stop), name="cosine-supervisor", daemon=True).start()
+        drafters = [f"{c.name.rsplit('-', 1)[0]}=127.0.0.1:{c.grpc_port}" for c in children]
+        argv, env = verifier_command(manifest, port, host, drafters, api_key, metrics_port, where.verifier)
+        verifier = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent, start_new_session=True)
+        log.info("verifier (pid %d): vLLM OpenAI server on http://%s:%d/v1, engine threads on cores %s",
+                 verifier.pid, host, port, list(where.verifier) or "(vLLM's binding)")
+        signal.signal(signal.SIGTERM, lambda signum, frame: verifier.terminate() if verifier else None)
+        try:
+            return verifier.wait()
+        except KeyboardInterrupt:
+            return 0
+    finally:
+        stop.set()
+        if verifier is not None:
+            stop_group(verifier)
+        stop_children(children)
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
+    """Stop a child and its process group (vLLM's engine-core and worker processes)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _wait_for_signal() -> None:
+    stop = {"now": False}
+
+    def handler(signum, frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    while not stop["now"]:
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------- a cluster as a subprocess (demo, bench)
+
+
+def start_cluster(manifest: Path | None, port: int, *, quiet: bool = True, metrics_port: int = 0) -> subprocess.Popen:
+    """Start `cosine serve` in a child process (its own drafter processes under it)."""
+    cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port)]
+    if manifest:
+        cmd += ["--cluster", str(manifest)]
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.Popen(cmd, stdout=out, stderr=out, preexec_fn=_die_with_parent)
+
+
+def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float = 900) -> None:
+    """Poll `GET /health` until 200. Raises RuntimeError if the server exits or times out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"cosine serve exited with code {proc.returncode} during start-up")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"cluster at {base_url} not ready after {timeout_s:.0f} s")
+        time.sleep(1)
+
+
+def stop_cluster(proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    """SIGTERM a `start_cluster` process (it stops its children), SIGKILL after `timeout_s` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

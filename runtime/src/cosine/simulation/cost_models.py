@@ -1,0 +1,170 @@
+"""Cost models of the simulated cluster: how long a verification pass and a draft token take, and
+how often a drafter's tokens are accepted.
+
+Three sources, each with its provenance next to the numbers (`profiles.yaml`, package data):
+(a) measured here: pass time, prompt lookup, pools' speed and acceptance, from a `cosine bench`
+    JSON (`calibration.calibrate`);
+(b) a roofline for GPUs: a pass reads the weights and the KV cache once and computes 2 FLOPs per
+    parameter per token, so
+        pass_s = max(bytes / (bandwidth * eff_bw * gpus), flops / (peak * eff_flops * gpus))
+                 + overhead + tensor-parallel all-reduce latency
+    (kipply, "Transformer inference arithmetic", 2022; the same shape as Vidur's roofline fallback,
+    arXiv:2405.05465), on datasheet peaks; checked against NeMo's published Llama-2-7B latencies;
+(c) acceptance per (drafter, domain) as a distribution: each request draws its per-token rate from
+    Beta(mean * c, (1 - mean) * c), and each draft token is accepted with that rate until the first
+    rejection (the model of Leviathan et al. 2023, arXiv:2211.17192, §3.1).
+Attention FLOPs (4 * layers * hidden * context per token) are left out: at 256-384 tokens of
+context they are < 2% of 2 * params for the models here.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cosine.speculation_control import PassCurve
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator (or CPU node): datasheet peaks and a list price per device-hour."""
+
+    name: str
+    mem_bandwidth_gb_s: float
+    peak_tflops: float
+    memory_gib: float
+    price_per_hour_usd: float
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Parameter count and the layer shape that sets the KV cache size (from config.json)."""
+
+    name: str
+    params_b: float
+    layers: int
+    hidden: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params_b * 1e9 * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes  # K and V
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A model on `gpus` devices of one kind (tensor parallel), with the engine's efficiencies."""
+
+    model: ModelShape
+    hardware: Hardware
+    gpus: int = 1
+    bandwidth_efficiency: float = 0.7
+    flops_efficiency: float = 0.6
+    pass_overhead_s: float = 0.004
+    tp_allreduce_s_per_layer: float = 0.00002
+
+    def pass_s(self, num_tokens: int, kv_tokens: int = 0) -> float:
+        """Seconds for one forward pass over `num_tokens` new tokens with `kv_tokens` cached."""
+        hw, m = self.hardware, self.model
+        memory_s = (m.weight_bytes + kv_tokens * m.kv_bytes_per_token) / (
+            hw.mem_bandwidth_gb_s * 1e9 * self.bandwidth_efficiency * self.gpus
+        )
+        compute_s = 2.0 * m.params_b * 1e9 * max(1, num_tokens) / (
+            hw.peak_tflops * 1e12 * self.flops_efficiency * self.gpus
+        )
+        tp_s = self.tp_allreduce_s_per_layer * 2 * m.layers if self.gpus > 1 else 0.0
+        return max(memory_s, compute_s) + self.pass_overhead_s + tp_s
+
+    def curve(self, kv_tokens: int, max_tokens: int = 4096) -> PassCurve:
+        """The pass curve (tokens -> seconds) at a fixed KV length, at doubling token counts."""
+        pts, n = [], 1
+        while n <= max_tokens:
+            pts.append((n, self.pass_s(n, kv_tokens)))
+            n *= 2
+        return PassCurve(tuple(pts))
+
+    @property
+    def price_per_hour_usd(self) -> float:
+        return self.hardware.price_per_hour_usd * self.gpus
+
+
+@dataclass(frozen=True)
+class AcceptanceModel:
+    """Per-token acceptance rate per (drafter, domain): Beta with the given mean and concentration
+    (cost source (c)). `means[(drafter, domain)]`; unknown pairs use `default_mean`."""
+
+    means: dict[tuple[str, str], float]
+    concentration: dict[str, float]
+    default_mean: float = 0.5
+
+    def mean(self, drafter: str, domain: str) -> float:
+        return self.means.get((drafter, domain), self.default_mean)
+
+    def sample(self, drafter: str, domain: str, rng: random.Random) -> float:
+        """One request's per-token acceptance rate."""
+        m = min(max(self.mean(drafter, domain), 1e-3), 1 - 1e-3)
+        c = self.concentration.get(drafter, 8.0)
+        return rng.betavariate(m * c, (1 - m) * c)
+
+
+def accepted_tokens(alpha: float, k: int, rng: random.Random) -> int:
+    """Draft tokens accepted of `k`: a run of Bernoulli(alpha) successes, stopped by the first failure."""
+    n = 0
+    while n < k and rng.random() < alpha:
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class Profiles:
+    """The shipped hardware, model and acceptance profiles (`profiles.yaml`)."""
+
+    hardware: dict[str, Hardware]
+    models: dict[str, ModelShape]
+    defaults: dict[str, float]
+    acceptance_raw: dict[str, dict[str, float]]
+
+    def roofline(self, model: str, hardware: str, gpus: int = 1) -> Roofline:
+        d = self.defaults
+        return Roofline(
+            self.models[model], self.hardware[hardware], gpus,
+            d["bandwidth_efficiency"], d["flops_efficiency"], d["pass_overhead_s"], d["tp_allreduce_s_per_layer"],
+        )
+
+    def acceptance(self, drafters: dict[str, tuple[str, tuple[str, ...]]], domains: tuple[str, ...]) -> AcceptanceModel:
+        """The acceptance model for pools named in `drafters`: pool -> (profile key, expertise).
+        A profile with `expert`/`other` means gives the expert mean on the pool's expertise."""
+        means: dict[tuple[str, str], float] = {}
+        conc: dict[str, float] = {}
+        for pool, (key, expertise) in drafters.items():
+            raw = self.acceptance_raw[key]
+            conc[pool] = float(raw.get("concentration", 8.0))
+            for dom in domains:
+                if "expert" in raw:
+                    means[(pool, dom)] = float(raw["expert"] if dom in expertise else raw["other"])
+                else:
+                    means[(pool, dom)] = float(raw.get(dom, 0.5))
+        return AcceptanceModel(means, conc)
+
+
+def load_profiles(path: Path | None = None) -> Profiles:
+    """The profiles YAML (default: the one shipped with the package)."""
+    if path is None:
+        text = resources.files("cosine.simulation").joinpath("profiles.yaml").read_text()
+    else:
+        text = Path(path).read_text()
+    raw: dict[str, Any] = yaml.safe_load(text)
+    hw = {k: Hardware(k, **v) for k, v in raw["hardware"].items()}
+    models = {k: ModelShape(k, **v) for k, v in raw["models"].items()}
+    return Profiles(hw, models, {k: float(v) for k, v in raw["defaults"].items()}, raw["acceptance"])

@@ -1,0 +1,241 @@
+"""The studies `cosine simulate` runs: validation against a recorded `cosine bench` run, the paper's testbed, where
+disaggregated drafting pays (RTT x speed ratio), and the autoscaler at scale.
+
+Each returns a JSON-able dict; `plots` draws them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+from cosine.routing import DOMAINS
+from cosine.simulation import calibration, config
+from cosine.simulation.cluster import (
+    RequestSpec,
+    SimResult,
+    SimSetup,
+    Workload,
+    poisson_requests,
+    simulate,
+)
+from cosine.simulation.cost_models import Profiles, load_profiles
+from cosine_operator.autoscaling import PoolLimits, ScalingPolicy
+
+# The paper's headline figures (Gao et al., arXiv:2503.10325, abstract and §6).
+PAPER = {"latency_reduction": 0.232, "throughput_gain": 0.325}
+
+
+# ------------------------------------------------------------------ validation on this machine
+VALIDATED = ("vllm", "cosine-lookup", "cosine")
+
+
+def bench_workload(bench: dict[str, Any], system: str, concurrency: int) -> tuple[RequestSpec, ...]:
+    """The requests of one bench row, in the order it sent them: prompt tokens (counted with the
+    target's tokenizer, `<bench>.meta.json`), the output tokens each produced, its domain."""
+    return tuple(RequestSpec(0.0, int(bench["prompt_tokens"][x["prompt_id"]]), int(x["completion_tokens"]), x["domain"])
+                 for x in calibration.records(bench, system, concurrency))
+
+
+def validation(bench_json: Path, systems: tuple[str, ...] = VALIDATED, seeds: int = 5) -> dict[str, Any]:
+    """Replay a recorded `cosine bench` run: each system calibrated on its concurrency-1 row
+    (`calibration.calibrate`), then simulated at every concurrency of the run with the row's own
+    requests (closed loop), output tokens/s averaged over `seeds` seeds. Concurrency 1 is
+    in-sample (the calibration's own run), higher levels out of sample. `measured_tok_s` is the
+    system's first run at the level; `measured_runs_tok_s` every run (the reference runs twice)."""
+    bench = calibration.load_bench(bench_json)
+    domains = tuple(sorted({x["domain"] for x in bench["records"]}))
+    rows = []
+    for system in systems:
+        cal = calibration.calibrate(bench, system, 1)
+        for c in bench["concurrency"]:
+            reqs = bench_workload(bench, system, c)
+            runs = [simulate(calibration.sim_setup(cal, domains, seed=i), Workload(reqs, c)).summary()
+                    for i in range(seeds)]
+            sim = statistics.mean(float(r["throughput_tok_s"]) for r in runs)
+            measured = calibration.row(bench, system, c)
+            rows.append({
+                "system": system, "concurrency": c, "in_sample": c == 1,
+                "measured_tok_s": measured["output_tokens_per_s"],
+                "measured_runs_tok_s": [r["output_tokens_per_s"] for r in bench["rows"]
+                                        if r["system"] == system and r["concurrency"] == c],
+                "simulated_tok_s": sim, "error": sim / measured["output_tokens_per_s"] - 1,
+                "measured_ttft_p50_s": measured["ttft_s_p50"],
+                "simulated_ttft_p50_s": statistics.mean(float(r["ttft_p50_s"]) for r in runs),
+                "measured_latency_p50_s": measured["latency_s_p50"],
+                "simulated_latency_p50_s": statistics.mean(float(r["latency_p50_s"]) for r in runs),
+            })
+    return {"bench": str(bench_json), "command": bench["command"], "rows": rows,
+            "calibration": {s: dataclasses.asdict(calibration.calibrate(bench, s, 1)) for s in systems}}
+
+
+# ------------------------------------------------------------------ the paper's testbed
+PAIRS = {
+    "llama-70b": {"verifier": ("deepseek-r1-distill-llama-70b", "a100-80gb", 4),
+                  "drafter": ("llama-68m", "rtx-4090"), "acceptance": "llama-68m"},
+    "qwen-32b": {"verifier": ("deepseek-r1-distill-qwen-32b", "a100-80gb", 2),
+                 "drafter": ("qwen2.5-0.5b", "l4"), "acceptance": "qwen2.5-0.5b"},
+}
+
+
+def _pair_manifest(pair: str, mode: str) -> dict[str, Any]:
+    p = PAIRS[pair]
+    vm, vhw, gpus = p["verifier"]
+    dm, dhw = p["drafter"]
+    spec_key = f"{p['acceptance']}-specialist"
+    pools = [{"name": n, "model": dm, "expertise": e, "replicas": 1, "minReplicas": 1, "maxReplicas": 8}
+             for n, e in (("code", ["code", "edit"]), ("math", ["math"]), ("chat", ["chat"]))]
+    sim_pools = {q["name"]: {"hardware": dhw, "slots": 16, "model": dm,
+                             "acceptance": spec_key if mode == "cosine" else p["acceptance"]} for q in pools}
+    return {
+        "spec": {"verifier": {"model": vm, "maxBatchTokens": 2048, "maxNumSeqs": 256}, "drafterPools": pools,
+                 "speculation": {"maxDraftLen": 8}, "autoscaling": {"enabled": False}},
+        "simulation": {"mode": mode, "verifier": {"hardware": vhw, "gpus": gpus}, "pools": sim_pools,
+                       "network": {"rttMs": 1.0, "bandwidthGbps": 10}, "maxDrafters": 2},
+    }
+
+
+def _cost_per_hour(setup: SimSetup) -> float:
+    v = setup.verifier.price_per_hour_usd * setup.verifier.replicas
+    return v + (sum(p.price_per_hour_usd * p.replicas for p in setup.pools) if setup.mode == "cosine" else 0.0)
+
+
+def paper_testbed(profiles: Profiles | None = None, low_rate: float = 1.0, high_concurrency: int = 16,
+                  saturation_concurrency: int = 96, requests: int = 96, seed: int = 0) -> dict[str, Any]:
+    """Latency at low load (Poisson `low_rate` req/s, 120 s) and throughput closed-loop at
+    `high_concurrency` (and at `saturation_concurrency`), 256 in / 128 out, for the four systems;
+    ratios to target-only and to a co-located drafter (vanilla), per dollar."""
+    profiles = profiles or load_profiles()
+    rng = random.Random(seed)
+    closed = tuple(RequestSpec(0.0, 256, 128, rng.choice(DOMAINS)) for _ in range(requests))
+    open_loop = poisson_requests(low_rate, 120.0, 256, 128, DOMAINS, seed)
+    table: dict[str, Any] = {}
+    for pair in PAIRS:
+        rows = {}
+        for mode in ("target-only", "vanilla", "cosine"):
+            setup, _ = config.build_setup(_pair_manifest(pair, mode), profiles, seed=seed)
+            lat = simulate(setup, Workload(open_loop)).summary()
+            thr = simulate(setup, Workload(closed, high_concurrency)).summary()
+            sat = simulate(setup, Workload(closed, saturation_concurrency)).summary()
+            usd_h = _cost_per_hour(setup)
+            rows[mode] = {"latency_p50_s": lat["latency_p50_s"], "throughput_tok_s": thr["throughput_tok_s"],
+                          "saturated_tok_s": sat["throughput_tok_s"],
+                          "usd_per_hour": usd_h, "tok_s_per_usd_h": float(thr["throughput_tok_s"]) / usd_h,
+                          "mean_accepted_per_step": thr["mean_accepted_per_step"]}
+        base, va, co = rows["target-only"], rows["vanilla"], rows["cosine"]
+        rows["ratios"] = {
+            "cosine_latency_vs_target_only": float(co["latency_p50_s"]) / float(base["latency_p50_s"]) - 1,
+            "cosine_throughput_per_usd_vs_target_only": co["tok_s_per_usd_h"] / base["tok_s_per_usd_h"] - 1,
+            "cosine_throughput_vs_target_only": float(co["throughput_tok_s"]) / float(base["throughput_tok_s"]) - 1,
+            "cosine_over_vanilla_per_usd": co["tok_s_per_usd_h"] / va["tok_s_per_usd_h"],
+        }
+        table[pair] = rows
+    return {"paper": PAPER, "pairs": table}
+
+
+# ------------------------------------------------------------------ where disaggregation pays
+def rtt_sweep(profiles: Profiles | None = None, rtts_ms: tuple[float, ...] = (0.1, 1, 5, 20, 50),
+              speed_ratios: tuple[float, ...] = (0.02, 0.05, 0.1, 0.3), rates: tuple[float, ...] = (0.5, 4.0),
+              duration_s: float = 60.0, seed: int = 0) -> dict[str, Any]:
+    """p50 latency of remote drafting (cosine) vs co-located (vanilla) vs target-only, over RTT,
+    drafter/verifier per-token time ratio t_d/t_v and load; with the closed-form server capacity
+    gain 1 + gamma * t_d / t_v (gamma = draft length) that offloading drafting frees."""
+    profiles = profiles or load_profiles()
+    base, _ = config.build_setup(_pair_manifest("llama-70b", "cosine"), profiles, seed=seed)
+    t_v = base.verifier.pass_s(1, 384)
+    gamma = base.speculation.max_draft_tokens
+    cells = []
+    for rate in rates:
+        reqs = poisson_requests(rate, duration_s, 256, 128, DOMAINS, seed)
+        ref = {m: simulate(dataclasses.replace(base, mode="target-only"), Workload(reqs)).summary()
+               for m in ("target-only",)}
+        for ratio in speed_ratios:
+            t_d = ratio * t_v
+            pools = tuple(dataclasses.replace(p, draft_token_s=t_d) for p in base.pools)
+            vanilla = dataclasses.replace(base, mode="vanilla", pools=pools,
+                                          verifier=dataclasses.replace(base.verifier,
+                                                                       colocated_draft_s=lambda b, t=t_d: t))
+            van = simulate(vanilla, Workload(reqs)).summary()
+            for rtt in rtts_ms:
+                remote = dataclasses.replace(base, pools=tuple(dataclasses.replace(p, rtt_s=rtt / 1000) for p in pools))
+                co = simulate(remote, Workload(reqs)).summary()
+                lat = {"target-only": ref["target-only"]["latency_p50_s"], "vanilla": van["latency_p50_s"],
+                       "cosine": co["latency_p50_s"]}
+                cells.append({"rate": rate, "speed_ratio": ratio, "rtt_ms": rtt, "latency_p50_s": lat,
+                              "best": min(lat, key=lambda k: float(lat[k])),
+                              "closed_form_capacity": 1 + gamma * ratio})
+    return {"t_v_s": t_v, "gamma": gamma, "cells": cells}
+
+
+# ------------------------------------------------------------------ the autoscaler at scale
+def _rate_trace(rate_at: Any, duration_s: float, prompt: int, output: int, seed: int) -> tuple[RequestSpec, ...]:
+    """Non-homogeneous Poisson arrivals by thinning (Lewis & Shedler 1979)."""
+    rng, t, out = random.Random(seed), 0.0, []
+    peak = max(rate_at(x) for x in range(0, int(duration_s) + 1, 10))
+    while True:
+        t += rng.expovariate(peak)
+        if t >= duration_s:
+            return tuple(out)
+        if rng.random() < rate_at(t) / peak:
+            out.append(RequestSpec(t, prompt, output, rng.choice(DOMAINS)))
+
+
+def autoscale_at_scale(profiles: Profiles | None = None, phase_s: float = 200.0, rates: tuple[float, ...] = (2, 16, 8),
+                       max_replicas: int = 33, verifier_replicas: int = 8, seed: int = 0) -> dict[str, Any]:
+    """3 pools of Qwen2.5-0.5B drafters on CPU nodes (slots 1, ~30 draft tokens/s each, so tens of
+    replicas are needed) behind `verifier_replicas` DeepSeek-R1-Distill-Qwen-32B verifiers; load
+    steps through `rates` (req/s, one phase each) and a diurnal sinusoid. Reports scale events,
+    flaps (direction reversals per pool), convergence (intervals after a step until
+    a pool stays within one replica of its phase's final count), bounds and cost."""
+    profiles = profiles or load_profiles()
+    m = _pair_manifest("qwen-32b", "cosine")
+    for p in m["spec"]["drafterPools"]:
+        p.update(replicas=3, minReplicas=3, maxReplicas=max_replicas)
+    m["spec"]["verifier"]["replicas"] = verifier_replicas
+    m["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 30, "stabilizationSeconds": 120,
+                                "maxScaleDownStep": 2}
+    for p in m["simulation"]["pools"].values():
+        p.update(hardware="cpu-node", slots=1)
+    setup, _ = config.build_setup(m, profiles, seed=seed)
+    out: dict[str, Any] = {}
+    total_s = phase_s * len(rates)
+    swing = max(rates) - rates[0]
+    steps = {"steps": lambda t: rates[min(len(rates) - 1, int(t // phase_s))],
+             "diurnal": lambda t: rates[0] + swing * 0.5 * (1 - math.cos(2 * math.pi * t / total_s))}
+    assert setup.scaling is not None
+    for name, rate_at in steps.items():
+        reqs = _rate_trace(rate_at, total_s, 256, 64, seed)
+        res = simulate(setup, Workload(reqs), duration_s=total_s)
+        out[name] = _scaling_figures(res, setup.scaling, setup.interval_s, phase_s, len(rates)) | res.summary()
+        out[name]["timeline"] = res.replicas_timeline
+    out["bounds"] = {"min": 3, "max": max_replicas, "pools": 3, "max_scale_down_step": 2}
+    return out
+
+
+def _scaling_figures(res: SimResult, policy: ScalingPolicy, interval_s: float, phase_s: float,
+                     phases: int) -> dict[str, Any]:
+    limits = {p.name: p for p in policy.pools}
+    flaps, violations, convergence = 0, 0, []
+    for name, tl in res.replicas_timeline.items():
+        lim: PoolLimits = limits[name]
+        dirs = [1 if b[1] > a[1] else -1 for a, b in zip(tl, tl[1:], strict=False) if b[1] != a[1]]
+        flaps += sum(1 for a, b in zip(dirs, dirs[1:], strict=False) if a != b)
+        violations += sum(1 for _, n in tl if not lim.min_replicas <= n <= lim.max_replicas)
+        violations += sum(1 for a, b in zip(tl, tl[1:], strict=False) if a[1] - b[1] > policy.max_scale_down_step)
+        for ph in range(phases):
+            start, end = ph * phase_s, (ph + 1) * phase_s
+            inside = [(t, n) for t, n in tl if start <= t < end]
+            before = [n for t, n in tl if t < start]
+            final = inside[-1][1] if inside else (before[-1] if before else tl[0][1])
+            settle = start
+            for t, n in inside:
+                if abs(n - final) > 1:
+                    settle = t
+            convergence.append((settle - start) / interval_s)
+    return {"flaps": flaps, "bound_violations": violations, "convergence_intervals_max": max(convergence),
+            "convergence_intervals_mean": sum(convergence) / len(convergence),
+            "peak_replicas": {n: max(x for _, x in tl) for n, tl in res.replicas_timeline.items()}}

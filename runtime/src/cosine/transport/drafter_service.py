@@ -1,0 +1,197 @@
+"""gRPC server of one drafter: `cosine drafter` runs this in its own process (one pod).
+
+The engine's KV caches stay here, keyed by request id; the verifier sends context deltas and
+receives greedy draft tokens with their confidences. Every `Propose` pending when a draft round
+starts is drafted in that round, together, by the pool's engine (`draft_engine.DraftBatcher`): a
+pool serves many requests at once and never one at a time. Health via `grpcio-health-checking`
+(the pod's readiness probe is a gRPC health check).
+
+Drafts are point-mass proposals (greedy tokens, no distribution): the verifier (vLLM's rejection
+sampler) checks them losslessly under greedy decoding and sampling alike, so a request's sampling
+parameters do not change how a pool drafts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from cosine.draft_engine import DraftBatcher, DraftEngine, DraftJob, DraftResult
+from cosine.transport import drafter_pb2 as pb
+from cosine.transport import drafter_pb2_grpc as pb_grpc
+from cosine.transport import tls
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "cosine.v1.Drafter"
+
+
+class DrafterMetrics:
+    """Drafter-side series read by the operator's autoscaler (names: operator contract).
+
+    PromQL: busy fraction `rate(cosine:drafter_busy_seconds_total[1m])`; seconds per draft token
+    `rate(cosine:drafter_busy_seconds_total[1m]) / rate(cosine:drafter_draft_tokens_total[1m])`;
+    mean requests per batched round `rate(cosine:drafter_batched_requests_total[1m]) /
+    rate(cosine:drafter_rounds_total[1m])`.
+    """
+
+    def __init__(self, pool: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, ["pool"], registry=self.registry).labels(pool=pool)
+
+        self.draft_tokens = counter("cosine:drafter_draft_tokens_total", "Draft tokens produced.")
+        self.busy_s = counter("cosine:drafter_busy_seconds_total", "Seconds the engine spent drafting.")
+        self.bytes_sent = counter("cosine:drafter_bytes_sent_total", "Bytes of draft responses sent.")
+        self.rounds = counter("cosine:drafter_rounds_total", "Batched draft rounds run.")
+        self.batched = counter("cosine:drafter_batched_requests_total", "Requests drafted, summed over rounds.")
+        self.contexts = Gauge("cosine:drafter_contexts", "Requests whose context the pool keeps.", ["pool"],
+                              registry=self.registry).labels(pool=pool)
+
+
+class DrafterServicer(pb_grpc.DrafterServicer):
+    """Serves `Propose`/`Release`/`Info` for one drafter pool replica.
+
+    Args:
+        engine: the pool's `DraftEngine` (drafts run on the batcher's one thread).
+        pool: the drafter pool's name. tokenizer_family / vocab_size: reported to the verifier for
+            its compatibility check (a cross-tokenizer engine drafts in the verifier's vocabulary).
+        model: the model name reported by `Info`.
+        max_requests: contexts kept; the least recently used beyond this are released.
+        min_confidence: drafts stop at the first token whose top-1 probability is below this
+            (the request's own `min_confidence`, if larger, wins).
+    """
+
+    def __init__(
+        self, engine: DraftEngine, pool: str, tokenizer_family: str = "", *, model: str = "",
+        max_requests: int = 256, metrics: DrafterMetrics | None = None, vocab_size: int | None = None,
+        min_confidence: float = 0.0,
+    ) -> None:
+        self.engine = engine
+        self.vocab_size = vocab_size if vocab_size is not None else engine.vocab_size
+        self.model_name = model or engine.name
+        self.pool = pool
+        self.tokenizer_family = tokenizer_family
+        self.max_requests = max_requests
+        self.min_confidence = min_confidence
+        self.metrics = metrics or DrafterMetrics(pool)
+        self.batcher = DraftBatcher(engine, on_round=self._count_round)
+        self._contexts: OrderedDict[str, list[int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def num_contexts(self) -> int:
+        """Requests whose context this replica keeps (the engine's own count may lag by a round)."""
+        with self._lock:
+            return len(self._contexts)
+
+    def Propose(self, request: pb.ProposeRequest, context: grpc.ServicerContext) -> pb.ProposeResponse:
+        """Extend the request's kept context (`num_cached` tokens kept + `new_token_ids`) and draft
+        from it in the next batched round, waiting up to the call's deadline.
+
+        Aborts with FAILED_PRECONDITION when fewer than `num_cached` tokens are kept (the client
+        resends the whole context), INVALID_ARGUMENT for an empty context, DEADLINE_EXCEEDED when
+        the round does not finish in time, INTERNAL when the engine fails.
+        """
+        rid = request.request_id
+        with self._lock:
+            known = self._contexts.get(rid)
+            if request.num_cached and (known is None or len(known) < request.num_cached):
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {rid}: context not cached; resend")
+            ctx = (known or [])[: request.num_cached] + list(request.new_token_ids)
+            if not ctx:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id's context is empty (new_token_ids)")
+            self._contexts[rid] = ctx
+            self._contexts.move_to_end(rid)
+            evicted = self._evict()
+            self.metrics.contexts.set(len(self._contexts))
+        for gone in evicted:
+            self.batcher.release(gone)
+        job = DraftJob(rid, tuple(ctx), int(request.max_tokens), max(self.min_confidence, request.min_confidence),
+                       tuple(request.expected_ids), int(request.max_branches))
+        fut = self.batcher.submit(job)
+        remaining = context.time_remaining()
+        try:
+            result: DraftResult = fut.result(timeout=remaining if remaining is not None else None)
+        except futures.TimeoutError:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"request {rid}: draft not ready before the deadline")
+        except Exception as e:  # noqa: BLE001 - the engine's error, as a status
+            context.abort(grpc.StatusCode.INTERNAL, f"{self.engine.name}: {e}")
+        self.metrics.draft_tokens.inc(len(result.token_ids) + sum(len(br.token_ids) for br in result.branches))
+        msg = pb.ProposeResponse(
+            token_ids=list(result.token_ids), confidences=list(result.confidences), draft_s=result.draft_s,
+            drafter=self.pool, prefix_len=result.prefix_len,
+            branches=[pb.Branch(prefix_len=br.prefix_len, token_ids=list(br.token_ids),
+                                confidences=list(br.confidences)) for br in result.branches])
+        self.metrics.bytes_sent.inc(msg.ByteSize())
+        return msg
+
+    def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseResponse:
+        """Forget the request's context and free its engine state (idempotent)."""
+        with self._lock:
+            self._contexts.pop(request.request_id, None)
+            self.metrics.contexts.set(len(self._contexts))
+        self.batcher.release(request.request_id)
+        return pb.ReleaseResponse()
+
+    def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
+        """The replica's model, tokenizer family, vocabulary size and pool name."""
+        return pb.InfoResponse(
+            model=self.model_name, tokenizer_family=self.tokenizer_family,
+            vocab_size=self.vocab_size, pool=self.pool,
+        )
+
+    def close(self) -> None:
+        """Stop the batcher (see `DraftBatcher.close`)."""
+        self.batcher.close()
+
+    def _count_round(self, seconds: float, results: Sequence[DraftResult]) -> None:
+        self.metrics.busy_s.inc(seconds)
+        self.metrics.rounds.inc()
+        self.metrics.batched.inc(len(results))
+
+    def _evict(self) -> Sequence[str]:
+        out = []
+        while len(self._contexts) > self.max_requests:
+            rid, _ = self._contexts.popitem(last=False)
+            out.append(rid)
+        return out
+
+
+def serve(
+    servicer: DrafterServicer, port: int, host: str = "127.0.0.1", max_workers: int = 64, tls_dir: str | None = None
+) -> grpc.Server:
+    """Start a gRPC server with the drafter and health services; returns the started server.
+    With `tls_dir` (`tls.crt`, `tls.key`: `transport.tls`) it serves TLS only, else plaintext.
+
+    `max_workers` bounds concurrent `Propose` calls (each waits on the batcher, so it is the most
+    requests one round can batch).
+
+    Raises:
+        RuntimeError: the port could not be bound.
+    """
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
+    pb_grpc.add_DrafterServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    address = f"{host}:{port}"
+    if tls_dir is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, tls.server_credentials(tls_dir))
+    if bound == 0:
+        raise RuntimeError(f"could not bind the drafter's gRPC port {host}:{port}")
+    server.start()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    server.bound_port = bound  # type: ignore[attr-defined]
+    log.info("drafter %s (pool %s) serving on %s:%d (%s)", servicer.model_name, servicer.pool, host, bound,
+             "TLS" if tls_dir else "plaintext")
+    return server

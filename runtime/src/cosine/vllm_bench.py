@@ -1,0 +1,695 @@
+"""`cosine bench`: CoSine on vLLM against vLLM's own speculation, same machine, same prompts.
+
+Systems, each a real OpenAI server on this machine, driven through the official `openai` client
+(streaming chat, greedy, the same prompts and `max_tokens`), closed loop at each concurrency level
+(every client sends its next prompt when its last one finished):
+- `vllm`: vLLM serving the target alone (the reference: ratios are to it);
+- `vllm-ngram`: vLLM's prompt lookup (`method: ngram`, k = `--peer-k`);
+- `vllm-suffix`: vLLM's SuffixDecoding (Oliaro et al., arXiv:2411.04975; `method: suffix`, Arctic
+  Inference's suffix trees over the prompt and over earlier responses), k = `--suffix-k` (default
+  `--peer-k`; 0 = vLLM's default, its tree depth), vLLM's defaults for the other `suffix_decoding_*`
+  keys;
+- `vllm-draft`: vLLM's draft model (`method: draft_model`, the drafter model in-process, k = `--peer-k`);
+- `cosine`: the embedded CoSine cluster (`cosine serve`): vLLM with CoSine's proposer, prompt lookup
+  and the drafter pools of the manifest as separate gRPC processes;
+- `cosine-lookup` (ablation): CoSine's proposer without pools (prompt lookup, suffix cache and the
+  closed-loop k), i.e. what the drafting plane adds before any drafter pod;
+- `cosine-nofusion` (ablation, not run by default): `cosine` from a copy of the manifest with
+  `spec.speculation.fusion: false` (one pool per request, no fused drafts);
+- `cosine-nobranch` (ablation, not run by default): `cosine` with `spec.speculation.branches: 0`
+  (pools draft past the draft being verified, never from its rejection points).
+The engine arguments (dtype, batch tokens, eager mode, KV cache size) are the same for all: they
+come from the manifest's verifier spec.
+
+Runs. Every (system, concurrency level) gets a fresh server, so cross-request caches (vLLM's suffix
+trees, CoSine's suffix cache, prefix caches) start empty at every level instead of replaying the
+previous level's answers to the same prompts. Each server first answers one warm-up request
+(first-request overheads are not the system's speed) whose prompt is not in the measured set, so it
+cannot seed a cache with a measured answer. Servers run one at a time (their weights do not fit
+together in RAM), level by level; because this machine's speed drifts, the reference runs first and
+again last at each level, and ratios use the mean of both runs (both are in the JSON). Reuse across
+requests (prompts that repeat) is measured on its own workload, `--workload repeat`, reported
+separately.
+
+Placement (`--placement`), the cores each system computes on, out of the N this process may use:
+- `shared`: nothing pinned by us (`cosine serve --placement shared`; drafters float), so
+  vLLM binds its own threads: its default on x86 (`VLLM_CPU_OMP_THREADS_BIND=auto`) reserves one
+  core per worker for its engine-core process and binds the worker's OpenMP threads to the rest
+  (vllm/utils/ompmultiprocessing.py), so on 2 cores every vLLM server, peer or verifier, computes on
+  one OpenMP thread.
+- `split` (default; equal resources): the peers (`vllm`, `vllm-*`) compute on all N cores
+  (`VLLM_CPU_OMP_THREADS_BIND` set to them: vLLM takes an explicit list as is and reserves no core);
+  the CoSine systems run from a copy of the manifest whose verifier has N - N//2 threads and whose
+  drafter pools have N//2 each, and `cosine serve --placement split` puts them on disjoint cores
+  (the verifier's first): on 2 cores, the verifier on one and the pool(s) on the other.
+  `cosine-lookup` gets the verifier's share only, so what the pools add on the other core shows
+  against it.
+Each row records the binding it ran with: the environment the bench set and, for every process of
+the server, the cores its threads may run on, the threads pinned to one core and its OpenMP
+settings (read from /proc once the server answered its warm-up request).
+
+Per system and level: output tokens/s, TPOT / TTFT / latency p50 and p99, acceptance length and
+draft tokens per step (from vLLM's `vllm:spec_decode_*` counters), outputs identical to the
+reference and throughput per domain; for the CoSine systems, from the verifier's `cosine:` series,
+per draft source ("lookup" or a pool) draft and accepted tokens, drafts late, calls, errors and
+round trip, the share of steps with a draft and the verifier's seconds per engine step; and, from
+each drafter process's own /metrics, the pool's busy fraction and drafting seconds per draft token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import importlib.util
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cosine import roles
+from cosine.workloads import Prompt
+
+log = logging.getLogger(__name__)
+
+ABLATIONS = {"cosine-nofusion": {"fusion": False}, "cosine-nobranch": {"branches": 0}}  # spec.speculation overrides
+SYSTEMS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-draft", "cosine-lookup", "cosine", *ABLATIONS)
+DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ABLATIONS)
+CLUSTERS = ("cosine", *ABLATIONS)  # the systems that run the embedded cluster (`cosine serve`)
+REFERENCE = "vllm"
+PEERS = ("vllm-ngram", "vllm-suffix", "vllm-draft")  # vLLM's own speculation methods
+PLACEMENTS = ("shared", "split")
+WARMUP = Prompt("warmup", "warmup", "Say hello in one word.")  # never a measured prompt
+WARMUP_TOKENS = 8
+
+Scrape = dict[tuple[str, str], float]  # (sample name, pool label or "") -> value, summed over other labels
+_POOL_GAUGES = {"rtt_s": "cosine:drafter_rtt_seconds", "yield_tokens": "cosine:drafter_yield_tokens",
+                "on_time_ratio": "cosine:drafter_on_time_ratio"}
+_GAUGES = frozenset({*_POOL_GAUGES.values(), "cosine:num_requests_running", "cosine:num_requests_waiting",
+                     "cosine:drafter_contexts"})
+_POOL_COUNTERS = {
+    "drafts": "cosine:spec_decode_num_drafts_total",
+    "draft_tokens": "cosine:spec_decode_num_draft_tokens_total",
+    "accepted_tokens": "cosine:spec_decode_num_accepted_tokens_total",
+    "drafts_late": "cosine:spec_decode_drafts_late_total",
+    "calls": "cosine:drafter_calls_total",
+    "errors": "cosine:drafter_errors_total",
+    "asks_skipped": "cosine:drafter_asks_skipped_total",
+}
+_OMP_ENV = ("OMP_NUM_THREADS", "KMP_AFFINITY", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One request: prompt id and domain, output text and tokens, wall times in seconds."""
+
+    system: str
+    run: int
+    concurrency: int
+    prompt_id: str
+    domain: str
+    text: str
+    completion_tokens: int
+    ttft_s: float
+    latency_s: float
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Seconds per output token after the first; None for fewer than two tokens."""
+        n = self.completion_tokens
+        return (self.latency_s - self.ttft_s) / (n - 1) if n > 1 else None
+
+
+@dataclass(frozen=True)
+class Run:
+    """One server's life: `system` at one concurrency level. `run` is its place in its level's
+    order: 0 is the reference's first run, the last one its second."""
+
+    run: int
+    system: str
+    concurrency: int
+
+
+def system_placement(system: str, default: str) -> tuple[str, str]:
+    """(system, placement) of a bench system name: `cosine@shared` runs `cosine` with the `shared`
+    placement whatever `--placement` says (to compare placements in one run); a plain name takes
+    `default`.
+
+    Raises:
+        ValueError: an unknown system or placement.
+    """
+    base, _, placement = system.partition("@")
+    if base not in SYSTEMS:
+        raise ValueError(f"unknown system {base!r}; choose among {list(SYSTEMS)}")
+    placement = placement or default
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r} in {system!r}; choose among {list(PLACEMENTS)}")
+    return base, placement
+
+
+def plan_runs(systems: Sequence[str], concurrencies: Sequence[int]) -> list[Run]:
+    """A fresh server per (system, level), level by level; the reference first and last of each.
+    A system may carry its own placement (`system_placement`).
+
+    Raises:
+        ValueError: an unknown system.
+    """
+    unknown = [s for s in systems if s.partition("@")[0] not in SYSTEMS]
+    if unknown:
+        raise ValueError(f"unknown systems {unknown}; choose among {list(SYSTEMS)}")
+    order = [REFERENCE, *[s for s in dict.fromkeys(systems) if s != REFERENCE], REFERENCE]
+    return [Run(i, s, c) for c in concurrencies for i, s in enumerate(order)]
+
+
+def peer_speculative_config(system: str, drafter_path: str, peer_k: int, suffix_k: int) -> dict[str, Any] | None:
+    """vLLM's `speculative_config` for a vLLM-only system (None: the target alone).
+
+    `vllm-suffix` keeps vLLM 0.32's defaults (vllm/config/speculative.py: suffix_decoding_max_tree_depth
+    24, suffix_decoding_max_cached_requests 10,000, suffix_decoding_max_spec_factor 1.0,
+    suffix_decoding_min_token_prob 0.1); its `num_speculative_tokens` only caps the length the
+    suffix trees choose per draft, and `suffix_k` = 0 leaves it at vLLM's default (the tree depth).
+
+    Raises:
+        ValueError: not a vLLM-only system.
+    """
+    if system == REFERENCE:
+        return None
+    if system == "vllm-ngram":
+        return {"method": "ngram", "num_speculative_tokens": peer_k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    if system == "vllm-suffix":
+        return {"method": "suffix", **({"num_speculative_tokens": suffix_k} if suffix_k > 0 else {})}
+    if system == "vllm-draft":
+        return {"method": "draft_model", "model": drafter_path, "num_speculative_tokens": peer_k}
+    raise ValueError(f"unknown vLLM system {system!r}")
+
+
+def split_threads(cores: int) -> tuple[int, int]:
+    """(verifier threads, threads per drafter pool) of CoSine's share of `cores` in `split`."""
+    drafter = max(1, cores // 2)
+    return max(1, cores - drafter), drafter
+
+
+def placement_env(system: str, placement: str, cpus: Sequence[int]) -> dict[str, str]:
+    """Environment the bench adds to a system's server for `placement` (see the module docstring).
+    In `split`: a peer's OpenMP threads on every core in `cpus`, `cosine-lookup`'s on the verifier's
+    share (the first cores, where `cosine serve` puts its verifier); `cosine serve` places the other
+    CoSine systems itself, from the manifest copy (`derived_manifest`).
+
+    Raises:
+        ValueError: an unknown placement.
+    """
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; choose among {list(PLACEMENTS)}")
+    if placement == "shared" or system in CLUSTERS:
+        return {}
+    if system == "cosine-lookup":
+        cpus = list(cpus)[: split_threads(len(cpus))[0]]
+    # an explicit list: vLLM 0.32 binds one OpenMP thread per listed core and reserves none (its
+    # VLLM_CPU_NUM_OF_RESERVED_CPU only applies to the "auto" binding)
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus))}
+
+
+def derived_manifest(obj: dict[str, Any], *, speculation: Mapping[str, Any] | None = None,
+                     split_cores: int = 0) -> dict[str, Any]:
+    """A copy of a CoSineCluster manifest with `speculation`'s keys set in `spec.speculation` and,
+    for `split_cores` > 0, the verifier's and each pool's `threads` from `split_threads`."""
+    out = copy.deepcopy(obj)
+    spec = out.setdefault("spec", {})
+    if speculation:
+        spec["speculation"] = {**(spec.get("speculation") or {}), **speculation}
+    if split_cores > 0:
+        spec["verifier"]["threads"], drafter_threads = split_threads(split_cores)
+        for pool in spec.get("drafterPools") or []:
+            pool["threads"] = drafter_threads
+    return out
+
+
+Variant = tuple[tuple[tuple[str, Any], ...], int]  # (spec.speculation overrides, split cores)
+
+
+def _manifest_variant(system: str, placement: str, cpus: Sequence[int]) -> Variant:
+    """(spec.speculation overrides, split cores) of the manifest copy a system runs from;
+    ((), 0) = the input manifest."""
+    if not system.startswith("cosine"):
+        return (), 0
+    return tuple(sorted(ABLATIONS.get(system, {}).items())), (len(cpus) if placement == "split" else 0)
+
+
+def peer_command(system: str, manifest: Path | None, port: int, drafter_model: str, peer_k: int, suffix_k: int,
+                 extra_env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of a vLLM-only system's server, with the manifest's verifier engine arguments."""
+    from cosine.model_store import resolve
+
+    spec = roles.parse_spec(roles.load_manifest(manifest))
+    args = roles.vllm_engine_args(spec.verifier, str(resolve(spec.verifier.model)), 0, [])
+    drafter_path = str(resolve(drafter_model)) if system == "vllm-draft" else ""
+    config = peer_speculative_config(system, drafter_path, peer_k, suffix_k)
+    if config is not None:
+        args["speculative_config"] = config
+    argv = [sys.executable, "-m", roles.VLLM_SERVER, *roles.cli_flags(args), "--host", "127.0.0.1",
+            "--port", str(port), "--uvicorn-log-level", "warning"]
+    return argv, {**os.environ, **roles.vllm_cpu_env(spec.verifier), **extra_env}
+
+
+def _server_command(system: str, manifest: Path | None, port: int, metrics_port: int, drafter_model: str,
+                    peer_k: int, suffix_k: int, placement: str, extra_env: dict[str, str]
+                    ) -> tuple[list[str], dict[str, str]]:
+    if system in CLUSTERS:
+        cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
+               "--placement", placement]
+        return cmd + (["--cluster", str(manifest)] if manifest else []), {**os.environ, **extra_env}
+    if system == "cosine-lookup":
+        cmd, env = roles.verifier_command(manifest, port, "127.0.0.1", [], None, metrics_port)
+        return cmd, {**env, **extra_env}
+    return peer_command(system, manifest, port, drafter_model, peer_k, suffix_k, extra_env)
+
+
+# ---------------------------------------------------------------- the server's processes (/proc)
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and its descendants, from /proc/*/stat (`cosine serve` starts its verifier in a
+    session of its own, so a session or process group would miss it)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return sorted(out)
+
+
+def _parse_cpu_list(text: str) -> set[int]:
+    """ "0-2,5" -> {0, 1, 2, 5} (the kernel's Cpus_allowed_list)."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _argv(pid: int) -> list[str]:
+    return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+
+
+def _role(argv: list[str], comm: str) -> str:
+    """ "cosine drafter coder", "cosine serve", "vllm server", or the process's name (vLLM names
+    its engine-core and worker processes VLLM::EngineCore, VLLM::Worker)."""
+    if roles.VLLM_SERVER in argv:
+        return "vllm server"
+    if "cosine" in argv[:4]:
+        i = argv.index("cosine")
+        role = argv[i + 1] if i + 1 < len(argv) else ""
+        pool = argv[argv.index("--pool") + 1] if "--pool" in argv[:-1] else ""
+        return " ".join(x for x in ("cosine", role, pool) if x)
+    return comm
+
+
+def process_binding(pid: int) -> dict[str, Any] | None:
+    """Where a process computes: its role, the cores its threads may run on (union of their
+    affinity masks), its threads, how many are pinned to each single core, and its OpenMP settings.
+    None if it is gone."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        argv, comm = _argv(pid), (proc / "comm").read_text().strip()
+        allowed: set[int] = set()
+        pinned: dict[str, int] = {}
+        threads = 0
+        for task in (proc / "task").iterdir():
+            with contextlib.suppress(OSError, StopIteration):  # a thread may exit while read
+                status = (task / "status").read_text()
+                line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
+                cpus = _parse_cpu_list(line.split(":", 1)[1])
+                threads += 1
+                allowed |= cpus
+                if len(cpus) == 1:
+                    key = str(next(iter(cpus)))
+                    pinned[key] = pinned.get(key, 0) + 1
+        environ = dict(kv.split(b"=", 1) for kv in (proc / "environ").read_bytes().split(b"\0") if b"=" in kv)
+    except OSError:
+        return None
+    env = {k: environ[k.encode()].decode() for k in _OMP_ENV if k.encode() in environ}
+    return {"pid": pid, "role": _role(argv, comm), "cpus": sorted(allowed), "threads": threads,
+            "pinned_threads": dict(sorted(pinned.items())), "env": env}
+
+
+def _drafter_metrics(pids: Sequence[int]) -> list[tuple[str, str]]:
+    """(pool, /metrics URL) of every `cosine drafter` process among `pids` (its --metrics-port, as
+    `cosine serve` chose it)."""
+    out = []
+    for pid in pids:
+        try:
+            argv = _argv(pid)
+        except OSError:
+            continue
+        if "drafter" in argv and "--pool" in argv[:-1] and "--metrics-port" in argv[:-1]:
+            port = argv[argv.index("--metrics-port") + 1]
+            if port != "0":
+                out.append((argv[argv.index("--pool") + 1], f"http://127.0.0.1:{port}/metrics"))
+    return out
+
+
+def _scrape(url: str, prefixes: tuple[str, ...] = ("vllm:spec_decode_", "cosine:")) -> Scrape:
+    """Counters and gauges named `prefixes*` at a Prometheus endpoint, per `pool` label ({} if unreachable)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url, timeout=5).text
+    except httpx.HTTPError:
+        return {}
+    out: Scrape = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith(prefixes) and not s.name.endswith("_created") and "le" not in s.labels:
+                key = (s.name, s.labels.get("pool", ""))
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+class _Server:
+    """A system's server for the duration of a `with` block (its process group is stopped after)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], port: int, metrics_port: int, quiet: bool) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        self.metrics_port = metrics_port
+        out = subprocess.DEVNULL if quiet else None
+        self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, start_new_session=True)
+
+    def __enter__(self) -> _Server:
+        try:
+            roles.wait_ready(self.base, self.proc)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        roles.stop_group(self.proc)
+
+    def bindings(self) -> list[dict[str, Any]]:
+        return [b for pid in _process_tree(self.proc.pid) if (b := process_binding(pid)) is not None]
+
+    def drafters(self) -> list[tuple[str, str]]:
+        return _drafter_metrics(_process_tree(self.proc.pid))
+
+    def scrape(self) -> Scrape:
+        out = _scrape(f"{self.base}/metrics")
+        if self.metrics_port:
+            out.update(_scrape(f"http://127.0.0.1:{self.metrics_port}/metrics"))
+        return out
+
+
+# ---------------------------------------------------------------- load and figures
+
+
+async def _closed_loop(base: str, model: str, prompts: Sequence[Prompt], concurrency: int, max_tokens: int,
+                       system: str, run: int) -> list[Record]:
+    """`concurrency` clients, each sending the next prompt when its previous answer ended (streamed,
+    greedy: `demo.ask`, one thread per client; the OpenAI client is thread-safe)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from openai import OpenAI
+
+    from cosine.demo import ask
+
+    client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=1800)
+    queue: asyncio.Queue[Prompt] = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    records: list[Record] = []
+    loop = asyncio.get_running_loop()
+    threads = ThreadPoolExecutor(max_workers=concurrency)  # asyncio's default pool would cap the load
+
+    async def worker() -> None:
+        while not queue.empty():
+            p = queue.get_nowait()
+            a = await loop.run_in_executor(threads, ask, client, model, p, max_tokens)
+            records.append(Record(system, run, concurrency, p.id, p.domain, a.text, a.completion_tokens,
+                                  a.ttft_s, a.wall_s))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    threads.shutdown()
+    client.close()
+    return records
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))] if v else None
+
+
+def _pool_figures(delta: Scrape, after: Scrape) -> dict[str, dict[str, float | None]]:
+    """Per draft source ("lookup" or a pool), from the verifier's `cosine:` series over the window."""
+    names = set(_POOL_COUNTERS.values())
+    pools = sorted({p for (n, p) in delta if n in names and p})
+    out: dict[str, dict[str, float | None]] = {}
+    for pool in pools:
+        fig: dict[str, float | None] = {k: delta.get((n, pool), 0.0) for k, n in _POOL_COUNTERS.items()}
+        drafted, accepted = fig["draft_tokens"] or 0.0, fig["accepted_tokens"] or 0.0
+        fig["acceptance_rate"] = accepted / drafted if drafted else None
+        fig.update({k: after.get((n, pool)) for k, n in _POOL_GAUGES.items()})
+        out[pool] = fig
+    return out
+
+
+def _drafter_figures(drafters: Sequence[tuple[str, Scrape, Scrape]], wall_s: float
+                     ) -> dict[str, dict[str, float | None]]:
+    """Per pool, from its drafter processes' own /metrics ((pool, before, after) per process): the
+    busy fraction (drafting seconds per second of the window, per replica), drafting seconds per
+    draft token and draft tokens."""
+    acc: dict[str, list[float]] = {}
+    for pool, before, after in drafters:
+        busy_key, tokens_key = ("cosine:drafter_busy_seconds_total", pool), ("cosine:drafter_draft_tokens_total", pool)
+        if busy_key not in after:
+            continue  # endpoint not reachable
+        busy = after[busy_key] - before.get(busy_key, 0.0)
+        tokens = after.get(tokens_key, 0.0) - before.get(tokens_key, 0.0)
+        a = acc.setdefault(pool, [0.0, 0.0, 0.0])
+        a[0], a[1], a[2] = a[0] + busy, a[1] + tokens, a[2] + 1
+    return {pool: {"busy_fraction": busy / (wall_s * n) if wall_s > 0 else None,
+                   "draft_s_per_token": busy / tokens if tokens else None, "draft_tokens": tokens, "replicas": n}
+            for pool, (busy, tokens, n) in sorted(acc.items())}
+
+
+def _decode_rate(records: Sequence[Record]) -> float | None:
+    """A request's decoding speed after its first token, in tokens per second:
+    sum(completion_tokens - 1) / sum(latency_s - ttft_s). It leaves the prefill out (TTFT), which
+    speculation does not touch and which a split placement computes on fewer cores."""
+    tokens = sum(r.completion_tokens - 1 for r in records if r.completion_tokens > 1)
+    seconds = sum(r.latency_s - r.ttft_s for r in records if r.completion_tokens > 1)
+    return tokens / seconds if seconds > 0 else None
+
+
+def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: Scrape,
+              drafters: Sequence[tuple[str, Scrape, Scrape]] = ()) -> dict[str, Any]:
+    """One (system, run, level) row: throughput, latency percentiles and speculation figures over
+    the window between the `before` and `after` scrapes."""
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items() if k[0] not in _GAUGES}
+
+    def total(name: str) -> float:
+        return sum(v for (n, _), v in delta.items() if n == name)
+
+    tokens = sum(r.completion_tokens for r in records)
+    tpots = [t for r in records if (t := r.tpot_s) is not None]
+    drafts = total("vllm:spec_decode_num_drafts_total")
+    drafted = total("vllm:spec_decode_num_draft_tokens_total")
+    accepted = total("vllm:spec_decode_num_accepted_tokens_total")
+    steps = total("cosine:verifier_steps_total")
+    domains = sorted({r.domain for r in records})
+    return {
+        "requests": len(records),
+        "output_tokens": tokens,
+        "wall_s": wall_s,
+        "output_tokens_per_s": tokens / wall_s if wall_s > 0 else None,
+        "tpot_ms_p50": (_pct(tpots, 0.5) or 0) * 1e3 if tpots else None,
+        "ttft_s_p50": _pct([r.ttft_s for r in records], 0.5),
+        "decode_tokens_per_s": _decode_rate(records),
+        "latency_s_p50": _pct([r.latency_s for r in records], 0.5),
+        "latency_s_p99": _pct([r.latency_s for r in records], 0.99),
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "draft_tokens": drafted,
+        "drafts_late": total("cosine:spec_decode_drafts_late_total"),
+        "steps_with_draft_fraction": total("cosine:verifier_steps_with_draft_total") / steps if steps else None,
+        "verifier_step_s": total("cosine:verifier_busy_seconds_total") / steps if steps else None,
+        "pools": _pool_figures(delta, after),
+        "drafters": _drafter_figures(drafters, wall_s),
+        "per_domain_tokens_per_s": {
+            d: sum(r.completion_tokens for r in records if r.domain == d)
+            / max(1e-9, sum(r.latency_s for r in records if r.domain == d)) for d in domains},
+    }
+
+
+def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: Sequence[int], max_tokens: int,
+              manifest: Path | None, drafter_model: str, peer_k: int = 4, quiet: bool = True,
+              workload: str = "", placement: str = "split", suffix_k: int | None = None) -> dict[str, Any]:
+    """Every system at every level on a fresh server (see the module docstring).
+
+    Raises:
+        ValueError: an unknown system or placement.
+        RuntimeError: `vllm-suffix` without Arctic Inference installed; a server that does not start.
+    """
+    runs = plan_runs(systems, concurrencies)
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; choose among {list(PLACEMENTS)}")
+    for system in systems:
+        system_placement(system, placement)
+    if any(s.startswith("vllm-suffix") for s in systems) and importlib.util.find_spec("arctic_inference") is None:
+        raise RuntimeError("vllm-suffix needs the arctic-inference package (vLLM's suffix decoding): "
+                           "`make install` builds it")
+    suffix_k = peer_k if suffix_k is None else suffix_k
+    source = roles.load_manifest(manifest)
+    model = roles.parse_spec(source).verifier.model
+    cpus = sorted(os.sched_getaffinity(0))
+    rows: list[dict[str, Any]] = []
+    records: list[Record] = []
+    with tempfile.TemporaryDirectory(prefix="cosine-bench-") as tmp:
+        manifests: dict[Variant, Path | None] = {((), 0): manifest}
+        for run in runs:
+            system, run_placement = system_placement(run.system, placement)
+            variant = _manifest_variant(system, run_placement, cpus)
+            if variant not in manifests:
+                path = Path(tmp) / f"cluster-{len(manifests)}.yaml"
+                path.write_text(yaml.safe_dump(derived_manifest(source, speculation=dict(variant[0]),
+                                                                split_cores=variant[1])))
+                manifests[variant] = path
+            extra_env = placement_env(system, run_placement, cpus)
+            port = roles.free_port()
+            metrics_port = roles.free_port() if run.system.startswith("cosine") else 0
+            argv, env = _server_command(system, manifests[variant], port, metrics_port, drafter_model, peer_k,
+                                        suffix_k, run_placement, extra_env)
+            log.info("bench: starting %s for c=%d", run.system, run.concurrency)
+            with _Server(argv, env, port, metrics_port, quiet) as server:
+                asyncio.run(_closed_loop(server.base, model, [WARMUP], 1, WARMUP_TOKENS, run.system, -1))
+                binding = {"env": extra_env, "manifest": _manifest_note(variant), "processes": server.bindings()}
+                drafters = server.drafters()
+                before, drafters_before = server.scrape(), [_scrape(url) for _, url in drafters]
+                t0 = time.perf_counter()
+                recs = asyncio.run(_closed_loop(server.base, model, prompts, run.concurrency, max_tokens,
+                                                run.system, run.run))
+                wall = time.perf_counter() - t0
+                after = server.scrape()
+                windows = [(pool, b, _scrape(url)) for (pool, url), b in zip(drafters, drafters_before, strict=True)]
+            row = {"system": run.system, "run": run.run, "concurrency": run.concurrency,
+                   **summarize(recs, wall, before, after, windows), "binding": binding}
+            rows.append(row)
+            records.extend(recs)
+            log.info("bench: %s c=%d: %.2f tok/s", run.system, run.concurrency, row["output_tokens_per_s"] or 0)
+    _add_ratios(rows, records)
+    return {"workload": workload, "max_tokens": max_tokens, "systems": list(systems),
+            "concurrency": list(concurrencies), "model": model, "placement": placement, "cpus": cpus,
+            "peer_k": peer_k, "suffix_k": suffix_k, "warmup_prompt": WARMUP.prompt, "rows": rows,
+            "records": [asdict(r) for r in records]}
+
+
+def _manifest_note(variant: Variant) -> str:
+    overrides, split = variant
+    threads = split_threads(split)
+    notes = [*(f"spec.speculation.{k}: {json.dumps(v)}" for k, v in overrides),
+             *([f"split over {split} cores: verifier threads {threads[0]}, each pool's {threads[1]}"] if split else [])]
+    return "; ".join(notes) or "as given"
+
+
+def _add_ratios(rows: list[dict[str, Any]], records: Sequence[Record]) -> None:
+    """Ratios to the mean of the reference's runs at the same level; outputs identical to its first run."""
+    ref_text = {(r.concurrency, r.prompt_id): r.text for r in records if r.system == REFERENCE and r.run == 0}
+    for row in rows:
+        c = row["concurrency"]
+        refs = [r for r in rows if r["system"] == REFERENCE and r["concurrency"] == c]
+        ref_tps = statistics.mean(r["output_tokens_per_s"] for r in refs)
+        row["speedup_vs_vllm"] = row["output_tokens_per_s"] / ref_tps if ref_tps else None
+        ref_decode = [r["decode_tokens_per_s"] for r in refs if r.get("decode_tokens_per_s")]
+        row["decode_speedup_vs_vllm"] = (row["decode_tokens_per_s"] / statistics.mean(ref_decode)
+                                         if ref_decode and row.get("decode_tokens_per_s") else None)
+        per_domain = {}
+        for d, v in row["per_domain_tokens_per_s"].items():
+            ref_d = statistics.mean(r["per_domain_tokens_per_s"].get(d, 0.0) for r in refs)
+            per_domain[d] = v / ref_d if ref_d else None
+        row["per_domain_speedup_vs_vllm"] = per_domain
+        mine = [r for r in records if r.system == row["system"] and r.run == row["run"] and r.concurrency == c]
+        row["identical_to_vllm"] = sum(ref_text.get((c, r.prompt_id)) == r.text for r in mine)
+    for c in {r["concurrency"] for r in rows}:
+        peer_rows = [r for r in rows if r["concurrency"] == c and r["system"].partition("@")[0] in PEERS]
+        peers = [r["output_tokens_per_s"] for r in peer_rows]
+        peer_decode = [r["decode_tokens_per_s"] for r in peer_rows if r.get("decode_tokens_per_s")]
+        for row in rows:
+            if row["concurrency"] == c and peers:
+                row["speedup_vs_best_vllm_speculation"] = row["output_tokens_per_s"] / max(peers)
+            if row["concurrency"] == c and peer_decode and row.get("decode_tokens_per_s"):
+                row["decode_speedup_vs_best_vllm_speculation"] = row["decode_tokens_per_s"] / max(peer_decode)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report's rows as a fixed-width text table, one line per (system, run, concurrency)."""
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    lines = [f"{'system':>15} {'run':>3} {'c':>2} {'tok/s':>6} {'x vllm':>6} {'x best spec':>11} "
+             f"{'decode x vllm':>13} {'decode x spec':>13} {'TPOT ms':>7} "
+             f"{'TTFT s':>6} {'p50 s':>6} {'p99 s':>6} {'acc.len':>7} {'late':>5} {'w/draft':>7} "
+             f"{'step ms':>7} {'busy':>5} identical"]
+    for r in report["rows"]:
+        busy = [d["busy_fraction"] for d in r.get("drafters", {}).values() if d["busy_fraction"] is not None]
+        step = r.get("verifier_step_s")
+        lines.append(
+            f"{r['system']:>15} {r['run']:>3} {r['concurrency']:>2} {f(r['output_tokens_per_s']):>6} "
+            f"{f(r['speedup_vs_vllm']):>6} {f(r.get('speedup_vs_best_vllm_speculation')):>11} "
+            f"{f(r.get('decode_speedup_vs_vllm')):>13} {f(r.get('decode_speedup_vs_best_vllm_speculation')):>13} "
+            f"{f(r['tpot_ms_p50']):>7} {f(r['ttft_s_p50']):>6} {f(r['latency_s_p50']):>6} "
+            f"{f(r['latency_s_p99']):>6} {f(r['mean_acceptance_length']):>7} {f(r['drafts_late']):>5} "
+            f"{f(r['steps_with_draft_fraction']):>7} {f(step * 1e3 if step else None):>7} "
+            f"{f(statistics.mean(busy) if busy else None):>5} {r['identical_to_vllm']}/{r['requests']}")
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    """Write the report as indented JSON to `out`, creating its directory."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+
+
+def plot(report: dict[str, Any], out: Path) -> None:
+    """Throughput vs concurrency per system (reference runs averaged) and ratio to vLLM."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for system in dict.fromkeys(r["system"] for r in report["rows"]):
+        rows = [r for r in report["rows"] if r["system"] == system]
+        levels = sorted({r["concurrency"] for r in rows})
+        tps = [statistics.mean(r["output_tokens_per_s"] for r in rows if r["concurrency"] == c) for c in levels]
+        ratio = [statistics.mean(r["speedup_vs_vllm"] for r in rows if r["concurrency"] == c) for c in levels]
+        a.plot(levels, tps, marker="o", label=system)
+        b.plot(levels, ratio, marker="o", label=system)
+    a.set_xlabel("concurrency")
+    a.set_ylabel("output tokens/s")
+    b.set_xlabel("concurrency")
+    b.set_ylabel("x vLLM target-only")
+    b.axhline(1.0, color="grey", lw=0.8)
+    a.legend()
+    fig.suptitle(f"{report['model']} on {report['workload']}, max_tokens {report['max_tokens']}, "
+                 f"placement {report.get('placement', 'shared')}")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)

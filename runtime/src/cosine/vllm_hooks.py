@@ -1,0 +1,285 @@
+"""CoSine inside vLLM: the seam between vLLM's engine and CoSine's drafting plane (`proposer`).
+
+vLLM 0.32 (pinned; `tests/runtime/test_vllm_hooks.py` fails loudly when the hooks change) offers
+two speculative seams, and CoSine uses both, touching no engine internals:
+- `speculative_config={"method": "custom_class", "model": NO_DRAFT_PROPOSER, ...}` turns vLLM's
+  speculative path on (scheduling of draft tokens, the rejection sampler, spec-decode metrics).
+  Its worker-side proposer, `NoDraftProposer`, drafts nothing: it has no request ids and runs on
+  every tensor-parallel rank, so drafting there could differ between ranks;
+- `scheduler_cls=SCHEDULER_CLS`: `CoSineScheduler`, a `Scheduler` subclass in the engine-core
+  process. vLLM calls its `update_draft_token_ids(DraftTokenIds)` after every step with the
+  running request ids; it replaces the (empty) worker drafts with CoSine's, per request id. The
+  scheduler sends the same drafts to every rank, so ranks agree by construction.
+`update_from_output` is wrapped to read each request's outcome (draft tokens scheduled, tokens
+sampled = accepted + 1) and `schedule` to time the step, which is what the speculation control
+learns from (measured step times, not a start-up guess).
+
+Settings reach the engine-core process through vLLM's `additional_config` under the key
+`"cosine"` (a JSON-able dict, see `proposer_config`); no environment variables.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import DraftTokenIds
+
+from cosine import proposer as prop
+
+log = logging.getLogger(__name__)
+
+VLLM_VERSION = "0.32.0"  # the engine these hooks are written against (pinned in the Makefile)
+SCHEDULER_CLS = "cosine.vllm_hooks.CoSineScheduler"
+NO_DRAFT_PROPOSER = "cosine.vllm_hooks.NoDraftProposer"
+CONFIG_KEY = "cosine"
+
+
+class NoDraftProposer:
+    """vLLM `custom_class` proposer that proposes nothing: CoSine's drafts come from the scheduler.
+
+    vLLM instantiates it with the `VllmConfig` in each worker and calls `propose` once per step
+    with the batch's token arrays (`vllm/v1/worker/gpu_model_runner.py::propose_draft_token_ids`).
+    """
+
+    def __init__(self, vllm_config: Any) -> None:
+        self.vllm_config = vllm_config
+        ensure_lossless_cpu_sampling()
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
+                slot_mappings: Any = None) -> list[list[int]]:
+        """One empty draft per batch row. sampled_token_ids: [num_reqs][1 + accepted]."""
+        return [[] for _ in sampled_token_ids]
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No-op: the proposer has no model of its own."""
+        return None
+
+    def dummy_run(self, *args: Any, **kwargs: Any) -> None:
+        """No-op (vLLM's warm-up call)."""
+        return None
+
+
+EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+
+
+def _expand_at_dtype(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None) -> None:
+    """`expand_kernel` for CPU, at the caller's dtype: `output[start_i:end_i] = input_val[i]`
+    (with `replace_from` rewritten to `replace_to`), `cu_num_tokens` the end offsets [batch_size]."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.to(torch.long), prepend=cu_num_tokens.new_zeros(1, dtype=torch.long))
+    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    output[: int(counts.sum())] = torch.repeat_interleave(values, counts).to(output.dtype)
+
+
+def _expand_is_correct() -> bool:
+    import torch
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    try:
+        got = expand_batch_to_tokens(torch.tensor([0.5, 0.0, 0.25]), torch.tensor([1, 3, 4], dtype=torch.int32), 4,
+                                     replace_from=0, replace_to=1)
+    except TypeError:  # no CPU override registered (outside a vLLM worker): the Triton kernel cannot run
+        return False
+    return got.tolist() == [0.5, 1.0, 1.0, 0.25]
+
+
+def ensure_lossless_cpu_sampling() -> bool:
+    """Repair vLLM-CPU's speculative sampling when its `expand_kernel` shim is broken; True if repaired.
+
+    vLLM 0.32's CPU shim for `expand_kernel` writes into an int64 copy and never into the
+    caller's float buffer (vllm-project/vllm#55005, fix proposed in #55006). Every non-greedy
+    speculative step then divides the draft positions' logits by uninitialised memory instead
+    of the temperature (and reads top-p the same way), so accepted and recovered tokens follow
+    a wrong distribution: not lossless. Greedy decoding is unaffected (it returns before).
+    This checks the kernel on a known input in the worker process that samples, and only if it
+    is wrong re-registers a dtype-preserving implementation through vLLM's own kernel-override
+    registry (`vllm.triton_utils.dispatcher.register_kernels`). Once vLLM ships the fix, the
+    check passes and nothing is replaced.
+
+    Raises:
+        RuntimeError: the kernel is still wrong after the repair.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or _expand_is_correct():
+        return False
+    from vllm.triton_utils.dispatcher import register_kernels
+
+    register_kernels({EXPAND_KERNEL: _expand_at_dtype})
+    if not _expand_is_correct():
+        raise RuntimeError("vLLM's CPU expand_kernel is wrong and could not be repaired: "
+                           "speculative sampling would not be lossless")
+    log.warning("vLLM CPU expand_kernel repaired (vllm-project/vllm#55005): speculative sampling is lossless")
+    return True
+
+
+def proposer_config(
+    *,
+    max_draft_tokens: int = 8,
+    pools: Sequence[Mapping[str, Any]] = (),
+    lookup: bool = True,
+    adaptive: bool = True,
+    fusion: bool = True,
+    min_confidence: float = 0.0,
+    branches: int = 2,
+    model: str | None = None,
+    metrics_port: int = 0,
+) -> dict[str, Any]:
+    """The `additional_config["cosine"]` dict `CoSineScheduler` reads.
+
+    Args:
+        max_draft_tokens: k's upper bound (must equal vLLM's `num_speculative_tokens`).
+        pools: `{"name", "address", "expertise": [...]}` per remote drafter pool (gRPC); optional
+            `tls_dir`, `tls_server_name`: TLS to that pool (`transport.tls`).
+        lookup: run prompt lookup in-process.
+        adaptive: choose k per request from measured goodput (False: always `max_draft_tokens`).
+        fusion: a request may draft on several pools, fused by confidence (False: one pool).
+        min_confidence: pools stop a draft at a token whose top-1 probability is below this.
+        branches: rejection points of the verified draft a pool also drafts from, at most.
+        model: the target's path (its tokenizer classifies prompts into domains for routing).
+        metrics_port: serve CoSine's `cosine:` series on this port (0 = none).
+    """
+    return {"max_draft_tokens": max_draft_tokens, "pools": [dict(p) for p in pools], "lookup": lookup,
+            "adaptive": adaptive, "fusion": fusion, "min_confidence": min_confidence, "branches": branches,
+            "model": model,
+            "metrics_port": metrics_port}
+
+
+def engine_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM engine arguments that put CoSine's proposer under the engine (for `vllm.LLM(...)`,
+    `AsyncEngineArgs(...)` or, as JSON, `vllm serve` flags)."""
+    return {
+        "speculative_config": {"method": "custom_class", "model": NO_DRAFT_PROPOSER,
+                               "num_speculative_tokens": int(config["max_draft_tokens"])},
+        "scheduler_cls": SCHEDULER_CLS,
+        "additional_config": {CONFIG_KEY: dict(config)},
+    }
+
+
+def cosine_llm(model: str, config: Mapping[str, Any] | None, **llm_kwargs: Any) -> Any:
+    """An in-process `vllm.LLM` on `model` with CoSine's proposer under its engine (`config`, a
+    `proposer_config` dict; None: the target alone, no speculative path). `llm_kwargs` are the
+    other `LLM` arguments (dtype, seed, max_model_len, ...)."""
+    from vllm import LLM
+
+    return LLM(model=model, **(engine_kwargs(config) if config else {}), **llm_kwargs)
+
+
+def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
+    """A `CoSineProposer` from the `additional_config["cosine"]` dict (remote pools over gRPC)."""
+    pools = []
+    expertise = {}
+    for p in config.get("pools", ()):
+        from cosine.transport.remote_drafter import RemoteDrafter
+
+        pools.append(RemoteDrafter(p["address"], p["name"], base_timeout_s=float(p.get("timeout_s", 2.0)),
+                                   per_token_timeout_s=0.2, tls_dir=p.get("tls_dir"),
+                                   tls_server_name=p.get("tls_server_name")))
+        expertise[p["name"]] = tuple(p.get("expertise", ()))
+    from cosine.speculation_control import SpeculationSettings
+
+    settings = prop.ProposerSettings(max_draft_tokens=int(config["max_draft_tokens"]),
+                                     lookup=bool(config.get("lookup", True)),
+                                     fusion=bool(config.get("fusion", True)),
+                                     min_confidence=float(config.get("min_confidence", 0.0)),
+                                     pool_branches=int(config.get("branches", 2)),
+                                     speculation=SpeculationSettings(adaptive=bool(config.get("adaptive", True))))
+    return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")))
+
+
+def _classifier(model: str | None):
+    from cosine.routing import classify_prompt
+
+    if not model:
+        return lambda prompt: "chat"
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return lambda prompt: classify_prompt(tokenizer.decode(list(prompt)[-512:], skip_special_tokens=True))
+
+
+class CoSineScheduler(Scheduler):
+    """vLLM's scheduler with CoSine's drafts (see the module docstring). Everything else, from
+    admission and KV blocks to preemption, is vLLM's own.
+
+    Raises:
+        ValueError: no `additional_config["cosine"]`, or its `max_draft_tokens` differs from
+            `speculative_config.num_speculative_tokens`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config = (self.vllm_config.additional_config or {}).get(CONFIG_KEY) or {}
+        if not config:
+            raise ValueError(f"CoSineScheduler needs additional_config[{CONFIG_KEY!r}] "
+                             "(see vllm_hooks.proposer_config)")
+        if int(config["max_draft_tokens"]) != self.num_spec_tokens:
+            raise ValueError(f"additional_config.cosine.max_draft_tokens ({config['max_draft_tokens']}) must equal "
+                             f"speculative_config.num_speculative_tokens ({self.num_spec_tokens})")
+        self.cosine = build_proposer(config)
+        self._step_t0 = 0.0
+        self._exporter = None
+        if config.get("metrics_port"):
+            from cosine.metrics import ProposerExporter
+
+            self._exporter = ProposerExporter(self.cosine.stats, port=int(config["metrics_port"]))
+
+    def schedule(self, *args: Any, **kwargs: Any):
+        """vLLM's schedule, timed from here; new requests' prompts are prefetched to their pools."""
+        self._step_t0 = time.perf_counter()
+        out = super().schedule(*args, **kwargs)
+        for new in out.scheduled_new_reqs:  # pools take in the prompt while the target prefills it
+            if new.prompt_token_ids:
+                self.cosine.prefetch(new.req_id, new.prompt_token_ids)
+        return out
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        """vLLM's update, after reading each request's draft outcome (drafted, accepted = sampled - 1)
+        and the step's wall seconds and token count for `CoSineProposer.observe_step`."""
+        step_s = time.perf_counter() - self._step_t0
+        outcomes = []
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        for rid, spec in scheduler_output.scheduled_spec_decode_tokens.items():
+            i = index.get(rid)
+            if i is None or not sampled or i >= len(sampled) or not sampled[i]:
+                continue
+            drafted = sum(1 for t in spec if t >= 0)
+            outcomes.append(prop.RequestOutcome(rid, drafted, max(0, len(sampled[i]) - 1),
+                                                self.cosine.source_of(rid)))
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        has_prefill = bool(scheduler_output.scheduled_new_reqs) or any(
+            n > 1 + len(spec_tokens.get(rid, ())) for rid, n in scheduler_output.num_scheduled_tokens.items())
+        out = super().update_from_output(scheduler_output, model_runner_output)
+        self.cosine.stats.requests_running = len(self.running)
+        self.cosine.stats.requests_waiting = len(self.waiting)
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            self.cosine.observe_step(prop.StepRecord(step_s, scheduler_output.total_num_scheduled_tokens,
+                                                     tuple(outcomes), has_prefill))
+        return out
+
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        """Replace the worker's (empty) drafts with CoSine's, per running decode request; requests
+        vLLM no longer holds are released from the proposer."""
+        contexts: dict[str, Sequence[int]] = {}
+        prompt_lens: dict[str, int] = {}
+        for rid in draft_token_ids.req_ids:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished() or request.is_prefill_chunk:
+                continue
+            contexts[rid] = request.all_token_ids
+            prompt_lens[rid] = request.num_prompt_tokens
+        self.cosine.retain(self.requests.keys())
+        drafts = self.cosine.propose(contexts, prompt_lens)
+        rows = [drafts.get(rid, []) for rid in draft_token_ids.req_ids]
+        super().update_draft_token_ids(DraftTokenIds(list(draft_token_ids.req_ids), rows))
+
+    def shutdown(self) -> None:
+        """Close the proposer, then vLLM's scheduler."""
+        self.cosine.close()
+        super().shutdown()
