@@ -99,17 +99,21 @@ def test_derived_manifest_ablations_and_split_threads():
     assert off["spec"]["speculation"]["fusion"] is False
     assert off["spec"]["speculation"]["maxDraftLen"] == source["spec"]["speculation"]["maxDraftLen"]
     assert source == kept  # the input is not modified
-    split = vllm_bench.derived_manifest(source, split_cores=2)
+    split = vllm_bench.derived_manifest(source, threads=vllm_bench.placement_threads("split", 2))
     assert split["spec"]["verifier"]["threads"] == 1
     assert [p["threads"] for p in split["spec"]["drafterPools"]] == [1] * len(source["spec"]["drafterPools"])
-    four = vllm_bench.derived_manifest(source, split_cores=4)
+    four = vllm_bench.derived_manifest(source, threads=vllm_bench.placement_threads("split", 4))
     assert four["spec"]["verifier"]["threads"] == 2 and four["spec"]["drafterPools"][0]["threads"] == 2
+    overlap = vllm_bench.derived_manifest(source, threads=vllm_bench.placement_threads("overlap", 2))
+    assert overlap["spec"]["verifier"]["threads"] == 2 and overlap["spec"]["drafterPools"][0]["threads"] == 1
+    assert vllm_bench.placement_threads("shared", 2) is None
     spec = roles.parse_spec(yaml.safe_load(yaml.safe_dump(off)))  # still a valid CoSineCluster spec
     assert spec.verifier.model == source["spec"]["verifier"]["model"]
-    assert vllm_bench._manifest_variant("cosine-nofusion", "shared", [0, 1]) == ((("fusion", False),), 0)
-    assert vllm_bench._manifest_variant("cosine-nobranch", "split", [0, 1]) == ((("branches", 0),), 2)
-    assert vllm_bench._manifest_variant("cosine-lookup", "split", [0, 1]) == ((), 2)
-    assert vllm_bench._manifest_variant("vllm-draft", "split", [0, 1]) == ((), 0)
+    assert vllm_bench._manifest_variant("cosine-nofusion", "shared", [0, 1]) == ((("fusion", False),), None)
+    assert vllm_bench._manifest_variant("cosine-nobranch", "split", [0, 1]) == ((("branches", 0),), (1, 1))
+    assert vllm_bench._manifest_variant("cosine-lookup", "split", [0, 1]) == ((), (1, 1))
+    assert vllm_bench._manifest_variant("cosine", "overlap", [0, 1]) == ((), (2, 1))
+    assert vllm_bench._manifest_variant("vllm-draft", "split", [0, 1]) == ((), None)
     nobranch = vllm_bench.derived_manifest(source, speculation=dict(vllm_bench.ABLATIONS["cosine-nobranch"]))
     assert roles.parse_spec(nobranch).speculation.branches == 0  # the ablation is a valid spec the runtime reads
 
@@ -138,6 +142,9 @@ def test_split_placement_binds_peers_to_every_core_and_leaves_cosine_to_its_mani
     assert vllm_bench.placement_env("cosine-lookup", "split", [0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "0"}
     assert vllm_bench.placement_env("cosine-lookup", "split", [0, 1, 2, 3]) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}
     assert vllm_bench.placement_env("vllm", "shared", [0, 1]) == {}
+    # overlap: every verifier on every core, cosine-lookup's too
+    assert vllm_bench.placement_env("cosine-lookup", "overlap", [0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}
+    assert vllm_bench.placement_env("cosine", "overlap", [0, 1]) == {}
     with pytest.raises(ValueError, match="unknown placement"):
         vllm_bench.placement_env("vllm", "spread", [0, 1])
 

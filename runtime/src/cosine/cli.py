@@ -187,9 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--suffix-k", type=int, default=None,
                     help="most tokens vllm-suffix drafts per step (default: --peer-k; 0: vLLM's default, its "
                          "suffix tree depth)")
-    be.add_argument("--placement", default="split", choices=["shared", "split"],
-                    help="shared (the manifest's and vLLM's own placement) or split (equal resources: vLLM's "
-                         "systems on every core, CoSine's verifier and drafter pools on disjoint halves)")
+    be.add_argument("--placement", default="split", choices=["shared", "split", "overlap"],
+                    help="shared (the manifest's and vLLM's own placement), split (equal resources: vLLM's "
+                         "systems on every core, CoSine's verifier and drafter pools on disjoint halves) or "
+                         "overlap (every verifier on every core, CoSine's pools sharing them)")
     be.add_argument("--workload", default="mixed", help="JSONL file or a built workload name (mixed, repeat, code, …)")
     be.add_argument("--limit", type=int, default=0, help="prompts per domain (0 = all)")
     be.add_argument("--max-tokens", type=int, default=64)

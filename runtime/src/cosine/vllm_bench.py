@@ -44,6 +44,10 @@ Placement (`--placement`), the cores each system computes on, out of the N this 
   (the verifier's first): on 2 cores, the verifier on one and the pool(s) on the other.
   `cosine-lookup` gets the verifier's share only, so what the pools add on the other core shows
   against it.
+- `overlap`: every system's verifier, CoSine's included, computes on all N cores; CoSine's drafter
+  pools (N//2 threads each) share its cores (`cosine serve --placement split` from a
+  manifest whose verifier has N threads). A pool then costs the verifier's steps only while it
+  computes, and a request no pool is asked for gets every core, as it would from vLLM alone.
 Each row records the binding it ran with: the environment the bench set and, for every process of
 the server, the cores its threads may run on, the threads pinned to one core and its OpenMP
 settings (read from /proc once the server answered its warm-up request).
@@ -88,7 +92,7 @@ DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ABLATIONS)
 CLUSTERS = ("cosine", *ABLATIONS)  # the systems that run the embedded cluster (`cosine serve`)
 REFERENCE = "vllm"
 PEERS = ("vllm-ngram", "vllm-suffix", "vllm-draft")  # vLLM's own speculation methods
-PLACEMENTS = ("shared", "split")
+PLACEMENTS = ("shared", "split", "overlap")
 WARMUP = Prompt("warmup", "warmup", "Say hello in one word.")  # never a measured prompt
 WARMUP_TOKENS = 8
 
@@ -199,6 +203,16 @@ def split_threads(cores: int) -> tuple[int, int]:
     return max(1, cores - drafter), drafter
 
 
+def placement_threads(placement: str, cores: int) -> tuple[int, int] | None:
+    """(verifier threads, threads per drafter pool) a CoSine system's manifest copy gets for
+    `placement` on `cores` cores; None: the manifest's own (`shared`)."""
+    if placement == "split":
+        return split_threads(cores)
+    if placement == "overlap":
+        return cores, split_threads(cores)[1]
+    return None
+
+
 def placement_env(system: str, placement: str, cpus: Sequence[int]) -> dict[str, str]:
     """Environment the bench adds to a system's server for `placement` (see the module docstring).
     In `split`: a peer's OpenMP threads on every core in `cpus`, `cosine-lookup`'s on the verifier's
@@ -212,7 +226,7 @@ def placement_env(system: str, placement: str, cpus: Sequence[int]) -> dict[str,
         raise ValueError(f"unknown placement {placement!r}; choose among {list(PLACEMENTS)}")
     if placement == "shared" or system in CLUSTERS:
         return {}
-    if system == "cosine-lookup":
+    if system == "cosine-lookup" and placement == "split":
         cpus = list(cpus)[: split_threads(len(cpus))[0]]
     # an explicit list: vLLM 0.32 binds one OpenMP thread per listed core and reserves none (its
     # VLLM_CPU_NUM_OF_RESERVED_CPU only applies to the "auto" binding)
@@ -220,29 +234,30 @@ def placement_env(system: str, placement: str, cpus: Sequence[int]) -> dict[str,
 
 
 def derived_manifest(obj: dict[str, Any], *, speculation: Mapping[str, Any] | None = None,
-                     split_cores: int = 0) -> dict[str, Any]:
+                     threads: tuple[int, int] | None = None) -> dict[str, Any]:
     """A copy of a CoSineCluster manifest with `speculation`'s keys set in `spec.speculation` and,
-    for `split_cores` > 0, the verifier's and each pool's `threads` from `split_threads`."""
+    given `threads` (verifier, each pool: `placement_threads`), the verifier's and each pool's `threads`."""
     out = copy.deepcopy(obj)
     spec = out.setdefault("spec", {})
     if speculation:
         spec["speculation"] = {**(spec.get("speculation") or {}), **speculation}
-    if split_cores > 0:
-        spec["verifier"]["threads"], drafter_threads = split_threads(split_cores)
+    if threads is not None:
+        spec["verifier"]["threads"], drafter_threads = threads
         for pool in spec.get("drafterPools") or []:
             pool["threads"] = drafter_threads
     return out
 
 
-Variant = tuple[tuple[tuple[str, Any], ...], int]  # (spec.speculation overrides, split cores)
+# (spec.speculation overrides, (verifier threads, threads per pool) or None: the manifest's own)
+Variant = tuple[tuple[tuple[str, Any], ...], tuple[int, int] | None]
 
 
 def _manifest_variant(system: str, placement: str, cpus: Sequence[int]) -> Variant:
-    """(spec.speculation overrides, split cores) of the manifest copy a system runs from;
-    ((), 0) = the input manifest."""
+    """(spec.speculation overrides, threads) of the manifest copy a system runs from;
+    ((), None) = the input manifest."""
     if not system.startswith("cosine"):
-        return (), 0
-    return tuple(sorted(ABLATIONS.get(system, {}).items())), (len(cpus) if placement == "split" else 0)
+        return (), None
+    return tuple(sorted(ABLATIONS.get(system, {}).items())), placement_threads(placement, len(cpus))
 
 
 def peer_command(system: str, manifest: Path | None, port: int, drafter_model: str, peer_k: int, suffix_k: int,
@@ -265,8 +280,10 @@ def _server_command(system: str, manifest: Path | None, port: int, metrics_port:
                     peer_k: int, suffix_k: int, placement: str, extra_env: dict[str, str]
                     ) -> tuple[list[str], dict[str, str]]:
     if system in CLUSTERS:
+        # `overlap` is cosine serve's pinned placement over a manifest whose verifier takes every core
+        serve_placement = "split" if placement == "overlap" else placement
         cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
-               "--placement", placement]
+               "--placement", serve_placement]
         return cmd + (["--cluster", str(manifest)] if manifest else []), {**os.environ, **extra_env}
     if system == "cosine-lookup":
         cmd, env = roles.verifier_command(manifest, port, "127.0.0.1", [], None, metrics_port)
@@ -563,14 +580,14 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     rows: list[dict[str, Any]] = []
     records: list[Record] = []
     with tempfile.TemporaryDirectory(prefix="cosine-bench-") as tmp:
-        manifests: dict[Variant, Path | None] = {((), 0): manifest}
+        manifests: dict[Variant, Path | None] = {((), None): manifest}
         for run in runs:
             system, run_placement = system_placement(run.system, placement)
             variant = _manifest_variant(system, run_placement, cpus)
             if variant not in manifests:
                 path = Path(tmp) / f"cluster-{len(manifests)}.yaml"
                 path.write_text(yaml.safe_dump(derived_manifest(source, speculation=dict(variant[0]),
-                                                                split_cores=variant[1])))
+                                                                threads=variant[1])))
                 manifests[variant] = path
             extra_env = placement_env(system, run_placement, cpus)
             port = roles.free_port()
@@ -602,10 +619,9 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
 
 
 def _manifest_note(variant: Variant) -> str:
-    overrides, split = variant
-    threads = split_threads(split)
+    overrides, threads = variant
     notes = [*(f"spec.speculation.{k}: {json.dumps(v)}" for k, v in overrides),
-             *([f"split over {split} cores: verifier threads {threads[0]}, each pool's {threads[1]}"] if split else [])]
+             *([f"verifier threads {threads[0]}, each pool's {threads[1]}"] if threads else [])]
     return "; ".join(notes) or "as given"
 
 
