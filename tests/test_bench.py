@@ -90,6 +90,33 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
     assert manifests["vllm"] is None and manifests["vllm-ngram"] is None
     assert manifests["cosine"] != manifests["cosine-nofusion"]  # written copies, gone after the run
     assert not manifests["cosine"].exists()
+    assert report["draft_cost"] == []  # not asked for
+
+
+def test_run_bench_times_every_drafter_engine_on_the_pools_models_on_a_pools_cores(monkeypatch):
+    from cosine import draft_cost
+
+    asked = []
+
+    def fake_child(engine, model, prompts, k, batches, cores):
+        asked.append((engine, model, k, tuple(batches), tuple(cores), len(prompts)))
+        return [draft_cost.DraftCost(engine, model, tuple(cores), len(cores), b, 100, 50.0, 0.04 * b, 0.04, 8 * b)
+                for b in batches]
+
+    monkeypatch.setattr(vllm_bench, "plan_runs", lambda systems, levels: [])
+    monkeypatch.setattr(draft_cost, "measure_in_child", fake_child)
+    monkeypatch.setattr(vllm_bench.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    prompts = [Prompt(str(i), "code", f"def f{i}():") for i in range(9)]
+    report = vllm_bench.run_bench(prompts, [], [1, 8], 16, None, "smollm2-135m-instruct", draft_cost_models=[])
+    pool_model = roles.parse_spec(roles.load_manifest(None)).drafter_pools[0].model
+    assert [a[:2] for a in asked] == [("llamacpp", pool_model), ("vllm", pool_model),
+                                      ("llamacpp", "smollm2-135m-instruct"), ("vllm", "smollm2-135m-instruct")]
+    assert {a[2:] for a in asked} == {(8, (1, 8), (2, 3), 9)}  # k 8; alone and at c=8; a pool's half of 4 cores
+    assert len(report["draft_cost"]) == 8 and report["draft_cost"][1]["batch"] == 8
+    table = vllm_bench.format_table(report)
+    assert "ms/draft token" in table and "smollm2-135m-instruct" in table and " 40 " in table
+    vllm_bench.run_bench(prompts[:3], [], [1, 8], 16, None, "x", draft_cost_models=["y"])
+    assert asked[-1][:4] == ("vllm", "y", 8, (1, 3))  # batched at most as many requests as there are prompts
 
 
 def test_derived_manifest_ablations_and_split_threads():

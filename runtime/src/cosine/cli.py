@@ -78,7 +78,7 @@ def _bench(args: argparse.Namespace) -> int:
     from cosine import vllm_bench
     from cosine.workloads import load, resolve_workload
 
-    systems = [s.strip() for s in (args.systems or ",".join(vllm_bench.DEFAULT_SYSTEMS)).split(",") if s.strip()]
+    systems = _names(args.systems or ",".join(vllm_bench.DEFAULT_SYSTEMS))
     try:
         levels = [int(c) for c in (args.concurrency or "1,4,8").split(",")]
     except ValueError:
@@ -88,7 +88,8 @@ def _bench(args: argparse.Namespace) -> int:
     prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
     report = vllm_bench.run_bench(prompts, systems, levels, args.max_tokens, args.cluster, args.drafter,
                                   peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload),
-                                  placement=args.placement, suffix_k=args.suffix_k)
+                                  placement=args.placement, suffix_k=args.suffix_k,
+                                  draft_cost_models=_names(args.draft_cost_models) if args.draft_cost else None)
     vllm_bench.write_report(report, args.out)
     print(vllm_bench.format_table(report))
     print(f"wrote {args.out}")
@@ -126,6 +127,11 @@ def _demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
     return run_demo(args.cluster, prompts, args.max_tokens, args.port, keep_serving=not args.exit)
+
+
+def _names(csv: str) -> list[str]:
+    """Non-empty comma-separated names."""
+    return [n.strip() for n in csv.split(",") if n.strip()]
 
 
 def _per_domain(prompts: list, limit: int) -> list:
@@ -198,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine (the default), cosine-nofusion, "
                          "cosine-nobranch")
     be.add_argument("--concurrency", default="1,4,8", help="closed-loop concurrency levels, e.g. 1,4,8")
+    be.add_argument("--draft-cost", action=argparse.BooleanOptionalAction, default=True,
+                    help="after the servers, time each drafter engine (llama.cpp, vLLM) drafting for each drafter "
+                         "model on a pool's share of the cores (default: on)")
+    be.add_argument("--draft-cost-models", default="",
+                    help="comma-separated drafter models for --draft-cost (default: the manifest's pools' "
+                         "and --drafter)")
     be.add_argument("--out", type=Path, default=Path("results/bench.json"))
     be.add_argument("--plot", type=Path, default=None)
     be.set_defaults(func=_bench)

@@ -58,6 +58,11 @@ reference and throughput per domain; for the CoSine systems, from the verifier's
 per draft source ("lookup" or a pool) draft and accepted tokens, drafts late, calls, errors and
 round trip, the share of steps with a draft and the verifier's seconds per engine step; and, from
 each drafter process's own /metrics, the pool's busy fraction and drafting seconds per draft token.
+
+Draft cost (`--draft-cost`, on by default): after the servers, each drafter engine (llama.cpp on the
+GGUF file, vLLM on the weights) drafts for each drafter model on a pool's share of the cores, in a
+child process pinned there (`cosine.draft_cost`): prefill tokens per second and seconds per draft
+token, alone and batched, measured in the same run as the verifier's step time it is weighed against.
 """
 
 from __future__ import annotations
@@ -558,12 +563,18 @@ def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: S
 
 def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: Sequence[int], max_tokens: int,
               manifest: Path | None, drafter_model: str, peer_k: int = 4, quiet: bool = True,
-              workload: str = "", placement: str = "split", suffix_k: int | None = None) -> dict[str, Any]:
-    """Every system at every level on a fresh server (see the module docstring).
+              workload: str = "", placement: str = "split", suffix_k: int | None = None,
+              draft_cost_models: Sequence[str] | None = None, draft_k: int = 8) -> dict[str, Any]:
+    """Every system at every level on a fresh server (see the module docstring); then, given
+    `draft_cost_models` (empty: the manifest's pool models and `drafter_model`), the draft cost of
+    each drafter engine on each of them (`draft_cost`), `draft_k` tokens a draft, on a pool's share
+    of the cores (the last N//2), alone and batched to the highest concurrency level (at most one
+    request per prompt).
 
     Raises:
         ValueError: an unknown system or placement.
-        RuntimeError: `vllm-suffix` without Arctic Inference installed; a server that does not start.
+        RuntimeError: `vllm-suffix` without Arctic Inference installed; a server that does not start;
+            a drafter engine that fails.
     """
     runs = plan_runs(systems, concurrencies)
     if placement not in PLACEMENTS:
@@ -612,10 +623,24 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
             records.extend(recs)
             log.info("bench: %s c=%d: %.2f tok/s", run.system, run.concurrency, row["output_tokens_per_s"] or 0)
     _add_ratios(rows, records)
+    costs: list[dict[str, Any]] = []
+    if draft_cost_models is not None:
+        from cosine.draft_cost import ENGINES, measure_in_child
+
+        spec = roles.parse_spec(source)
+        models = list(draft_cost_models) or list(dict.fromkeys(
+            [*(p.model for p in spec.drafter_pools if p.model), drafter_model]))
+        batches = sorted({1, min(max(concurrencies), len(prompts))})
+        pool_cores = cpus[-split_threads(len(cpus))[1]:]
+        messages = [p.messages() for p in prompts]
+        for m in models:
+            for engine in ENGINES:
+                log.info("bench: draft cost of %s on %s (cores %s)", engine, m, pool_cores)
+                costs += [asdict(c) for c in measure_in_child(engine, m, messages, draft_k, batches, pool_cores)]
     return {"workload": workload, "max_tokens": max_tokens, "systems": list(systems),
             "concurrency": list(concurrencies), "model": model, "placement": placement, "cpus": cpus,
             "peer_k": peer_k, "suffix_k": suffix_k, "warmup_prompt": WARMUP.prompt, "rows": rows,
-            "records": [asdict(r) for r in records]}
+            "draft_cost": costs, "records": [asdict(r) for r in records]}
 
 
 def _manifest_note(variant: Variant) -> str:
@@ -674,6 +699,12 @@ def format_table(report: dict[str, Any]) -> str:
             f"{f(r['latency_s_p99']):>6} {f(r['mean_acceptance_length']):>7} {f(r['drafts_late']):>5} "
             f"{f(r['steps_with_draft_fraction']):>7} {f(step * 1e3 if step else None):>7} "
             f"{f(statistics.mean(busy) if busy else None):>5} {r['identical_to_vllm']}/{r['requests']}")
+    if report.get("draft_cost"):
+        lines += ["", f"{'draft engine':>12} {'model':>28} {'threads':>7} {'batch':>5} {'prefill tok/s':>13} "
+                      f"{'step ms':>7} {'ms/draft token':>14}"]
+        lines += [f"{c['engine']:>12} {c['model']:>28} {c['threads']:>7} {c['batch']:>5} "
+                  f"{f(c['prefill_tokens_per_s']):>13} {f(c['draft_step_s'] * 1e3):>7} "
+                  f"{f(c['draft_s_per_token'] * 1e3):>14}" for c in report["draft_cost"]]
     return "\n".join(lines)
 
 
