@@ -359,21 +359,29 @@ def test_pool_drafts_past_the_draft_being_verified_and_from_its_rejection_points
     assert p.stats.pool_on_time["coder"] < 1.0
 
 
-def test_branches_follow_the_pool_round_trip_against_the_verifier_step():
+def test_pool_asks_are_sized_from_the_pools_measured_speed_to_come_back_within_a_step():
     pool = BranchingPool("coder")
-    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_branches=2)
+    s = ProposerSettings(max_draft_tokens=8, lookup=False, pool_branches=2)
     p = CoSineProposer(s, [pool])
     p.observe_step(StepRecord(1.0, 1))  # a verifier step takes 1 s
-    p.stats.pool_rtt_s["coder"] = 0.9  # the pool's answers take most of it
-    p._adapt_branches("coder")
-    assert p._branches["coder"] == 1
-    p._adapt_branches("coder")
-    p._adapt_branches("coder")
-    assert p._branches["coder"] == 0  # never below none
-    p.stats.pool_rtt_s["coder"] = 0.2
-    for _ in range(5):
-        p._adapt_branches("coder")
-    assert p._branches["coder"] == 2  # never above the setting
+    asks = []
+    real = p._draft_on_pool
+    p._draft_on_pool = lambda name, rid, ctx, k, expected=(), branches=0, **kw: (
+        asks.append((k, branches)), real(name, rid, ctx, k, expected, branches, **kw))[1]
+    ctx = [1, 2, 3]
+    # 0.8 s of a 1 s step: 20, 8, 4 draft tokens in all; a pool slower than the step (0.5 s a token,
+    # 2.5 s a call) drafts one long chain instead, past the 3 steps the target runs meanwhile
+    for token_s, want in [(0.04, (6, 2)), (0.09, (4, 1)), (0.19, (4, 0)), (0.5, (11, 0))]:
+        p.stats.pool_token_s["coder"] = token_s
+        p.stats.pool_rtt_s["coder"] = 2.5 if token_s == 0.5 else 0.5
+        req = p._requests.get("r") or p._new_request("r", ctx)
+        req.inflight.clear()
+        req.steps = 1  # a probe step: asked whatever the estimates say
+        p._request_pool_drafts("r", req, ctx, [4, 5, 6])
+        _wait(lambda r=req: all(f.done() for f in r.inflight.values()))
+        assert asks[-1] == want, token_s
+    # every answered call is measured (a BranchingPool answers at once: the estimate falls)
+    assert p.stats.pool_token_s["coder"] < 0.5
 
 
 def test_prefetch_asks_the_pools_with_the_prompt_before_the_first_step():

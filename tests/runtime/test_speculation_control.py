@@ -267,3 +267,19 @@ def test_memory_bound_pass_keeps_speculating_in_a_batch():
     alone = best_draft_len(0.8, BatchedCost(3e-5, GPU_CURVE), 8)
     batched = best_draft_len(0.8, BatchedCost(3e-5, GPU_CURVE, other_tokens=31, num_requests=32), 8)
     assert alone == 8 and batched >= 7
+
+
+def test_pool_ask_fits_a_pools_draft_into_the_verifier_step_it_overlaps():
+    from cosine.speculation_control import pool_ask as ask
+
+    # 0.8 of a 0.7 s step at 0.03 s a token: 18 tokens; 2 branches of 6 tokens each beside the main draft
+    assert ask(0.7, 0.03, 0.5, 8, 2) == (6, 2)
+    assert ask(0.7, 0.03, 0.5, 8, 0) == (10, 0)  # nothing verified: one chain, k + lookahead long
+    assert ask(0.7, 0.01, 0.2, 8, 2) == (10, 2)  # a fast pool: full-length candidates
+    assert ask(0.7, 0.1, 0.5, 8, 2) == (5, 0)  # 5 tokens: too few to share, no branch
+    # a pool slower than the step drafts past what the target emits during its round trip
+    assert ask(0.3, 0.5, 1.0, 8, 2) == (12, 0)
+    assert ask(0.3, 0.5, 100.0, 8, 2, max_tokens=32) == (32, 0)
+    # before the pool's speed is measured: the longest ask, with every branch
+    assert ask(0.3, None, 0.0, 8, 2) == (10, 2)
+    assert ask(0.3, 0.01, 0.0, 1, 0, lookahead=0) == (1, 0)  # never below one token

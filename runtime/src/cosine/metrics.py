@@ -31,7 +31,8 @@ class ProposerCollector:
       in-process prompt lookup, else the drafter pool);
     - cosine:spec_decode_drafts_late_total{pool}: steps a pool's draft was still in flight;
     - cosine:drafter_errors_total{pool}, cosine:drafter_calls_total{pool};
-      cosine:drafter_rtt_seconds{pool} (EMA of a draft call); cosine:drafter_yield_tokens{pool}
+      cosine:drafter_rtt_seconds{pool} (EMA of a draft call); cosine:drafter_token_seconds{pool}
+      (EMA of a call's seconds per draft token it drafted); cosine:drafter_yield_tokens{pool}
       (accepted tokens per draft call over recent calls); cosine:drafter_on_time_ratio{pool}
       (share of a pool's drafts that arrived in time and continued the context);
       cosine:drafter_asks_skipped_total{pool} (draft asks not made: the pool did not pay there);
@@ -67,6 +68,8 @@ class ProposerCollector:
             yield fam
         gauges = (
             ("cosine:drafter_rtt_seconds", "Draft call wall time (EMA).", s.pool_rtt_s),
+            ("cosine:drafter_token_seconds", "Draft call wall time per draft token drafted (EMA): what a "
+             "pool's draft is sized by.", s.pool_token_s),
             ("cosine:drafter_yield_tokens", "Accepted tokens per draft call, recent calls.", s.pool_yield),
             ("cosine:drafter_on_time_ratio", "Share of a pool's drafts that arrived in time and continued the "
              "context (EMA).", s.pool_on_time),

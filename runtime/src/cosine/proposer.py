@@ -33,7 +33,9 @@ must continue whatever the target accepted of that draft plus the target's own t
 carries the draft being verified (`expected`): the pool drafts past it, and from up to
 `pool_branches` of its likeliest rejection points with its guess of the target's token there
 (`draft_engine.branch_points`); the next step uses the candidate that continues the context
-(after PEARL's post-verify drafting, Liu et al., arXiv:2408.11850).
+(after PEARL's post-verify drafting, Liu et al., arXiv:2408.11850). How many tokens and branches
+follows the pool's measured seconds per draft token and the verifier's measured step time
+(`speculation_control.pool_ask`): the ask is sized to come back within the step it overlaps.
 
 A failed pool (`pool_down_after` failures in a row) is left out for `pool_retry_s`; that is one
 warning per pool at most every `pool_warn_every_s`, and a late or failed draft is otherwise only
@@ -110,8 +112,9 @@ class ProposerSettings:
     its steps; pool_yield_decay: per-call
     decay of the yield's counts (`cosine:drafter_yield_tokens`). pool_branches: at most this many
     rejection points of the draft being verified a pool drafts from as well (`Drafter.propose`'s
-    `max_branches`); per pool, one fewer while its round trip exceeds `branch_rtt_high` verifier
-    steps and one more while it is below `branch_rtt_low`.
+    `max_branches`). pool_step_budget: the share of a verifier step a pool's draft call is sized
+    to take, from the pool's measured seconds per draft token (`speculation_control.pool_ask`
+    decides each ask's draft tokens and branches).
 
     Raises ValueError for max_draft_tokens outside [0, `speculation_control.MAX_DRAFT_TOKENS`],
     lookup n-gram sizes not 1 <= min <= max, pool_probe_every < 1 or pool_yield_decay outside (0, 1]."""
@@ -135,8 +138,7 @@ class ProposerSettings:
     pool_probe_every: int = 8
     pool_yield_decay: float = 0.97
     pool_branches: int = 2
-    branch_rtt_low: float = 0.5
-    branch_rtt_high: float = 0.8
+    pool_step_budget: float = 0.8
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_draft_tokens <= sc.MAX_DRAFT_TOKENS:
@@ -186,6 +188,7 @@ class ProposerStats:
     drafts_late: dict[str, int] = field(default_factory=dict)
     pool_errors: dict[str, int] = field(default_factory=dict)
     pool_rtt_s: dict[str, float] = field(default_factory=dict)  # EMA of a pool call's wall time
+    pool_token_s: dict[str, float] = field(default_factory=dict)  # EMA of a call's wall time per draft token
     pool_calls: dict[str, int] = field(default_factory=dict)  # draft calls that returned
     pool_yield: dict[str, float] = field(default_factory=dict)  # accepted tokens per draft call (recent)
     pool_on_time: dict[str, float] = field(default_factory=dict)  # EMA: a pool draft continued the context in time
@@ -246,7 +249,6 @@ class CoSineProposer:
         self._yield_counts: dict[str, tuple[float, float]] = {}  # pool -> decayed (accepted, calls)
         self._failures: dict[str, int] = {}  # pool -> failed calls in a row
         self._warned_s: dict[str, float] = {}  # pool -> when its last warning was logged
-        self._branches: dict[str, int] = {}  # pool -> rejection points it drafts from now
         self._executor = ThreadPoolExecutor(max_workers=max(1, 2 * len(pools)), thread_name_prefix="cosine-pool")
 
     # ------------------------------------------------------------ engine-facing
@@ -329,7 +331,7 @@ class CoSineProposer:
             if self.down_until.get(name, 0.0) <= now:
                 req.used.add(name)
                 req.inflight[name] = self._executor.submit(self._draft_on_pool, name, request_id, tuple(prompt),
-                                                           self.settings.max_draft_tokens + 1)
+                                                           self.settings.max_draft_tokens + 1, prefill=True)
 
     def source_of(self, request_id: str) -> str:
         """The source of the draft last proposed for the request ("" for none)."""
@@ -494,20 +496,24 @@ class CoSineProposer:
             if not self._worth_asking(name, req):
                 self.stats.add(self.stats.pool_skipped, name)
                 continue
-            rtt_s = self.stats.pool_rtt_s.get(name, 0.0)
-            ahead = max(s.pool_lookahead_tokens, math.ceil(rtt_s / max(step_s, 1e-3)))
-            k = min(s.max_draft_tokens + ahead, max(s.max_pool_draft_tokens, s.max_draft_tokens))
             if self.down_until.get(name, 0.0) > now:
                 continue
             fut = req.inflight.get(name)
             if fut is not None and not fut.done():
                 continue
+            k, branches = sc.pool_ask(step_s, self.stats.pool_token_s.get(name), self.stats.pool_rtt_s.get(name, 0.0),
+                                      s.max_draft_tokens, s.pool_branches if expected else 0,
+                                      lookahead=s.pool_lookahead_tokens,
+                                      max_tokens=max(s.max_pool_draft_tokens, s.max_draft_tokens),
+                                      budget=s.pool_step_budget)
             req.used.add(name)
             req.inflight[name] = self._executor.submit(self._draft_on_pool, name, rid, tuple(ctx), k, tuple(expected),
-                                                       self._branches.get(name, s.pool_branches) if expected else 0)
+                                                       branches)
 
     def _draft_on_pool(self, name: str, rid: str, ctx: tuple[int, ...], k: int, expected: tuple[int, ...] = (),
-                       branches: int = 0) -> _PoolDraft:
+                       branches: int = 0, *, prefill: bool = False) -> _PoolDraft:
+        """One draft call (on a pool-call thread). Learns the pool's round trip and, unless the
+        call took in a whole prompt (`prefill`), its seconds per draft token."""
         t0 = self.clock()
         try:
             d = self.pools[name].propose(rid, ctx, k, min_confidence=self.settings.min_confidence,
@@ -520,25 +526,15 @@ class CoSineProposer:
         rtt = self.clock() - t0
         prev = self.stats.pool_rtt_s.get(name)
         self.stats.pool_rtt_s[name] = rtt if prev is None else 0.8 * prev + 0.2 * rtt
+        drafted = len(d.token_ids) + sum(len(b.token_ids) for b in d.branches)
+        if drafted and not prefill:
+            prev = self.stats.pool_token_s.get(name)
+            self.stats.pool_token_s[name] = rtt / drafted if prev is None else 0.8 * prev + 0.2 * rtt / drafted
         self._count_yield(name, call=True)
-        self._adapt_branches(name)
         candidates = [(expected[: d.prefix_len] + tuple(d.token_ids), (1.0,) * d.prefix_len + tuple(d.confidences))]
         candidates += [(expected[: b.prefix_len] + tuple(b.token_ids), (1.0,) * b.prefix_len + tuple(b.confidences))
                        for b in d.branches]
         return _PoolDraft(len(ctx), ctx[-1], tuple(candidates))
-
-    def _adapt_branches(self, name: str) -> None:
-        """One branch fewer while the pool's round trip is long against a verifier step, one more
-        while it is short (`ProposerSettings.pool_branches`)."""
-        s = self.settings
-        step_s = self.curve.seconds(1) if self.curve else s.initial_step_s
-        steps = self.stats.pool_rtt_s.get(name, 0.0) / max(step_s, 1e-3)
-        n = self._branches.get(name, s.pool_branches)
-        if steps > s.branch_rtt_high:
-            n -= 1
-        elif steps < s.branch_rtt_low:
-            n += 1
-        self._branches[name] = min(s.pool_branches, max(0, n))
 
     def _count_yield(self, name: str, *, accepted: int = 0, call: bool = False) -> None:
         """Fold a returned draft call (`call`) or tokens accepted from the pool's drafts into its yield."""

@@ -30,6 +30,7 @@ observations, so a noisy signal does not make the cap flap.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Protocol
@@ -242,6 +243,42 @@ def pool_pays(pool_alpha: float, pool_on_time: float, lookup_alpha: float, looku
     pool = pool_on_time * (expected_tokens(pool_alpha, k) - 1.0)
     lookup = lookup_hit_rate * (expected_tokens(lookup_alpha, k) - 1.0)
     return pool > max(lookup, min_gain_tokens)
+
+
+def pool_ask(step_s: float, token_s: float | None, rtt_s: float, k_max: int, max_branches: int, *,
+             lookahead: int = 2, max_tokens: int = MAX_DRAFT_TOKENS, budget: float = 0.8) -> tuple[int, int]:
+    """The shape of a pool's next draft, (draft tokens per candidate, branches), sized to arrive in time.
+
+    A pool is asked as a verifier step starts, and its draft serves the next step only if it is
+    back before that step ends (the verifier never waits for it). Candidates are the main draft
+    and `branches` drafts from rejection points of the draft being verified (PEARL-style
+    post-verify drafting, Liu et al., arXiv:2408.11850); on a CPU a batched decode costs about as
+    much per token as separate ones, so the candidates share one token budget:
+    n = floor(budget * step_s / token_s) draft tokens. The most branches b <= `max_branches` whose
+    candidates still get ceil(k_max / 2) tokens each are asked for, each candidate
+    min(k_max + lookahead, n // (1 + b)) tokens (`lookahead`: tokens past k, as the target emits
+    at least one token meanwhile). When not even `lookahead` tokens fit (a pool slower than the
+    verifier), the draft has no branches and reaches past what the target emits during the
+    pool's round trip instead: k_max + max(lookahead, ceil(rtt_s / step_s)) tokens, so it can
+    serve a later step; the same before the pool's speed is measured (`token_s` None), with
+    `max_branches`. At most `max_tokens` per candidate, always at least 1.
+
+    Args:
+        step_s: the verifier's seconds per decode step. token_s: the pool's measured seconds per
+            draft token (a call's round trip over the tokens it drafted, all candidates), or None.
+        rtt_s: the pool's measured round trip, seconds. k_max: the verifier's largest k.
+        max_branches: branches allowed (0 when nothing is being verified).
+    """
+    step_s = max(step_s, 1e-6)
+    slow = k_max + max(lookahead, math.ceil(rtt_s / step_s))
+    if token_s is None:
+        return max(1, min(slow, max_tokens)), max_branches
+    n = int(budget * step_s / max(token_s, 1e-9))
+    if n < max(1, lookahead):
+        return max(1, min(slow, max_tokens)), 0
+    per = max(1, -(-k_max // 2))
+    b = max(0, min(max_branches, n // per - 1))
+    return max(1, min(k_max + lookahead, n // (1 + b), max_tokens)), b
 
 
 def goodput_per_s(alpha: float, k: int, cost: Cost) -> float:

@@ -102,7 +102,8 @@ WARMUP = Prompt("warmup", "warmup", "Say hello in one word.")  # never a measure
 WARMUP_TOKENS = 8
 
 Scrape = dict[tuple[str, str], float]  # (sample name, pool label or "") -> value, summed over other labels
-_POOL_GAUGES = {"rtt_s": "cosine:drafter_rtt_seconds", "yield_tokens": "cosine:drafter_yield_tokens",
+_POOL_GAUGES = {"rtt_s": "cosine:drafter_rtt_seconds", "token_s": "cosine:drafter_token_seconds",
+                "yield_tokens": "cosine:drafter_yield_tokens",
                 "on_time_ratio": "cosine:drafter_on_time_ratio"}
 _GAUGES = frozenset({*_POOL_GAUGES.values(), "cosine:num_requests_running", "cosine:num_requests_waiting",
                      "cosine:drafter_contexts"})
