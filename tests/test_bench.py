@@ -119,6 +119,21 @@ def test_run_bench_times_every_drafter_engine_on_the_pools_models_on_a_pools_cor
     assert asked[-1][:4] == ("vllm", "y", 8, (1, 3))  # batched at most as many requests as there are prompts
 
 
+def test_a_failing_drafter_engine_leaves_an_error_row_and_the_bench_its_rows(monkeypatch):
+    from cosine import draft_cost
+
+    def failing(engine, model, prompts, k, batches, cores):
+        if engine == "vllm":
+            raise RuntimeError("draft cost of vllm on y failed (exit 1): ValueError: no such model")
+        return [draft_cost.DraftCost(engine, model, tuple(cores), 1, 1, 100, 50.0, 0.04, 0.04, 8)]
+
+    monkeypatch.setattr(vllm_bench, "plan_runs", lambda systems, levels: [])
+    monkeypatch.setattr(draft_cost, "measure_in_child", failing)
+    report = vllm_bench.run_bench([Prompt("a", "code", "x")], [], [1], 16, None, "y", draft_cost_models=["y"])
+    assert [("error" in c, c["engine"]) for c in report["draft_cost"]] == [(False, "llamacpp"), (True, "vllm")]
+    assert "failed: draft cost of vllm on y failed" in vllm_bench.format_table(report)
+
+
 def test_derived_manifest_ablations_and_split_threads():
     source = roles.load_manifest(None)
     kept = copy.deepcopy(source)

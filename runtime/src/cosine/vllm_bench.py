@@ -572,10 +572,11 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     of the cores (the last N//2), alone and batched to the highest concurrency level (at most one
     request per prompt).
 
+    A drafter engine that fails or times out leaves an `error` row in `draft_cost`.
+
     Raises:
         ValueError: an unknown system or placement.
-        RuntimeError: `vllm-suffix` without Arctic Inference installed; a server that does not start;
-            a drafter engine that fails.
+        RuntimeError: `vllm-suffix` without Arctic Inference installed; a server that does not start.
     """
     runs = plan_runs(systems, concurrencies)
     if placement not in PLACEMENTS:
@@ -637,7 +638,11 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
         for m in models:
             for engine in ENGINES:
                 log.info("bench: draft cost of %s on %s (cores %s)", engine, m, pool_cores)
-                costs += [asdict(c) for c in measure_in_child(engine, m, messages, draft_k, batches, pool_cores)]
+                try:
+                    costs += [asdict(c) for c in measure_in_child(engine, m, messages, draft_k, batches, pool_cores)]
+                except (RuntimeError, subprocess.TimeoutExpired) as e:  # the servers' rows are kept
+                    log.warning("bench: draft cost of %s on %s failed: %s", engine, m, e)
+                    costs.append({"engine": engine, "model": m, "error": str(e)})
     return {"workload": workload, "max_tokens": max_tokens, "systems": list(systems),
             "concurrency": list(concurrencies), "model": model, "placement": placement, "cpus": cpus,
             "peer_k": peer_k, "suffix_k": suffix_k, "warmup_prompt": WARMUP.prompt, "rows": rows,
@@ -703,9 +708,11 @@ def format_table(report: dict[str, Any]) -> str:
     if report.get("draft_cost"):
         lines += ["", f"{'draft engine':>12} {'model':>28} {'threads':>7} {'batch':>5} {'prefill tok/s':>13} "
                       f"{'step ms':>7} {'ms/draft token':>14}"]
-        lines += [f"{c['engine']:>12} {c['model']:>28} {c['threads']:>7} {c['batch']:>5} "
-                  f"{f(c['prefill_tokens_per_s']):>13} {f(c['draft_step_s'] * 1e3):>7} "
-                  f"{f(c['draft_s_per_token'] * 1e3):>14}" for c in report["draft_cost"]]
+        for c in report["draft_cost"]:
+            figures = (f"failed: {c['error'].splitlines()[0]}" if "error" in c else
+                       f"{c['threads']:>7} {c['batch']:>5} {f(c['prefill_tokens_per_s']):>13} "
+                       f"{f(c['draft_step_s'] * 1e3):>7} {f(c['draft_s_per_token'] * 1e3):>14}")
+            lines.append(f"{c['engine']:>12} {c['model']:>28} {figures}")
     return "\n".join(lines)
 
 
