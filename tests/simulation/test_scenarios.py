@@ -17,7 +17,7 @@ def test_scaling_figures_count_flaps():
 
 @pytest.mark.xfail(reason="the proposer now asks a pool only where its drafts pay (pool_pays, on time): this study's "
                    "CPU pools (~30 ms a token) are always late for a GPU verifier, so they are rarely asked and never "
-                   "busy enough to grow; the study needs pools that keep up (open, issue 19)", strict=False)
+                   "busy enough to grow; the study needs pools that keep up (open, issue 18)", strict=False)
 def test_pools_track_a_load_step():
     """The operator's policy, in simulation: pools stay at minReplicas under light load and grow
     when the load steps up, without reversing direction (the verifier-busy signal moved them
