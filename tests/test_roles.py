@@ -16,7 +16,7 @@ def _verifier(**fields):
 
 def test_cpu_verifier_maps_onto_vllm_engine_arguments():
     v = _verifier(dtype="float32", maxBatchTokens=256, maxModelLen=4096, maxNumSeqs=8, kvCacheSpaceGiB=2)
-    args = roles.vllm_engine_args(v, "/models/m", 6, [{"name": "p", "address": "a:1", "expertise": ["code"]}],
+    args = roles.vllm_engine_args(v, "/models/m", 6, [{"name": "p", "addresses": ["a:1"], "expertise": ["code"]}],
                                   metrics_port=9091)
     assert args["model"] == "/models/m" and args["served_model_name"] == ["m"]
     assert args["dtype"] == "float32" and args["max_num_batched_tokens"] == 256
@@ -24,7 +24,7 @@ def test_cpu_verifier_maps_onto_vllm_engine_arguments():
     assert args["enforce_eager"] is True and "tensor_parallel_size" not in args
     assert args["speculative_config"]["num_speculative_tokens"] == 6
     cosine = args["additional_config"]["cosine"]
-    assert cosine["pools"] == [{"name": "p", "address": "a:1", "expertise": ["code"]}]
+    assert cosine["pools"] == [{"name": "p", "addresses": ["a:1"], "expertise": ["code"]}]
     assert cosine["metrics_port"] == 9091
     assert roles.vllm_cpu_env(v)["VLLM_CPU_KVCACHE_SPACE"] == "2"
 
@@ -54,3 +54,19 @@ def test_verifier_command_rejects_a_drafter_not_in_the_manifest():
         roles.verifier_command(None, 8000, "127.0.0.1", ["nope"], None)
     with pytest.raises(ValueError, match="no drafter pool 'other'"):
         roles.verifier_command(None, 8000, "127.0.0.1", ["other=1.2.3.4:5"], None)
+
+
+def test_verifier_command_gathers_a_pools_replicas(monkeypatch, tmp_path):
+    """`cosine serve` names a pool once per replica: the proposer gets one pool with every
+    replica's address (distinct pool names, as it requires)."""
+    import cosine.model_store
+
+    monkeypatch.setattr(cosine.model_store, "resolve", lambda model: tmp_path)
+    manifest = tmp_path / "cluster.yaml"
+    manifest.write_text(json.dumps({
+        "apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": "t"},
+        "spec": {"verifier": {"model": "m"}, "drafterPools": [{"name": "coder", "model": "d", "replicas": 2}]}}))
+    argv, _ = roles.verifier_command(manifest, 8000, "127.0.0.1",
+                                     ["coder=127.0.0.1:1", "coder=127.0.0.1:2"], None)
+    config = json.loads(argv[argv.index("--additional-config") + 1])["cosine"]
+    assert [(p["name"], p["addresses"]) for p in config["pools"]] == [("coder", ["127.0.0.1:1", "127.0.0.1:2"])]

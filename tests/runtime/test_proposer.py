@@ -6,6 +6,7 @@ import threading
 import time
 
 from cosine.drafter import Draft, DraftBranch
+from cosine.pool_policy import PoolPolicy
 from cosine.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 
 REPEAT = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7]  # the tail 5 6 7 was seen before, followed by 8 9 10 ...
@@ -240,7 +241,7 @@ def _decode_with(p: CoSineProposer, pool: FakePool, steps: int, accept, stride: 
 
 def test_pool_whose_drafts_never_pay_is_only_probed():
     pool = FakePool("slow", rule=lambda ctx, k: [ctx[-1] + 1 + i for i in range(k)])  # the target takes +2
-    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_probe_every=8)
+    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool=PoolPolicy(probe_every=8))
     p = CoSineProposer(s, [pool])
     calls = _decode_with(p, pool, 72, accept=lambda d: 0, stride=2)
     assert calls[1] == 2, "asked while its acceptance estimate (the prior) says it pays"
@@ -253,7 +254,7 @@ def test_pool_is_not_asked_where_prompt_lookup_gives_more():
     """A request whose own tokens repeat (lookup drafts and is accepted every step) does not take
     the pool's capacity beyond probes; the pool pays where lookup finds nothing."""
     pool = FakePool("p", rule=lambda ctx, k: [0] * k)
-    s = ProposerSettings(max_draft_tokens=4, pool_probe_every=8)
+    s = ProposerSettings(max_draft_tokens=4, pool=PoolPolicy(probe_every=8))
     p = CoSineProposer(s, [pool])
     ctx = [1, 2, 3, 4, 5] * 6
     for _ in range(32):
@@ -278,7 +279,7 @@ def test_pool_pays_rule():
 
 def test_pool_whose_drafts_are_accepted_is_asked_every_step():
     pool = FakePool("good")
-    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_probe_every=8)
+    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool=PoolPolicy(probe_every=8))
     p = CoSineProposer(s, [pool])
     calls = _decode_with(p, pool, 40, accept=len)  # every draft token accepted
     assert calls[-1] == 40
@@ -307,7 +308,8 @@ def test_every_request_probes_a_pool_on_its_first_step():
     """A pool that stopped paying (late or failing) is still asked on each new request's first
     step, so a restarted or recovered pool is found again even when requests are short."""
     pool = FakePool("p")
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False, pool_probe_every=100), [pool])
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False, pool=PoolPolicy(probe_every=100)),
+                       [pool])
     p.stats.pool_on_time["p"] = 0.0  # measured useless so far
     for i in range(5):
         before = pool.calls
@@ -341,7 +343,7 @@ class BranchingPool(FakePool):
 def test_pool_drafts_past_the_draft_being_verified_and_from_its_rejection_points():
     def pool_and_first_draft():
         pool = BranchingPool("coder")
-        p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False, pool_branches=2), [pool])
+        p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False, pool=PoolPolicy(branches=2)), [pool])
         assert p.propose({"r": [1, 2, 3]}) == {"r": []}
         _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
         assert p.propose({"r": [1, 2, 3, 4]}) == {"r": [5, 6, 7]}  # verified now; the pool is asked meanwhile
@@ -361,7 +363,7 @@ def test_pool_drafts_past_the_draft_being_verified_and_from_its_rejection_points
 
 def test_pool_asks_are_sized_from_the_pools_measured_speed_to_come_back_within_a_step():
     pool = BranchingPool("coder")
-    s = ProposerSettings(max_draft_tokens=8, lookup=False, pool_branches=2)
+    s = ProposerSettings(max_draft_tokens=8, lookup=False, pool=PoolPolicy(branches=2))
     p = CoSineProposer(s, [pool])
     p.observe_step(StepRecord(1.0, 1))  # a verifier step takes 1 s
     asks = []

@@ -8,14 +8,10 @@ import pytest
 from cosine.speculation_control import (
     MAX_DRAFT_TOKENS,
     BatchedCost,
-    LoadSignal,
-    LoadState,
     PassCurve,
     SpeculationSettings,
-    adjust_for_load,
     best_draft_len,
     expected_tokens,
-    initial_load_state,
     initial_state,
     next_draft_len,
     observe,
@@ -107,92 +103,7 @@ def test_runtime_bound_on_k_is_the_crds():
         SpeculationSettings(min_confidence=2)
 
 
-# ---------------------------------------------------------------- load feedback (cap on k)
-
-LOAD = SpeculationSettings(max_draft_tokens=8, load_dwell_observations=3)
-BACKLOG = LoadSignal(verifier_idle_fraction=0.0, backlog_tokens=256, budget_tokens=256)  # a whole pass waiting
-IDLE = LoadSignal(verifier_idle_fraction=0.5, backlog_tokens=0, budget_tokens=256)
-CALM = LoadSignal(verifier_idle_fraction=0.05, backlog_tokens=32, budget_tokens=256)  # inside the band
-
-
-def feed(state, signals, settings=LOAD):
-    caps = []
-    for sig in signals:
-        state = adjust_for_load(state, sig, settings)
-        caps.append(state.cap_tokens)
-    return state, caps
-
-
-def test_cap_shrinks_under_sustained_backlog_and_grows_back_when_idle():
-    state = initial_load_state(LOAD)
-    assert state.cap_tokens == 8
-    state, caps = feed(state, [BACKLOG] * 12)
-    assert caps == [8, 8, 4, 4, 4, 2, 2, 2, 1, 1, 1, 0]  # one move per dwell, multiplicative
-    state, caps = feed(state, [IDLE] * 30)
-    assert caps[:6] == [0, 0, 1, 1, 1, 2]  # additive increase ...
-    assert caps[-1] == 8 and max(caps) == 8  # ... back up to max_draft_tokens, never past it
-
-
-def test_cap_holds_inside_the_hysteresis_band():
-    state = initial_load_state(LOAD)
-    state, _ = feed(state, [BACKLOG] * 3)
-    assert state.cap_tokens == 4
-    # oscillating inside the band, or between it and a threshold faster than the dwell: no change
-    signals = [CALM, LoadSignal(0.15, 0, 256), LoadSignal(0.0, 100, 256)] * 10
-    signals += [BACKLOG, BACKLOG, CALM, IDLE, IDLE, CALM, BACKLOG, IDLE] * 5
-    _, caps = feed(state, signals)
-    assert set(caps) == {4}
-
-
-def test_cap_respects_its_floor_and_settings_changes():
-    s = SpeculationSettings(max_draft_tokens=6, load_min_draft_tokens=2, load_dwell_observations=1)
-    _, caps = feed(initial_load_state(s), [BACKLOG] * 5, s)
-    assert caps == [3, 2, 2, 2, 2]
-    state = adjust_for_load(LoadState(cap_tokens=8), CALM, s)  # max_draft_tokens lowered since
-    assert state.cap_tokens == 6
-
-
-def test_cap_bounds_next_draft_len():
-    s = SpeculationSettings(max_draft_tokens=8, probe_interval_steps=2)
-    state = initial_state(s, acceptance_rate=0.95)
-    assert next_draft_len(state, s, CPU_PAIR)[1] > 3
-    assert next_draft_len(state, s, CPU_PAIR, cap_tokens=3)[1] == 3
-    assert next_draft_len(state, s, None, cap_tokens=3)[1] == 3  # unmeasured: the cap, not max_draft_tokens
-    assert next_draft_len(state, s, CPU_PAIR, cap_tokens=20)[1] == next_draft_len(state, s, CPU_PAIR)[1]
-    for _ in range(5):  # cap 0: no speculation, probes included
-        state, k = next_draft_len(state, s, CPU_PAIR, cap_tokens=0)
-        assert k == 0
-
-
-def test_load_feedback_in_the_loop():
-    """A verifier that backlogs when drafts are long: the cap settles where the backlog clears."""
-    s = SpeculationSettings(max_draft_tokens=8, load_dwell_observations=2)
-    load, spec = initial_load_state(s), initial_state(s, acceptance_rate=0.95)
-    budget, requests, ks = 64, 12, []
-    for _ in range(60):
-        spec, k = next_draft_len(spec, s, FREE_DRAFTER, cap_tokens=load.cap_tokens)
-        spec = observe(spec, s, k, k)
-        demand = requests * (k + 1)  # tokens the verifier is asked for this pass
-        signal = LoadSignal(max(0.0, 1 - demand / budget), max(0, demand - budget), budget)
-        load = adjust_for_load(load, signal, s)
-        ks.append(k)
-    assert ks[0] == 8 and 0 < ks[-1] < 8
-    assert len(set(ks[-40:])) == 1  # settled, no flapping
-    assert requests * (ks[-1] + 1) <= budget  # and the backlog is gone
-
-
-def test_load_settings_and_signal_validation():
-    with pytest.raises(ValueError, match="hysteresis"):
-        SpeculationSettings(load_grow_pressure=0.5, load_shrink_pressure=0.5)
-    with pytest.raises(ValueError, match="load_shrink_factor"):
-        SpeculationSettings(load_shrink_factor=1.0)
-    with pytest.raises(ValueError, match="positive"):
-        SpeculationSettings(load_dwell_observations=0)
-    with pytest.raises(ValueError, match="verifier_idle_fraction"):
-        LoadSignal(verifier_idle_fraction=1.5, backlog_tokens=0, budget_tokens=1)
-    with pytest.raises(ValueError, match="budget_tokens"):
-        LoadSignal(verifier_idle_fraction=0.0, backlog_tokens=0, budget_tokens=0)
-
+# ---------------------------------------------------------------- batched cost on a measured pass curve
 
 # the 1.5B target on our 2-core CPU (fp32, measured 2026-11-22): a second token is almost free,
 # then the pass is compute-bound; a GPU keeps a pass flat up to hundreds of tokens

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from cosine.draft_engine import Branch, DraftResult
+from cosine.pool_policy import PoolPolicy
 from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 from cosine.transport import codegen
 from cosine.transport.drafter_service import DrafterServicer, serve
@@ -154,7 +155,8 @@ def test_soak_two_pools_rerouted_leave_no_contexts():
     servers = [serve(s, port=0) for s in servicers]
     remotes = [RemoteDrafter(f"127.0.0.1:{srv.bound_port}", n)
                for srv, n in zip(servers, ("a", "b"), strict=True)]
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, reroute_every=1, pool_probe_every=1), remotes, seed=3)
+    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, reroute_every=1, pool=PoolPolicy(probe_every=1)), remotes,
+                       seed=3)
     rng = random.Random(0)
     running: dict[str, list[int]] = {}
     left: dict[str, int] = {}

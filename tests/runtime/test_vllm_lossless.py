@@ -54,7 +54,7 @@ _SCRIPT = textwrap.dedent('''
             from cosine.transport.drafter_service import DrafterServicer, serve
             engine = LlamaCppEngine(str(resolve_gguf("MODEL")), "pool", threads=1)
             server = serve(DrafterServicer(engine, "pool"), port=0)
-            pools = [{"name": "pool", "address": f"127.0.0.1:{server.bound_port}", "expertise": ["chat"]}]
+            pools = [{"name": "pool", "addresses": [f"127.0.0.1:{server.bound_port}"], "expertise": ["chat"]}]
             config = vllm_hooks.proposer_config(max_draft_tokens=4, adaptive=False, pools=pools)
         llm = vllm_hooks.cosine_llm(model, config, dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
         sampled = llm.generate([prompt] * samples, SamplingParams(temperature=1.0, max_tokens=tokens, seed=None,

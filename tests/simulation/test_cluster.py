@@ -79,8 +79,8 @@ def test_prompt_lookup_drafts_cut_steps():
 def test_pool_drafts_serve_a_later_step():
     from cosine.simulation.cluster import PoolModel
 
-    slow = PoolModel("p", (), 1, 1, 1, draft_token_s=10.0, tokens_per_call=8, use_prob=1.0)  # 80 s a draft
-    fast = PoolModel("p", (), 1, 1, 1, draft_token_s=0.01, tokens_per_call=8, use_prob=1.0)
+    slow = PoolModel("p", (), 1, 1, 1, draft_token_s=10.0, use_prob=1.0)  # 80 s a draft
+    fast = PoolModel("p", (), 1, 1, 1, draft_token_s=0.01, use_prob=1.0)
     reqs = (RequestSpec(0.0, 50, 20, "code"),)
     late = simulate(_flat_setup("cosine", pools=(slow,)), Workload(reqs, 1)).summary()
     assert late["draft_tokens"] == 0 and late["drafts_late"] > 0  # the verifier never waits for it

@@ -230,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     ve.add_argument("--cluster", type=Path, default=None, help=cluster_help)
     ve.add_argument("--http-port", type=int, default=8000)
     ve.add_argument("--drafter", action="append", default=[], metavar="POOL=ADDRESS",
-                    help="a drafter pool's gRPC address, e.g. code=dns:///demo-drafter-code:50052 (repeatable)")
+                    help="a drafter pool's replicas: a headless Service, e.g. code=dns:///demo-drafter-code:50052 "
+                         "(re-resolved every few seconds), or one replica's host:port (repeat a pool for "
+                         "each of its replicas; repeatable)")
     ve.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in a pod)")
     ve.add_argument("--metrics-port", type=int, default=9091,
                     help="CoSine's per-pool cosine: series (vLLM's vllm: series are on the HTTP port's /metrics)")

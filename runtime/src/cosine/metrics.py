@@ -9,6 +9,11 @@ Derived figures in PromQL:
     rate(cosine:spec_decode_num_accepted_tokens_total[1m]) / rate(cosine:spec_decode_num_draft_tokens_total[1m])
 - mean acceptance length (tokens emitted per verification that had a draft):
     1 + rate(cosine:spec_decode_num_accepted_tokens_total[1m]) / rate(cosine:spec_decode_num_drafts_total[1m])
+- a pool replica's busy fraction (share of wall time with a draft call in flight) and its share of
+  the pool's calls:
+    rate(cosine:drafter_replica_busy_seconds_total[1m])
+    rate(cosine:drafter_replica_calls_total[1m]) / ignoring(replica) group_left
+      sum without(replica) (rate(cosine:drafter_replica_calls_total[1m]))
 - verifier idle ("bubble") fraction:
     rate(cosine:verifier_idle_seconds_total[1m])
       / (rate(cosine:verifier_idle_seconds_total[1m]) + rate(cosine:verifier_busy_seconds_total[1m]))
@@ -36,13 +41,18 @@ class ProposerCollector:
       (accepted tokens per draft call over recent calls); cosine:drafter_on_time_ratio{pool}
       (share of a pool's drafts that arrived in time and continued the context);
       cosine:drafter_asks_skipped_total{pool} (draft asks not made: the pool did not pay there);
+    - cosine:drafter_replica_calls_total{pool,replica}, cosine:drafter_replica_errors_total{pool,replica},
+      cosine:drafter_replica_busy_seconds_total{pool,replica} (wall seconds with a call in flight),
+      cosine:drafter_replica_requests{pool,replica} (requests assigned to the replica now), from
+      `replicas()`: pool -> replica address -> `transport.replica_pool.ReplicaStats`;
     - cosine:verifier_steps_total, cosine:verifier_steps_with_draft_total.
     """
 
-    def __init__(self, stats, model_name: str = "", clock=None) -> None:
+    def __init__(self, stats, model_name: str = "", clock=None, replicas=None) -> None:
         import time
 
         self.stats = stats
+        self.replicas = replicas or dict
         self.model_name = model_name
         self.clock = clock or time.monotonic
         self.started_s = self.clock()
@@ -79,6 +89,20 @@ class ProposerCollector:
             for pool, v in sorted(dict(values).items()):
                 fam.add_metric([self.model_name, pool], v)
             yield fam
+        per_replica = (
+            ("cosine:drafter_replica_calls", "Draft calls that returned, per replica.", CounterMetricFamily, "calls"),
+            ("cosine:drafter_replica_errors", "Failed draft calls, per replica.", CounterMetricFamily, "errors"),
+            ("cosine:drafter_replica_busy_seconds", "Wall seconds with a draft call in flight, per replica.",
+             CounterMetricFamily, "busy_s"),
+            ("cosine:drafter_replica_requests", "Requests assigned to the replica.", GaugeMetricFamily, "held"),
+        )
+        snapshot = self.replicas()
+        for name, doc, kind, attr in per_replica:
+            fam = kind(name, doc, labels=["model_name", "pool", "replica"])
+            for pool, by_address in sorted(snapshot.items()):
+                for address, st in sorted(by_address.items()):
+                    fam.add_metric([self.model_name, pool, address], getattr(st, attr))
+            yield fam
         steps = CounterMetricFamily("cosine:verifier_steps", "Engine steps.", labels=["model_name"])
         steps.add_metric([self.model_name], s.steps)
         yield steps
@@ -110,9 +134,9 @@ class ProposerExporter:
 
     Raises OSError when `host:port` cannot be bound."""
 
-    def __init__(self, stats, port: int, host: str = "0.0.0.0", model_name: str = "") -> None:
+    def __init__(self, stats, port: int, host: str = "0.0.0.0", model_name: str = "", replicas=None) -> None:
         from prometheus_client import start_http_server
 
         self.registry = CollectorRegistry()
-        self.registry.register(ProposerCollector(stats, model_name))
+        self.registry.register(ProposerCollector(stats, model_name, replicas=replicas))
         self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)

@@ -19,11 +19,12 @@ the engine ran; SmartSpec, arXiv:2406.14066), per request and per draft source, 
 with periodic probes. Draft tokens reach the target as point-mass proposals, which vLLM's
 rejection sampler verifies losslessly (accept x with p(x), else sample from p without x).
 
-A pool is asked for a request only where it pays (`speculation_control.pool_pays`): its expected
+What the proposer decides about pools is `pool_policy.PoolPolicy` (the simulator calls the same
+object). A pool is asked for a request only where it pays (`speculation_control.pool_pays`): its expected
 accepted tokens per verifier step (the request's acceptance estimate for the pool, times the
 share of the pool's drafts that arrive in time and still continue the context) must beat what
 prompt lookup gives the same request (its acceptance times how often it finds a match). Elsewhere
-the pool is asked only on probe steps (every `pool_probe_every` steps of a request), so its
+the pool is asked only on probe steps (every `PoolPolicy.probe_every` steps of a request), so its
 estimates can recover: a late or rejected pool stops taking drafter capacity for nothing.
 With `fusion` the router may send a request to several pools; each is asked where it pays, and
 every candidate that arrived is fused by confidence per position.
@@ -31,7 +32,7 @@ every candidate that arrived is fused by confidence per position.
 A pool is asked while the verifier checks the step's draft, so its answer serves the next step and
 must continue whatever the target accepted of that draft plus the target's own token. The ask
 carries the draft being verified (`expected`): the pool drafts past it, and from up to
-`pool_branches` of its likeliest rejection points with its guess of the target's token there
+`PoolPolicy.branches` of its likeliest rejection points with its guess of the target's token there
 (`draft_engine.branch_points`); the next step uses the candidate that continues the context
 (after PEARL's post-verify drafting, Liu et al., arXiv:2408.11850). How many tokens and branches
 follows the pool's measured seconds per draft token and the verifier's measured step time
@@ -41,9 +42,9 @@ A failed pool (`pool_down_after` failures in a row) is left out for `pool_retry_
 warning per pool at most every `pool_warn_every_s`, and a late or failed draft is otherwise only
 a metric (`cosine:drafter_errors_total`, `cosine:spec_decode_drafts_late_total`), never a log line.
 
-A pool is anything with the `Drafter` interface (`transport.remote_drafter.RemoteDrafter` over gRPC in
-deployments); its calls run on this module's threads, so a crashed or hung pool costs drafts,
-never a request.
+A pool is anything with the `Drafter` interface (`transport.replica_pool.ReplicaPool` over its
+replicas' gRPC channels in deployments, each request on one replica); its calls run on this
+module's threads, so a crashed or hung pool costs drafts, never a request.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from cosine import speculation_control as sc
 from cosine.drafter import Drafter
 from cosine.fusion import DraftPath, fuse
 from cosine.ngram_drafter import SuffixCache, ngram_propose
+from cosine.pool_policy import PoolPolicy
 
 log = logging.getLogger(__name__)
 
@@ -97,27 +99,17 @@ class StepRecord:
 class ProposerSettings:
     """max_draft_tokens: k's upper bound (vLLM's `num_speculative_tokens`). speculation: the k
     policy (`speculation_control`). routing: the pool router. lookup: run prompt lookup.
-    lookup_min_n / lookup_max_n: n-gram sizes matched. pool_lookahead_tokens: a pool drafts this
-    many tokens beyond k, because the target emits at least one token while the draft is made;
-    more when the pool's measured round trip spans several engine steps (its draft must still
-    reach past what the target emitted meanwhile), up to max_pool_draft_tokens.
-    pool_retry_s: seconds a failed pool is left out, after `pool_down_after` failed calls in a
-    row; pool_warn_every_s: at most one warning per pool in this many seconds.
+    lookup_min_n / lookup_max_n: n-gram sizes matched. pool: when and how pools are asked
+    (`pool_policy.PoolPolicy`). pool_retry_s: seconds a failed pool is left out, after
+    `pool_down_after` failed calls in a row; pool_warn_every_s: at most one warning per pool in this many seconds.
     reroute_every: steps between re-routing a request. initial_step_s: the pass time assumed
     before any step was measured. fusion: a request may be routed to several pools, whose
     drafts are fused (else one pool per request). min_confidence: pools stop a draft at the
-    first token whose top-1 probability is below this. min_pool_gain_tokens: expected accepted
-    tokens per step a pool must give a request to be asked (besides beating lookup).
-    pool_probe_every: a pool that does not pay for a request is still asked every this many of
-    its steps; pool_yield_decay: per-call
-    decay of the yield's counts (`cosine:drafter_yield_tokens`). pool_branches: at most this many
-    rejection points of the draft being verified a pool drafts from as well (`Drafter.propose`'s
-    `max_branches`). pool_step_budget: the share of a verifier step a pool's draft call is sized
-    to take, from the pool's measured seconds per draft token (`speculation_control.pool_ask`
-    decides each ask's draft tokens and branches).
+    first token whose top-1 probability is below this. pool_yield_decay: per-call decay of the
+    yield's counts (`cosine:drafter_yield_tokens`).
 
     Raises ValueError for max_draft_tokens outside [0, `speculation_control.MAX_DRAFT_TOKENS`],
-    lookup n-gram sizes not 1 <= min <= max, pool_probe_every < 1 or pool_yield_decay outside (0, 1]."""
+    lookup n-gram sizes not 1 <= min <= max, or pool_yield_decay outside (0, 1]."""
 
     max_draft_tokens: int = 8
     speculation: sc.SpeculationSettings = sc.SpeculationSettings()
@@ -125,8 +117,7 @@ class ProposerSettings:
     lookup: bool = True
     lookup_min_n: int = 2
     lookup_max_n: int = 4
-    pool_lookahead_tokens: int = 2
-    max_pool_draft_tokens: int = 32
+    pool: PoolPolicy = PoolPolicy()
     pool_retry_s: float = 5.0
     pool_down_after: int = 3
     pool_warn_every_s: float = 60.0
@@ -134,22 +125,15 @@ class ProposerSettings:
     initial_step_s: float = 0.1
     fusion: bool = True
     min_confidence: float = 0.0
-    min_pool_gain_tokens: float = 0.25
-    pool_probe_every: int = 8
     pool_yield_decay: float = 0.97
-    pool_branches: int = 2
-    pool_step_budget: float = 0.8
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_draft_tokens <= sc.MAX_DRAFT_TOKENS:
             raise ValueError(f"max_draft_tokens must be in [0, {sc.MAX_DRAFT_TOKENS}], got {self.max_draft_tokens}")
         if self.lookup_min_n < 1 or self.lookup_max_n < self.lookup_min_n:
             raise ValueError(f"need 1 <= lookup_min_n <= lookup_max_n, got {self.lookup_min_n}, {self.lookup_max_n}")
-        if self.pool_probe_every < 1 or not 0 < self.pool_yield_decay <= 1:
-            raise ValueError(
-                f"need pool_probe_every >= 1 and 0 < pool_yield_decay <= 1, got "
-                f"{self.pool_probe_every}, {self.pool_yield_decay}"
-            )
+        if not 0 < self.pool_yield_decay <= 1:
+            raise ValueError(f"need 0 < pool_yield_decay <= 1, got {self.pool_yield_decay}")
 
 
 @dataclass(frozen=True)
@@ -170,6 +154,7 @@ class _Request:
     states: dict[str, sc.SpeculationState] = field(default_factory=dict)
     steps: int = 0
     last_source: str = ""
+    last_confidence: float = 0.5  # mean top-1 probability of the last draft's tokens (the router's confidence)
     inflight: dict[str, Future] = field(default_factory=dict)  # pool -> Future[_PoolDraft]
     arrived: dict[str, _PoolDraft] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)  # every pool ever asked for this request (all are released)
@@ -277,9 +262,8 @@ class CoSineProposer:
             # every source's per-domain acceptance is learned across requests (prompt lookup's too:
             # it is the prior of the next request of the domain); pools' arms also route
             with self._lock:
-                self.router = routing.observe(
-                    self.router, o.source, req.domain, o.num_draft_tokens, o.num_accepted, 0.5, self.settings.routing
-                )
+                self.router = routing.observe(self.router, o.source, req.domain, o.num_draft_tokens,
+                                              o.num_accepted, req.last_confidence, self.settings.routing)
 
     def propose(
         self, contexts: Mapping[str, Sequence[int]], prompt_lens: Mapping[str, int] | None = None
@@ -301,7 +285,7 @@ class CoSineProposer:
                 plen = (prompt_lens or {}).get(rid, len(ctx))
                 req = self._new_request(rid, ctx[:plen])
             self._contexts[rid] = ctx
-            tokens, source = self._fused(rid, req, ctx)
+            tokens, source, confidences = self._fused(rid, req, ctx)
             k = (
                 self._draft_len(
                     req,
@@ -314,6 +298,8 @@ class CoSineProposer:
             )
             drafts[rid] = list(tokens[:k])
             req.last_source = source if k else ""
+            if k:
+                req.last_confidence = sum(confidences[:k]) / k
             req.steps += 1
             self._request_pool_drafts(rid, req, ctx, drafts[rid])
         return drafts
@@ -358,6 +344,10 @@ class CoSineProposer:
     def num_requests(self) -> int:
         """Requests whose state the proposer keeps (0 once every request finished)."""
         return len(self._requests)
+
+    def replica_stats(self) -> dict[str, dict]:
+        """Per pool with replicas (`ReplicaPool`), its per-replica counters (`replica_stats()`)."""
+        return {name: pool.replica_stats() for name, pool in self.pools.items() if hasattr(pool, "replica_stats")}
 
     def close(self) -> None:
         """Stop the pool-call threads without waiting; queued pool calls are cancelled."""
@@ -405,9 +395,7 @@ class CoSineProposer:
     def _route(self, domain: str) -> list[str]:
         if not self.profiles:
             return []
-        rs = self.settings.routing
-        if self.settings.fusion:  # every pool may draft; each is asked only where it pays (_worth_asking)
-            rs = replace(rs, max_drafters=max(rs.max_drafters, len(self.profiles)))
+        rs = PoolPolicy.routing_settings(self.settings.routing, len(self.profiles), self.settings.fusion)
         with self._lock:
             return routing.route(
                 domain,
@@ -420,8 +408,9 @@ class CoSineProposer:
 
     # ------------------------------------------------------------ candidates and fusion
 
-    def _fused(self, rid: str, req: _Request, ctx: Sequence[int]) -> tuple[tuple[int, ...], str]:
-        """The fused chain of every candidate available now, and the source of its first token."""
+    def _fused(self, rid: str, req: _Request, ctx: Sequence[int]) -> tuple[tuple[int, ...], str, tuple[float, ...]]:
+        """The fused chain of every candidate available now, the source of its first token and
+        each token's confidence (the top-1 probability of the candidate that won the position)."""
         s, k_max = self.settings, self.settings.max_draft_tokens
         paths: list[DraftPath] = []
         if s.lookup and k_max > 0:
@@ -431,21 +420,22 @@ class CoSineProposer:
                 tokens, conf = self.suffix_cache.lookup(ctx, k_max), 0.5
             if tokens:
                 paths.append(DraftPath(LOOKUP, tuple(tokens), (conf,) * len(tokens)))
-            req.lookup_hit = 0.8 * req.lookup_hit + 0.2 * (1.0 if tokens else 0.0)
+            req.lookup_hit = PoolPolicy.lookup_hit(req.lookup_hit, bool(tokens))
         for name in req.pools:
             usable = self._arrived(req, name, ctx)
             if usable:
                 paths.append(DraftPath(name, usable[0], usable[1]))
         if not paths:
-            return (), ""
+            return (), "", ()
         if len(paths) == 1:
-            return paths[0].token_ids[:k_max], paths[0].drafter
+            return paths[0].token_ids[:k_max], paths[0].drafter, paths[0].confidences[:k_max]
         weights = {
             p.drafter: (req.states.get(p.drafter) or self._initial_state(p.drafter, req.domain)).acceptance_rate
             for p in paths
         }
         tree = fuse(paths, budget=k_max * len(paths), weights=weights)
-        chain, node, source = [], -1, ""
+        by_source = {p.drafter: p for p in paths}
+        chain, confs, node, source = [], [], -1, ""
         while len(chain) < k_max:
             children = tree.children(node)
             if not children:
@@ -454,7 +444,9 @@ class CoSineProposer:
             if not chain:
                 source = tree.nodes[node].proposals[0].drafter
             chain.append(tree.nodes[node].token_id)
-        return tuple(chain), source
+            winner = tree.nodes[node]
+            confs.append(by_source[winner.proposals[0].drafter].confidences[winner.depth - 1])
+        return tuple(chain), source, tuple(confs)
 
     def _arrived(
         self, req: _Request, name: str, ctx: Sequence[int]
@@ -480,8 +472,7 @@ class CoSineProposer:
 
     def _on_time(self, name: str, usable: bool) -> None:
         """Fold one look at a pool's draft into its on-time share (EMA over looks, all requests)."""
-        prev = self.stats.pool_on_time.get(name, 1.0)
-        self.stats.pool_on_time[name] = 0.95 * prev + 0.05 * (1.0 if usable else 0.0)
+        self.stats.pool_on_time[name] = PoolPolicy.on_time(self.stats.pool_on_time.get(name, 1.0), usable)
 
     def _request_pool_drafts(self, rid: str, req: _Request, ctx: Sequence[int], expected: Sequence[int]) -> None:
         """Ask each routed pool that is idle for this request to draft ahead from `ctx`, past the
@@ -501,11 +492,8 @@ class CoSineProposer:
             fut = req.inflight.get(name)
             if fut is not None and not fut.done():
                 continue
-            k, branches = sc.pool_ask(step_s, self.stats.pool_token_s.get(name), self.stats.pool_rtt_s.get(name, 0.0),
-                                      s.max_draft_tokens, s.pool_branches if expected else 0,
-                                      lookahead=s.pool_lookahead_tokens,
-                                      max_tokens=max(s.max_pool_draft_tokens, s.max_draft_tokens),
-                                      budget=s.pool_step_budget)
+            k, branches = s.pool.ask(step_s, self.stats.pool_token_s.get(name), self.stats.pool_rtt_s.get(name, 0.0),
+                                     s.max_draft_tokens, verifying=bool(expected))
             req.used.add(name)
             req.inflight[name] = self._executor.submit(self._draft_on_pool, name, rid, tuple(ctx), k, tuple(expected),
                                                        branches)
@@ -523,13 +511,12 @@ class CoSineProposer:
             raise
         if self._failures.pop(name, 0) >= self.settings.pool_down_after:
             log.info("drafter pool %s answers again", name)
-        rtt = self.clock() - t0
-        prev = self.stats.pool_rtt_s.get(name)
-        self.stats.pool_rtt_s[name] = rtt if prev is None else 0.8 * prev + 0.2 * rtt
-        drafted = len(d.token_ids) + sum(len(b.token_ids) for b in d.branches)
-        if drafted and not prefill:
-            prev = self.stats.pool_token_s.get(name)
-            self.stats.pool_token_s[name] = rtt / drafted if prev is None else 0.8 * prev + 0.2 * rtt / drafted
+        drafted = 0 if prefill else len(d.token_ids) + sum(len(b.token_ids) for b in d.branches)
+        rtt_s, token_s = PoolPolicy.learn_speed(self.stats.pool_rtt_s.get(name), self.stats.pool_token_s.get(name),
+                                                self.clock() - t0, drafted)
+        self.stats.pool_rtt_s[name] = rtt_s
+        if token_s is not None:
+            self.stats.pool_token_s[name] = token_s
         self._count_yield(name, call=True)
         candidates = [(expected[: d.prefix_len] + tuple(d.token_ids), (1.0,) * d.prefix_len + tuple(d.confidences))]
         candidates += [(expected[: b.prefix_len] + tuple(b.token_ids), (1.0,) * b.prefix_len + tuple(b.confidences))
@@ -565,16 +552,12 @@ class CoSineProposer:
                         name, n, _reason(e), s.pool_retry_s)
 
     def _worth_asking(self, name: str, req: _Request) -> bool:
-        """Ask the pool this step where it pays for the request (`speculation_control.pool_pays`),
-        and on the request's probe steps (its first step, then every `pool_probe_every`)."""
-        if (req.steps - 1) % self.settings.pool_probe_every == 0:
-            return True
-        k = self.settings.max_draft_tokens
+        """Ask the pool this step for the request (`PoolPolicy.worth_asking`)."""
         pool = (req.states.get(name) or self._initial_state(name, req.domain)).acceptance_rate
         lookup = (req.states.get(LOOKUP) or self._initial_state(LOOKUP, req.domain)).acceptance_rate
-        on_time = self.stats.pool_on_time.get(name, 1.0)
-        return sc.pool_pays(pool, on_time, lookup, req.lookup_hit if self.settings.lookup else 0.0, k,
-                            self.settings.min_pool_gain_tokens)
+        return self.settings.pool.worth_asking(req.steps, pool, self.stats.pool_on_time.get(name, 1.0), lookup,
+                                               req.lookup_hit if self.settings.lookup else 0.0,
+                                               self.settings.max_draft_tokens)
 
     def _release_on_pool(self, name: str, rid: str, inflight: Sequence[Future] = ()) -> None:
         """Release after the request's draft calls return (each has a deadline): a `Release` that

@@ -199,8 +199,8 @@ def verifier_command(
 
     obj = load_manifest(manifest)
     spec = parse_spec(obj)
-    pools = []
-    for item in drafters:
+    by_name: dict[str, dict[str, Any]] = {}
+    for item in drafters:  # a pool named again adds a replica address
         name, _, address = item.partition("=")
         if not address:
             raise ValueError(f"--drafter must be POOL=ADDRESS, got {item!r}")
@@ -208,9 +208,11 @@ def verifier_command(
             pool = spec.pool(name)
         except KeyError:
             raise ValueError(f"--drafter {item!r}: no drafter pool {name!r} in the manifest") from None
-        pools.append({"name": name, "address": address, "expertise": list(pool.expertise)})
+        entry = by_name.setdefault(name, {"name": name, "addresses": [], "expertise": list(pool.expertise)})
+        entry["addresses"].append(address)
         if drafter_tls_dir:
-            pools[-1].update(tls_dir=drafter_tls_dir, tls_server_name=drafter_tls_server_name)
+            entry.update(tls_dir=drafter_tls_dir, tls_server_name=drafter_tls_server_name)
+    pools = list(by_name.values())
     model_path = str(resolve(spec.verifier.model))
     sp = spec.speculation
     args = vllm_engine_args(spec.verifier, model_path, sp.max_draft_len, pools, metrics_port, adaptive=sp.adaptive,

@@ -18,14 +18,6 @@ measured `PassCurve`, plus its share of the pass it would take anyway. Where a p
 falls to what acceptance pays for; where it is memory-bound, extra tokens stay almost free. This
 is the batch-size effect SmartSpec (arXiv:2406.14066) and vLLM issue 17984 report: a fixed k that
 pays alone is slower than plain decoding at batch 32.
-
-Load feedback (Gao et al. 2025, arXiv:2503.10325, adaptive speculation control "to minimize idle
-periods"; SmartSpec: speculate less as load grows): `adjust_for_load`, called once per verification
-pass with a `LoadSignal`, moves a verifier-wide cap on k that `next_draft_len(..., cap_tokens=)`
-applies: verifier idle -> the cap grows (up to `max_draft_tokens`), verifier backlogged -> it shrinks
-(down to `load_min_draft_tokens`; 0 switches speculation off under overload). Additive increase,
-multiplicative decrease, with a dead band between two pressure thresholds and a minimum dwell in
-observations, so a noisy signal does not make the cap flap.
 """
 
 from __future__ import annotations
@@ -48,15 +40,7 @@ class SpeculationSettings:
     acceptance_prior: alpha assumed before any outcome is seen. ema_weight: weight of the newest
     outcome in the acceptance estimate. probe_interval_steps: after this many k = 0 steps, draft
     `probe_draft_tokens` tokens to re-measure acceptance.
-
-    Load feedback (`adjust_for_load`; pressure = backlog_tokens / budget_tokens - idle fraction):
-    load_shrink_pressure: the cap on k shrinks at or above this pressure (default: half a pass of
-    tokens waiting beyond the budget). load_grow_pressure: it grows at or below this (default: the
-    verifier idle 20% of the window, no backlog); in between it holds (the hysteresis band).
-    load_dwell_observations: consecutive observations beyond a threshold before the cap moves, and
-    so between two moves. load_shrink_factor: cap *= factor on a shrink (at least 1 token less).
-    load_grow_tokens: cap += this on a grow. load_min_draft_tokens: the lowest cap (0 = speculation
-    off under overload). Invalid values raise ValueError.
+    Invalid values raise ValueError.
     """
 
     max_draft_tokens: int = 8
@@ -66,12 +50,6 @@ class SpeculationSettings:
     ema_weight: float = 0.3
     probe_interval_steps: int = 8
     probe_draft_tokens: int = 2
-    load_shrink_pressure: float = 0.5
-    load_grow_pressure: float = -0.2
-    load_dwell_observations: int = 3
-    load_shrink_factor: float = 0.5
-    load_grow_tokens: int = 1
-    load_min_draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS:
@@ -80,14 +58,7 @@ class SpeculationSettings:
             raise ValueError(f"min_confidence must be in [0, 1], got {self.min_confidence}")
         if not 0.0 < self.ema_weight <= 1.0:
             raise ValueError(f"ema_weight must be in (0, 1], got {self.ema_weight}")
-        if not self.load_grow_pressure < self.load_shrink_pressure:
-            raise ValueError("load_grow_pressure must be below load_shrink_pressure (the hysteresis band)")
-        if self.load_dwell_observations < 1 or self.load_grow_tokens < 1:
-            raise ValueError("load_dwell_observations and load_grow_tokens must be positive")
-        if not 0.0 <= self.load_shrink_factor < 1.0:
-            raise ValueError(f"load_shrink_factor must be in [0, 1), got {self.load_shrink_factor}")
-        if self.load_min_draft_tokens < 0:
-            raise ValueError(f"load_min_draft_tokens must be non-negative, got {self.load_min_draft_tokens}")
+
 
 
 class Cost(Protocol):
@@ -297,15 +268,15 @@ def best_draft_len(alpha: float, cost: Cost, max_draft_tokens: int) -> int:
 
 
 def next_draft_len(
-    state: SpeculationState, settings: SpeculationSettings, cost: Cost | None, cap_tokens: int | None = None
+    state: SpeculationState, settings: SpeculationSettings, cost: Cost | None
 ) -> tuple[SpeculationState, int]:
     """Draft length for the next step, and the state to carry.
 
-    Without a cost model (not measured yet) or with `adaptive` off: `max_draft_tokens`.
-    cap_tokens: a further upper bound on k, in tokens, e.g. `LoadState.cap_tokens` from
-    `adjust_for_load` (None: no cap); it bounds probes too.
+    Without a cost model (not measured yet) or with `adaptive` off: `max_draft_tokens`. Load
+    needs no separate feedback: under batching the cost prices each draft token at what it adds
+    to the shared pass (`BatchedCost`), so k shrinks as the batch grows.
     """
-    max_k = settings.max_draft_tokens if cap_tokens is None else max(0, min(settings.max_draft_tokens, cap_tokens))
+    max_k = settings.max_draft_tokens
     if not settings.adaptive or cost is None:
         return state, max_k
     k = best_draft_len(state.acceptance_rate, cost, max_k)
@@ -333,67 +304,3 @@ def observe(
         accepted_ema=(1 - w) * state.accepted_ema + w * num_accepted,
         trials_ema=(1 - w) * state.trials_ema + w * trials,
     )
-
-
-@dataclass(frozen=True)
-class LoadSignal:
-    """What the engine measured over the last window (e.g. since the previous verification pass).
-
-    verifier_idle_fraction: share of the window the verifier had nothing to verify, in [0, 1].
-    backlog_tokens: draft/verify tokens queued beyond the verifier's per-pass budget.
-    budget_tokens: that per-pass token budget (e.g. `BatchBudget.max_tokens`), positive.
-    Raises ValueError outside these ranges.
-    """
-
-    verifier_idle_fraction: float
-    backlog_tokens: int
-    budget_tokens: int
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.verifier_idle_fraction <= 1.0:
-            raise ValueError(f"verifier_idle_fraction must be in [0, 1], got {self.verifier_idle_fraction}")
-        if self.backlog_tokens < 0 or self.budget_tokens < 1:
-            raise ValueError(f"backlog_tokens must be >= 0 and budget_tokens > 0, got {self!r}")
-
-    @property
-    def pressure(self) -> float:
-        """Backlog in passes minus idle fraction: > 0 backlogged, < 0 idle (dimensionless)."""
-        return self.backlog_tokens / self.budget_tokens - self.verifier_idle_fraction
-
-
-@dataclass(frozen=True)
-class LoadState:
-    """Verifier-wide cap on k (tokens), and the current run of observations pushing it one way
-    (direction: -1 shrink, +1 grow, 0 none; streak: its length in observations)."""
-
-    cap_tokens: int
-    direction: int = 0
-    streak: int = 0
-
-
-def initial_load_state(settings: SpeculationSettings) -> LoadState:
-    """No restriction at first: the cap starts at `max_draft_tokens`."""
-    return LoadState(cap_tokens=settings.max_draft_tokens)
-
-
-def adjust_for_load(state: LoadState, signal: LoadSignal, settings: SpeculationSettings) -> LoadState:
-    """Fold one load observation into the cap on k; call once per verification pass.
-
-    The cap moves only after `load_dwell_observations` consecutive observations beyond the same
-    threshold, and the run then starts over, so it moves at most once per dwell. An observation in
-    the band between `load_grow_pressure` and `load_shrink_pressure` ends the run and holds the cap.
-    """
-    lo = min(settings.load_min_draft_tokens, settings.max_draft_tokens)
-    cap = min(max(state.cap_tokens, lo), settings.max_draft_tokens)
-    p = signal.pressure
-    direction = -1 if p >= settings.load_shrink_pressure else 1 if p <= settings.load_grow_pressure else 0
-    if direction == 0:
-        return LoadState(cap)
-    streak = state.streak + 1 if direction == state.direction else 1
-    if streak < settings.load_dwell_observations:
-        return LoadState(cap, direction, streak)
-    if direction < 0:
-        cap = max(lo, min(cap - 1, int(cap * settings.load_shrink_factor)))
-    else:
-        cap = min(settings.max_draft_tokens, cap + settings.load_grow_tokens)
-    return LoadState(cap)

@@ -134,8 +134,10 @@ def proposer_config(
 
     Args:
         max_draft_tokens: k's upper bound (must equal vLLM's `num_speculative_tokens`).
-        pools: `{"name", "address", "expertise": [...]}` per remote drafter pool (gRPC); optional
-            `tls_dir`, `tls_server_name`: TLS to that pool (`transport.tls`).
+        pools: `{"name", "addresses": [...], "expertise": [...]}` per remote drafter pool (gRPC): its
+            replicas' `host:port` addresses and/or a headless Service's `dns:///name:port`
+            (`transport.replica_pool`); optional `tls_dir`, `tls_server_name`: TLS to that pool
+            (`transport.tls`).
         lookup: run prompt lookup in-process.
         adaptive: choose k per request from measured goodput (False: always `max_draft_tokens`).
         fusion: a request may draft on several pools, fused by confidence (False: one pool).
@@ -171,23 +173,29 @@ def cosine_llm(model: str, config: Mapping[str, Any] | None, **llm_kwargs: Any) 
 
 
 def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
-    """A `CoSineProposer` from the `additional_config["cosine"]` dict (remote pools over gRPC)."""
+    """A `CoSineProposer` from the `additional_config["cosine"]` dict: each pool a
+    `transport.replica_pool.ReplicaPool` over its replicas' gRPC addresses, all calls tagged with
+    one id for this verifier replica (drafters key per-request state by verifier and request)."""
+    import os
+    import socket
+    import uuid
+
+    from cosine.speculation_control import SpeculationSettings
+    from cosine.transport.replica_pool import ReplicaPool
+
+    verifier_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     pools = []
     expertise = {}
     for p in config.get("pools", ()):
-        from cosine.transport.remote_drafter import RemoteDrafter
-
-        pools.append(RemoteDrafter(p["address"], p["name"], base_timeout_s=float(p.get("timeout_s", 2.0)),
-                                   per_token_timeout_s=0.2, tls_dir=p.get("tls_dir"),
-                                   tls_server_name=p.get("tls_server_name")))
+        pools.append(ReplicaPool(p["name"], list(p["addresses"]), verifier_id=verifier_id,
+                                 base_timeout_s=float(p.get("timeout_s", 2.0)), per_token_timeout_s=0.2,
+                                 tls_dir=p.get("tls_dir"), tls_server_name=p.get("tls_server_name")))
         expertise[p["name"]] = tuple(p.get("expertise", ()))
-    from cosine.speculation_control import SpeculationSettings
-
     settings = prop.ProposerSettings(max_draft_tokens=int(config["max_draft_tokens"]),
                                      lookup=bool(config.get("lookup", True)),
                                      fusion=bool(config.get("fusion", True)),
                                      min_confidence=float(config.get("min_confidence", 0.0)),
-                                     pool_branches=int(config.get("branches", 2)),
+                                     pool=prop.PoolPolicy(branches=int(config.get("branches", 2))),
                                      speculation=SpeculationSettings(adaptive=bool(config.get("adaptive", True))))
     return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")))
 
@@ -227,7 +235,8 @@ class CoSineScheduler(Scheduler):
         if config.get("metrics_port"):
             from cosine.metrics import ProposerExporter
 
-            self._exporter = ProposerExporter(self.cosine.stats, port=int(config["metrics_port"]))
+            self._exporter = ProposerExporter(self.cosine.stats, port=int(config["metrics_port"]),
+                                              replicas=self.cosine.replica_stats)
 
     def schedule(self, *args: Any, **kwargs: Any):
         """vLLM's schedule, timed from here; new requests' prompts are prefetched to their pools."""

@@ -11,11 +11,16 @@ What serves, modelled step by step:
   *now*: prompt lookup (found on a share of steps, `LookupModel`) and any pool draft that has
   arrived and still continues the context (`PoolModel.use_prob`); the chain's length k comes from
   the product's `speculation_control.next_draft_len` on the pass curve (`BatchedCost`, per request
-  and per source, probes included); a pool is asked only where `speculation_control.pool_pays`
-  (or on the request's probe steps), and its draft, made while the verifier computes, serves a
-  later step: the verifier never waits for a pool;
-- pools are SimPy containers of replica slots behind a network (RTT, bandwidth); `routing.route`
-  picks them, the operator's `autoscaling.desired_replicas` scales them every `interval_s`.
+  and per source, probes included). Every decision about pools is the serving path's own
+  `pool_policy.PoolPolicy`: whether to ask a pool (where it pays, or on probe steps), how many
+  tokens and branches (sized to the verifier's step from the pool's learnt speed), the on-time
+  and lookup-hit estimates, routing with fusion. A pool's draft, made while the verifier
+  computes, serves a later step: the verifier never waits for a pool;
+- a pool is replicas, each a SimPy container of `slots` behind a network (RTT, bandwidth); a
+  request is assigned to one replica for its lifetime by `pool_policy.assign_replica`, as the
+  proposer's `ReplicaPool` does (a replica added takes new requests; a request whose replica was
+  removed is re-homed and sends its whole context again); `routing.route` picks pools, the
+  operator's `autoscaling.desired_replicas` scales them every `interval_s`.
 
 Modes: `target-only` (vLLM, no speculation); `cosine` (the proposer: prompt lookup if the setup
 has a `LookupModel`, and the pools); `vanilla` (a drafter co-located on the verifier drafts k
@@ -24,7 +29,6 @@ tokens for every request before each step: vLLM's draft-model speculation).
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import statistics
 from collections.abc import Callable
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from cosine import routing, speculation_control
+from cosine.pool_policy import PoolPolicy, assign_replica
 from cosine.simulation.cost_models import AcceptanceModel, accepted_tokens
 from cosine_operator import autoscaling
 
@@ -45,9 +50,9 @@ DRAFT_BYTES_PER_TOKEN = 8  # a draft token on the wire: its id and its confidenc
 class PoolModel:
     """A drafter pool: `slots` requests drafted at once per replica, `draft_token_s` per token per
     request at that load, `catch_up_token_s` per unseen context token; the link to the verifier.
-    tokens_per_call: draft tokens a call makes (0: k's bound + 2, the proposer's lookahead).
-    use_prob: share of returned drafts the verifier can use (the draft still continues the
-    context when it is looked at; 0.5 measured on this machine's 2-core run)."""
+    How many tokens a call drafts is the proposer's `PoolPolicy.ask`. use_prob: share of drafts
+    back in time that the verifier can use (the draft still continues the context when it is
+    looked at; 0.5 measured on this machine's 2-core run)."""
 
     name: str
     expertise: tuple[str, ...]
@@ -60,7 +65,6 @@ class PoolModel:
     rtt_s: float = 0.0
     bandwidth_bytes_per_s: float = 1.25e9
     price_per_hour_usd: float = 0.0
-    tokens_per_call: int = 0
     use_prob: float = 0.5
 
 
@@ -106,7 +110,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class SimSetup:
-    """min_pool_gain_tokens / pool_probe_every: the proposer's settings of the same names."""
+    """pool_policy / fusion: the proposer's settings of the same names (`proposer.ProposerSettings`)."""
 
     mode: str
     verifier: VerifierModel
@@ -118,8 +122,8 @@ class SimSetup:
     interval_s: float = 30.0
     pod_start_s: float = 30.0
     lookup: LookupModel | None = None
-    min_pool_gain_tokens: float = 0.25
-    pool_probe_every: int = 8
+    pool_policy: PoolPolicy = PoolPolicy()
+    fusion: bool = True
     seed: int = 0
 
 
@@ -138,6 +142,7 @@ class _Req:
     states: dict[str, speculation_control.SpeculationState] = field(default_factory=dict)
     alphas: dict[str, float] = field(default_factory=dict)
     seen_tokens: dict[str, int] = field(default_factory=dict)
+    replica: dict[str, int] = field(default_factory=dict)  # pool -> the replica holding its context
     inflight: set[str] = field(default_factory=set)  # pools drafting for it now
     arrived: set[str] = field(default_factory=set)  # pools whose draft has arrived, not looked at yet
     lookup_hit: float = 0.5  # EMA of steps on which prompt lookup found a draft (as the proposer keeps it)
@@ -159,6 +164,8 @@ class SimResult:
     accepted: int = 0
     spec_steps: int = 0
     drafts_late: int = 0
+    rehomes: int = 0  # requests moved to another replica of a pool (theirs was removed)
+    replica_calls: dict[str, list[int]] = field(default_factory=dict)  # pool -> draft calls per replica
     by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafts, draft tokens, accepted]
     replicas_timeline: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     scale_events: list[tuple[float, str, int, int]] = field(default_factory=list)
@@ -180,6 +187,7 @@ class SimResult:
             "steps_with_draft_fraction": self.steps_with_draft / self.passes if self.passes else 0.0,
             "verifier_step_s": self.verifier_busy_s / self.passes if self.passes else 0.0,
             "drafts_late": self.drafts_late,
+            "rehomes": self.rehomes,
             "verifier_utilization": self.verifier_busy_s / (self.makespan_s * self.verifier_replicas)
             if self.makespan_s else 0.0,
             "scale_events": len(self.scale_events),
@@ -207,10 +215,14 @@ class _Cluster:
         self.pools = {p.name: p for p in setup.pools}
         self.replicas = {p.name: p.replicas for p in setup.pools}
         self.pods_ready = dict(self.replicas)  # replicas whose pods have started
-        self.slots = {p.name: simpy.Container(self.env, capacity=max(1, p.max_replicas * p.slots),
-                                              init=p.replicas * p.slots) for p in setup.pools}
+        # per pool, its replicas' slots (index = replica number) and the replicas taking requests
+        self.slots = {p.name: [simpy.Container(self.env, capacity=p.slots, init=p.slots) for _ in range(p.replicas)]
+                      for p in setup.pools}
+        self.active = {p.name: list(range(p.replicas)) for p in setup.pools}
+        self.held = {p.name: dict[str, int]() for p in setup.pools}  # replica -> requests assigned to it
         self.on_time = dict.fromkeys(self.pools, 1.0)  # the proposer's per-pool on-time EMA
-        self.load = speculation_control.initial_load_state(setup.speculation)
+        self.rtt_s: dict[str, float] = {}  # the proposer's per-pool EMA of a call's round trip
+        self.token_s: dict[str, float] = {}  # ... and of its seconds per draft token
         # The pass curve the k policy prices drafts on: the verifier's (the runtime measures it).
         ref_kv = int(statistics.mean(r.prompt_tokens + r.output_tokens // 2 for r in workload.requests))
         self.curve = speculation_control.PassCurve(tuple(
@@ -225,8 +237,7 @@ class _Cluster:
         r = _Req(f"r{i}", spec, self.env.now, spec.prompt_tokens, done=self.env.event())
         if self.s.mode == "cosine" and self.pools:
             up = [n for n in self.pools if self.replicas[n] > 0]
-            rs = self.s.routing_settings  # with fusion every pool may draft, each asked where it pays
-            rs = dataclasses.replace(rs, max_drafters=max(rs.max_drafters, len(self.pools)))
+            rs = PoolPolicy.routing_settings(self.s.routing_settings, len(self.pools), self.s.fusion)
             r.pools = tuple(routing.route(spec.domain, self.profiles, self.router, rs, self.rng.betavariate,
                                           available=lambda n: n in up))
         self.in_flight += 1
@@ -271,7 +282,6 @@ class _Cluster:
     def _verifier(self, replica: int) -> simpy.events.ProcessGenerator:
         s, v = self.s, self.s.verifier
         running = self.running[replica]
-        idle_since = self.env.now
         while True:
             if not running and not self.waiting:
                 wake = self.env.event()
@@ -285,11 +295,6 @@ class _Cluster:
             decodes = [(r, n) for r, n in step if r.prefill_left == 0]
             if s.mode == "vanilla" and decodes:  # the co-located drafter drafts before the step
                 pass_s += max(r.draft_len for r, _ in decodes) * v.colocated_draft_s(len(decodes))
-            idle_s = self.env.now - idle_since
-            backlog = sum(r.prefill_left for r in self.waiting)
-            signal = speculation_control.LoadSignal(min(1.0, idle_s / max(idle_s + pass_s, 1e-9)), backlog,
-                                                    v.max_batch_tokens)
-            self.load = speculation_control.adjust_for_load(self.load, signal, s.speculation)
             yield self.env.timeout(pass_s)
             self.out.verifier_busy_s += pass_s
             self.window["busy_s"] += pass_s
@@ -303,7 +308,6 @@ class _Cluster:
             for r in contexts:  # the proposer, for the next step
                 self._propose(r, other_tokens=len(contexts) - 1 + drafted, num_requests=len(contexts))
                 drafted += r.draft_len
-            idle_since = self.env.now
 
     def _alpha(self, r: _Req, source: str) -> float:
         if source not in r.alphas:
@@ -356,6 +360,7 @@ class _Cluster:
         self.out.latencies_s.append(self.env.now - r.arrival_s)
         self.out.ttft_s.append((r.first_token_s or self.env.now) - r.arrival_s)
         self.out.makespan_s = self.env.now
+        self._release(r)
         assert r.done is not None
         r.done.succeed()
         if len(self.out.latencies_s) == len(self.w.requests):
@@ -375,57 +380,84 @@ class _Cluster:
             candidates[next(iter(self.pools))] = s.speculation.max_draft_tokens
         if s.mode == "cosine" and s.lookup is not None:
             hit = self.rng.random() < s.lookup.hit_rate
-            r.lookup_hit = 0.8 * r.lookup_hit + 0.2 * (1.0 if hit else 0.0)
+            r.lookup_hit = PoolPolicy.lookup_hit(r.lookup_hit, hit)
             if hit:
                 candidates[LOOKUP] = s.lookup.draft_tokens
         for name in r.pools:
             if name in r.arrived:
                 r.arrived.discard(name)
                 usable = self.rng.random() < self.pools[name].use_prob
-                self.on_time[name] = 0.95 * self.on_time[name] + 0.05 * (1.0 if usable else 0.0)
+                self.on_time[name] = PoolPolicy.on_time(self.on_time[name], usable)
                 if usable:
                     candidates[name] = s.speculation.max_draft_tokens
             elif name in r.inflight:
                 self.out.drafts_late += 1
-                self.on_time[name] = 0.95 * self.on_time[name]
+                self.on_time[name] = PoolPolicy.on_time(self.on_time[name], False)
         r.steps += 1
         if candidates:  # fusion by confidence, reduced to its leader: the source trusted most
             source = max(candidates, key=lambda c: self._state(r, c).acceptance_rate)
             draft_s = self.pools[source].draft_token_s if s.mode == "vanilla" else 0.0
             cost = speculation_control.BatchedCost(draft_s, self.curve, max(0, other_tokens), max(1, num_requests))
-            state, k = speculation_control.next_draft_len(self._state(r, source), s.speculation, cost,
-                                                          self.load.cap_tokens)
+            state, k = speculation_control.next_draft_len(self._state(r, source), s.speculation, cost)
             r.states[source] = state
             r.draft_len, r.source = min(k, candidates[source], left), source
         if s.mode == "cosine":
             for name in r.pools:
-                if name not in r.inflight and self.replicas[name] > 0 and self._worth_asking(r, name):
+                if name not in r.inflight and self.active[name] and self._worth_asking(r, name):
                     r.inflight.add(name)
-                    self.env.process(self._draft_on_pool(r, self.pools[name]))
+                    self.env.process(self._draft_on_pool(r, self.pools[name], verifying=r.draft_len > 0))
 
     def _worth_asking(self, r: _Req, name: str) -> bool:
-        """As the proposer's `_worth_asking`: on probe steps, else where `pool_pays`."""
+        """The proposer's rule (`PoolPolicy.worth_asking`) on the simulated request's estimates."""
         s = self.s
-        if (r.steps - 1) % s.pool_probe_every == 0:
-            return True
         lookup_alpha = self._state(r, LOOKUP).acceptance_rate if s.lookup else 0.0
-        return speculation_control.pool_pays(
-            self._state(r, name).acceptance_rate, self.on_time[name], lookup_alpha,
-            r.lookup_hit if s.lookup else 0.0, s.speculation.max_draft_tokens, s.min_pool_gain_tokens)
+        return s.pool_policy.worth_asking(r.steps, self._state(r, name).acceptance_rate, self.on_time[name],
+                                          lookup_alpha, r.lookup_hit if s.lookup else 0.0,
+                                          s.speculation.max_draft_tokens)
 
-    def _draft_on_pool(self, r: _Req, p: PoolModel) -> simpy.events.ProcessGenerator:
+    def _replica_of(self, r: _Req, name: str) -> int:
+        """The request's replica of the pool; a new request, or one whose replica was removed, is
+        assigned one by `assign_replica` (a re-homed one has sent nothing to its new replica)."""
+        home = r.replica.get(name)
+        if home is not None and home in self.active[name]:
+            return home
+        held = self.held[name]
+        if home is not None:
+            held[str(home)] -= 1
+            r.seen_tokens[name] = 0
+            self.out.rehomes += 1
+        new = int(assign_replica(held, [str(i) for i in self.active[name]]))  # type: ignore[arg-type]
+        held[str(new)] = held.get(str(new), 0) + 1
+        r.replica[name] = new
+        return new
+
+    def _release(self, r: _Req) -> None:
+        for name, home in r.replica.items():
+            self.held[name][str(home)] -= 1
+
+    def _draft_on_pool(self, r: _Req, p: PoolModel, verifying: bool) -> simpy.events.ProcessGenerator:
+        s, t0 = self.s, self.env.now
+        replica = self._replica_of(r, p.name)
         ctx = r.spec.prompt_tokens + r.emitted
         unseen = ctx - r.seen_tokens.get(p.name, 0)
-        k = p.tokens_per_call or self.s.speculation.max_draft_tokens + 2
+        k, branches = s.pool_policy.ask(self.curve.seconds(1), self.token_s.get(p.name),
+                                        self.rtt_s.get(p.name, 0.0), s.speculation.max_draft_tokens, verifying)
+        drafted = k * (1 + branches)
         yield self.env.timeout(p.rtt_s / 2 + 4 * unseen / p.bandwidth_bytes_per_s)  # context delta: token ids
-        yield self.slots[p.name].get(1)
-        work_s = unseen * p.catch_up_token_s + k * p.draft_token_s
+        slots = self.slots[p.name][replica]
+        yield slots.get(1)
+        work_s = unseen * p.catch_up_token_s + drafted * p.draft_token_s
         yield self.env.timeout(work_s)
-        yield self.slots[p.name].put(1)
+        yield slots.put(1)
         self.window["pool_busy_s"][p.name] += work_s
-        self.window["drafted"][p.name] += k
+        self.window["drafted"][p.name] += drafted
+        calls = self.out.replica_calls.setdefault(p.name, [])
+        calls.extend([0] * (replica + 1 - len(calls)))
+        calls[replica] += 1
         r.seen_tokens[p.name] = ctx
-        yield self.env.timeout(p.rtt_s / 2 + k * DRAFT_BYTES_PER_TOKEN / p.bandwidth_bytes_per_s)
+        yield self.env.timeout(p.rtt_s / 2 + drafted * DRAFT_BYTES_PER_TOKEN / p.bandwidth_bytes_per_s)
+        self.rtt_s[p.name], self.token_s[p.name] = PoolPolicy.learn_speed(
+            self.rtt_s.get(p.name), self.token_s.get(p.name), self.env.now - t0, drafted)
         r.inflight.discard(p.name)
         r.arrived.add(p.name)
 
@@ -469,20 +501,21 @@ class _Cluster:
         self.replicas[name] = desired
         self.out.scale_events.append((self.env.now, name, current, desired))
         self.out.replicas_timeline[name].append((self.env.now, desired))
-        slots = self.pools[name].slots * abs(desired - current)
         if desired > current:
-            self.env.process(self._add_slots(name, slots))
-        else:
-            self.env.process(self._remove_slots(name, slots))
+            self.env.process(self._add_replicas(name, desired - current))
+        else:  # the newest replicas leave; their requests are re-homed at their next call
+            for _ in range(current - desired):
+                if self.active[name]:
+                    self.active[name].pop()
+                    self.pods_ready[name] -= 1
 
-    def _add_slots(self, name: str, slots: int) -> simpy.events.ProcessGenerator:
+    def _add_replicas(self, name: str, count: int) -> simpy.events.ProcessGenerator:
         yield self.env.timeout(self.s.pod_start_s)  # a new pod pulls, loads and becomes ready
-        yield self.slots[name].put(slots)
-        self.pods_ready[name] += slots // self.pools[name].slots
-
-    def _remove_slots(self, name: str, slots: int) -> simpy.events.ProcessGenerator:
-        self.pods_ready[name] -= slots // self.pools[name].slots  # a pod leaving is not ready any more
-        yield self.slots[name].get(slots)  # it drains its in-flight drafts first
+        p = self.pools[name]
+        for _ in range(count):  # once ready, the proposer's next re-resolve finds it
+            self.slots[name].append(simpy.Container(self.env, capacity=p.slots, init=p.slots))
+            self.active[name].append(len(self.slots[name]) - 1)
+            self.pods_ready[name] += 1
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:

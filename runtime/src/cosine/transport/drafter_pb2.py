@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63osine/transport/drafter.proto\x12\tcosine.v1\"\xb9\x01\n\x0eProposeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_cached\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x16\n\x0emin_confidence\x18\x05 \x01(\x02\x12\x14\n\x0c\x65xpected_ids\x18\t \x03(\r\x12\x14\n\x0cmax_branches\x18\n \x01(\rJ\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\t\"D\n\x06\x42ranch\x12\x12\n\nprefix_len\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x13\n\x0b\x63onfidences\x18\x03 \x03(\x02\"\xa0\x01\n\x0fProposeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x13\n\x0b\x63onfidences\x18\x02 \x03(\x02\x12\x0f\n\x07\x64raft_s\x18\x05 \x01(\x01\x12\x0f\n\x07\x64rafter\x18\x06 \x01(\t\x12\x12\n\nprefix_len\x18\x07 \x01(\r\x12#\n\x08\x62ranches\x18\x08 \x03(\x0b\x32\x11.cosine.v1.BranchJ\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05\"$\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse\"\r\n\x0bInfoRequest\"Y\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x18\n\x10tokenizer_family\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0c\n\x04pool\x18\x04 \x01(\t2\xc6\x01\n\x07\x44rafter\x12@\n\x07Propose\x12\x19.cosine.v1.ProposeRequest\x1a\x1a.cosine.v1.ProposeResponse\x12@\n\x07Release\x12\x19.cosine.v1.ReleaseRequest\x1a\x1a.cosine.v1.ReleaseResponse\x12\x37\n\x04Info\x12\x16.cosine.v1.InfoRequest\x1a\x17.cosine.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63osine/transport/drafter.proto\x12\tcosine.v1\"\xce\x01\n\x0eProposeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_cached\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x16\n\x0emin_confidence\x18\x05 \x01(\x02\x12\x14\n\x0c\x65xpected_ids\x18\t \x03(\r\x12\x14\n\x0cmax_branches\x18\n \x01(\r\x12\x13\n\x0bverifier_id\x18\x0b \x01(\tJ\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\t\"D\n\x06\x42ranch\x12\x12\n\nprefix_len\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x13\n\x0b\x63onfidences\x18\x03 \x03(\x02\"\xa0\x01\n\x0fProposeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x13\n\x0b\x63onfidences\x18\x02 \x03(\x02\x12\x0f\n\x07\x64raft_s\x18\x05 \x01(\x01\x12\x0f\n\x07\x64rafter\x18\x06 \x01(\t\x12\x12\n\nprefix_len\x18\x07 \x01(\r\x12#\n\x08\x62ranches\x18\x08 \x03(\x0b\x32\x11.cosine.v1.BranchJ\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05\"9\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bverifier_id\x18\x02 \x01(\t\"\x11\n\x0fReleaseResponse\"\r\n\x0bInfoRequest\"Y\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x18\n\x10tokenizer_family\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0c\n\x04pool\x18\x04 \x01(\t2\xc6\x01\n\x07\x44rafter\x12@\n\x07Propose\x12\x19.cosine.v1.ProposeRequest\x1a\x1a.cosine.v1.ProposeResponse\x12@\n\x07Release\x12\x19.cosine.v1.ReleaseRequest\x1a\x1a.cosine.v1.ReleaseResponse\x12\x37\n\x04Info\x12\x16.cosine.v1.InfoRequest\x1a\x17.cosine.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,19 +32,19 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cosine.transport.drafter_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PROPOSEREQUEST']._serialized_start=46
-  _globals['_PROPOSEREQUEST']._serialized_end=231
-  _globals['_BRANCH']._serialized_start=233
-  _globals['_BRANCH']._serialized_end=301
-  _globals['_PROPOSERESPONSE']._serialized_start=304
-  _globals['_PROPOSERESPONSE']._serialized_end=464
-  _globals['_RELEASEREQUEST']._serialized_start=466
-  _globals['_RELEASEREQUEST']._serialized_end=502
-  _globals['_RELEASERESPONSE']._serialized_start=504
-  _globals['_RELEASERESPONSE']._serialized_end=521
-  _globals['_INFOREQUEST']._serialized_start=523
-  _globals['_INFOREQUEST']._serialized_end=536
-  _globals['_INFORESPONSE']._serialized_start=538
-  _globals['_INFORESPONSE']._serialized_end=627
-  _globals['_DRAFTER']._serialized_start=630
-  _globals['_DRAFTER']._serialized_end=828
+  _globals['_PROPOSEREQUEST']._serialized_end=252
+  _globals['_BRANCH']._serialized_start=254
+  _globals['_BRANCH']._serialized_end=322
+  _globals['_PROPOSERESPONSE']._serialized_start=325
+  _globals['_PROPOSERESPONSE']._serialized_end=485
+  _globals['_RELEASEREQUEST']._serialized_start=487
+  _globals['_RELEASEREQUEST']._serialized_end=544
+  _globals['_RELEASERESPONSE']._serialized_start=546
+  _globals['_RELEASERESPONSE']._serialized_end=563
+  _globals['_INFOREQUEST']._serialized_start=565
+  _globals['_INFOREQUEST']._serialized_end=578
+  _globals['_INFORESPONSE']._serialized_start=580
+  _globals['_INFORESPONSE']._serialized_end=669
+  _globals['_DRAFTER']._serialized_start=672
+  _globals['_DRAFTER']._serialized_end=870
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("request_id", "num_cached", "new_token_ids", "max_tokens", "min_confidence", "expected_ids", "max_branches")
+    __slots__ = ("request_id", "num_cached", "new_token_ids", "max_tokens", "min_confidence", "expected_ids", "max_branches", "verifier_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class ProposeRequest(_message.Message):
     MIN_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_cached: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -22,7 +23,8 @@ class ProposeRequest(_message.Message):
     min_confidence: float
     expected_ids: _containers.RepeatedScalarFieldContainer[int]
     max_branches: int
-    def __init__(self, request_id: _Optional[str] = ..., num_cached: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., min_confidence: _Optional[float] = ..., expected_ids: _Optional[_Iterable[int]] = ..., max_branches: _Optional[int] = ...) -> None: ...
+    verifier_id: str
+    def __init__(self, request_id: _Optional[str] = ..., num_cached: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., min_confidence: _Optional[float] = ..., expected_ids: _Optional[_Iterable[int]] = ..., max_branches: _Optional[int] = ..., verifier_id: _Optional[str] = ...) -> None: ...
 
 class Branch(_message.Message):
     __slots__ = ("prefix_len", "token_ids", "confidences")
@@ -51,10 +53,12 @@ class ProposeResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., confidences: _Optional[_Iterable[float]] = ..., draft_s: _Optional[float] = ..., drafter: _Optional[str] = ..., prefix_len: _Optional[int] = ..., branches: _Optional[_Iterable[_Union[Branch, _Mapping]]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("request_id",)
+    __slots__ = ("request_id", "verifier_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+    verifier_id: str
+    def __init__(self, request_id: _Optional[str] = ..., verifier_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ()

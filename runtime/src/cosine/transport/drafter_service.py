@@ -1,6 +1,8 @@
 """gRPC server of one drafter: `cosine drafter` runs this in its own process (one pod).
 
-The engine's KV caches stay here, keyed by request id; the verifier sends context deltas and
+The engine's KV caches stay here, keyed by verifier and request id (several verifier replicas
+share a pool; the contexts of a verifier not heard from for `verifier_timeout_s` are evicted, as
+vLLM's RFC #42109 for a disaggregated draft server does); the verifier sends context deltas and
 receives greedy draft tokens with their confidences. Every `Propose` pending when a draft round
 starts is drafted in that round, together, by the pool's engine (`draft_engine.DraftBatcher`): a
 pool serves many requests at once and never one at a time. Health via `grpcio-health-checking`
@@ -15,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 
 import grpc
@@ -68,14 +71,21 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         max_requests: contexts kept; the least recently used beyond this are released.
         min_confidence: drafts stop at the first token whose top-1 probability is below this
             (the request's own `min_confidence`, if larger, wins).
+        verifier_timeout_s: a verifier not heard from for this many seconds went away: the
+            contexts it left are released.
+        clock: monotonic seconds (injected for tests).
     """
 
     def __init__(
         self, engine: DraftEngine, pool: str, tokenizer_family: str = "", *, model: str = "",
         max_requests: int = 256, metrics: DrafterMetrics | None = None, vocab_size: int | None = None,
-        min_confidence: float = 0.0,
+        min_confidence: float = 0.0, verifier_timeout_s: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
+        self.verifier_timeout_s = verifier_timeout_s
+        self.clock = clock
+        self._last_seen: dict[str, float] = {}  # verifier id -> when it last called
         self.vocab_size = vocab_size if vocab_size is not None else engine.vocab_size
         self.model_name = model or engine.name
         self.pool = pool
@@ -92,6 +102,11 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         with self._lock:
             return len(self._contexts)
 
+    @staticmethod
+    def key(verifier_id: str, request_id: str) -> str:
+        """The engine's key of a verifier's request (request ids are unique per verifier only)."""
+        return f"{verifier_id}/{request_id}" if verifier_id else request_id
+
     def Propose(self, request: pb.ProposeRequest, context: grpc.ServicerContext) -> pb.ProposeResponse:
         """Extend the request's kept context (`num_cached` tokens kept + `new_token_ids`) and draft
         from it in the next batched round, waiting up to the call's deadline.
@@ -100,8 +115,9 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         resends the whole context), INVALID_ARGUMENT for an empty context, DEADLINE_EXCEEDED when
         the round does not finish in time, INTERNAL when the engine fails.
         """
-        rid = request.request_id
+        rid = self.key(request.verifier_id, request.request_id)
         with self._lock:
+            self._last_seen[request.verifier_id] = self.clock()
             known = self._contexts.get(rid)
             if request.num_cached and (known is None or len(known) < request.num_cached):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"request {rid}: context not cached; resend")
@@ -135,10 +151,11 @@ class DrafterServicer(pb_grpc.DrafterServicer):
 
     def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseResponse:
         """Forget the request's context and free its engine state (idempotent)."""
+        rid = self.key(request.verifier_id, request.request_id)
         with self._lock:
-            self._contexts.pop(request.request_id, None)
+            self._contexts.pop(rid, None)
             self.metrics.contexts.set(len(self._contexts))
-        self.batcher.release(request.request_id)
+        self.batcher.release(rid)
         return pb.ReleaseResponse()
 
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
@@ -158,7 +175,17 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         self.metrics.batched.inc(len(results))
 
     def _evict(self) -> Sequence[str]:
+        """Contexts to release (under the lock): those of verifiers gone for `verifier_timeout_s`,
+        then the least recently used beyond `max_requests`."""
+        now = self.clock()
+        gone = {v for v, t in self._last_seen.items() if now - t > self.verifier_timeout_s}
         out = []
+        for v in gone:
+            del self._last_seen[v]
+            prefix = self.key(v, "")
+            for rid in [r for r in self._contexts if (r.startswith(prefix) if v else "/" not in r)]:
+                del self._contexts[rid]
+                out.append(rid)
         while len(self._contexts) > self.max_requests:
             rid, _ = self._contexts.popitem(last=False)
             out.append(rid)

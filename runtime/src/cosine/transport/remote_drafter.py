@@ -50,6 +50,8 @@ class RemoteDrafter:
             base + per_token * (draft tokens + context tokens sent / 16).
         tls_dir: TLS with the CA in this directory (`transport.tls.channel`); None: plaintext.
         tls_server_name: the name the drafter's certificate must carry (default: the address's host).
+        verifier_id: this verifier replica's id, sent with every call (the drafter keys per-request
+            state by verifier and request); "" for none.
     """
 
     def __init__(
@@ -61,9 +63,11 @@ class RemoteDrafter:
         per_token_timeout_s: float = 1.0,
         tls_dir: str | None = None,
         tls_server_name: str | None = None,
+        verifier_id: str = "",
     ) -> None:
         self.address = address
         self.name = name
+        self.verifier_id = verifier_id
         self.base_timeout_s = base_timeout_s
         self.per_token_timeout_s = per_token_timeout_s
         self._channel = drafter_channel(
@@ -112,7 +116,8 @@ class RemoteDrafter:
               max_branches=0) -> pb.ProposeResponse:
         new = list(context_ids[common:])
         req = pb.ProposeRequest(request_id=request_id, num_cached=common, new_token_ids=new, max_tokens=max_tokens,
-                                min_confidence=min_confidence, expected_ids=list(expected), max_branches=max_branches)
+                                min_confidence=min_confidence, expected_ids=list(expected), max_branches=max_branches,
+                                verifier_id=self.verifier_id)
         drafted = max_tokens * (1 + max_branches) + len(expected)
         timeout = self.base_timeout_s + self.per_token_timeout_s * (drafted + len(new) / 16)
         return self._stub.Propose(req, timeout=timeout)
@@ -122,9 +127,18 @@ class RemoteDrafter:
         although its answer never came back). Best effort."""
         self._sent.pop(request_id, None)
         try:
-            self._stub.Release(pb.ReleaseRequest(request_id=request_id), timeout=1.0)
+            self._stub.Release(pb.ReleaseRequest(request_id=request_id, verifier_id=self.verifier_id), timeout=1.0)
         except grpc.RpcError as e:  # best effort: the drafter evicts least-recently-used contexts anyway
             log.debug("release %s on %s failed: %s", request_id, self.name, e.code())
+
+    def held(self) -> int:
+        """Requests whose context this client has sent and not released."""
+        return len(self._sent)
+
+    def forget(self, request_id: str) -> None:
+        """Drop what this client sent for the request, without telling the drafter (its next
+        call sends the whole context)."""
+        self._sent.pop(request_id, None)
 
     def close(self) -> None:
         """Close the gRPC channel."""

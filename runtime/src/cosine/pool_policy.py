@@ -1,0 +1,126 @@
+"""How CoSine uses its drafter pools: whether to ask one for a request's next draft, how large an
+ask, what the proposer believes about each pool, and which replica of a pool holds a request.
+
+Pure policy: numbers in, decisions out; no grpc, no clock. One object, `PoolPolicy`, called by the
+serving path (`proposer.CoSineProposer`) and by the simulator (`simulation.cluster`) alike, so the
+simulated cluster decides as the served one does (a copy of a policy drifts, and the copy then
+argues for a system that does not serve).
+
+- Asking (`PoolPolicy.worth_asking`): a pool is asked where its expected accepted tokens per
+  verifier step beat prompt lookup's for the request (`speculation_control.pool_pays`), and on the
+  request's probe steps (its first step, then every `probe_every`), so its estimates can recover.
+- Sizing (`PoolPolicy.ask`): draft tokens and branches sized to come back within the verifier step
+  the call overlaps (`speculation_control.pool_ask`; PEARL's post-verify drafting, Liu et al.,
+  arXiv:2408.11850, for the branches).
+- Beliefs: a pool's on-time share (`on_time`: its draft arrived in time and continued the context)
+  and a request's lookup-hit rate (`lookup_hit`), both exponential moving averages over looks.
+- Routing with fusion (`routing_settings`): with `fusion` every pool may be routed to a request,
+  each then asked only where it pays (Gao et al. 2025, arXiv:2503.10325, confidence-based fusion).
+- Replicas (`assign_replica`): a pool is N replicas, each keeping per-request state (a KV sequence,
+  the context deltas it was sent). A request is assigned to one replica for its lifetime, the one
+  holding the fewest requests at assignment (least outstanding requests), so a replica the
+  autoscaler adds takes new requests until the pool is even, and a request's context is never
+  split. Consistent hashing with bounded loads (Mirrokni et al. 2018) would keep a request on the
+  same replica across several verifiers without coordination; here each request has exactly one
+  verifier, which remembers its replica, so the simpler rule balances as well and moves nothing
+  when replicas come and go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from cosine import routing
+from cosine import speculation_control as sc
+
+SPEED_DECAY = 0.8  # weight kept by a pool's round-trip and per-token estimates per call
+ON_TIME_DECAY = 0.95  # weight kept by a pool's on-time share per look at one of its drafts
+LOOKUP_HIT_DECAY = 0.8  # weight kept by a request's lookup-hit rate per step
+
+
+@dataclass(frozen=True)
+class PoolPolicy:
+    """How the drafting plane uses pools (see the module docstring).
+
+    lookahead_tokens: a pool drafts this many tokens beyond k (the target emits at least one token
+    while the draft is made). max_draft_tokens: the most draft tokens per candidate of one ask.
+    branches: at most this many rejection points of the draft being verified a pool drafts from as
+    well (`Drafter.propose`'s `max_branches`). step_budget: the share of a verifier step an ask is
+    sized to take, from the pool's measured seconds per draft token. min_gain_tokens: expected
+    accepted tokens per step a pool must give a request to be asked (besides beating lookup).
+    probe_every: a pool that does not pay for a request is still asked every this many of its steps.
+
+    Raises ValueError for probe_every < 1, negative token counts, or step_budget outside (0, 1].
+    """
+
+    lookahead_tokens: int = 2
+    max_draft_tokens: int = sc.MAX_DRAFT_TOKENS
+    branches: int = 2
+    step_budget: float = 0.8
+    min_gain_tokens: float = 0.25
+    probe_every: int = 8
+
+    def __post_init__(self) -> None:
+        if self.probe_every < 1 or min(self.lookahead_tokens, self.max_draft_tokens, self.branches) < 0:
+            raise ValueError(f"need probe_every >= 1 and non-negative token counts, got {self!r}")
+        if not 0 < self.step_budget <= 1:
+            raise ValueError(f"step_budget must be in (0, 1], got {self.step_budget}")
+
+    def worth_asking(self, request_steps: int, pool_alpha: float, pool_on_time: float, lookup_alpha: float,
+                     lookup_hit_rate: float, k_max: int) -> bool:
+        """Ask the pool for this request now: on its probe steps (`request_steps`, counted from 1:
+        the first, then every `probe_every`), else where `speculation_control.pool_pays`.
+        Alphas are per-token acceptance rates in [0, 1]; `lookup_hit_rate` is 0 without lookup."""
+        if (request_steps - 1) % self.probe_every == 0:
+            return True
+        return sc.pool_pays(pool_alpha, pool_on_time, lookup_alpha, lookup_hit_rate, k_max, self.min_gain_tokens)
+
+    def ask(self, step_s: float, token_s: float | None, rtt_s: float, k_max: int, verifying: bool) -> tuple[int, int]:
+        """(draft tokens per candidate, branches) of the next ask (`speculation_control.pool_ask`).
+        step_s: the verifier's seconds per decode step; token_s: the pool's measured seconds per
+        draft token (None: not measured yet); rtt_s: its measured round trip, seconds;
+        `verifying`: a draft is being verified meanwhile (branches only then)."""
+        return sc.pool_ask(step_s, token_s, rtt_s, k_max, self.branches if verifying else 0,
+                           lookahead=self.lookahead_tokens, max_tokens=max(self.max_draft_tokens, k_max),
+                           budget=self.step_budget)
+
+    @staticmethod
+    def learn_speed(rtt_s: float | None, token_s: float | None, call_s: float,
+                    drafted_tokens: int) -> tuple[float, float | None]:
+        """A pool's (round trip, seconds per draft token) estimates after a call of `call_s`
+        seconds that drafted `drafted_tokens` tokens (all candidates; 0 leaves the per-token
+        estimate alone, as for a call that took in a whole prompt). None: no estimate yet."""
+        rtt = call_s if rtt_s is None else SPEED_DECAY * rtt_s + (1 - SPEED_DECAY) * call_s
+        if drafted_tokens <= 0:
+            return rtt, token_s
+        per = call_s / drafted_tokens
+        return rtt, per if token_s is None else SPEED_DECAY * token_s + (1 - SPEED_DECAY) * per
+
+    @staticmethod
+    def on_time(previous: float, usable: bool) -> float:
+        """A pool's on-time share after one look at its draft (`usable`: it had arrived and still
+        continued the context; a draft still in flight is not usable)."""
+        return ON_TIME_DECAY * previous + (1 - ON_TIME_DECAY) * (1.0 if usable else 0.0)
+
+    @staticmethod
+    def lookup_hit(previous: float, hit: bool) -> float:
+        """A request's lookup-hit rate after one step on which prompt lookup found (`hit`) a draft or not."""
+        return LOOKUP_HIT_DECAY * previous + (1 - LOOKUP_HIT_DECAY) * (1.0 if hit else 0.0)
+
+    @staticmethod
+    def routing_settings(settings: routing.RoutingSettings, num_pools: int, fusion: bool) -> routing.RoutingSettings:
+        """The router's settings for one request: with `fusion` every pool may be routed to it
+        (each then asked only where it pays, their drafts fused); else the router's own limit."""
+        if not fusion:
+            return settings
+        return replace(settings, max_drafters=max(settings.max_drafters, num_pools))
+
+
+def assign_replica(held: Mapping[str, int], replicas: Sequence[str]) -> str | None:
+    """The replica a new (or re-homed) request is assigned to: the one of `replicas` holding the
+    fewest requests (`held`, missing = 0), the first in `replicas` order on a tie; None when there
+    are no replicas."""
+    if not replicas:
+        return None
+    return min(replicas, key=lambda r: held.get(r, 0))  # min keeps the first of equals

@@ -1,0 +1,182 @@
+"""A pool's replicas over real gRPC on loopback: requests spread and stay on their replica,
+replicas join and leave with the address list, a dead replica's requests are re-homed within the
+call, releases reach the replica holding the context, and drafters key state by verifier."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from cosine.transport.drafter_service import DrafterServicer, serve
+from cosine.transport.replica_pool import ReplicaPool, resolve_addresses
+
+from .test_transport import RuleEngine
+
+
+class Replicas:
+    """N drafter replicas (gRPC servers over `RuleEngine`s) and the address list a test controls."""
+
+    def __init__(self, n: int) -> None:
+        self.engines, self.servicers, self.servers, self.addresses = [], [], [], []
+        for _ in range(n):
+            self.add()
+
+    def add(self) -> str:
+        engine = RuleEngine()
+        servicer = DrafterServicer(engine, pool="code")
+        server = serve(servicer, port=0)
+        self.engines.append(engine)
+        self.servicers.append(servicer)
+        self.servers.append(server)
+        address = f"127.0.0.1:{server.bound_port}"
+        self.addresses.append(address)
+        return address
+
+    def kill(self, i: int) -> None:
+        self.servers[i].stop(None)
+
+    def close(self) -> None:
+        for server, servicer in zip(self.servers, self.servicers, strict=True):
+            server.stop(None)
+            servicer.close()
+
+
+@pytest.fixture()
+def replicas():
+    r = Replicas(2)
+    yield r
+    r.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_requests_spread_and_stay_on_their_replica(replicas):
+    pool = ReplicaPool("code", replicas.addresses)
+    try:
+        homes = {}
+        for step in range(3):
+            for i in range(8):
+                rid = f"r{i}"
+                d = pool.propose(rid, [1, 2, 3 + step], 3)
+                assert d.token_ids == ((4 + step) % 50, (5 + step) % 50, (6 + step) % 50)
+                homes.setdefault(rid, pool.home_of(rid))
+                assert pool.home_of(rid) == homes[rid]  # affinity: every call on one replica
+        stats = pool.replica_stats()
+        assert [stats[a].held for a in replicas.addresses] == [4, 4]
+        assert [stats[a].calls for a in replicas.addresses] == [12, 12]
+        assert all(stats[a].busy_s > 0 for a in replicas.addresses)
+        assert [s.num_contexts() for s in replicas.servicers] == [4, 4]
+        for i in range(8):
+            pool.release(f"r{i}")
+        deadline = time.monotonic() + 5
+        while any(s.num_contexts() for s in replicas.servicers) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [s.num_contexts() for s in replicas.servicers] == [0, 0]
+        assert pool.num_requests() == 0 and pool.rehomes == 0
+    finally:
+        pool.close()
+
+
+def test_a_replica_added_takes_new_requests_at_the_next_resolve(replicas):
+    clock = Clock()
+    current = [replicas.addresses[0]]
+    pool = ReplicaPool("code", resolve=lambda: list(current), resolve_every_s=5.0, clock=clock)
+    try:
+        for i in range(4):
+            pool.propose(f"old{i}", [1, 2], 2)
+        current.append(replicas.addresses[1])
+        clock.now = 4.9  # not yet re-resolved: the new replica is unknown
+        pool.propose("early", [1, 2], 2)
+        assert pool.home_of("early") == replicas.addresses[0]
+        clock.now = 5.0
+        for i in range(4):
+            pool.propose(f"new{i}", [1, 2], 2)
+        assert {pool.home_of(f"new{i}") for i in range(4)} == {replicas.addresses[1]}  # until the pool is even
+        assert all(pool.home_of(f"old{i}") == replicas.addresses[0] for i in range(4))  # nothing moved
+    finally:
+        pool.close()
+
+
+def test_a_replica_removed_from_the_list_hands_its_requests_over_whole(replicas):
+    clock = Clock()
+    current = list(replicas.addresses)
+    pool = ReplicaPool("code", resolve=lambda: list(current), resolve_every_s=1.0, clock=clock)
+    try:
+        for i in range(4):
+            pool.propose(f"r{i}", [1, 2, 3], 2)
+        gone = replicas.addresses[1]
+        moved = [f"r{i}" for i in range(4) if pool.home_of(f"r{i}") == gone]
+        assert len(moved) == 2
+        current.remove(gone)
+        clock.now = 1.0
+        for rid in moved:  # the next call re-homes: the whole context goes to the other replica
+            d = pool.propose(rid, [1, 2, 3, 9], 2)
+            assert d.token_ids == (10, 11) and pool.home_of(rid) == replicas.addresses[0]
+        assert pool.rehomes == 2
+        assert replicas.servicers[1].num_contexts() == 0  # released where they were
+        assert gone not in pool.replica_stats()  # its channel closed once it held nothing
+    finally:
+        pool.close()
+
+
+def test_a_dead_replica_costs_one_call_never_the_request(replicas):
+    pool = ReplicaPool("code", replicas.addresses, base_timeout_s=2.0)
+    try:
+        for i in range(4):
+            pool.propose(f"r{i}", [5, 6], 2)
+        replicas.kill(1)
+        for i in range(4):  # the requests of the dead replica move within the call
+            d = pool.propose(f"r{i}", [5, 6, 7], 2)
+            assert d.token_ids == (8, 9)
+            assert pool.home_of(f"r{i}") == replicas.addresses[0]
+        assert pool.rehomes == 2
+        assert pool.replica_stats()[replicas.addresses[1]].errors >= 1
+        pool.propose("fresh", [1], 1)  # a new request avoids the dead replica
+        assert pool.home_of("fresh") == replicas.addresses[0]
+        replicas.kill(0)
+        with pytest.raises(grpc.RpcError):  # no replica left: the caller counts a failed draft
+            pool.propose("r0", [5, 6, 7, 8], 2)
+    finally:
+        pool.close()
+
+
+def test_two_verifiers_share_a_replica_and_a_gone_verifier_is_evicted():
+    clock = Clock()
+    engine = RuleEngine()
+    servicer = DrafterServicer(engine, pool="code", verifier_timeout_s=60.0, clock=clock)
+    server = serve(servicer, port=0)
+    address = [f"127.0.0.1:{server.bound_port}"]
+    a = ReplicaPool("code", address, verifier_id="verifier-a")
+    b = ReplicaPool("code", address, verifier_id="verifier-b")
+    try:
+        a.propose("req-1", [1, 2], 2)
+        assert b.propose("req-1", [7, 8], 2).token_ids == (9, 10)  # the same id, another verifier's context
+        assert a.propose("req-1", [1, 2, 3], 2).token_ids == (4, 5)  # a delta on a's own context
+        assert servicer.num_contexts() == 2
+        clock.now = 61.0  # verifier b went away without releasing; a keeps calling
+        a.propose("req-2", [4], 1)
+        assert servicer.num_contexts() == 2  # a's two requests: b's context was evicted
+        b.release("req-1")
+        a.release("req-1")
+        a.release("req-2")
+        assert servicer.num_contexts() == 0
+    finally:
+        a.close()
+        b.close()
+        server.stop(None)
+        servicer.close()
+
+
+def test_resolve_addresses_expands_dns_names():
+    assert resolve_addresses(["10.0.0.1:50052"]) == ["10.0.0.1:50052"]
+    assert resolve_addresses(["dns:///localhost:50052"])[0] in ("127.0.0.1:50052", "[::1]:50052")
+    with pytest.raises(OSError):
+        resolve_addresses(["dns:///no-such-host.invalid:50052"])
