@@ -1,11 +1,12 @@
 """The embedded multi-process cluster, as a user runs it: `cosine serve --cluster FILE`.
 
 Real processes on loopback: vLLM's OpenAI server as the verifier with CoSine's proposer under its
-engine, a drafter process per replica talking gRPC (llama.cpp on the model's GGUF file, on its own
-core), a real small model (SmolLM2-135M-Instruct as both target and drafter, so it runs in
+engine, a pool of two drafter replicas, a process each, talking gRPC (llama.cpp on the model's
+GGUF file), a real small model (SmolLM2-135M-Instruct as both target and drafter, so it runs in
 seconds), the official `openai` client. The reference is vLLM serving the same target alone
-(`maxDraftLen: 0`), in float32: greedy outputs must be identical. Faults: a drafter killed
-mid-stream costs speed, never a request, and is restarted and rejoins; 50 requests at
+(`maxDraftLen: 0`), in float32: greedy outputs must be identical. Faults: a drafter replica
+killed mid-stream costs speed, never a request (its requests move to the other replica), and is
+restarted and rejoins; 50 requests at
 concurrency 8 all complete exactly once. The API contract users rely on (API key, 4xx naming the
 field, 404 for an unknown model, streaming usage) is vLLM's server's.
 """
@@ -41,7 +42,7 @@ def _manifest(tmp_path_factory, max_draft_len: int) -> str:
         "metadata": {"name": "test"},
         "spec": {
             "verifier": {"model": MODEL, "threads": 1},
-            "drafterPools": [{"name": "small", "model": MODEL, "replicas": 1, "threads": 1}],
+            "drafterPools": [{"name": "small", "model": MODEL, "replicas": 2, "threads": 1}],
             # the same model drafts: always speculate, so every path is exercised
             "speculation": {"maxDraftLen": max_draft_len, "adaptive": False},
         },
@@ -155,15 +156,15 @@ def test_killed_drafter_costs_speed_not_requests(cluster, reference):
     base, proc, metrics_url = cluster
     client = _client(base)
     pids = _drafter_pids(proc.pid)
-    assert len(pids) == 1, "one drafter process per replica, visible as `cosine drafter` in ps"
+    assert len(pids) == 2, "one drafter process per replica, visible as `cosine drafter` in ps"
     with cf.ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(_chat, client, p, True) for p in PROMPTS]
         time.sleep(1.0)
-        os.kill(pids[0], signal.SIGKILL)  # the drafter dies while requests are in flight
+        os.kill(pids[0], signal.SIGKILL)  # a replica dies while requests are in flight
         results = [f.result(timeout=240) for f in futures]
     assert results == [reference[p] for p in PROMPTS]
     deadline = time.monotonic() + 120  # the supervisor restarts it
-    while not (new := _drafter_pids(proc.pid)) or new == pids:
+    while len(new := _drafter_pids(proc.pid)) < 2 or pids[0] in new:
         assert time.monotonic() < deadline, "drafter was not restarted"
         time.sleep(1)
     time.sleep(8)  # model load + the proposer's down window for a failed pool

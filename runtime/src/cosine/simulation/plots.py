@@ -1,5 +1,6 @@
 """Figures of `cosine simulate`: one PNG with the run's replica timeline and, when present, the
-RTT x speed-ratio map and the autoscaler timelines (matplotlib, Agg backend)."""
+paper testbed's throughput per dollar, the RTT x speed-ratio map and the autoscaler timelines
+(matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("run", "rtt_sweep", "autoscale") if k in result]
+    panels = [k for k in ("run", "paper_testbed", "rtt_sweep", "autoscale") if k in result]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6 * max(1, len(panels)), 4.5), squeeze=False)
     for ax, key in zip(axes[0], panels, strict=False):
         if key == "run":
@@ -24,6 +25,16 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 ax.step([t for t, _ in tl], [n for _, n in tl], where="post", label=name)
             ax.set(title=f"{result['run']['mode']}: drafter replicas", xlabel="time (s)", ylabel="replicas")
             ax.legend()
+        elif key == "paper_testbed":
+            pairs = result["paper_testbed"]["pairs"]
+            systems = [s for s in next(iter(pairs.values())) if s != "ratios"]
+            width = 0.8 / len(systems)
+            for i, system in enumerate(systems):
+                ax.bar([j + i * width for j in range(len(pairs))],
+                       [pairs[p][system]["tok_s_per_usd_h"] for p in pairs], width, label=system)
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(pairs))], list(pairs))
+            ax.set(title="paper testbed: throughput per dollar, concurrency 16", ylabel="tok/s per $/h")
+            ax.legend(fontsize=7)
         elif key == "rtt_sweep":
             cells = result["rtt_sweep"]["cells"]
             rate = max(c["rate"] for c in cells)

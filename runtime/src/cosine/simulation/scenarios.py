@@ -82,11 +82,14 @@ PAIRS = {
 }
 
 
-def _pair_manifest(pair: str, mode: str) -> dict[str, Any]:
+def _pair_manifest(pair: str, mode: str, specialists: bool = True) -> dict[str, Any]:
+    """The paper's testbed for one pair as a manifest. `specialists`: CoSine's pools get the
+    specialist acceptance profile on their domains (assumed, `profiles.yaml`); False gives them
+    the generic drafter's, so only the architecture differs from a co-located drafter."""
     p = PAIRS[pair]
     vm, vhw, gpus = p["verifier"]
     dm, dhw = p["drafter"]
-    spec_key = f"{p['acceptance']}-specialist"
+    spec_key = f"{p['acceptance']}-specialist" if specialists else p["acceptance"]
     pools = [{"name": n, "model": dm, "expertise": e, "replicas": 1, "minReplicas": 1, "maxReplicas": 8}
              for n, e in (("code", ["code", "edit"]), ("math", ["math"]), ("chat", ["chat"]))]
     sim_pools = {q["name"]: {"hardware": dhw, "slots": 16, "model": dm,
@@ -104,35 +107,70 @@ def _cost_per_hour(setup: SimSetup) -> float:
     return v + (sum(p.price_per_hour_usd * p.replicas for p in setup.pools) if setup.mode == "cosine" else 0.0)
 
 
+def _lookup_setup(target_only: SimSetup, bench_json: Path | None) -> SimSetup:
+    """Suffix-style lookup on the verifier alone (vLLM's `ngram`/`suffix` methods; CoSine without
+    pools): its hit rate, draft length and per-token acceptance are those measured for
+    `cosine-lookup` in the kept bench run (our CPU workloads with the 1.5B coder: an assumption
+    for the paper's models and prompts)."""
+    from cosine.simulation.cluster import LOOKUP, LookupModel
+    from cosine.simulation.cost_models import AcceptanceModel
+
+    cal = calibration.calibrate(calibration.load_bench(bench_json or _KEPT_BENCH), "cosine-lookup", 1)
+    acceptance = AcceptanceModel({(LOOKUP, d): cal.lookup_alpha for d in DOMAINS}, {LOOKUP: 8.0})
+    return dataclasses.replace(target_only, mode="cosine", pools=(), acceptance=acceptance,
+                               lookup=LookupModel(cal.lookup_hit_rate, cal.lookup_draft_tokens))
+
+
+_KEPT_BENCH = Path(__file__).resolve().parents[4] / "tests" / "simulation" / "data" / "bench_session8.json"
+PAPER_SYSTEMS = ("target-only", "vanilla", "lookup", "cosine", "cosine-equal-acceptance")
+
+
 def paper_testbed(profiles: Profiles | None = None, low_rate: float = 1.0, high_concurrency: int = 16,
-                  saturation_concurrency: int = 96, requests: int = 96, seed: int = 0) -> dict[str, Any]:
+                  saturation_concurrency: int = 96, requests: int = 96, seed: int = 0,
+                  bench_json: Path | None = None) -> dict[str, Any]:
     """Latency at low load (Poisson `low_rate` req/s, 120 s) and throughput closed-loop at
-    `high_concurrency` (and at `saturation_concurrency`), 256 in / 128 out, for the four systems;
-    ratios to target-only and to a co-located drafter (vanilla), per dollar."""
+    `high_concurrency` (and at `saturation_concurrency`), 256 in / 128 out, for each of
+    `PAPER_SYSTEMS`: target-only; `vanilla` (a co-located draft model, vLLM's `draft_model`);
+    `lookup` (suffix-style lookup on the verifier, `_lookup_setup`); `cosine` as the paper argues
+    it (specialist pools with an assumed acceptance edge on their domains); and
+    `cosine-equal-acceptance` (the same pools with the generic drafter's acceptance: the gain of
+    the architecture alone). Ratios to target-only, and per dollar to the best baseline (the
+    speculative baseline with the most tokens/s per dollar)."""
     profiles = profiles or load_profiles()
     rng = random.Random(seed)
     closed = tuple(RequestSpec(0.0, 256, 128, rng.choice(DOMAINS)) for _ in range(requests))
     open_loop = poisson_requests(low_rate, 120.0, 256, 128, DOMAINS, seed)
     table: dict[str, Any] = {}
     for pair in PAIRS:
-        rows = {}
-        for mode in ("target-only", "vanilla", "cosine"):
-            setup, _ = config.build_setup(_pair_manifest(pair, mode), profiles, seed=seed)
+        setups = {mode: config.build_setup(_pair_manifest(pair, mode), profiles, seed=seed)[0]
+                  for mode in ("target-only", "vanilla", "cosine")}
+        setups["lookup"] = _lookup_setup(setups["target-only"], bench_json)
+        setups["cosine-equal-acceptance"] = config.build_setup(_pair_manifest(pair, "cosine", specialists=False),
+                                                               profiles, seed=seed)[0]
+        rows: dict[str, Any] = {}
+        for system in PAPER_SYSTEMS:
+            setup = setups[system]
             lat = simulate(setup, Workload(open_loop)).summary()
             thr = simulate(setup, Workload(closed, high_concurrency)).summary()
             sat = simulate(setup, Workload(closed, saturation_concurrency)).summary()
             usd_h = _cost_per_hour(setup)
-            rows[mode] = {"latency_p50_s": lat["latency_p50_s"], "throughput_tok_s": thr["throughput_tok_s"],
-                          "saturated_tok_s": sat["throughput_tok_s"],
-                          "usd_per_hour": usd_h, "tok_s_per_usd_h": float(thr["throughput_tok_s"]) / usd_h,
-                          "mean_accepted_per_step": thr["mean_accepted_per_step"]}
-        base, va, co = rows["target-only"], rows["vanilla"], rows["cosine"]
-        rows["ratios"] = {
-            "cosine_latency_vs_target_only": float(co["latency_p50_s"]) / float(base["latency_p50_s"]) - 1,
-            "cosine_throughput_per_usd_vs_target_only": co["tok_s_per_usd_h"] / base["tok_s_per_usd_h"] - 1,
-            "cosine_throughput_vs_target_only": float(co["throughput_tok_s"]) / float(base["throughput_tok_s"]) - 1,
-            "cosine_over_vanilla_per_usd": co["tok_s_per_usd_h"] / va["tok_s_per_usd_h"],
-        }
+            rows[system] = {"latency_p50_s": lat["latency_p50_s"], "throughput_tok_s": thr["throughput_tok_s"],
+                            "saturated_tok_s": sat["throughput_tok_s"],
+                            "usd_per_hour": usd_h, "tok_s_per_usd_h": float(thr["throughput_tok_s"]) / usd_h,
+                            "mean_accepted_per_step": thr["mean_accepted_per_step"]}
+        base = rows["target-only"]
+        best = max(("vanilla", "lookup"), key=lambda m: float(rows[m]["tok_s_per_usd_h"]))
+        rows["ratios"] = {}
+        for system in ("cosine", "cosine-equal-acceptance"):
+            co = rows[system]
+            rows["ratios"][system] = {
+                "latency_vs_target_only": float(co["latency_p50_s"]) / float(base["latency_p50_s"]) - 1,
+                "throughput_vs_target_only": float(co["throughput_tok_s"]) / float(base["throughput_tok_s"]) - 1,
+                "throughput_per_usd_vs_target_only": co["tok_s_per_usd_h"] / base["tok_s_per_usd_h"] - 1,
+                "best_baseline": best,
+                "latency_vs_best_baseline": float(co["latency_p50_s"]) / float(rows[best]["latency_p50_s"]) - 1,
+                "throughput_per_usd_vs_best_baseline": co["tok_s_per_usd_h"] / rows[best]["tok_s_per_usd_h"] - 1,
+            }
         table[pair] = rows
     return {"paper": PAPER, "pairs": table}
 
@@ -214,6 +252,30 @@ def autoscale_at_scale(profiles: Profiles | None = None, phase_s: float = 200.0,
         out[name]["timeline"] = res.replicas_timeline
     out["bounds"] = {"min": 3, "max": max_replicas, "pools": 3, "max_scale_down_step": 2}
     return out
+
+
+def autoscale_shared_pools(profiles: Profiles | None = None, duration_s: float = 360.0, rate: float = 2.0,
+                           start_replicas: int = 6, min_replicas: int = 2, seed: int = 0) -> dict[str, Any]:
+    """Pools that keep up (Qwen2.5-0.5B on L4s, 4 requests drafted at once per replica) started
+    over-provisioned at `start_replicas` behind 2 DeepSeek-R1-Distill-Qwen-32B verifiers, under a
+    light steady load: the autoscaler takes each pool down to `min_replicas` in steps of at most
+    `maxScaleDownStep`, while the proposer spreads each pool's requests over its replicas (least
+    held first) and re-homes those of a replica that leaves. Reports the replica timelines, the
+    draft calls each replica served, re-homes, and `_scaling_figures`."""
+    profiles = profiles or load_profiles()
+    m = _pair_manifest("qwen-32b", "cosine")
+    for p in m["spec"]["drafterPools"]:
+        p.update(replicas=start_replicas, minReplicas=min_replicas, maxReplicas=4 * start_replicas)
+    m["spec"]["verifier"]["replicas"] = 2
+    m["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 30, "stabilizationSeconds": 60,
+                                "maxScaleDownStep": 2}
+    for p in m["simulation"]["pools"].values():
+        p.update(hardware="l4", slots=4)
+    setup, _ = config.build_setup(m, profiles, seed=seed)
+    assert setup.scaling is not None
+    res = simulate(setup, Workload(_rate_trace(lambda t: rate, duration_s, 256, 64, seed)), duration_s=duration_s)
+    return (_scaling_figures(res, setup.scaling, setup.interval_s, duration_s, 1) | res.summary()
+            | {"timeline": res.replicas_timeline, "replica_calls": res.replica_calls})
 
 
 def _scaling_figures(res: SimResult, policy: ScalingPolicy, interval_s: float, phase_s: float,
