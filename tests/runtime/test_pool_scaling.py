@@ -63,6 +63,10 @@ _SCRIPT = textwrap.dedent('''
         llm = vllm_hooks.cosine_llm(model, config, dtype="float32", enforce_eager=True, max_model_len=512,
                                     max_num_seqs=8, seed=0)
         proposer = llm.llm_engine.engine_core.engine_core.scheduler.cosine
+        # ask the pool at every step (not only where it pays): enough calls to measure the spread
+        import dataclasses
+        from cosine.pool_policy import PoolPolicy
+        proposer.settings = dataclasses.replace(proposer.settings, pool=PoolPolicy(probe_every=1))
         pool = proposer.pools["small"]
         current = [r0]
         pool.resolve, pool.resolve_every_s = (lambda: list(current)), args["resolve_every_s"]
