@@ -131,10 +131,6 @@ class RemoteDrafter:
         except grpc.RpcError as e:  # best effort: the drafter evicts least-recently-used contexts anyway
             log.debug("release %s on %s failed: %s", request_id, self.name, e.code())
 
-    def held(self) -> int:
-        """Requests whose context this client has sent and not released."""
-        return len(self._sent)
-
     def forget(self, request_id: str) -> None:
         """Drop what this client sent for the request, without telling the drafter (its next
         call sends the whole context)."""

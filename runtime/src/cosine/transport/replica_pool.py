@@ -176,11 +176,6 @@ class ReplicaPool:
 
     # ------------------------------------------------------------ observation
 
-    def replicas(self) -> list[str]:
-        """Addresses of the replicas requests may be assigned to now."""
-        with self._lock:
-            return [a for a, r in self._replicas.items() if not r.retired]
-
     def home_of(self, request_id: str) -> str | None:
         """The address of the replica holding the request, if any."""
         with self._lock:
