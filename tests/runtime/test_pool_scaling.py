@@ -6,8 +6,8 @@ each at most), vLLM on the same model as the verifier with CoSine's proposer und
 a subprocess, engine in-process so the script reads the proposer), closed-loop load at
 concurrency 8 (vLLM's `max_num_seqs`), greedy, float32. The address list the pool re-resolves is
 a list the script controls (on Kubernetes: the Service's DNS records, one per ready pod).
-- scale 1 -> 2: the new replica takes requests within one re-resolve interval, and both serve
-  calls; over the 2-replica phase each serves 30-70% of the pool's calls;
+- scale 1 -> 2: once the list is re-resolved (at most one interval later), the next request placed
+  goes to the new replica; over the 2-replica phase each serves 30-70% of the pool's calls;
 - no request's calls are split across replicas, except after a re-home;
 - scale 2 -> 1: a replica killed mid-run and dropped from the list; every request completes;
 - every output is identical to vLLM target-only; at the end no per-request context is left in the
@@ -70,16 +70,17 @@ _SCRIPT = textwrap.dedent('''
         pool = proposer.pools["small"]
         current = [r0]
         pool.resolve, pool.resolve_every_s = (lambda: list(current)), args["resolve_every_s"]
-        calls, lock = [], threading.Lock()  # (seconds, request id, replica) per draft call that returned
+        calls, lock = [], threading.Lock()  # (start seconds, request id, replica) per draft call that returned
 
         def traced(connect):
             def make(address):
                 remote = connect(address)
                 inner = remote.propose
                 def propose(rid, *a, **kw):
+                    started = time.monotonic()
                     d = inner(rid, *a, **kw)
                     with lock:
-                        calls.append((time.monotonic(), rid, address))
+                        calls.append((started, rid, address))
                     return d
                 remote.propose = propose
                 return remote
@@ -104,9 +105,9 @@ _SCRIPT = textwrap.dedent('''
                     if sum(1 for c in calls if c[0] > phases["two"][1] and c[2] == r1) >= 3:
                         break
                 time.sleep(0.01)
+            phases["killed"] = time.monotonic()
             os.kill(args["pids"][1], signal.SIGKILL)
             current.remove(r1)
-            phases["killed"] = time.monotonic()
         killer = threading.Thread(target=scale_in, daemon=True)
         killer.start()
         t = time.monotonic()
@@ -175,8 +176,18 @@ def test_pool_scales_out_and_in_under_load(tmp_path):
     print(f"\nfirst call on the new replica {first_r1 - two_start:.2f} s after it joined; "
           f"2-replica phase: {len(in_two)} calls, rehomes {out['rehomes']}")
     assert all(c[2] == r0 for c in calls if c[0] < two_start)  # one replica until it scaled out
-    # the new replica gets requests within one re-resolve interval (plus one engine step or so)
-    assert first_r1 - two_start <= RESOLVE_EVERY_S + 1.0
+    # The pool re-resolves on the first call starting one interval after the scale-out (or earlier,
+    # if the last re-resolve was earlier); from then on the new replica holds the fewest requests, so
+    # the first new request placed after that goes to it. When a new request is placed depends on when
+    # one finishes and frees a slot, i.e. on the machine's speed: ordering is asserted, not time
+    # (0.1 s covers a call that entered the pool just before the interval ended).
+    seen_before = {c[1] for c in calls if c[0] < two_start}
+    first_call = {}
+    for t, rid, _ in sorted(calls):
+        first_call.setdefault(rid, t)
+    placed_after = [t for rid, t in first_call.items()
+                    if rid not in seen_before and two_start + RESOLVE_EVERY_S + 0.1 <= t <= two_end]
+    assert not placed_after or first_r1 <= min(placed_after), (first_r1 - two_start, sorted(placed_after)[:3])
     share = sum(1 for c in in_two if c[2] == r1) / len(in_two)
     print(f"share of the 2-replica phase's calls on the new replica: {share:.2f}")
     assert 0.3 <= share <= 0.7
