@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 RUN_ARGS ?=
 
 .PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver images \
-	image-runtime image-operator minbase-image
+	image-runtime image-operator minbase-image images-cuda
 
 $(STAMP): operator/pyproject.toml runtime/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -117,6 +117,16 @@ image-operator:
 
 image-runtime:
 	$(IMAGE_BUILD) --target runtime $(RUNTIME_BUILD_ARGS) -t $(RUNTIME_IMAGE) .
+
+# The CUDA runtime image (GPU pods: the operator's default for a pod that requests nvidia.com/gpu),
+# from the same Dockerfile: PyPI's vllm==0.32.0 (a CUDA build) and the torch it pins (PyPI's torch
+# is the CUDA build too), llama.cpp on the CPU for CPU pools. Tagged <version>-cuda. Builds and
+# imports anywhere; runs only on a node with an NVIDIA GPU and driver.
+CUDA_RUNTIME_IMAGE ?= ghcr.io/cosine-project/cosine:$(IMAGE_TAG)-cuda
+CUDA_BUILD_ARGS ?= --build-arg TORCH_SPEC=torch==2.13.0 --build-arg VLLM_SPEC=vllm==0.32.0 \
+	--build-arg TORCH_INDEX_URL=https://pypi.org/simple
+images-cuda:
+	$(IMAGE_BUILD) --target runtime $(CUDA_BUILD_ARGS) -t $(CUDA_RUNTIME_IMAGE) .
 
 lint: install
 	$(BIN)/ruff check .

@@ -8,7 +8,6 @@ the engine core's `post_step` calling `update_draft_token_ids` (synchronous sche
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
 import pytest
@@ -18,55 +17,22 @@ vllm = pytest.importorskip("vllm")
 from cosine import vllm_hooks  # noqa: E402
 
 
-def test_pinned_vllm_version():
-    assert vllm.__version__ == vllm_hooks.VLLM_VERSION
-
-
-def test_custom_class_proposer_call_shape():
-    from vllm.v1.worker import gpu_model_runner
-
-    src = inspect.getsource(gpu_model_runner.GPUModelRunner.propose_draft_token_ids)
-    # the custom_class branch passes exactly these arguments to our proposer
-    assert 'spec_config.method == "custom_class"' in src
-    call = "self.drafter).propose(\n" + "".join(
-        f"                {arg},\n" for arg in ("sampled_token_ids", "self.input_batch.num_tokens_no_spec",
-                                                  "self.input_batch.token_ids_cpu", "slot_mappings=slot_mappings"))
-    assert call in src
+def test_seams_are_the_ones_written_against():
+    """`seam_problems` reads vLLM's source; the runtime images' smoke tests run it in each build."""
+    assert vllm_hooks.seam_problems() == []
+    assert issubclass(vllm_hooks.CoSineScheduler, __import__("vllm").v1.core.sched.scheduler.Scheduler)
     sig = inspect.signature(vllm_hooks.NoDraftProposer.propose)
     assert list(sig.parameters)[1:] == ["sampled_token_ids", "num_tokens_no_spec", "token_ids_cpu", "slot_mappings"]
     assert vllm_hooks.NoDraftProposer(None).propose([[1], [2, 3]], None, None) == [[], []]
 
 
-def test_scheduler_seams():
+def test_seam_problems_names_a_changed_seam(monkeypatch):
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.engine import core
-    from vllm.v1.outputs import DraftTokenIds
 
-    assert [f.name for f in dataclasses.fields(DraftTokenIds)] == ["req_ids", "draft_token_ids"]
-    assert list(inspect.signature(Scheduler.update_draft_token_ids).parameters) == ["self", "draft_token_ids"]
-    assert list(inspect.signature(Scheduler.update_from_output).parameters) == [
-        "self", "scheduler_output", "model_runner_output"]
-    assert "throttle_prefills" in inspect.signature(Scheduler.schedule).parameters
-    post = inspect.getsource(core.EngineCore.post_step)
-    assert "self.scheduler.update_draft_token_ids(draft_token_ids)" in post
-    assert issubclass(vllm_hooks.CoSineScheduler, Scheduler)
-
-
-def test_request_fields_read():
-    from vllm.v1.request import Request
-
-    src = inspect.getsource(Request.__init__)
-    for name in ("self.all_token_ids", "self.num_prompt_tokens", "self.is_prefill_chunk", "self.spec_token_ids"):
-        assert name in src, name
-
-
-def test_custom_class_disables_async_scheduling():
-    """Our drafts are written in `update_draft_token_ids`, which only the synchronous engine step
-    calls; vLLM must keep turning async scheduling off for custom_class proposers."""
-    from vllm.config import vllm as vllm_config_module
-
-    src = inspect.getsource(vllm_config_module.VllmConfig)
-    assert "Async scheduling not supported with %s-based" in src
+    monkeypatch.setattr(vllm, "__version__", "0.99.0")
+    monkeypatch.setattr(Scheduler, "schedule", lambda self: None)
+    problems = vllm_hooks.seam_problems()
+    assert any("0.99.0" in p for p in problems) and any("throttle_prefills" in p for p in problems)
 
 
 def test_engine_kwargs():

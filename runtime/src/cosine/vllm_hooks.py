@@ -118,6 +118,54 @@ def ensure_lossless_cpu_sampling() -> bool:
     return True
 
 
+def seam_problems() -> list[str]:
+    """What of the vLLM seams this module hooks into differs from the vLLM it was written against
+    (`VLLM_VERSION`); empty when every seam is as expected. Reads vLLM's installed source, loads
+    no model and needs no device, so it runs against any build (CPU, or CUDA on a machine without
+    a GPU: the runtime images' smoke tests). Checked: the version; the `custom_class` branch of the
+    V1 GPU model runner and the arguments it passes `NoDraftProposer.propose`; the scheduler's
+    `update_draft_token_ids`, `update_from_output` and `schedule(throttle_prefills)`; the engine
+    core's `post_step` calling `update_draft_token_ids`; `DraftTokenIds`' fields; the `Request`
+    fields read; vLLM turning async scheduling off for `custom_class` proposers."""
+    import dataclasses
+    import inspect
+
+    import vllm
+    from vllm.config import vllm as vllm_config_module
+    from vllm.v1.engine import core
+    from vllm.v1.request import Request
+    from vllm.v1.worker import gpu_model_runner
+
+    problems = []
+    if vllm.__version__ != VLLM_VERSION:
+        problems.append(f"vLLM {vllm.__version__}, hooks written against {VLLM_VERSION}")
+    runner = inspect.getsource(gpu_model_runner.GPUModelRunner.propose_draft_token_ids)
+    call = "self.drafter).propose(\n" + "".join(
+        f"                {arg},\n" for arg in ("sampled_token_ids", "self.input_batch.num_tokens_no_spec",
+                                                  "self.input_batch.token_ids_cpu", "slot_mappings=slot_mappings"))
+    if 'spec_config.method == "custom_class"' not in runner or call not in runner:
+        problems.append("GPUModelRunner.propose_draft_token_ids: no custom_class branch calling "
+                        "propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=)")
+    if [f.name for f in dataclasses.fields(DraftTokenIds)] != ["req_ids", "draft_token_ids"]:
+        problems.append("DraftTokenIds fields are not (req_ids, draft_token_ids)")
+    if list(inspect.signature(Scheduler.update_draft_token_ids).parameters) != ["self", "draft_token_ids"]:
+        problems.append("Scheduler.update_draft_token_ids(draft_token_ids) changed")
+    if list(inspect.signature(Scheduler.update_from_output).parameters) != [
+            "self", "scheduler_output", "model_runner_output"]:
+        problems.append("Scheduler.update_from_output(scheduler_output, model_runner_output) changed")
+    if "throttle_prefills" not in inspect.signature(Scheduler.schedule).parameters:
+        problems.append("Scheduler.schedule has no throttle_prefills")
+    if "self.scheduler.update_draft_token_ids(draft_token_ids)" not in inspect.getsource(core.EngineCore.post_step):
+        problems.append("EngineCore.post_step no longer calls scheduler.update_draft_token_ids")
+    request = inspect.getsource(Request.__init__)
+    problems += [f"Request has no {name}" for name in ("self.all_token_ids", "self.num_prompt_tokens",
+                                                       "self.is_prefill_chunk", "self.spec_token_ids")
+                 if name not in request]
+    if "Async scheduling not supported with %s-based" not in inspect.getsource(vllm_config_module.VllmConfig):
+        problems.append("VllmConfig no longer turns async scheduling off for custom_class proposers")
+    return problems
+
+
 def proposer_config(
     *,
     max_draft_tokens: int = 8,
