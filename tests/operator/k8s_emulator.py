@@ -4,7 +4,10 @@ kmock stores objects, merges/JSON-patches them and streams watch events. This la
 kopf and our operator rely on: ``uid``/``resourceVersion``/``generation``/``creationTimestamp``,
 resourceVersion bumped on every write, 422 on a failed JSON-patch ``test``, 409 on a stale
 resourceVersion in a merge patch, ``status`` subresource semantics, ``kind`` in lists, equality
-label selectors, and cascading deletion through ``ownerReferences`` (the garbage collector).
+label selectors, cascading deletion through ``ownerReferences`` (the garbage collector), and
+server-side apply for one applier per object: an apply creates a missing object; on an existing
+one, the fields the manager applied last time and leaves out now are removed, the rest merged
+(lists replaced whole; ownership moved by other writers is not tracked).
 No built-in controllers: tests play the Deployment controller by patching ``status``.
 
 :class:`EmulatorThread` runs it on loopback in a thread of its own (the operator runs in
@@ -37,6 +40,9 @@ SERVICES = "v1/services"
 CONFIGMAPS = "v1/configmaps"
 PODS = "v1/pods"
 NETWORKPOLICIES = "networking.k8s.io/v1/networkpolicies"
+JOBS = "batch/v1/jobs"
+PVCS = "v1/persistentvolumeclaims"
+PDBS = "policy/v1/poddisruptionbudgets"
 EVENTS = "v1/events"
 
 # group/version/plural -> (kind, subresources)
@@ -47,6 +53,9 @@ RESOURCES: dict[str, tuple[str, set[str]]] = {
     "v1/pods": ("Pod", {"status"}),
     "v1/services": ("Service", {"status"}),
     "v1/configmaps": ("ConfigMap", set()),
+    "v1/persistentvolumeclaims": ("PersistentVolumeClaim", {"status"}),
+    "batch/v1/jobs": ("Job", {"status"}),
+    "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", {"status"}),
     "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", set()),
     "v1/events": ("Event", set()),
 }
@@ -70,6 +79,29 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.patches: list[tuple[str, str | None, str | None, Any]] = []
+        self._applied: dict[tuple[str, str | None, str | None, str], Any] = {}  # last apply per manager
+
+    def _server_side_apply(self, request: rendering.Request) -> None:
+        """Rewrite an apply patch, in place (kmock follows the request object), into the create or
+        merge patch that has its effect (see the module docstring)."""
+        manager = request.params.get("fieldManager")
+        if not manager:
+            raise kmock.KubernetesError(status=422, reason="Invalid", message="fieldManager is required for apply")
+        applied = copy.deepcopy(request.data)
+        key = (self._key(request), request.namespace, request.name, manager)
+        found = self._find(request)
+        previous = self._applied.get(key)
+        self._applied[key] = applied
+        if found is None or found[1].deleted:
+            applied.setdefault("metadata", {}).setdefault("namespace", request.namespace)
+            changes = {"method": enums.method.POST, "action": enums.action.CREATE, "name": None,
+                       "data": copy.deepcopy(applied)}
+        else:
+            current = copy.deepcopy(found[1].raw)
+            target = _merge(_without(current, previous, applied) if previous else current, applied, replace_lists=True)
+            changes = {"data": _merge_patch(current, target)}
+        for field, value in changes.items():
+            object.__setattr__(request, field, value)  # attrs-frozen
 
     def _find(self, request: rendering.Request) -> tuple[Any, Any] | None:
         for key, obj in self.objects.items():
@@ -84,6 +116,9 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         del self._requests[:-1]
         if request.resource is None:
             return await super()._handle(request)
+        content_type = request.headers.get("Content-Type", "")
+        if request.action == enums.action.UPDATE and content_type.startswith("application/apply-patch"):
+            self._server_side_apply(request)
         rv = str(next(self._counter))
         if request.action == enums.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
@@ -197,16 +232,42 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         }
 
 
-def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: dict[str, Any], patch: dict[str, Any], replace_lists: bool = False) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
         elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = _merge(out[key], value, replace_lists)
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def _without(current: dict[str, Any], previous: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
+    """``current`` minus the keys ``previous`` (a manager's last apply) set and ``applied`` (its new
+    one) does not."""
+    out = copy.deepcopy(current)
+    for key, value in previous.items():
+        if key not in applied:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(applied[key], dict) and isinstance(out.get(key), dict):
+            out[key] = _without(out[key], value, applied[key])
+    return out
+
+
+def _merge_patch(current: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch that turns ``current`` into ``target``."""
+    patch: dict[str, Any] = {key: None for key in current if key not in target}
+    for key, value in target.items():
+        old = current.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            inner = _merge_patch(old, value)
+            if inner:
+                patch[key] = inner
+        elif value != old:
+            patch[key] = copy.deepcopy(value)
+    return patch
 
 
 class EmulatorThread:

@@ -185,8 +185,8 @@ def _make_var(name: str) -> str:
 
 
 def test_chart_images_are_the_images_make_builds() -> None:
-    """`make images` tags what the chart runs by default: the operator image for the operator, the
-    runtime image (also the CRD's spec.image default) for a CoSineCluster's verifier and drafters."""
+    """`make images` and `make images-cuda` tag what the chart runs by default: the operator image
+    for the operator; for a CoSineCluster's pods the runtime image, its CUDA build on GPU pods."""
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     assert _make_var("IMAGE_TAG") == app_version
     sample = {"name": "demo", "spec": {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}]}}
@@ -194,9 +194,11 @@ def test_chart_images_are_the_images_make_builds() -> None:
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == _make_var("OPERATOR_IMAGE")
     cluster = next(d for d in docs if d["kind"] == "CoSineCluster")
-    runtime = _make_var("RUNTIME_IMAGE")
-    assert "{repository}:{tag}".format(**cluster["spec"]["image"]) == runtime
-    assert settings.ImageSpec().reference == runtime  # the CRD's default (test_manifests: CRD == operator)
+    runtime, cuda = _make_var("RUNTIME_IMAGE"), _make_var("CUDA_RUNTIME_IMAGE")
+    image = settings.read_fields(settings.ImageSpec, cluster["spec"]["image"])  # no tag: per device
+    assert image.for_pod(settings.RoleImage(), gpu=False)[0] == runtime
+    assert image.for_pod(settings.RoleImage(), gpu=True)[0] == cuda
+    assert settings.ImageSpec().for_pod(settings.RoleImage(), gpu=False)[0] == runtime  # the CRD's default
     own = copy.deepcopy(sample)
     own["spec"]["image"] = {"repository": "registry.example/cosine", "tag": "dev"}
     cluster = next(d for d in render({"sampleCluster": own}) if d["kind"] == "CoSineCluster")

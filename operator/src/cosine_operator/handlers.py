@@ -108,7 +108,7 @@ def _hand_scaled(cluster: s.ClusterSpec, old_spec: Any) -> set[str]:
 async def _prune(api: Any, name: str, namespace: str, pools: set[str], logger: Any) -> list[str]:
     """Delete the children of drafter pools no longer in the spec; returns the pools removed."""
     removed: set[str] = set()
-    for kind in (s.POOL_KIND, "Deployment", "Service", "NetworkPolicy"):
+    for kind in (s.POOL_KIND, "Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget"):
         for obj in await kube.list_owned(api, kind, namespace, name):
             meta = obj["metadata"]
             pool = (meta.get("labels") or {}).get(builders.POOL_LABEL)
@@ -157,25 +157,64 @@ async def _reconcile(
     created = await _creation_replicas(api, name, namespace, cluster, hand_scaled)
     drafters: dict[str, dict[str, Any]] = {}  # pool -> its Deployment as applied
     operator = builders.operator_peer(memo.config.namespace, memo.config.pod_labels)
-    for child in builders.build_children(name, namespace, cluster, created, operator):
+    generation = body.metadata.get("generation")
+    models: dict[str, Any] | None = None  # ModelsReady, with spec.modelCache
+    children = builders.build_children(name, namespace, cluster, created, operator)
+    for child in children:
         kopf.adopt(child, owner=body)
-        pool = child["metadata"]["labels"].get(builders.POOL_LABEL)
-        scaled = child["kind"] == s.POOL_KIND and pool in hand_scaled
-        applied = await kube.apply(api, child, child if scaled else builders.scale_free(child))
-        if child["kind"] == "Deployment" and pool:
-            drafters[pool] = applied
-        elif child["kind"] == s.POOL_KIND:  # the selector from the start (HPA needs it before any pod)
+        kind, pool = child["kind"], child["metadata"]["labels"].get(builders.POOL_LABEL)
+        if kind in ("Deployment", s.POOL_KIND) and models is not None and models["status"] != "True":
+            continue  # no pod that loads a model before the cache holds it
+        if kind == s.POOL_KIND:
+            applied = await kube.create(api, child)  # its scale is written by an update, never applied
+            if applied is None:
+                applied = await kube.apply(api, builders.scale_free(child))
+            if pool in hand_scaled:
+                applied = await kube.patch(api, kind, namespace, child["metadata"]["name"],
+                                           {"spec": {"replicas": child["spec"]["replicas"]}}) or applied
+            # the pool may have been scaled since its replicas were read: its Deployment follows it
+            want = int(applied["spec"].get("replicas", child["spec"]["replicas"]))
+            if pool in drafters and int(drafters[pool]["spec"].get("replicas", want)) != want:
+                drafters[pool] = await kube.patch(api, "Deployment", namespace, drafters[pool]["metadata"]["name"],
+                                                  {"spec": {"replicas": want}}) or drafters[pool]
+            # the selector from the start (HPA needs it before any pod)
             await kube.patch(api, s.POOL_KIND, namespace, applied["metadata"]["name"],
                              {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
+            continue
+        applied = await kube.apply(api, child)
+        if kind == "Deployment" and pool:
+            drafters[pool] = applied
+        elif kind == "Job":
+            models = status.models_condition(applied, generation, _now())
     removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
+    await _prune_replaced(api, name, namespace, children, logger)
     if not cluster.network_policy.enabled:
         await _drop_network_policies(api, name, namespace, logger)
     if removed:
         kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
-    generation = body.metadata.get("generation")
-    patch.status.update(await _refresh_status(api, name, namespace, generation, cluster, body.status))
+    new_status = await _refresh_status(api, name, namespace, generation, cluster, body.status)
+    if models is not None:
+        new_status["conditions"] = status.merge_conditions(new_status["conditions"], [models])
+    patch.status.update(new_status)
+    if models is not None and models["status"] != "True":
+        memo.metrics.reconciles.labels(event, "waiting").inc()
+        raise kopf.TemporaryError(f"models not in the cache yet: {models['message']}",
+                                  delay=60 if models["reason"] == "PullFailed" else 10)
     memo.metrics.reconciles.labels(event, "ok").inc()
     logger.info(f"reconciled: {len(cluster.drafter_pools)} pool(s), hand-scaled {sorted(hand_scaled)}")
+
+
+async def _prune_replaced(api: Any, name: str, namespace: str, children: list[dict[str, Any]], logger: Any) -> None:
+    """Delete this cluster's model pull Jobs and claims the spec no longer names (a changed model
+    list is a new Job; a dropped or renamed cache leaves a claim the operator made)."""
+    wanted = {(c["kind"], c["metadata"]["name"]) for c in children}
+    for kind in ("Job", "PersistentVolumeClaim"):
+        for obj in await kube.list_owned(api, kind, namespace, name):
+            meta = obj["metadata"]
+            component = (meta.get("labels") or {}).get(builders.COMPONENT_LABEL)
+            if (kind, meta["name"]) not in wanted and component == "models":
+                await kube.delete(api, kind, namespace, meta["name"])
+                logger.info(f"deleted {kind} {meta['name']} (no longer in the spec)")
 
 
 @kopf.on.create(*CLUSTER)

@@ -23,7 +23,10 @@ _PATHS: dict[str, tuple[str, str]] = {
     "ConfigMap": ("/api/v1", "configmaps"),
     "Service": ("/api/v1", "services"),
     "Pod": ("/api/v1", "pods"),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "Job": ("/apis/batch/v1", "jobs"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     s.POOL_KIND: (f"/apis/{s.GROUP}/{s.VERSION}", s.POOL_PLURAL),
     s.CLUSTER_KIND: (f"/apis/{s.GROUP}/{s.VERSION}", s.CLUSTER_PLURAL),
@@ -31,11 +34,15 @@ _PATHS: dict[str, tuple[str, str]] = {
 
 # (apiGroup, resource) -> verbs this module uses; kopf's own needs are in the chart's RBAC test.
 CALLS: dict[tuple[str, str], set[str]] = {
-    ("", "configmaps"): {"get", "create", "patch", "list", "delete"},
-    ("", "services"): {"get", "create", "patch", "list", "delete"},
-    ("", "pods"): {"list"},
+    # applied (server-side apply creates a missing object: `create` as well as `patch`)
+    ("", "configmaps"): {"create", "patch", "list", "delete"},
+    ("", "services"): {"create", "patch", "list", "delete"},
+    ("", "persistentvolumeclaims"): {"create", "patch", "list", "delete"},
     ("apps", "deployments"): {"get", "create", "patch", "list", "delete"},
+    ("batch", "jobs"): {"get", "create", "patch", "list", "delete"},
+    ("policy", "poddisruptionbudgets"): {"create", "patch", "list", "delete"},
     ("networking.k8s.io", "networkpolicies"): {"create", "patch", "list", "delete"},
+    ("", "pods"): {"list"},
     (s.GROUP, s.POOL_PLURAL): {"get", "create", "patch", "list", "delete"},
     (s.GROUP, f"{s.CLUSTER_PLURAL}/status"): {"patch"},
     (s.GROUP, s.CLUSTER_PLURAL): {"get"},
@@ -43,6 +50,10 @@ CALLS: dict[tuple[str, str], set[str]] = {
 }
 
 MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+# Server-side apply's field manager: the fields the operator last applied are its own, so a field
+# dropped from the spec is dropped from the child (what a merge patch cannot do).
+FIELD_MANAGER = "cosine-operator"
 
 
 async def connect() -> client.ApiClient:
@@ -128,22 +139,29 @@ async def patch(
         raise
 
 
-async def apply(
-    api: client.ApiClient, body: Mapping[str, Any], patch_body: Mapping[str, Any] | None = None
-) -> Body:
-    """Create ``body``, or merge-patch ``patch_body`` (default: ``body``) onto it if it exists
-    (HTTP 409); returns the object. Idempotent. Raises ``ApiException`` on any other failure."""
+async def apply(api: client.ApiClient, body: Mapping[str, Any]) -> Body:
+    """Server-side apply of ``body`` as :data:`FIELD_MANAGER`, forcing conflicts (the operator owns
+    its children's fields): creates the object, or makes its fields the operator manages exactly
+    ``body``'s (a field the last apply had and ``body`` has not is removed; fields other managers
+    own, such as an HPA's replicas, stay). Returns the object. Raises ``ApiException``."""
+    meta = body["metadata"]
+    query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+    return await _call(api, "PATCH", _path(body["kind"], meta["namespace"], meta["name"]), dict(body),
+                       APPLY_PATCH, query)
+
+
+async def create(api: client.ApiClient, body: Mapping[str, Any]) -> Body | None:
+    """Create ``body``; ``None`` if it exists already (HTTP 409). Its fields are owned by an update,
+    not an apply, so later applies that leave a field out (a pool's scale) do not remove it.
+    Raises ``ApiException`` on any other failure."""
     meta = body["metadata"]
     try:
-        return await _call(api, "POST", _path(body["kind"], meta["namespace"]), dict(body))
+        return await _call(api, "POST", _path(body["kind"], meta["namespace"]), dict(body),
+                           query=[("fieldManager", FIELD_MANAGER)])
     except ApiException as e:
-        if e.status != 409:
-            raise
-    changes = body if patch_body is None else patch_body
-    patched = await patch(api, body["kind"], meta["namespace"], meta["name"], changes)
-    if patched is None:  # deleted between the two calls: the next reconcile creates it
-        raise ApiException(status=404, reason=f"{body['kind']} {meta['name']} vanished during apply")
-    return patched
+        if e.status == 409:
+            return None
+        raise
 
 
 async def delete(api: client.ApiClient, kind: str, namespace: str, name: str) -> bool:

@@ -34,6 +34,9 @@ DRAFTER_METRICS_PORT = 9090
 GPU_RESOURCE = "nvidia.com/gpu"
 DRAFTER_ENGINES = ("llamacpp", "vllm")  # spec.drafterPools[].engine
 MAX_DRAFT_LEN = 32  # spec.speculation.maxDraftLen's maximum
+# The runtime image's tag when none is given: this release; GPU pods get its CUDA build.
+RUNTIME_TAG = "0.1.0"
+CUDA_TAG_SUFFIX = "-cuda"
 
 # Tokenizer families by model-name prefix (after an optional "org/"); models of one family share
 # a vocabulary, so drafts transfer token for token. The admission webhook and the model store both
@@ -149,29 +152,54 @@ def read_fields(cls: type, raw: Mapping[str, Any], **given: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class RoleImage(_Checked):
+    """``spec.verifier.image`` / ``spec.drafterPools[].image``: this role's image, field by field
+    over ``spec.image`` (unset fields: ``spec.image``'s)."""
+
+    SPEC_PATH: ClassVar[str] = "spec.<role>.image"
+    repository: str | None = spec_field("repository", None)
+    tag: str | None = spec_field("tag", None)
+    pull_policy: str | None = spec_field("pullPolicy", None, enum=("Always", "IfNotPresent", "Never"))
+
+
+@dataclass(frozen=True)
 class ImageSpec(_Checked):
-    """The runtime image the verifier and drafter pods run (``cosine`` entrypoint; the operator has its own)."""
+    """``spec.image``: the runtime image of every role (``cosine`` entrypoint; the operator has its
+    own). ``tag`` unset: this release's, :data:`RUNTIME_TAG`, with :data:`CUDA_TAG_SUFFIX` on a pod
+    that requests ``nvidia.com/gpu`` (the CUDA build, ``make images-cuda``) and without on any
+    other (the CPU build)."""
 
     SPEC_PATH: ClassVar[str] = "spec.image"
     repository: str = spec_field("repository", "ghcr.io/cosine-project/cosine")
-    tag: str = spec_field("tag", "0.1.0")
+    tag: str | None = spec_field("tag", None)
     pull_policy: str = spec_field("pullPolicy", "IfNotPresent", enum=("Always", "IfNotPresent", "Never"))
 
-    @property
-    def reference(self) -> str:
-        """``repository:tag``."""
-        return f"{self.repository}:{self.tag}"
+    def for_pod(self, role: RoleImage, gpu: bool) -> tuple[str, str]:
+        """``(repository:tag, pullPolicy)`` of a pod of a role: the role's fields over these,
+        then the default tag for the pod's device (``gpu``: it requests ``nvidia.com/gpu``)."""
+        tag = role.tag or self.tag or RUNTIME_TAG + (CUDA_TAG_SUFFIX if gpu else "")
+        return f"{role.repository or self.repository}:{tag}", role.pull_policy or self.pull_policy
 
 
 @dataclass(frozen=True)
 class PodOverrides:
-    """Scheduling and environment overrides copied verbatim into a pod template."""
+    """Scheduling, identity and environment of a role's pods, copied verbatim into its pod template
+    (Kubernetes' own types)."""
 
     resources: Mapping[str, Any] = spec_field("resources", default_factory=dict, verbatim=True)
     node_selector: Mapping[str, str] = spec_field("nodeSelector", default_factory=dict, verbatim=True)
     tolerations: tuple[Mapping[str, Any], ...] = spec_field("tolerations", (), verbatim=True)
     affinity: Mapping[str, Any] = spec_field("affinity", default_factory=dict, verbatim=True)
     env: tuple[Mapping[str, Any], ...] = spec_field("env", (), verbatim=True)
+    image_pull_secrets: tuple[Mapping[str, Any], ...] = spec_field("imagePullSecrets", (), verbatim=True)
+    # Workload Identity (GKE) or IRSA (EKS): the pods' service account
+    service_account_name: str | None = spec_field("serviceAccountName", None, verbatim=True)
+    priority_class_name: str | None = spec_field("priorityClassName", None, verbatim=True)
+    runtime_class_name: str | None = spec_field("runtimeClassName", None, verbatim=True)
+    volumes: tuple[Mapping[str, Any], ...] = spec_field("volumes", (), verbatim=True)  # extra pod volumes
+    # in the role's main container
+    volume_mounts: tuple[Mapping[str, Any], ...] = spec_field("volumeMounts", (), verbatim=True)
+    strategy: Mapping[str, Any] = spec_field("strategy", default_factory=dict, verbatim=True)  # Deployment strategy
 
     @property
     def gpu_count(self) -> int:
@@ -206,6 +234,11 @@ class VerifierSpec(_Checked):
         "gpuMemoryUtilization", None, minimum=0.05, maximum=1
     )  # GPU pods, share of GPU memory (None: vLLM's default)
     kv_cache_space_gib: float | None = spec_field("kvCacheSpaceGiB", None, minimum=0.25)  # CPU pods (None: 4)
+    # seconds a pod may take to load its model and answer /health before it is restarted
+    startup_timeout_s: int = spec_field("startupTimeoutSeconds", 1800, minimum=30)
+    # seconds between SIGTERM and SIGKILL: vLLM's server finishes in-flight requests
+    termination_grace_s: int = spec_field("terminationGracePeriodSeconds", 120, minimum=0)
+    image: RoleImage = field(default_factory=RoleImage, metadata={"key": "image"})
     pod: PodOverrides = field(default_factory=PodOverrides)
 
     @property
@@ -234,6 +267,12 @@ class DrafterPoolSpec(_Checked):
     min_replicas: int = spec_field("minReplicas", 1, minimum=0)
     max_replicas: int = spec_field("maxReplicas", 4, minimum=1)
     threads: int = spec_field("threads", 1, minimum=1)  # CPU threads of the drafter engine (llama.cpp)
+    gpu_memory_utilization: float | None = spec_field(
+        "gpuMemoryUtilization", None, minimum=0.05, maximum=1
+    )  # engine vllm on GPU pods: share of the GPU's memory (None: vLLM's default)
+    startup_timeout_s: int = spec_field("startupTimeoutSeconds", 600, minimum=30)
+    termination_grace_s: int = spec_field("terminationGracePeriodSeconds", 30, minimum=0)
+    image: RoleImage = field(default_factory=RoleImage, metadata={"key": "image"})
     pod: PodOverrides = field(default_factory=PodOverrides)
 
     @property
@@ -309,6 +348,31 @@ class ApiKeySecretRef(_Checked):
 
 
 @dataclass(frozen=True)
+class HfTokenSecretRef(ApiKeySecretRef):
+    """``spec.hfTokenSecretRef``: the Secret key holding a Hugging Face token, for gated or private
+    models; it reaches only the containers that download models, as ``HF_TOKEN``."""
+
+    SPEC_PATH: ClassVar[str] = "spec.hfTokenSecretRef"
+
+
+@dataclass(frozen=True)
+class ModelCacheSpec(_Checked):
+    """``spec.modelCache``: the models on a PersistentVolumeClaim, downloaded once by a Job
+    (``cosine models pull``) before any pod starts, then mounted read-only by every pod: scale-ups
+    and restarts download nothing. ``claim_name``: an existing claim (it must allow as many nodes
+    as will mount it, e.g. ReadWriteMany or ReadOnlyMany); ``None``: the operator creates one,
+    ``N-models``, of ``size`` on ``storage_class_name`` (``None``: the cluster's default class)
+    with ``access_mode``, deleted with the cluster. Without ``spec.modelCache`` each pod downloads
+    its models into an ``emptyDir`` at start (small models)."""
+
+    SPEC_PATH: ClassVar[str] = "spec.modelCache"
+    claim_name: str | None = spec_field("claimName", None)
+    storage_class_name: str | None = spec_field("storageClassName", None)
+    size: str = spec_field("size", "100Gi")
+    access_mode: str = spec_field("accessMode", "ReadWriteMany", enum=("ReadWriteMany", "ReadWriteOnce"))
+
+
+@dataclass(frozen=True)
 class GatewaySpec(_Checked):
     """``spec.gateway``: the OpenAI-compatible front door, a Service (``N-gateway``) onto the verifier pods'
     port 8000."""
@@ -366,6 +430,10 @@ class ClusterSpec:
     network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec, metadata={"key": "networkPolicy"})
     # spec.drafterTLS (None: plain gRPC between the verifier and the drafters)
     drafter_tls: DrafterTLSSpec | None = field(default=None, metadata={"key": "drafterTLS"})
+    # spec.modelCache (None: each pod downloads its models into an emptyDir)
+    model_cache: ModelCacheSpec | None = field(default=None, metadata={"key": "modelCache"})
+    # spec.hfTokenSecretRef (None: anonymous downloads)
+    hf_token: HfTokenSecretRef | None = field(default=None, metadata={"key": "hfTokenSecretRef"})
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def pool(self, name: str) -> DrafterPoolSpec:
@@ -377,7 +445,11 @@ class ClusterSpec:
 
 
 def _with_pod(cls: type, raw: Mapping[str, Any]) -> Any:
-    return read_fields(cls, raw, pod=read_fields(PodOverrides, raw))
+    try:
+        image = read_fields(RoleImage, raw.get("image") or {})
+    except ValueError as e:
+        raise ValueError(str(e).replace(RoleImage.SPEC_PATH, f"{cls.SPEC_PATH}.image", 1)) from None
+    return read_fields(cls, raw, pod=read_fields(PodOverrides, raw), image=image)
 
 
 def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
@@ -413,6 +485,8 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
         gateway=gateway,
         network_policy=read_fields(NetworkPolicySpec, raw.get("networkPolicy") or {}),
         drafter_tls=read_fields(DrafterTLSSpec, raw["drafterTLS"]) if raw.get("drafterTLS") else None,
+        model_cache=read_fields(ModelCacheSpec, raw["modelCache"]) if raw.get("modelCache") is not None else None,
+        hf_token=read_fields(HfTokenSecretRef, raw["hfTokenSecretRef"]) if raw.get("hfTokenSecretRef") else None,
         raw=raw,
     )
 

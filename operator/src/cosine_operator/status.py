@@ -45,8 +45,25 @@ def merge_conditions(
         if old is not None and old.get("status") == new["status"] and "lastTransitionTime" in old:
             entry["lastTransitionTime"] = old["lastTransitionTime"]
         merged[new["type"]] = entry
-    order = ["Ready", "VerifierReady", "DraftersReady", "ScalingActive"]
+    order = ["Ready", "ModelsReady", "VerifierReady", "DraftersReady", "ScalingActive"]
     return sorted(merged.values(), key=lambda c: order.index(c["type"]) if c["type"] in order else 99)
+
+
+def models_condition(job: Mapping[str, Any] | None, generation: int | None, now: str) -> dict[str, Any]:
+    """``ModelsReady`` from the model pull Job (``spec.modelCache``): True once it succeeded, False
+    while it runs (``Pulling``) or after it failed (``PullFailed``: the reason is in its pod's
+    log; deleting the Job makes the operator run it again)."""
+    name = ((job or {}).get("metadata") or {}).get("name", "")
+    observed = (job or {}).get("status") or {}
+    if int(observed.get("succeeded") or 0) >= 1:
+        return condition("ModelsReady", True, "Pulled", f"Job {name} pulled the models", generation, now)
+    failed = any(c.get("type") == "Failed" and c.get("status") == "True" for c in observed.get("conditions") or ())
+    if failed:
+        return condition("ModelsReady", False, "PullFailed",
+                         f"Job {name} failed: see `kubectl logs job/{name}`; delete the Job to retry",
+                         generation, now)
+    return condition("ModelsReady", False, "Pulling", f"Job {name} is pulling the models into the cache; "
+                     "verifier and drafter pods start when it succeeds", generation, now)
 
 
 def _counts(deployment: Mapping[str, Any] | None) -> tuple[int, int]:
