@@ -448,7 +448,7 @@ def _with_pod(cls: type, raw: Mapping[str, Any]) -> Any:
     try:
         image = read_fields(RoleImage, raw.get("image") or {})
     except ValueError as e:
-        raise ValueError(str(e).replace(RoleImage.SPEC_PATH, f"{cls.SPEC_PATH}.image", 1)) from None
+        raise ValueError(str(e).replace(RoleImage.SPEC_PATH, f"{getattr(cls, 'SPEC_PATH', 'spec')}.image", 1)) from None
     return read_fields(cls, raw, pod=read_fields(PodOverrides, raw), image=image)
 
 
