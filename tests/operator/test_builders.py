@@ -313,3 +313,132 @@ def test_drafter_tls_secret_is_mounted_and_flags_set() -> None:
     assert plain["containers"][0]["readinessProbe"]["grpc"] == {"port": 50052}
     plain_v = builders.build_verifier_deployment("demo", "ns", CLUSTER)["spec"]["template"]["spec"]["containers"][0]
     assert not any(a.startswith("--drafter-tls") for a in plain_v["args"])
+
+
+def _template(d: dict[str, Any]) -> dict[str, Any]:
+    return d["spec"]["template"]["spec"]
+
+
+def test_gpu_pods_run_the_cuda_image_and_others_the_cpu_image() -> None:
+    """Catches: one image for every role (a GPU verifier on CPU vLLM), a role override ignored."""
+    spec = copy.deepcopy(SPEC)
+    spec["drafterPools"][0]["resources"] = {"limits": {"nvidia.com/gpu": 1}}
+    cluster = parse_cluster_spec(spec)
+    images = {d["metadata"]["name"]: _template(d)["containers"][0]["image"]
+              for d in builders.build_children("demo", "ns", cluster, {}) if d["kind"] == "Deployment"}
+    assert images == {"demo-verifier": "ghcr.io/cosine-project/cosine:0.1.0-cuda",
+                      "demo-drafter-code": "ghcr.io/cosine-project/cosine:0.1.0-cuda",
+                      "demo-drafter-ngram": "ghcr.io/cosine-project/cosine:0.1.0"}
+    # the pull container needs no GPU: the CPU image
+    init = _template(builders.build_verifier_deployment("demo", "ns", cluster))["initContainers"]
+    assert init[0]["image"].endswith(":0.1.0")
+    spec["image"] = {"repository": "registry.example/cosine", "pullPolicy": "Always"}
+    spec["verifier"]["image"] = {"tag": "dev-cuda"}
+    cluster = parse_cluster_spec(spec)
+    v = _template(builders.build_verifier_deployment("demo", "ns", cluster))["containers"][0]
+    assert (v["image"], v["imagePullPolicy"]) == ("registry.example/cosine:dev-cuda", "Always")
+    ngram = _template(builders.build_drafter_deployment("demo", "ns", cluster, "ngram", 1))["containers"][0]
+    assert ngram["image"] == "registry.example/cosine:0.1.0"
+    spec["image"]["tag"] = "pinned"  # spec.image.tag: every role
+    code = _template(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", 1))
+    assert code["containers"][0]["image"] == "registry.example/cosine:pinned"
+
+
+def test_lifecycle_probes_strategy_grace_and_disruption_budgets() -> None:
+    spec = copy.deepcopy(SPEC)
+    spec["drafterPools"][0].update(startupTimeoutSeconds=300, terminationGracePeriodSeconds=10,
+                                   strategy={"type": "Recreate"})
+    cluster = parse_cluster_spec(spec)
+    v = builders.build_verifier_deployment("demo", "ns", cluster)
+    c = _template(v)["containers"][0]
+    assert c["startupProbe"]["httpGet"] == {"path": "/health", "port": 8000}
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 1800  # the default budget
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
+    assert _template(v)["terminationGracePeriodSeconds"] == 120
+    # a 1-GPU verifier rolls without a spare GPU
+    assert v["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    code = builders.build_drafter_deployment("demo", "ns", cluster, "code", 1)
+    c = _template(code)["containers"][0]
+    assert c["startupProbe"]["grpc"] == {"port": 50052} and c["livenessProbe"]["grpc"] == {"port": 50052}
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 300
+    assert _template(code)["terminationGracePeriodSeconds"] == 10 and code["spec"]["strategy"] == {"type": "Recreate"}
+    ngram = builders.build_drafter_deployment("demo", "ns", cluster, "ngram", 1)
+    assert ngram["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == "25%"  # CPU pods: Kubernetes' default
+    pdbs = {p["metadata"]["name"]: p["spec"] for p in builders.build_disruption_budgets("demo", "ns", cluster)}
+    assert pdbs == {
+        "demo-verifier": {"maxUnavailable": 1,
+                          "selector": {"matchLabels": builders.selector_labels("demo", "verifier")}},
+        "demo-drafter-code": {"maxUnavailable": 1,
+                              "selector": {"matchLabels": builders.selector_labels("demo", "drafter", "code")}},
+        "demo-drafter-ngram": {"maxUnavailable": 1,
+                               "selector": {"matchLabels": builders.selector_labels("demo", "drafter", "ngram")}},
+    }
+
+
+def test_model_cache_job_fills_a_claim_the_pods_mount_read_only() -> None:
+    """Catches: pods that download again (an init container with a cache), a token in the runtime
+    containers, a Job that does not change with the models."""
+    spec = copy.deepcopy(SPEC)
+    spec["modelCache"] = {"storageClassName": "standard-rwx", "size": "200Gi"}
+    spec["hfTokenSecretRef"] = {"name": "hf", "key": "token"}
+    cluster = parse_cluster_spec(spec)
+    claim = builders.build_model_claim("demo", "ns", cluster)
+    assert claim["metadata"]["name"] == "demo-models"
+    assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "200Gi"}},
+                             "storageClassName": "standard-rwx"}
+    job = builders.build_model_job("demo", "ns", cluster)
+    pod = job["spec"]["template"]["spec"]
+    (pull,) = pod["containers"]
+    assert pull["args"] == ["models", "pull", "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in pull["env"]
+    assert pod["volumes"] == [{"name": "models", "persistentVolumeClaim": {"claimName": "demo-models"}}]
+    assert pod["restartPolicy"] == "Never" and pull["resources"]["limits"]["memory"]
+    for d in (builders.build_verifier_deployment("demo", "ns", cluster),
+              builders.build_drafter_deployment("demo", "ns", cluster, "code", 1)):
+        p = _template(d)
+        assert "initContainers" not in p  # nothing downloaded at start
+        claim = {"name": "models", "persistentVolumeClaim": {"claimName": "demo-models", "readOnly": True}}
+        assert claim in p["volumes"]
+        mount = next(m for m in p["containers"][0]["volumeMounts"] if m["name"] == "models")
+        assert mount["readOnly"] is True
+        assert "HF_TOKEN" not in str(p["containers"])
+    changed = copy.deepcopy(spec)
+    changed["verifier"]["model"] = "qwen2.5-coder-7b-instruct"
+    renamed = builders.build_model_job("demo", "ns", parse_cluster_spec(changed))["metadata"]["name"]
+    assert renamed != job["metadata"]["name"]
+    own = copy.deepcopy(spec)
+    own["modelCache"] = {"claimName": "shared-models"}
+    assert builders.build_model_claim("demo", "ns", parse_cluster_spec(own)) is None
+    v = _template(builders.build_verifier_deployment("demo", "ns", parse_cluster_spec(own)))
+    assert {"name": "models", "persistentVolumeClaim": {"claimName": "shared-models", "readOnly": True}} in v["volumes"]
+
+
+def test_without_a_cache_the_pull_container_reserves_the_models_disk() -> None:
+    spec = copy.deepcopy(SPEC)
+    spec["verifier"]["model"] = "Qwen/Qwen2.5-Coder-7B-Instruct"
+    spec["hfTokenSecretRef"] = {"name": "hf", "key": "token"}
+    p = _template(builders.build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
+    (pull,) = p["initContainers"]
+    models = next(v for v in p["volumes"] if v["name"] == "models")
+    assert models == {"name": "models", "emptyDir": {"sizeLimit": "18Gi"}}  # 7B x 2 bytes + headroom
+    assert pull["resources"]["requests"]["ephemeral-storage"] == "18Gi"
+    assert any(e["name"] == "HF_TOKEN" for e in pull["env"]) and "HF_TOKEN" not in str(p["containers"])
+    assert builders.model_storage_gib("smollm2-135m-instruct") == 2
+    assert builders.model_storage_gib("my-finetune") == 20  # no size in the name
+
+
+def test_pod_template_fields_and_a_restricted_security_context() -> None:
+    spec = copy.deepcopy(SPEC)
+    spec["verifier"].update(
+        imagePullSecrets=[{"name": "regcred"}], serviceAccountName="cosine-wi", priorityClassName="inference",
+        runtimeClassName="nvidia", volumes=[{"name": "scratch", "emptyDir": {}}],
+        volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}])
+    p = _template(builders.build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
+    assert p["imagePullSecrets"] == [{"name": "regcred"}]
+    assert (p["serviceAccountName"], p["priorityClassName"], p["runtimeClassName"]) == ("cosine-wi", "inference",
+                                                                                         "nvidia")
+    assert {"name": "scratch", "emptyDir": {}} in p["volumes"]
+    assert {"name": "scratch", "mountPath": "/scratch"} in p["containers"][0]["volumeMounts"]
+    assert p["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    ngram = _template(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "ngram", 1))
+    assert "serviceAccountName" not in ngram and "imagePullSecrets" not in ngram  # per role

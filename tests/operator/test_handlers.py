@@ -19,9 +19,12 @@ from k8s_emulator import (
     CONFIGMAPS,
     DEPLOYMENTS,
     EVENTS,
+    JOBS,
     NETWORKPOLICIES,
+    PDBS,
     PODS,
     POOLS,
+    PVCS,
     SERVICES,
     EmulatorThread,
     Kube,
@@ -128,7 +131,7 @@ def test_scale_pool_change_model_and_remove_pool(operator: Any, kube: Kube) -> N
     spec["drafterPools"][0]["replicas"] = 3
     kube.patch(CLUSTERS, NS, "beta", {"spec": {"drafterPools": spec["drafterPools"]}})
     wait_for(lambda: replicas(kube, "beta-drafter-code") == 3, what="code pool at 3")
-    assert kube.get(POOLS, NS, "beta-code")["spec"]["replicas"] == 3
+    wait_for(lambda: kube.get(POOLS, NS, "beta-code")["spec"]["replicas"] == 3, what="scale target at 3")
     new_annotations = kube.get(DEPLOYMENTS, NS, "beta-drafter-code")["spec"]["template"]["metadata"][
         "annotations"
     ]
@@ -163,6 +166,83 @@ def test_scale_pool_change_model_and_remove_pool(operator: Any, kube: Kube) -> N
         wait_for(lambda: kube.get(resource, NS, name) is None, what=f"{name} deleted")  # noqa: B023
     args = kube.get(DEPLOYMENTS, NS, "beta-verifier")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not any("ngram=" in a for a in args)
+
+
+def test_a_field_removed_from_the_spec_leaves_the_child(operator: Any, kube: Kube) -> None:
+    """Catches: children merge-patched (a removed nodeSelector, toleration, affinity or env var stays
+    on the Deployment); the pool's scale lost when the operator re-applies its Deployment."""
+    gpu = {"limits": {"nvidia.com/gpu": 1}}
+    scheduling = {
+        "nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-l4"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+        "env": [{"name": "EXTRA", "value": "1"}],
+    }
+    body = cluster_body("sigma")
+    body["spec"]["verifier"].update(copy.deepcopy(scheduling), resources=gpu)
+    body["spec"]["drafterPools"][0].update(copy.deepcopy(scheduling))
+    kube.create(CLUSTERS, NS, body)
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "sigma-verifier"), what="verifier Deployment")
+    kube.patch(POOLS, NS, "sigma-code", {"spec": {"replicas": 3}})  # the autoscaler's write
+    wait_for(lambda: replicas(kube, "sigma-drafter-code") == 3, what="code pool at 3")
+
+    def template(name: str) -> dict[str, Any]:
+        return kube.get(DEPLOYMENTS, NS, name)["spec"]["template"]["spec"]
+
+    assert template("sigma-drafter-code")["nodeSelector"] and template("sigma-verifier")["affinity"]
+    spec = copy.deepcopy(kube.get(CLUSTERS, NS, "sigma")["spec"])
+    for role in (spec["verifier"], spec["drafterPools"][0]):
+        for key in scheduling:
+            role.pop(key)
+    kube.patch(CLUSTERS, NS, "sigma", {"spec": {"verifier": None, "drafterPools": None}})
+    kube.patch(CLUSTERS, NS, "sigma", {"spec": {"verifier": spec["verifier"], "drafterPools": spec["drafterPools"]}})
+    wait_for(lambda: "nodeSelector" not in template("sigma-drafter-code"), what="pool's nodeSelector removed")
+    wait_for(lambda: "affinity" not in template("sigma-verifier"), what="verifier's affinity removed")
+    for name in ("sigma-verifier", "sigma-drafter-code"):
+        pod = template(name)
+        assert "nodeSelector" not in pod and "affinity" not in pod, name
+        assert not any(t.get("key") == "dedicated" for t in pod.get("tolerations") or ()), name
+        assert not any(e["name"] == "EXTRA" for e in pod["containers"][0]["env"]), name
+    # the GPU toleration the operator adds stays while the verifier requests a GPU
+    assert any(t["key"] == "nvidia.com/gpu" for t in template("sigma-verifier")["tolerations"])
+    assert replicas(kube, "sigma-drafter-code") == 3  # the pool's scale survived the re-apply
+    assert kube.get(PDBS, NS, "sigma-verifier")["spec"]["maxUnavailable"] == 1
+
+
+def test_pods_wait_for_the_model_cache_job(operator: Any, kube: Kube) -> None:
+    """Catches: pods started before the cache holds their models, a failed pull not reported, a
+    changed model list not pulled again."""
+    kube.create(CLUSTERS, NS, cluster_body("tau", modelCache={"size": "50Gi"},
+                                           hfTokenSecretRef={"name": "hf", "key": "token"}))
+    jobs = wait_for(lambda: kube.list(JOBS, NS) or None, what="model pull Job")
+    (job,) = [j for j in jobs if j["metadata"]["name"].startswith("tau-models-")]
+    assert kube.get(PVCS, NS, "tau-models")["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    pulling = wait_for(lambda: condition(kube, "tau", "ModelsReady"), what="ModelsReady condition")
+    assert (pulling["status"], pulling["reason"]) == ("False", "Pulling")
+    time.sleep(1.0)
+    assert kube.get(DEPLOYMENTS, NS, "tau-verifier") is None and kube.get(POOLS, NS, "tau-code") is None
+    assert kube.get(CONFIGMAPS, NS, "tau-config") is not None  # everything else is there
+    # the Job fails: reported with where to look, still no pods
+    name = job["metadata"]["name"]
+    kube.patch(JOBS, NS, name, {"status": {"failed": 4, "conditions": [{"type": "Failed", "status": "True"}]}},
+               sub="status")
+    failed = wait_for(lambda: (c := condition(kube, "tau", "ModelsReady")) and c["reason"] == "PullFailed" and c,
+                      what="PullFailed", timeout_s=30)  # reconcile looks again every 10 s
+    assert f"kubectl logs job/{name}" in failed["message"]
+    # it succeeds: the pods come, mounting the claim read-only
+    kube.patch(JOBS, NS, name, {"status": {"failed": 0, "succeeded": 1, "conditions": []}}, sub="status")
+    verifier = wait_for(lambda: kube.get(DEPLOYMENTS, NS, "tau-verifier"), what="verifier after the pull",
+                        timeout_s=30)
+    pod = verifier["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    assert {"name": "models", "persistentVolumeClaim": {"claimName": "tau-models", "readOnly": True}} in pod["volumes"]
+    wait_for(lambda: kube.get(POOLS, NS, "tau-code"), what="pool scale target")
+    wait_for(lambda: condition(kube, "tau", "ModelsReady")["status"] == "True", what="ModelsReady")
+    # a new model: a new Job, the old one deleted
+    kube.patch(CLUSTERS, NS, "tau", {"spec": {"verifier": {"model": "qwen2.5-coder-3b-instruct"}}})
+    wait_for(lambda: kube.get(JOBS, NS, name) is None, what="old Job deleted")
+    assert any(j["metadata"]["name"] != name for j in kube.list(JOBS, NS))
 
 
 def test_network_policies_follow_spec_network_policy(operator: Any, kube: Kube) -> None:

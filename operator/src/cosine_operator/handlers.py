@@ -198,8 +198,8 @@ async def _reconcile(
     patch.status.update(new_status)
     if models is not None and models["status"] != "True":
         memo.metrics.reconciles.labels(event, "waiting").inc()
-        raise kopf.TemporaryError(f"models not in the cache yet: {models['message']}",
-                                  delay=60 if models["reason"] == "PullFailed" else 10)
+        # looked at again every 10 s: a running Job finishing, a failed one deleted (and re-created)
+        raise kopf.TemporaryError(f"models not in the cache yet: {models['message']}", delay=10)
     memo.metrics.reconciles.labels(event, "ok").inc()
     logger.info(f"reconciled: {len(cluster.drafter_pools)} pool(s), hand-scaled {sorted(hand_scaled)}")
 
