@@ -17,7 +17,7 @@ from cosine_operator import kube, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cosine-operator"
-K8S_VERSION = "1.33.0"
+K8S_VERSION = "1.30.0"  # the oldest minor GKE and EKS still run in standard support
 # Kinds from other projects' CRDs (not in kubernetes-validate's schemas).
 EXTERNAL_KINDS = {"ServiceMonitor", "Certificate", "Issuer", "CoSineCluster"}
 # What kopf itself needs beyond cosine_operator.kube.CALLS: watching its resources, patching

@@ -66,6 +66,52 @@ def test_examples_validate_against_the_crd_and_the_webhook(path: Path) -> None:
             assert pod["nodeSelector"]
 
 
+K8S_VERSION = "1.30.0"  # the oldest minor GKE and EKS still run in standard support
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_render_to_valid_restricted_objects_with_an_image_per_device(path: Path) -> None:
+    """Every child of every example validates strictly against Kubernetes 1.30's schemas, every
+    pod passes Pod Security ``restricted``, GPU pods run the CUDA image and the others the CPU one.
+    Catches: a field Kubernetes rejects (a typo, a wrong type), a pod a restricted namespace refuses,
+    a GPU pod on CPU vLLM."""
+    import kubernetes_validate
+    from pod_security import pod_specs, restricted_violations
+
+    doc = yaml.safe_load(path.read_text())
+    children = builders.build_children(doc["metadata"]["name"], "ns", settings.parse_cluster_spec(doc["spec"]), {})
+    for child in children:
+        if child["kind"] != settings.POOL_KIND:
+            kubernetes_validate.validate(child, K8S_VERSION, strict=True)
+    pods = pod_specs(children)
+    assert pods
+    for name, pod in pods:
+        assert restricted_violations(pod) == [], name
+        for c in pod["containers"]:
+            gpu = "nvidia.com/gpu" in str(c.get("resources"))
+            assert c["image"].endswith("-cuda") == gpu, (name, c["image"])
+    if "gpu" in path.name:  # the models are pulled once, by a Job
+        assert [k for k, _ in pods if k.startswith("Job/")] and all(
+            "initContainers" not in pod for k, pod in pods if k.startswith("Deployment/"))
+
+
+def test_the_restricted_check_refuses_what_psa_refuses() -> None:
+    from pod_security import restricted_violations
+
+    ok = {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+          "containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": False,
+                                                          "capabilities": {"drop": ["ALL"]}}}],
+          "volumes": [{"name": "v", "emptyDir": {}}]}
+    assert restricted_violations(ok) == []
+    for change in ({"securityContext": {"runAsNonRoot": True}},  # no seccomp profile
+                   {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]},
+                   {"hostNetwork": True}):
+        assert restricted_violations({**copy.deepcopy(ok), **change})
+    privileged = copy.deepcopy(ok)
+    privileged["containers"][0]["securityContext"]["capabilities"] = {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert restricted_violations(privileged)
+
+
 def test_schema_rejects_what_it_should() -> None:
     schema = to_jsonschema(crd_schema())
     good = yaml.safe_load((ROOT / "manifests/examples/embedded.yaml").read_text())
