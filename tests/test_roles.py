@@ -37,6 +37,19 @@ def test_gpus_per_pod_are_the_tensor_parallel_size():
     assert roles.vllm_cpu_env(v) == {}
 
 
+def test_a_gpu_vllm_pool_gets_cuda_graphs_and_its_memory_share():
+    """Catches: GPU drafter pools run eager and take vLLM's default 90% of the GPU."""
+    cluster = parse_cluster_spec({"verifier": {"model": "m", "dtype": "bfloat16"}, "drafterPools": [
+        {"name": "gpu", "model": "d", "engine": "vllm", "gpuMemoryUtilization": 0.3,
+         "resources": {"limits": {"nvidia.com/gpu": 1}}},
+        {"name": "cpu", "model": "d", "engine": "vllm", "gpuMemoryUtilization": 0.3}]})
+    gpu, cpu = cluster.drafter_pools
+    assert roles.vllm_drafter_options(gpu, cluster.verifier) == {
+        "dtype": "bfloat16", "enforce_eager": False, "gpu_memory_utilization": 0.3}
+    assert roles.vllm_drafter_options(cpu, cluster.verifier) == {
+        "dtype": "bfloat16", "enforce_eager": True, "gpu_memory_utilization": None}
+
+
 def test_no_speculation_is_plain_vllm():
     args = roles.vllm_engine_args(_verifier(), "/models/m", 0, [])
     assert "speculative_config" not in args and "scheduler_cls" not in args

@@ -159,10 +159,20 @@ def drafter_engine(pool, verifier):
         log.info("pool %s: %s shares %s's vocabulary; no translation needed", pool.name, pool.model, verifier.model)
     family = tokenizer_family(pool.model) or ""
     if pool.resolved_engine == "vllm":
-        engine = draft_engine.VllmEngine(str(resolve(pool.model)), pool.name, dtype=verifier.dtype)
+        engine = draft_engine.VllmEngine(str(resolve(pool.model)), pool.name, **vllm_drafter_options(pool, verifier))
         return engine, engine.vocab_size, family
     engine = draft_engine.LlamaCppEngine(str(resolve_gguf(pool.model)), pool.name, threads=pool.threads)
     return engine, engine.vocab_size, family
+
+
+def vllm_drafter_options(pool: Any, verifier: Any) -> dict[str, Any]:
+    """`VllmEngine` options of an `engine: vllm` pool (`DrafterPoolSpec`): the verifier's dtype;
+    on a pod that requests GPUs, CUDA graphs (a drafter's steps are small: launch overhead is most
+    of them) and the pool's `gpuMemoryUtilization` (None: vLLM's 0.9, too much for pools that
+    share a GPU); on CPU, eager (no CUDA graphs; torch.compile's start-up does not pay)."""
+    gpu = pool.pod.requests_gpu
+    return {"dtype": verifier.dtype, "enforce_eager": not gpu,
+            "gpu_memory_utilization": pool.gpu_memory_utilization if gpu else None}
 
 
 # ---------------------------------------------------------------- verifier
