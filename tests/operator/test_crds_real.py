@@ -268,3 +268,36 @@ def test_network_policy_and_drafter_tls_fields(crds: Any) -> None:
     body["spec"]["drafterTLS"] = {"serverName": "drafters"}
     r = crds.http.post(CLUSTERS, json=body, params={"dryRun": "All"})
     assert r.status_code == 422 and "spec.drafterTLS.secretName" in r.text, r.text
+
+
+PREVIOUS_CRDS = Path(__file__).parent / "data" / "crds-previous"  # the CRDs of the release before this one
+
+
+def test_crd_upgrade_from_the_previous_release(crds: Any) -> None:
+    """The documented upgrade, `kubectl apply --server-side -f crds/` over the previous release's
+    CRDs, on the real server: an object stored under the old schema still reads, gains the new
+    defaults, and takes the new fields; before the upgrade the old schema prunes them.
+    Catches: a CRD change that breaks stored objects (a new required field, a narrowed type)."""
+    name = "upgrade-me"
+    try:
+        kubectl(crds, "apply", "--server-side", "-f", str(PREVIOUS_CRDS))
+        kubectl(crds, "wait", "--for", "condition=Established", "--timeout", "30s", "crd/cosineclusters.cosine.dev")
+        body = {"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": name},
+                "spec": {"verifier": {"model": "qwen2.5-coder-1.5b-instruct"},
+                         "drafterPools": [{"name": "ngram", "kind": "ngram"}], "modelCache": {"size": "10Gi"}}}
+        r = crds.http.post(CLUSTERS, json=body)
+        assert r.status_code == 201, r.text
+        old = r.json()["spec"]
+        assert "modelCache" not in old  # unknown to the old schema: pruned
+        assert old["image"]["tag"] == "0.1.0"  # the old CRD defaulted the tag (README: upgrading)
+        apply_crds(crds)  # this release's
+        kubectl(crds, "wait", "--for", "condition=Established", "--timeout", "30s", "crd/cosineclusters.cosine.dev")
+        stored = crds.http.get(f"{CLUSTERS}/{name}").json()["spec"]
+        assert stored["verifier"]["startupTimeoutSeconds"] == 1800  # new defaults apply on read
+        patched = crds.http.patch(f"{CLUSTERS}/{name}", json={"spec": {"modelCache": {"size": "10Gi"}}},
+                                  headers={"Content-Type": "application/merge-patch+json"})
+        assert patched.status_code == 200, patched.text
+        assert patched.json()["spec"]["modelCache"] == {"size": "10Gi", "accessMode": "ReadWriteMany"}
+    finally:
+        crds.http.delete(f"{CLUSTERS}/{name}")
+        apply_crds(crds)
