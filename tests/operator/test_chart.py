@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cosine-operator"
 K8S_VERSION = "1.30.0"  # the oldest minor GKE and EKS still run in standard support
 # Kinds from other projects' CRDs (not in kubernetes-validate's schemas).
-EXTERNAL_KINDS = {"ServiceMonitor", "Certificate", "Issuer", "CoSineCluster"}
+EXTERNAL_KINDS = {"ServiceMonitor", "PodMonitor", "Certificate", "Issuer", "CoSineCluster", "ClusterKopfPeering",
+                  "KopfPeering"}
 # What kopf itself needs beyond cosine_operator.kube.CALLS: watching its resources, patching
 # its annotations on handled objects, posting Events, observing CRDs.
 KOPF_NEEDS: dict[tuple[str, str], set[str]] = {
@@ -28,6 +29,9 @@ KOPF_NEEDS: dict[tuple[str, str], set[str]] = {
     ("apps", "deployments"): {"list", "watch"},
     ("", "events"): {"create"},
 }
+# kopf peering (two replicas, one active): cluster-wide, or per watched namespace
+PEERING_CLUSTER = {("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"}}
+PEERING_NAMESPACED = {("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"}}
 
 
 def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -56,7 +60,8 @@ def test_lint_is_clean() -> None:
     "values",
     [
         {},
-        {"watchNamespaces": ["team-a", "team-b"], "metrics": {"serviceMonitor": {"enabled": True}}},
+        {"watchNamespaces": ["team-a", "team-b"],
+         "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
         {"webhook": {"enabled": False}, "networkPolicy": {"metricsFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}},
         {"webhook": {"certManager": {"enabled": True}}, "networkPolicy": {"enabled": False}},
         {
@@ -97,9 +102,9 @@ def _grants(docs: list[dict[str, Any]], kinds: set[str]) -> dict[tuple[str, str]
     return out
 
 
-def _expected() -> dict[tuple[str, str], set[str]]:
+def _expected(*extra: dict[tuple[str, str], set[str]]) -> dict[tuple[str, str], set[str]]:
     want: dict[tuple[str, str], set[str]] = {}
-    for source in (kube.CALLS, KOPF_NEEDS):
+    for source in (kube.CALLS, KOPF_NEEDS, *extra):
         for key, verbs in source.items():
             want.setdefault(key, set()).update(verbs)
     return want
@@ -109,14 +114,19 @@ def test_rbac_grants_exactly_what_the_operator_calls_cluster_wide() -> None:
     grants = _grants(render(), {"ClusterRole"})
     crds = grants.pop(("apiextensions.k8s.io", "customresourcedefinitions"))
     assert crds == {"list", "watch"}
-    assert grants == _expected()
+    assert grants == _expected(PEERING_CLUSTER)
+    alone = _grants(render({"peering": {"enabled": False}}), {"ClusterRole"})
+    alone.pop(("apiextensions.k8s.io", "customresourcedefinitions"))
+    assert alone == _expected()
 
 
 def test_rbac_per_namespace_uses_roles() -> None:
     docs = render({"watchNamespaces": ["team-a", "team-b"]})
     roles = [d for d in docs if d["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    assert _grants(roles[:1], {"Role"}) == _expected()
+    assert _grants(roles[:1], {"Role"}) == _expected(PEERING_NAMESPACED)
+    peerings = [d for d in docs if d["kind"] == "KopfPeering"]
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
     cluster = _grants(docs, {"ClusterRole"})
     assert cluster == {
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
@@ -142,6 +152,68 @@ def test_operator_deployment_wiring() -> None:
     assert config["caBundle"]
     secret = next(d for d in docs if d["kind"] == "Secret")
     assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+
+
+def test_two_operator_replicas_with_peering_and_a_disruption_budget() -> None:
+    """Catches: two replicas both handling objects (no peering), a drain that takes both."""
+    docs = render()
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert deployment["spec"]["replicas"] == 2 and "--peering=cosine-cosine-operator" in args
+    assert "--standalone" not in args and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    (peering,) = [d for d in docs if d["kind"] == "ClusterKopfPeering"]
+    assert peering["metadata"]["name"] == "cosine-cosine-operator"
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    crds = {p.name for p in (CHART / "crds").glob("kopf.dev_*.yaml")}
+    assert crds == {"kopf.dev_kopfpeerings.yaml", "kopf.dev_clusterkopfpeerings.yaml"}
+    alone = render({"peering": {"enabled": False}})
+    deployment = next(d for d in alone if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 1 and "--standalone" in deployment["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert not [d for d in alone if d["kind"] in ("ClusterKopfPeering", "PodDisruptionBudget")]
+
+
+def test_webhook_certificate_is_kept_across_an_upgrade_and_restarts_the_operator(tmp_path: Path) -> None:
+    """Rendered twice, the second time with the first render's Secret in the cluster (the chart's
+    one `lookup`, substituted: offline, lookup finds nothing): the same certificate, caBundle and
+    restart checksum. Rendered fresh: a new certificate, and the operator's pods roll.
+    Catches: a new CA on every `helm upgrade` (every CoSineCluster write fails with
+    failurePolicy Fail until the operator restarts) or a new certificate that does not restart it."""
+    import shutil
+
+    def pieces(docs: list[dict[str, Any]]) -> tuple[dict[str, str], str, str]:
+        secret = next(d for d in docs if d["kind"] == "Secret")
+        webhook = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")
+        deployment = next(d for d in docs if d["kind"] == "Deployment")
+        return (secret["data"], webhook["webhooks"][0]["clientConfig"]["caBundle"],
+                deployment["spec"]["template"]["metadata"]["annotations"]["checksum/webhook-cert"])
+
+    first = pieces(render())
+    assert first[1] == first[0]["ca.crt"]
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    lookup = 'lookup "v1" "Secret" .Release.Namespace (include "cosine-operator.webhookSecret" .)'
+    assert helpers.count(lookup) == 1
+    present = "(dict \"data\" (dict " + " ".join(f'"{k}" "{v}"' for k, v in first[0].items()) + "))"
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "_helpers.tpl").write_text(helpers.replace(lookup, present))
+    with helm.Chart.load(chart) as upgraded:
+        out = upgraded.render({}, name="cosine", namespace="cosine-system", is_upgrade=True)
+    docs = [doc for path, text in out.items() if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc]
+    assert pieces(docs) == first  # kept: same certificate, same caBundle, no restart
+    fresh = pieces(render())
+    assert fresh[0]["tls.crt"] != first[0]["tls.crt"] and fresh[2] != first[2]  # new one: the operator rolls
+
+
+def test_pod_monitor_scrapes_the_workload_pods() -> None:
+    (monitor,) = [d for d in render({"metrics": {"podMonitor": {"enabled": True}}}) if d["kind"] == "PodMonitor"]
+    selector = {e["key"]: e["values"] for e in monitor["spec"]["selector"]["matchExpressions"]}
+    assert selector == {"app.kubernetes.io/managed-by": ["cosine-operator"],
+                        "app.kubernetes.io/component": ["verifier", "drafter"]}
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics", "http"]
+    assert not [d for d in render() if d["kind"] == "PodMonitor"]
 
 
 def _policy(docs: list[dict[str, Any]]) -> dict[str, Any]:

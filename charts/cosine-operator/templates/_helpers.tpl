@@ -86,4 +86,32 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if and .Values.peering.enabled .Values.watchNamespaces }}
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}
+
+{{/* The webhook's self-signed CA and serving certificate ({ca, crt, key}, base64), kept across
+upgrades: the existing Secret's if there is one (`lookup`; empty under `helm template`), else new.
+Computed once per render (kept in .Values) so the Secret, the caBundle and the operator's restart
+checksum agree. */}}
+{{- define "cosine-operator.webhookCert" -}}
+{{- if not (hasKey .Values "__webhookCert") }}
+{{- $fullname := include "cosine-operator.fullname" . }}
+{{- $service := printf "%s.%s.svc" $fullname .Release.Namespace }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "cosine-operator.webhookSecret" .) }}
+{{- $data := (($existing | default dict).data | default dict) }}
+{{- $cert := dict }}
+{{- if and (index $data "ca.crt") (index $data "tls.crt") (index $data "tls.key") }}
+{{- $cert = dict "ca" (index $data "ca.crt") "crt" (index $data "tls.crt") "key" (index $data "tls.key") }}
+{{- else }}
+{{- $ca := genCA (printf "%s-ca" $fullname) 3650 }}
+{{- $signed := genSignedCert $service nil (list $service (printf "%s.%s" $fullname .Release.Namespace) $fullname) 3650 $ca }}
+{{- $cert = dict "ca" ($ca.Cert | b64enc) "crt" ($signed.Cert | b64enc) "key" ($signed.Key | b64enc) }}
+{{- end }}
+{{- $_ := set .Values "__webhookCert" $cert }}
+{{- end }}
+{{- toYaml (get .Values "__webhookCert") }}
 {{- end }}
