@@ -73,6 +73,14 @@ def test_child_names_must_fit_a_dns_label() -> None:
     assert problems and problems[0].startswith("spec.drafterPools[0].name:")
 
 
+def test_the_model_pull_job_name_must_fit_a_label() -> None:
+    body = spec({"name": "p", "kind": "ngram"})
+    body["modelCache"] = {"size": "10Gi"}
+    assert validate_cluster("a" * 47, body) == []
+    problems = validate_cluster("a" * 48, body)
+    assert problems and problems[0].startswith("spec.modelCache:")
+
+
 def test_either_engine_on_either_device_passes() -> None:
     gpu = {"limits": {"nvidia.com/gpu": 1}}
     assert validate_cluster(

@@ -30,6 +30,11 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
         message = str(e)
         return [message if message.startswith("spec.") else f"spec: {message}"]
     verifier_family = s.tokenizer_family(cluster.verifier.tokenizer_family)
+    if cluster.model_cache is not None:  # the pull Job's name is also its pods' job-name label: a label value
+        job = builders.model_job_name(name, builders.cluster_models(cluster))
+        if len(job) > MAX_NAME_LENGTH:
+            problems.append(f"spec.modelCache: the model pull Job's name {job!r} is {len(job)} characters, over "
+                            f"{MAX_NAME_LENGTH}; shorten the cluster name")
     for i, pool in enumerate(cluster.drafter_pools):
         field = f"spec.drafterPools[{i}]"
         longest = builders.drafter_name(name, pool.name)
