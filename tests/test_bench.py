@@ -55,9 +55,11 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
         def scrape(self):
             return {}
 
-    async def fake_loop(base, model, prompts, concurrency, max_tokens, system, run):
+    async def fake_loop(base, model, prompts, concurrency, max_tokens, system, run, done=lambda: None):
         server = next(s for s in servers if s.base == base)
         server.sent.append([p.id for p in prompts])
+        for _ in prompts:
+            done()
         n = 10 if system == "vllm" else 20
         return [Record(system, run, concurrency, p.id, p.domain, "same", n, 0.1, 1.0) for p in prompts]
 
@@ -70,8 +72,18 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
     monkeypatch.setattr(vllm_bench, "_server_command", fake_command)
     prompts = [Prompt("a", "code", "def f():"), Prompt("b", "chat", "hi")]
     systems = ["vllm", "vllm-ngram", "cosine", "cosine-nofusion"]
+    progress = []
+    real_progress = vllm_bench._progress
+
+    def recorded():
+        progress.append(real_progress())
+        return progress[-1]
+
+    monkeypatch.setattr(vllm_bench, "_progress", recorded)
     report = vllm_bench.run_bench(prompts, systems, [1, 2], 16, None, "drafter", placement="split")
     assert len(servers) == 2 * 5 and all(s.stopped for s in servers)  # one server per (system, level)
+    overall = progress[0].tasks[0]  # prompts done over all runs (the warm-up not counted)
+    assert (overall.completed, overall.total) == (2 * 5 * 2, 2 * 5 * 2)
     for s in servers:  # the warm-up first, then the measured prompts, once
         assert s.sent == [["warmup"], ["a", "b"]]
     assert vllm_bench.WARMUP.prompt not in {p.prompt for p in prompts}

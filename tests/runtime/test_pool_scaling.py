@@ -6,8 +6,9 @@ each at most), vLLM on the same model as the verifier with CoSine's proposer und
 a subprocess, engine in-process so the script reads the proposer), closed-loop load at
 concurrency 8 (vLLM's `max_num_seqs`), greedy, float32. The address list the pool re-resolves is
 a list the script controls (on Kubernetes: the Service's DNS records, one per ready pod).
-- scale 1 -> 2: once the list is re-resolved (at most one interval later), the next request placed
-  goes to the new replica; over the 2-replica phase each serves 30-70% of the pool's calls;
+- scale 1 -> 2: once the list is re-resolved (at most one interval later), new requests go to the
+  new replica (one of the first three placed); over the 2-replica phase each serves 30-70% of the
+  pool's calls;
 - no request's calls are split across replicas, except after a re-home;
 - scale 2 -> 1: a replica killed mid-run and dropped from the list; every request completes;
 - every output is identical to vLLM target-only; at the end no per-request context is left in the
@@ -177,17 +178,20 @@ def test_pool_scales_out_and_in_under_load(tmp_path):
           f"2-replica phase: {len(in_two)} calls, rehomes {out['rehomes']}")
     assert all(c[2] == r0 for c in calls if c[0] < two_start)  # one replica until it scaled out
     # The pool re-resolves on the first call starting one interval after the scale-out (or earlier,
-    # if the last re-resolve was earlier); from then on the new replica holds the fewest requests, so
-    # the first new request placed after that goes to it. When a new request is placed depends on when
-    # one finishes and frees a slot, i.e. on the machine's speed: ordering is asserted, not time
-    # (0.1 s covers a call that entered the pool just before the interval ended).
+    # if the last re-resolve was earlier). From then on a new request goes to the least-held replica:
+    # the first one placed may still go to r0 (a tie, when r0's first batch has just been released),
+    # but it stays held there, so the next goes to r1. Calls of concurrent placements may start in
+    # another order than they were assigned: among the first three placed after the re-resolve, one
+    # is on r1. When requests are placed depends on when earlier ones finish, i.e. on the machine's
+    # speed: ordering is asserted, not time (0.1 s covers a call that entered the pool just before
+    # the interval ended).
     seen_before = {c[1] for c in calls if c[0] < two_start}
     first_call = {}
-    for t, rid, _ in sorted(calls):
-        first_call.setdefault(rid, t)
-    placed_after = [t for rid, t in first_call.items()
-                    if rid not in seen_before and two_start + RESOLVE_EVERY_S + 0.1 <= t <= two_end]
-    assert not placed_after or first_r1 <= min(placed_after), (first_r1 - two_start, sorted(placed_after)[:3])
+    for t, rid, address in sorted(calls):
+        first_call.setdefault(rid, (t, address))
+    placed_after = sorted((t, a) for rid, (t, a) in first_call.items()
+                          if rid not in seen_before and two_start + RESOLVE_EVERY_S + 0.1 <= t <= two_end)
+    assert len(placed_after) < 3 or r1 in [a for _, a in placed_after[:3]], placed_after[:3]
     share = sum(1 for c in in_two if c[2] == r1) / len(in_two)
     print(f"share of the 2-replica phase's calls on the new replica: {share:.2f}")
     assert 0.3 <= share <= 0.7

@@ -76,29 +76,49 @@ def per_pool_counters(metrics_url: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def log_file() -> Path:
+    """Where `cosine demo` writes the embedded cluster's logs (vLLM's, the drafters'): a new file
+    per run under the cache, `logs/serve-<time>.log`."""
+    from cosine.model_store import cache_root
+
+    return cache_root() / "logs" / f"serve-{time.strftime('%Y%m%d-%H%M%S')}.log"
+
+
 def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port: int, keep_serving: bool) -> int:
-    """Start `cosine serve` on `port` (0: a free one), ask it each prompt (greedy, at most
-    `max_tokens` tokens), print per-prompt and per-pool results, then keep serving until Ctrl-C
-    unless `keep_serving` is False; the cluster is stopped on return. Returns 0.
+    """Start `cosine serve` on `port` (0: a free one), its logs to a file (:func:`log_file`), with
+    a spinner while models load; ask it each prompt (greedy, at most `max_tokens` tokens), print
+    per-prompt and per-source results and the serving URL, then keep serving until Ctrl-C unless
+    `keep_serving` is False; the cluster is stopped on return. Returns 0.
 
     Raises:
         ValueError: an invalid manifest.
         RuntimeError: the cluster exited or was not ready in time.
     """
-    from openai import OpenAI
+    import logging
 
+    from openai import OpenAI
+    from rich.console import Console
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     spec = parse_spec(load_manifest(manifest))
     model = spec.verifier.model
     port = port or free_port()
     base = f"http://127.0.0.1:{port}"
-    print(f"starting the embedded cluster (verifier {model}, drafter pools "
-          f"{[p.name for p in spec.drafter_pools]}) on {base} ...", flush=True)
+    logs = log_file()
+    print(f"embedded cluster: verifier {model}, drafter pools {[p.name for p in spec.drafter_pools]}; "
+          f"logs in {logs}", flush=True)
     metrics_port = free_port()
-    proc = start_cluster(manifest, port, quiet=False, metrics_port=metrics_port)
+    proc = start_cluster(manifest, port, metrics_port=metrics_port, log_path=logs)
     try:
-        wait_ready(base, proc)
+        t0 = time.monotonic()
+        with Console(stderr=True).status("loading the models and starting the servers ..."):
+            try:
+                wait_ready(base, proc)
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}; see {logs}") from None
+        print(f"ready on {base} after {time.monotonic() - t0:.0f} s", flush=True)
         client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=600)
-        print(f"\n{'id':>14}  {'domain':>6}  {'tokens':>6}  {'TTFT s':>6}  {'tok/s':>6}  answer")
+        print(f"{'id':>14}  {'domain':>6}  {'tokens':>6}  {'TTFT s':>6}  {'tok/s':>6}  answer")
         answers = []
         for p in prompts:
             a = ask(client, model, p, max_tokens)

@@ -518,11 +518,18 @@ def _wait_for_signal() -> None:
 # ---------------------------------------------------------------- a cluster as a subprocess (demo, bench)
 
 
-def start_cluster(manifest: Path | None, port: int, *, quiet: bool = True, metrics_port: int = 0) -> subprocess.Popen:
-    """Start `cosine serve` in a child process (its own drafter processes under it)."""
+def start_cluster(manifest: Path | None, port: int, *, quiet: bool = True, metrics_port: int = 0,
+                  log_path: Path | None = None) -> subprocess.Popen:
+    """Start `cosine serve` in a child process (its own drafter processes under it). Its output
+    (vLLM's and the drafters' logs) goes to `log_path` (appended) if given, else nowhere when
+    `quiet`, else to this process's terminal."""
     cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port)]
     if manifest:
         cmd += ["--cluster", str(manifest)]
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:  # the child keeps its own descriptor
+            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
     out = subprocess.DEVNULL if quiet else None
     return subprocess.Popen(cmd, stdout=out, stderr=out, preexec_fn=_die_with_parent)
 

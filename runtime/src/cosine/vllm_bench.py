@@ -79,7 +79,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -445,9 +445,10 @@ class _Server:
 
 
 async def _closed_loop(base: str, model: str, prompts: Sequence[Prompt], concurrency: int, max_tokens: int,
-                       system: str, run: int) -> list[Record]:
+                       system: str, run: int, done: Callable[[], None] = lambda: None) -> list[Record]:
     """`concurrency` clients, each sending the next prompt when its previous answer ended (streamed,
-    greedy: `demo.ask`, one thread per client; the OpenAI client is thread-safe)."""
+    greedy: `demo.ask`, one thread per client; the OpenAI client is thread-safe). `done` is called
+    after each answer (progress)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from openai import OpenAI
@@ -468,11 +469,29 @@ async def _closed_loop(base: str, model: str, prompts: Sequence[Prompt], concurr
             a = await loop.run_in_executor(threads, ask, client, model, p, max_tokens)
             records.append(Record(system, run, concurrency, p.id, p.domain, a.text, a.completion_tokens,
                                   a.ttft_s, a.wall_s))
+            done()
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     threads.shutdown()
     client.close()
     return records
+
+
+def _progress() -> Any:
+    """The bench's progress display (on stderr): per run and over all runs, prompts done, elapsed
+    time and an ETA (rich's, from the rate so far; server start-ups count as elapsed time)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TextColumn("prompts"),
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True))
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -592,7 +611,9 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     cpus = sorted(os.sched_getaffinity(0))
     rows: list[dict[str, Any]] = []
     records: list[Record] = []
-    with tempfile.TemporaryDirectory(prefix="cosine-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="cosine-bench-") as tmp, _progress() as progress:
+        overall = progress.add_task("all runs", total=len(runs) * len(prompts))
+        current = progress.add_task("", total=len(prompts))
         manifests: dict[Variant, Path | None] = {((), None): manifest}
         for run in runs:
             system, run_placement = system_placement(run.system, placement)
@@ -608,14 +629,21 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
             argv, env = _server_command(system, manifests[variant], port, metrics_port, drafter_model, peer_k,
                                         suffix_k, run_placement, extra_env)
             log.info("bench: starting %s for c=%d", run.system, run.concurrency)
+            progress.reset(current, description=f"{run.system} c={run.concurrency}: starting", total=len(prompts))
             with _Server(argv, env, port, metrics_port, quiet) as server:
                 asyncio.run(_closed_loop(server.base, model, [WARMUP], 1, WARMUP_TOKENS, run.system, -1))
                 binding = {"env": extra_env, "manifest": _manifest_note(variant), "processes": server.bindings()}
                 drafters = server.drafters()
                 before, drafters_before = server.scrape(), [_scrape(url) for _, url in drafters]
+                progress.update(current, description=f"{run.system} c={run.concurrency}")
+
+                def done() -> None:
+                    progress.advance(current)
+                    progress.advance(overall)
+
                 t0 = time.perf_counter()
                 recs = asyncio.run(_closed_loop(server.base, model, prompts, run.concurrency, max_tokens,
-                                                run.system, run.run))
+                                                run.system, run.run, done))
                 wall = time.perf_counter() - t0
                 after = server.scrape()
                 windows = [(pool, b, _scrape(url)) for (pool, url), b in zip(drafters, drafters_before, strict=True)]
