@@ -99,7 +99,8 @@ def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port
     from openai import OpenAI
     from rich.console import Console
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    for name in ("httpx", "httpx2"):  # the OpenAI client's HTTP library: one line per request otherwise
+        logging.getLogger(name).setLevel(logging.WARNING)
     spec = parse_spec(load_manifest(manifest))
     model = spec.verifier.model
     port = port or free_port()
