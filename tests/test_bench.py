@@ -13,9 +13,10 @@ import sys
 import pytest
 import yaml
 
-from cosine import roles, vllm_bench, workloads
-from cosine.vllm_bench import Record
-from cosine.workloads import Prompt
+from cosine import roles
+from cosine.tooling import vllm_bench, workloads
+from cosine.tooling.vllm_bench import Record
+from cosine.tooling.workloads import Prompt
 
 
 def test_plan_runs_fresh_server_per_level_reference_first_and_last():
@@ -106,7 +107,7 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
 
 
 def test_run_bench_times_every_drafter_engine_on_the_pools_models_on_a_pools_cores(monkeypatch):
-    from cosine import draft_cost
+    from cosine.tooling import draft_cost
 
     asked = []
 
@@ -132,7 +133,7 @@ def test_run_bench_times_every_drafter_engine_on_the_pools_models_on_a_pools_cor
 
 
 def test_a_failing_drafter_engine_leaves_an_error_row_and_the_bench_its_rows(monkeypatch):
-    from cosine import draft_cost
+    from cosine.tooling import draft_cost
 
     def failing(engine, model, prompts, k, batches, cores):
         if engine == "vllm":

@@ -42,13 +42,14 @@ def _status(report: str, contract: str) -> str:
 def test_import_contracts_hold(tmp_path: Path) -> None:
     out = _lint_imports(tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "4 kept, 0 broken" in out.stdout, out.stdout
+    assert "5 kept, 0 broken" in out.stdout, out.stdout
 
 
 POLICY = "Policy modules are pure"
 OPERATOR = "The operator imports nothing of the runtime"
 NO_KOPF = "The runtime imports no kopf"
 VLLM = "Only the vLLM adapter"
+SERVING = "The serving path imports no tooling"
 
 
 @pytest.mark.parametrize(("module", "line", "contracts", "chain"), [
@@ -60,7 +61,10 @@ VLLM = "Only the vLLM adapter"
     ("cosine/model_store.py", "from cosine_operator import handlers", [NO_KOPF],
      "cosine.model_store -> cosine_operator.handlers"),
     ("cosine/roles.py", "import vllm", [VLLM], "cosine.roles -> vllm"),
-], ids=["policy-torch", "spec-kopf", "operator-runtime", "runtime-kopf", "vllm-outside-adapter"])
+    ("cosine/proposer.py", "from cosine.tooling import workloads", [SERVING],
+     "cosine.proposer -> cosine.tooling.workloads"),
+], ids=["policy-torch", "spec-kopf", "operator-runtime", "runtime-kopf", "vllm-outside-adapter",
+        "serving-path-tooling"])
 def test_import_contracts_fail_on_a_broken_layer(tmp_path: Path, module: str, line: str, contracts: list[str],
                                                  chain: str) -> None:
     """A copy of both packages with one forbidden import added, linted with the same configuration:
@@ -72,7 +76,7 @@ def test_import_contracts_fail_on_a_broken_layer(tmp_path: Path, module: str, li
     target.write_text(target.read_text() + f"\n{line}  # the layer this test breaks\n")
     out = _lint_imports(tmp_path, pythonpath=src)
     assert out.returncode != 0, out.stdout + out.stderr
-    for contract in (POLICY, OPERATOR, NO_KOPF, VLLM):
+    for contract in (POLICY, OPERATOR, NO_KOPF, VLLM, SERVING):
         assert _status(out.stdout, contract) == ("BROKEN" if contract in contracts else "KEPT"), contract
     assert chain in out.stdout, out.stdout
 

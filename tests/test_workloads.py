@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cosine import model_store, workloads
-from cosine.workloads import Message, Prompt
+from cosine import model_store
+from cosine.tooling import workloads
+from cosine.tooling.workloads import Message, Prompt
 
 
 def _sample_prompts() -> list[Prompt]:

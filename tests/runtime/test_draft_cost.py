@@ -1,4 +1,4 @@
-"""`cosine.draft_cost`: each drafter engine timed on real prompts in a child pinned to a pool's cores.
+"""`cosine.tooling.draft_cost`: each drafter engine timed on real prompts in a child pinned to a pool's cores.
 
 The llama.cpp case runs SmolLM2-135M's GGUF file (a few seconds); the vLLM case loads a vLLM engine
 (about a minute on this CPU) and is marked slow.
@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from cosine import draft_cost
 from cosine.model_store import ModelNotAvailable, resolve
+from cosine.tooling import draft_cost
 
 SMALL = "smollm2-135m-instruct"
 PROMPTS = [

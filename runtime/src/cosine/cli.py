@@ -34,7 +34,7 @@ def _models_list(args: argparse.Namespace) -> int:
 
 
 def _workloads_build(args: argparse.Namespace) -> int:
-    from cosine.workloads import build
+    from cosine.tooling.workloads import build
 
     for domain, path in build(args.out, per_domain=args.per_domain, force=args.force).items():
         print(f"{domain:8} {path}")
@@ -75,8 +75,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from cosine import vllm_bench
-    from cosine.workloads import load, resolve_workload
+    from cosine.tooling import vllm_bench
+    from cosine.tooling.workloads import load, resolve_workload
 
     systems = _names(args.systems or ",".join(vllm_bench.DEFAULT_SYSTEMS))
     try:
@@ -120,8 +120,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from cosine.demo import run_demo
-    from cosine.workloads import load, resolve_workload
+    from cosine.tooling.demo import run_demo
+    from cosine.tooling.workloads import load, resolve_workload
 
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")

@@ -117,7 +117,7 @@ def measure_in_child(engine: str, model: str, prompts: Sequence[Sequence[dict[st
                           "batches": list(batches), "threads": len(cores)})
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": cpu_list(cores), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    proc = subprocess.run([sys.executable, "-m", "cosine.draft_cost"], input=request, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "cosine.tooling.draft_cost"], input=request, capture_output=True,
                           text=True, env=env, timeout=timeout_s, check=False,
                           preexec_fn=lambda: os.sched_setaffinity(0, cores))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cosine.roles import free_port, load_manifest, parse_spec, start_cluster, stop_cluster, wait_ready
-from cosine.workloads import Prompt
+from cosine.tooling.workloads import Prompt
 
 
 @dataclass(frozen=True)

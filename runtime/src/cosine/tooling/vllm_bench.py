@@ -61,7 +61,7 @@ each drafter process's own /metrics, the pool's busy fraction and drafting secon
 
 Draft cost (`--draft-cost`, on by default): after the servers, each drafter engine (llama.cpp on the
 GGUF file, vLLM on the weights) drafts for each drafter model on a pool's share of the cores, in a
-child process pinned there (`cosine.draft_cost`): prefill tokens per second and seconds per draft
+child process pinned there (`cosine.tooling.draft_cost`): prefill tokens per second and seconds per draft
 token, alone and batched, measured in the same run as the verifier's step time it is weighed against.
 """
 
@@ -87,7 +87,7 @@ from typing import Any
 import yaml
 
 from cosine import roles
-from cosine.workloads import Prompt
+from cosine.tooling.workloads import Prompt
 
 log = logging.getLogger(__name__)
 
@@ -453,7 +453,7 @@ async def _closed_loop(base: str, model: str, prompts: Sequence[Prompt], concurr
 
     from openai import OpenAI
 
-    from cosine.demo import ask
+    from cosine.tooling.demo import ask
 
     client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=1800)
     queue: asyncio.Queue[Prompt] = asyncio.Queue()
@@ -655,7 +655,7 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     _add_ratios(rows, records)
     costs: list[dict[str, Any]] = []
     if draft_cost_models is not None:
-        from cosine.draft_cost import ENGINES, measure_in_child
+        from cosine.tooling.draft_cost import ENGINES, measure_in_child
 
         spec = roles.parse_spec(source)
         models = list(draft_cost_models) or list(dict.fromkeys(
