@@ -12,6 +12,6 @@ def test_generate_errors_are_clear(capsys):
 
 def test_generate_and_bench_flags():
     args = build_parser().parse_args(["generate", "--prompt", "hi"])
-    assert (args.max_tokens, args.max_draft_tokens, args.temperature) == (128, 8, 0.0)
+    assert (args.max_tokens, args.max_draft_len, args.temperature) == (128, 8, 0.0)
     args = build_parser().parse_args(["bench"])
     assert (args.concurrency, args.placement, args.systems) == ("1,4,8", "split", "")

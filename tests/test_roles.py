@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cosine import roles
-from cosine_operator.settings import parse_cluster_spec
+from cosine_operator.settings import SpeculationSpec, parse_cluster_spec
 
 
 def _verifier(**fields):
@@ -16,8 +16,8 @@ def _verifier(**fields):
 
 def test_cpu_verifier_maps_onto_vllm_engine_arguments():
     v = _verifier(dtype="float32", maxBatchTokens=256, maxModelLen=4096, maxNumSeqs=8, kvCacheSpaceGiB=2)
-    args = roles.vllm_engine_args(v, "/models/m", 6, [{"name": "p", "addresses": ["a:1"], "expertise": ["code"]}],
-                                  metrics_port=9091)
+    pools = [{"name": "p", "addresses": ["a:1"], "expertise": ["code"]}]
+    args = roles.vllm_engine_args(v, "/models/m", SpeculationSpec(max_draft_len=6), pools, metrics_port=9091)
     assert args["model"] == "/models/m" and args["served_model_name"] == ["m"]
     assert args["dtype"] == "float32" and args["max_num_batched_tokens"] == 256
     assert args["max_model_len"] == 4096 and args["max_num_seqs"] == 8
@@ -31,7 +31,7 @@ def test_cpu_verifier_maps_onto_vllm_engine_arguments():
 
 def test_gpus_per_pod_are_the_tensor_parallel_size():
     v = _verifier(resources={"limits": {"nvidia.com/gpu": 4}}, gpuMemoryUtilization=0.85)
-    args = roles.vllm_engine_args(v, "/models/m", 8, [])
+    args = roles.vllm_engine_args(v, "/models/m", SpeculationSpec(), [])
     assert args["tensor_parallel_size"] == 4 and args["gpu_memory_utilization"] == 0.85
     assert "enforce_eager" not in args
     assert roles.vllm_cpu_env(v) == {}
@@ -51,7 +51,7 @@ def test_a_gpu_vllm_pool_gets_cuda_graphs_and_its_memory_share():
 
 
 def test_no_speculation_is_plain_vllm():
-    args = roles.vllm_engine_args(_verifier(), "/models/m", 0, [])
+    args = roles.vllm_engine_args(_verifier(), "/models/m", SpeculationSpec(max_draft_len=0), [])
     assert "speculative_config" not in args and "scheduler_cls" not in args
 
 

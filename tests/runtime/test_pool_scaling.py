@@ -49,6 +49,7 @@ _SCRIPT = textwrap.dedent('''
         from vllm import SamplingParams
         from cosine import vllm_hooks
         from cosine.model_store import resolve
+        from cosine_operator.settings import SpeculationSpec
         args = json.loads(sys.argv[1])
         model, prompts = str(resolve(args["model"])), args["prompts"]
         greedy = SamplingParams(temperature=0, max_tokens=args["tokens"], ignore_eos=True)
@@ -59,7 +60,7 @@ _SCRIPT = textwrap.dedent('''
             print("RESULT" + json.dumps({"outputs": [list(o.outputs[0].token_ids) for o in outs]}))
             sys.exit(0)
         r0, r1 = args["replicas"]
-        config = vllm_hooks.proposer_config(max_draft_tokens=4, adaptive=False,
+        config = vllm_hooks.proposer_config(SpeculationSpec(max_draft_len=4, adaptive=False),
                                             pools=[{"name": "small", "addresses": [r0], "expertise": ["chat"]}])
         llm = vllm_hooks.cosine_llm(model, config, dtype="float32", enforce_eager=True, max_model_len=512,
                                     max_num_seqs=8, seed=0)

@@ -8,6 +8,12 @@ import time
 from cosine.drafter import Draft, DraftBranch
 from cosine.pool_policy import PoolPolicy
 from cosine.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
+from cosine_operator.settings import SpeculationSpec
+
+
+def _k(max_draft_len: int, **speculation) -> SpeculationSpec:
+    """spec.speculation with k's upper bound `max_draft_len`."""
+    return SpeculationSpec(max_draft_len=max_draft_len, **speculation)
 
 REPEAT = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7]  # the tail 5 6 7 was seen before, followed by 8 9 10 ...
 
@@ -45,20 +51,20 @@ def _wait(pred, timeout_s: float = 5.0) -> None:
 
 
 def test_prompt_lookup_draft_capped_at_k():
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3))
+    p = CoSineProposer(ProposerSettings(speculation=_k(3)))
     drafts = p.propose({"r": REPEAT})
     assert drafts == {"r": [8, 9, 10]}
     assert p.source_of("r") == LOOKUP
 
 
 def test_no_candidate_no_draft():
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=4))
+    p = CoSineProposer(ProposerSettings(speculation=_k(4)))
     assert p.propose({"r": [1, 2, 3, 4]}) == {"r": []}
     assert p.source_of("r") == ""
 
 
 def test_k_falls_to_zero_when_drafts_cost_and_are_rejected_then_probes():
-    s = ProposerSettings(max_draft_tokens=4)
+    s = ProposerSettings(speculation=_k(4))
     p = CoSineProposer(s)
     ks = []
     for _ in range(40):
@@ -73,7 +79,7 @@ def test_k_falls_to_zero_when_drafts_cost_and_are_rejected_then_probes():
 
 
 def test_k_stays_long_when_drafts_are_accepted_and_passes_flat():
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=4))
+    p = CoSineProposer(ProposerSettings(speculation=_k(4)))
     for _ in range(20):
         d = p.propose({"r": REPEAT})["r"]
         n = 1 + len(d)
@@ -85,7 +91,7 @@ def test_k_stays_long_when_drafts_are_accepted_and_passes_flat():
 def test_pool_never_blocks_and_counts_late_drafts():
     pool = FakePool("coder")
     pool.gate.clear()  # the pool hangs
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=4, lookup=False), [pool])
+    p = CoSineProposer(ProposerSettings(speculation=_k(4), lookup=False), [pool])
     t0 = time.perf_counter()
     assert p.propose({"r": [1, 2, 3]}) == {"r": []}
     assert p.propose({"r": [1, 2, 3, 4]}) == {"r": []}
@@ -97,7 +103,7 @@ def test_pool_never_blocks_and_counts_late_drafts():
 
 def test_pool_draft_used_when_it_arrives_and_continues_the_context():
     pool = FakePool("coder")  # drafts ctx[-1]+1, +2, ...
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool])
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), lookup=False), [pool])
     assert p.propose({"r": [1, 2, 3]}) == {"r": []}  # asks the pool to draft from [1, 2, 3]
     _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
     # the target emitted 4 meanwhile, the pool's own first token: the rest of its draft continues
@@ -107,7 +113,7 @@ def test_pool_draft_used_when_it_arrives_and_continues_the_context():
 
 def test_pool_draft_dropped_when_the_target_diverged():
     pool = FakePool("coder")
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool])
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), lookup=False), [pool])
     p.propose({"r": [1, 2, 3]})
     _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
     assert p.propose({"r": [1, 2, 3, 99]}) == {"r": []}
@@ -115,7 +121,7 @@ def test_pool_draft_dropped_when_the_target_diverged():
 
 def test_failed_pool_costs_drafts_not_the_request():
     pool = FakePool("coder", fail=True)
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3), [pool])
+    p = CoSineProposer(ProposerSettings(speculation=_k(3)), [pool])
     for i in range(12):
         drafts = p.propose({"r": REPEAT + [i]})
         assert "r" in drafts
@@ -126,7 +132,7 @@ def test_failed_pool_costs_drafts_not_the_request():
 
 def test_failed_pool_is_one_warning_not_a_line_per_call(caplog):
     pool = FakePool("coder", fail=True)
-    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool_retry_s=0.0)  # asked again at once
+    s = ProposerSettings(speculation=_k(3), lookup=False, pool_retry_s=0.0)  # asked again at once
     p = CoSineProposer(s, [pool])
     with caplog.at_level("DEBUG", logger="cosine.proposer"):
         for i in range(30):
@@ -140,7 +146,7 @@ def test_failed_pool_is_one_warning_not_a_line_per_call(caplog):
 
 def test_single_late_call_is_a_metric_not_a_warning(caplog):
     pool = FakePool("coder")
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool])
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), lookup=False), [pool])
     with caplog.at_level("INFO", logger="cosine.proposer"):
         pool.fail = True
         p.propose({"r": [1, 2, 3]})
@@ -157,7 +163,7 @@ def test_single_late_call_is_a_metric_not_a_warning(caplog):
 
 def test_release_reaches_every_pool_the_request_used_after_its_calls_end():
     a, b = FakePool("a"), FakePool("b")
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False, reroute_every=1, fusion=False),
+    p = CoSineProposer(ProposerSettings(speculation=_k(3, fusion=False), lookup=False, reroute_every=1),
                        [a, b], seed=1)
     for i in range(40):  # re-routed every step between two equal pools: both get used
         p.propose({"r": [1, 2, 3 + i]})
@@ -179,7 +185,7 @@ def test_fusion_picks_the_more_confident_candidate_per_position():
     # lookup proposes 8 9 10 (n = 3 of max 4: confidence 0.75, acceptance prior 0.7); the pool, an
     # expert on the domain (prior 0.7), proposes 8 42 43 at confidence 0.99
     pool = FakePool("coder", rule=lambda ctx, k: [8, 42, 43, 44][:k], confidence=0.99)
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3), [pool], {"coder": ["code"]},
+    p = CoSineProposer(ProposerSettings(speculation=_k(3)), [pool], {"coder": ["code"]},
                        classify=lambda prompt: "code")
     p.propose({"r": REPEAT})
     _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
@@ -191,7 +197,7 @@ def test_fusion_picks_the_more_confident_candidate_per_position():
 
 def test_outcomes_train_the_router_per_pool_and_domain():
     pool = FakePool("coder")
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool], {"coder": ["code"]},
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), lookup=False), [pool], {"coder": ["code"]},
                        classify=lambda prompt: "code")
     p.propose({"r": [1, 2, 3]}, {"r": 3})
     _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
@@ -203,7 +209,7 @@ def test_outcomes_train_the_router_per_pool_and_domain():
 
 def test_retain_releases_finished_requests_into_the_suffix_cache():
     pool = FakePool("coder")
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3), [pool])
+    p = CoSineProposer(ProposerSettings(speculation=_k(3)), [pool])
     p.propose({"a": [1, 2, 3, 4, 5, 6], "b": [7, 8]})
     p.retain({"b"})
     _wait(lambda: pool.released == ["a"])
@@ -212,7 +218,7 @@ def test_retain_releases_finished_requests_into_the_suffix_cache():
 
 
 def test_prompt_lookup_acceptance_is_learned_per_domain_across_requests():
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=4), classify=lambda prompt: "code" if prompt[0] < 100
+    p = CoSineProposer(ProposerSettings(speculation=_k(4)), classify=lambda prompt: "code" if prompt[0] < 100
                        else "chat")
     fresh = p._initial_state(LOOKUP, "chat").acceptance_rate
     for i in range(30):  # chat requests whose lookup drafts are always rejected
@@ -241,7 +247,7 @@ def _decode_with(p: CoSineProposer, pool: FakePool, steps: int, accept, stride: 
 
 def test_pool_whose_drafts_never_pay_is_only_probed():
     pool = FakePool("slow", rule=lambda ctx, k: [ctx[-1] + 1 + i for i in range(k)])  # the target takes +2
-    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool=PoolPolicy(probe_every=8))
+    s = ProposerSettings(speculation=_k(3), lookup=False, pool=PoolPolicy(probe_every=8))
     p = CoSineProposer(s, [pool])
     calls = _decode_with(p, pool, 72, accept=lambda d: 0, stride=2)
     assert calls[1] == 2, "asked while its acceptance estimate (the prior) says it pays"
@@ -254,7 +260,7 @@ def test_pool_is_not_asked_where_prompt_lookup_gives_more():
     """A request whose own tokens repeat (lookup drafts and is accepted every step) does not take
     the pool's capacity beyond probes; the pool pays where lookup finds nothing."""
     pool = FakePool("p", rule=lambda ctx, k: [0] * k)
-    s = ProposerSettings(max_draft_tokens=4, pool=PoolPolicy(probe_every=8))
+    s = ProposerSettings(speculation=_k(4), pool=PoolPolicy(probe_every=8))
     p = CoSineProposer(s, [pool])
     ctx = [1, 2, 3, 4, 5] * 6
     for _ in range(32):
@@ -279,7 +285,7 @@ def test_pool_pays_rule():
 
 def test_pool_whose_drafts_are_accepted_is_asked_every_step():
     pool = FakePool("good")
-    s = ProposerSettings(max_draft_tokens=3, lookup=False, pool=PoolPolicy(probe_every=8))
+    s = ProposerSettings(speculation=_k(3), lookup=False, pool=PoolPolicy(probe_every=8))
     p = CoSineProposer(s, [pool])
     calls = _decode_with(p, pool, 40, accept=len)  # every draft token accepted
     assert calls[-1] == 40
@@ -293,7 +299,7 @@ def test_collector_exports_pool_calls_and_yield():
     from cosine.metrics import ProposerCollector
 
     pool = FakePool("good")
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool])
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), lookup=False), [pool])
     _decode_with(p, pool, 6, accept=len)
     registry = CollectorRegistry()
     registry.register(ProposerCollector(p.stats, model_name="m"))
@@ -308,7 +314,7 @@ def test_every_request_probes_a_pool_on_its_first_step():
     """A pool that stopped paying (late or failing) is still asked on each new request's first
     step, so a restarted or recovered pool is found again even when requests are short."""
     pool = FakePool("p")
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False, pool=PoolPolicy(probe_every=100)),
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), lookup=False, pool=PoolPolicy(probe_every=100)),
                        [pool])
     p.stats.pool_on_time["p"] = 0.0  # measured useless so far
     for i in range(5):
@@ -343,7 +349,7 @@ class BranchingPool(FakePool):
 def test_pool_drafts_past_the_draft_being_verified_and_from_its_rejection_points():
     def pool_and_first_draft():
         pool = BranchingPool("coder")
-        p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False, pool=PoolPolicy(branches=2)), [pool])
+        p = CoSineProposer(ProposerSettings(speculation=_k(3), lookup=False, pool=PoolPolicy(branches=2)), [pool])
         assert p.propose({"r": [1, 2, 3]}) == {"r": []}
         _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
         assert p.propose({"r": [1, 2, 3, 4]}) == {"r": [5, 6, 7]}  # verified now; the pool is asked meanwhile
@@ -363,7 +369,7 @@ def test_pool_drafts_past_the_draft_being_verified_and_from_its_rejection_points
 
 def test_pool_asks_are_sized_from_the_pools_measured_speed_to_come_back_within_a_step():
     pool = BranchingPool("coder")
-    s = ProposerSettings(max_draft_tokens=8, lookup=False, pool=PoolPolicy(branches=2))
+    s = ProposerSettings(speculation=_k(8), lookup=False, pool=PoolPolicy(branches=2))
     p = CoSineProposer(s, [pool])
     p.observe_step(StepRecord(1.0, 1))  # a verifier step takes 1 s
     asks = []
@@ -388,7 +394,7 @@ def test_pool_asks_are_sized_from_the_pools_measured_speed_to_come_back_within_a
 
 def test_prefetch_asks_the_pools_with_the_prompt_before_the_first_step():
     pool = BranchingPool("coder")
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, lookup=False), [pool])
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), lookup=False), [pool])
     p.prefetch("r", [1, 2, 3])  # the target starts prefilling [1, 2, 3]
     _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
     assert pool.asked == [((), 0)]

@@ -6,7 +6,6 @@ from itertools import pairwise
 import pytest
 
 from cosine.speculation_control import (
-    MAX_DRAFT_TOKENS,
     BatchedCost,
     PassCurve,
     SpeculationSettings,
@@ -16,6 +15,7 @@ from cosine.speculation_control import (
     next_draft_len,
     observe,
 )
+from cosine_operator.settings import SpeculationSpec
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,11 @@ def test_cheap_drafter_drafts_more():
 
 
 def test_converges_to_zero_then_probes():
-    s = SpeculationSettings(max_draft_tokens=8, probe_interval_steps=4)
+    s = SpeculationSettings(probe_interval_steps=4)
     state = initial_state(s)
     ks = []
     for _ in range(20):
-        state, k = next_draft_len(state, s, CPU_PAIR)
+        state, k = next_draft_len(state, SpeculationSpec(max_draft_len=8), s, CPU_PAIR)
         ks.append(k)
         state = observe(state, s, k, 0)  # nothing is ever accepted
     assert ks[0] > 0
@@ -68,39 +68,44 @@ def test_converges_to_zero_then_probes():
 
 
 def test_grows_with_acceptance():
-    s = SpeculationSettings(max_draft_tokens=8)
+    s, spec = SpeculationSettings(), SpeculationSpec(max_draft_len=8)
     state = initial_state(s)
     for _ in range(20):
-        state, k = next_draft_len(state, s, CPU_PAIR)
+        state, k = next_draft_len(state, spec, s, CPU_PAIR)
         state = observe(state, s, k, k)  # everything accepted
-    assert next_draft_len(state, s, CPU_PAIR)[1] == 8
+    assert next_draft_len(state, spec, s, CPU_PAIR)[1] == 8
     assert state.acceptance_rate > 0.95
 
 
 def test_fixed_when_not_adaptive_or_unmeasured():
-    s = SpeculationSettings(max_draft_tokens=5, adaptive=False)
-    assert next_draft_len(initial_state(s), s, CPU_PAIR)[1] == 5
-    s = SpeculationSettings(max_draft_tokens=5)
-    assert next_draft_len(initial_state(s), s, None)[1] == 5
+    s = SpeculationSettings()
+    assert next_draft_len(initial_state(s), SpeculationSpec(max_draft_len=5, adaptive=False), s, CPU_PAIR)[1] == 5
+    assert next_draft_len(initial_state(s), SpeculationSpec(max_draft_len=5), s, None)[1] == 5
 
 
-def test_settings_validation():
-    with pytest.raises(ValueError, match="max_draft_tokens"):
-        SpeculationSettings(max_draft_tokens=-1)
-    with pytest.raises(ValueError, match=r"\[0, 32\]"):  # the CRD's maxDraftLen maximum
-        SpeculationSettings(max_draft_tokens=MAX_DRAFT_TOKENS + 1)
-    assert SpeculationSettings(max_draft_tokens=MAX_DRAFT_TOKENS).max_draft_tokens == 32
+def test_one_speculation_config_with_the_crds_defaults_and_bounds():
+    """The CRD's spec.speculation is one typed object (`SpeculationSpec`, checked against crds/ by
+    tests/operator/test_settings.py) from the manifest to the proposer and the simulator: every
+    runtime default is its default. Catches: a default written twice and drifting apart."""
+    import dataclasses
 
-
-def test_runtime_bound_on_k_is_the_crds():
+    from cosine import vllm_hooks
+    from cosine.pool_policy import PoolPolicy
     from cosine.proposer import ProposerSettings
     from cosine_operator.settings import MAX_DRAFT_LEN
 
-    assert MAX_DRAFT_TOKENS == MAX_DRAFT_LEN
-    with pytest.raises(ValueError, match="max_draft_tokens"):
-        ProposerSettings(max_draft_tokens=MAX_DRAFT_TOKENS + 1)
-    with pytest.raises(ValueError, match="min_confidence"):
-        SpeculationSettings(min_confidence=2)
+    crd = SpeculationSpec()
+    assert ProposerSettings().speculation == crd and PoolPolicy().branches == crd.branches
+    assert PoolPolicy().max_draft_tokens == MAX_DRAFT_LEN
+    assert vllm_hooks.speculation_of(vllm_hooks.proposer_config()) == crd  # travels as itself
+    spec = SpeculationSpec(max_draft_len=MAX_DRAFT_LEN, adaptive=False, fusion=False, min_confidence=0.3, branches=0)
+    assert vllm_hooks.speculation_of(vllm_hooks.proposer_config(spec)) == spec
+    assert "min_confidence" not in {f.name for f in dataclasses.fields(SpeculationSettings)}  # not the controller's
+    with pytest.raises(ValueError, match=r"spec.speculation.maxDraftLen must be in \[0, 32\]"):
+        SpeculationSpec(max_draft_len=MAX_DRAFT_LEN + 1)
+    with pytest.raises(ValueError, match="spec.speculation.maxDraftLen"):
+        vllm_hooks.speculation_of({"speculation": {"maxDraftLen": 33}})
+
 
 
 # ---------------------------------------------------------------- batched cost on a measured pass curve

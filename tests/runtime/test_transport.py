@@ -18,6 +18,12 @@ from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, St
 from cosine.transport import codegen
 from cosine.transport.drafter_service import DrafterServicer, serve
 from cosine.transport.remote_drafter import RemoteDrafter
+from cosine_operator.settings import SpeculationSpec
+
+
+def _k(max_draft_len: int, **speculation) -> SpeculationSpec:
+    """spec.speculation with k's upper bound `max_draft_len`."""
+    return SpeculationSpec(max_draft_len=max_draft_len, **speculation)
 
 
 class RuleEngine:
@@ -155,7 +161,7 @@ def test_soak_two_pools_rerouted_leave_no_contexts():
     servers = [serve(s, port=0) for s in servicers]
     remotes = [RemoteDrafter(f"127.0.0.1:{srv.bound_port}", n)
                for srv, n in zip(servers, ("a", "b"), strict=True)]
-    p = CoSineProposer(ProposerSettings(max_draft_tokens=3, reroute_every=1, pool=PoolPolicy(probe_every=1)), remotes,
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), reroute_every=1, pool=PoolPolicy(probe_every=1)), remotes,
                        seed=3)
     rng = random.Random(0)
     running: dict[str, list[int]] = {}

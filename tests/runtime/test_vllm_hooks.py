@@ -36,12 +36,14 @@ def test_seam_problems_names_a_changed_seam(monkeypatch):
 
 
 def test_engine_kwargs():
-    cfg = vllm_hooks.proposer_config(max_draft_tokens=5)
+    from cosine_operator.settings import SpeculationSpec
+
+    cfg = vllm_hooks.proposer_config(SpeculationSpec(max_draft_len=5))
     kw = vllm_hooks.engine_kwargs(cfg)
     assert kw["speculative_config"] == {"method": "custom_class", "model": vllm_hooks.NO_DRAFT_PROPOSER,
                                         "num_speculative_tokens": 5}
     assert kw["scheduler_cls"] == vllm_hooks.SCHEDULER_CLS
-    assert kw["additional_config"]["cosine"]["max_draft_tokens"] == 5
+    assert kw["additional_config"]["cosine"]["speculation"]["maxDraftLen"] == 5  # the CRD's spelling
 
 
 def test_cpu_speculative_sampling_expands_per_request_parameters():

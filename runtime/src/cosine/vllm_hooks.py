@@ -29,6 +29,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
 from cosine import proposer as prop
+from cosine_operator.settings import SpeculationSpec, read_fields, to_spec
 
 log = logging.getLogger(__name__)
 
@@ -167,37 +168,36 @@ def seam_problems() -> list[str]:
 
 
 def proposer_config(
+    speculation: SpeculationSpec | None = None,
     *,
-    max_draft_tokens: int = 8,
     pools: Sequence[Mapping[str, Any]] = (),
     lookup: bool = True,
-    adaptive: bool = True,
-    fusion: bool = True,
-    min_confidence: float = 0.0,
-    branches: int = 2,
     model: str | None = None,
     metrics_port: int = 0,
 ) -> dict[str, Any]:
     """The `additional_config["cosine"]` dict `CoSineScheduler` reads.
 
     Args:
-        max_draft_tokens: k's upper bound (must equal vLLM's `num_speculative_tokens`).
+        speculation: the CRD's `spec.speculation`, parsed once (`SpeculationSpec`; None: the CRD's
+            defaults); it travels as
+            itself, keyed as in the CRD (`settings.to_spec`), and is parsed back in the engine core.
+            Its `max_draft_len` is vLLM's `num_speculative_tokens`.
         pools: `{"name", "addresses": [...], "expertise": [...]}` per remote drafter pool (gRPC): its
             replicas' `host:port` addresses and/or a headless Service's `dns:///name:port`
             (`transport.replica_pool`); optional `tls_dir`, `tls_server_name`: TLS to that pool
             (`transport.tls`).
         lookup: run prompt lookup in-process.
-        adaptive: choose k per request from measured goodput (False: always `max_draft_tokens`).
-        fusion: a request may draft on several pools, fused by confidence (False: one pool).
-        min_confidence: pools stop a draft at a token whose top-1 probability is below this.
-        branches: rejection points of the verified draft a pool also drafts from, at most.
         model: the target's path (its tokenizer classifies prompts into domains for routing).
         metrics_port: serve CoSine's `cosine:` series on this port (0 = none).
     """
-    return {"max_draft_tokens": max_draft_tokens, "pools": [dict(p) for p in pools], "lookup": lookup,
-            "adaptive": adaptive, "fusion": fusion, "min_confidence": min_confidence, "branches": branches,
-            "model": model,
-            "metrics_port": metrics_port}
+    return {"speculation": to_spec(speculation or SpeculationSpec()), "pools": [dict(p) for p in pools],
+            "lookup": lookup, "model": model, "metrics_port": metrics_port}
+
+
+def speculation_of(config: Mapping[str, Any]) -> SpeculationSpec:
+    """The `SpeculationSpec` a `proposer_config` dict carries. Raises ValueError (the field named)
+    on a value out of the CRD's bounds."""
+    return read_fields(SpeculationSpec, config.get("speculation") or {})
 
 
 def engine_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,7 +205,7 @@ def engine_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
     `AsyncEngineArgs(...)` or, as JSON, `vllm serve` flags)."""
     return {
         "speculative_config": {"method": "custom_class", "model": NO_DRAFT_PROPOSER,
-                               "num_speculative_tokens": int(config["max_draft_tokens"])},
+                               "num_speculative_tokens": speculation_of(config).max_draft_len},
         "scheduler_cls": SCHEDULER_CLS,
         "additional_config": {CONFIG_KEY: dict(config)},
     }
@@ -228,7 +228,6 @@ def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
     import socket
     import uuid
 
-    from cosine.speculation_control import SpeculationSettings
     from cosine.transport.replica_pool import ReplicaPool
 
     verifier_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -239,12 +238,9 @@ def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
                                  base_timeout_s=float(p.get("timeout_s", 2.0)), per_token_timeout_s=0.2,
                                  tls_dir=p.get("tls_dir"), tls_server_name=p.get("tls_server_name")))
         expertise[p["name"]] = tuple(p.get("expertise", ()))
-    settings = prop.ProposerSettings(max_draft_tokens=int(config["max_draft_tokens"]),
-                                     lookup=bool(config.get("lookup", True)),
-                                     fusion=bool(config.get("fusion", True)),
-                                     min_confidence=float(config.get("min_confidence", 0.0)),
-                                     pool=prop.PoolPolicy(branches=int(config.get("branches", 2))),
-                                     speculation=SpeculationSettings(adaptive=bool(config.get("adaptive", True))))
+    speculation = speculation_of(config)
+    settings = prop.ProposerSettings(speculation=speculation, lookup=bool(config.get("lookup", True)),
+                                     pool=prop.PoolPolicy(branches=speculation.branches))
     return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")))
 
 
@@ -264,7 +260,7 @@ class CoSineScheduler(Scheduler):
     admission and KV blocks to preemption, is vLLM's own.
 
     Raises:
-        ValueError: no `additional_config["cosine"]`, or its `max_draft_tokens` differs from
+        ValueError: no `additional_config["cosine"]`, or its `speculation.maxDraftLen` differs from
             `speculative_config.num_speculative_tokens`.
     """
 
@@ -274,8 +270,9 @@ class CoSineScheduler(Scheduler):
         if not config:
             raise ValueError(f"CoSineScheduler needs additional_config[{CONFIG_KEY!r}] "
                              "(see vllm_hooks.proposer_config)")
-        if int(config["max_draft_tokens"]) != self.num_spec_tokens:
-            raise ValueError(f"additional_config.cosine.max_draft_tokens ({config['max_draft_tokens']}) must equal "
+        k = speculation_of(config).max_draft_len
+        if k != self.num_spec_tokens:
+            raise ValueError(f"additional_config.cosine.speculation.maxDraftLen ({k}) must equal "
                              f"speculative_config.num_speculative_tokens ({self.num_spec_tokens})")
         self.cosine = build_proposer(config)
         self._step_t0 = 0.0

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cosine.speculation_control import PassCurve, expected_tokens
+from cosine_operator.settings import SpeculationSpec
 
 LOOKUP = "lookup"  # the proposer's name of its prompt-lookup source (runtime/src/cosine/proposer.py)
 
@@ -155,14 +156,13 @@ def calibrate(bench: dict[str, Any], system: str, concurrency: int = 1, run: int
 SYSTEM_MODES = {"vllm": "target-only", "cosine-lookup": "cosine", "cosine": "cosine"}
 
 
-def sim_setup(cal: Calibration, domains: tuple[str, ...], max_batch_tokens: int = 512, max_draft_tokens: int = 8,
-              seed: int = 0) -> Any:
+def sim_setup(cal: Calibration, domains: tuple[str, ...], max_batch_tokens: int = 512,
+              speculation: SpeculationSpec | None = None, seed: int = 0) -> Any:
     """The `SimSetup` that replays the calibrated system: vLLM's scheduler with the bench's token
-    budget (the manifest's `maxBatchTokens`, default 512) and k bound (`maxDraftLen`, 8), the
+    budget (the manifest's `maxBatchTokens`, default 512) and `spec.speculation` (None: the CRD's), the
     calibrated pass time, prompt lookup and pools (one replica, one slot: llama.cpp on one core)."""
     from cosine.simulation.cluster import LookupModel, PoolModel, SimSetup, VerifierModel
     from cosine.simulation.cost_models import AcceptanceModel
-    from cosine.speculation_control import SpeculationSettings
 
     alphas = {LOOKUP: cal.lookup_alpha, **{p.name: p.alpha for p in cal.pools}}
     acceptance = AcceptanceModel({(src, d): a for src, a in alphas.items() for d in domains},
@@ -171,4 +171,4 @@ def sim_setup(cal: Calibration, domains: tuple[str, ...], max_batch_tokens: int 
                   for p in cal.pools)
     lookup = LookupModel(cal.lookup_hit_rate, cal.lookup_draft_tokens) if cal.lookup_draft_tokens else None
     return SimSetup(SYSTEM_MODES[cal.system], VerifierModel(cal.pass_s, max_batch_tokens=max_batch_tokens), pools,
-                    acceptance, SpeculationSettings(max_draft_tokens=max_draft_tokens), lookup=lookup, seed=seed)
+                    acceptance, speculation or SpeculationSpec(), lookup=lookup, seed=seed)

@@ -40,6 +40,7 @@ from cosine import routing, speculation_control
 from cosine.pool_policy import PoolPolicy, assign_replica
 from cosine.simulation.cost_models import AcceptanceModel, accepted_tokens
 from cosine_operator import autoscaling
+from cosine_operator.settings import SpeculationSpec
 
 MODES = ("target-only", "vanilla", "cosine")
 LOOKUP = "lookup"  # prompt lookup's source name (its acceptance key in `AcceptanceModel`)
@@ -110,20 +111,21 @@ class Workload:
 
 @dataclass(frozen=True)
 class SimSetup:
-    """pool_policy / fusion: the proposer's settings of the same names (`proposer.ProposerSettings`)."""
+    """speculation (the CRD's `spec.speculation`), control, pool_policy: the proposer's settings of
+    the same names (`proposer.ProposerSettings`)."""
 
     mode: str
     verifier: VerifierModel
     pools: tuple[PoolModel, ...]
     acceptance: AcceptanceModel
-    speculation: speculation_control.SpeculationSettings
+    speculation: SpeculationSpec
     routing_settings: routing.RoutingSettings = routing.RoutingSettings()
     scaling: autoscaling.ScalingPolicy | None = None
     interval_s: float = 30.0
     pod_start_s: float = 30.0
     lookup: LookupModel | None = None
     pool_policy: PoolPolicy = PoolPolicy()
-    fusion: bool = True
+    control: speculation_control.SpeculationSettings = speculation_control.SpeculationSettings()
     seed: int = 0
 
 
@@ -237,7 +239,7 @@ class _Cluster:
         r = _Req(f"r{i}", spec, self.env.now, spec.prompt_tokens, done=self.env.event())
         if self.s.mode == "cosine" and self.pools:
             up = [n for n in self.pools if self.replicas[n] > 0]
-            rs = PoolPolicy.routing_settings(self.s.routing_settings, len(self.pools), self.s.fusion)
+            rs = PoolPolicy.routing_settings(self.s.routing_settings, len(self.pools), self.s.speculation.fusion)
             r.pools = tuple(routing.route(spec.domain, self.profiles, self.router, rs, self.rng.betavariate,
                                           available=lambda n: n in up))
         self.in_flight += 1
@@ -319,7 +321,7 @@ class _Cluster:
         domain (what the runtime's router has learned from earlier requests)."""
         if source not in r.states:
             r.states[source] = speculation_control.initial_state(
-                self.s.speculation, self.s.acceptance.mean(source, r.spec.domain))
+                self.s.control, self.s.acceptance.mean(source, r.spec.domain))
         return r.states[source]
 
     def _after_step(self, r: _Req, n: int, running: list[_Req]) -> None:
@@ -341,7 +343,7 @@ class _Cluster:
                 self.out.spec_steps += 1
                 counts = self.out.by_source.setdefault(r.source, [0, 0, 0])
                 counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + k, counts[2] + acc
-                r.states[r.source] = speculation_control.observe(self._state(r, r.source), s.speculation, k, acc)
+                r.states[r.source] = speculation_control.observe(self._state(r, r.source), s.control, k, acc)
                 if r.source in self.pools:
                     self.router = routing.observe(self.router, r.source, r.spec.domain, k, acc,
                                                   self._alpha(r, r.source), s.routing_settings)
@@ -377,7 +379,7 @@ class _Cluster:
             return
         candidates: dict[str, int] = {}  # source -> tokens it offers
         if s.mode == "vanilla" and self.pools:
-            candidates[next(iter(self.pools))] = s.speculation.max_draft_tokens
+            candidates[next(iter(self.pools))] = s.speculation.max_draft_len
         if s.mode == "cosine" and s.lookup is not None:
             hit = self.rng.random() < s.lookup.hit_rate
             r.lookup_hit = PoolPolicy.lookup_hit(r.lookup_hit, hit)
@@ -389,7 +391,7 @@ class _Cluster:
                 usable = self.rng.random() < self.pools[name].use_prob
                 self.on_time[name] = PoolPolicy.on_time(self.on_time[name], usable)
                 if usable:
-                    candidates[name] = s.speculation.max_draft_tokens
+                    candidates[name] = s.speculation.max_draft_len
             elif name in r.inflight:
                 self.out.drafts_late += 1
                 self.on_time[name] = PoolPolicy.on_time(self.on_time[name], False)
@@ -398,7 +400,7 @@ class _Cluster:
             source = max(candidates, key=lambda c: self._state(r, c).acceptance_rate)
             draft_s = self.pools[source].draft_token_s if s.mode == "vanilla" else 0.0
             cost = speculation_control.BatchedCost(draft_s, self.curve, max(0, other_tokens), max(1, num_requests))
-            state, k = speculation_control.next_draft_len(self._state(r, source), s.speculation, cost)
+            state, k = speculation_control.next_draft_len(self._state(r, source), s.speculation, s.control, cost)
             r.states[source] = state
             r.draft_len, r.source = min(k, candidates[source], left), source
         if s.mode == "cosine":
@@ -413,7 +415,7 @@ class _Cluster:
         lookup_alpha = self._state(r, LOOKUP).acceptance_rate if s.lookup else 0.0
         return s.pool_policy.worth_asking(r.steps, self._state(r, name).acceptance_rate, self.on_time[name],
                                           lookup_alpha, r.lookup_hit if s.lookup else 0.0,
-                                          s.speculation.max_draft_tokens)
+                                          s.speculation.max_draft_len)
 
     def _replica_of(self, r: _Req, name: str) -> int:
         """The request's replica of the pool; a new request, or one whose replica was removed, is
@@ -441,7 +443,7 @@ class _Cluster:
         ctx = r.spec.prompt_tokens + r.emitted
         unseen = ctx - r.seen_tokens.get(p.name, 0)
         k, branches = s.pool_policy.ask(self.curve.seconds(1), self.token_s.get(p.name),
-                                        self.rtt_s.get(p.name, 0.0), s.speculation.max_draft_tokens, verifying)
+                                        self.rtt_s.get(p.name, 0.0), s.speculation.max_draft_len, verifying)
         drafted = k * (1 + branches)
         yield self.env.timeout(p.rtt_s / 2 + 4 * unseen / p.bandwidth_bytes_per_s)  # context delta: token ids
         slots = self.slots[p.name][replica]

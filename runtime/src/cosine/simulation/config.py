@@ -24,10 +24,10 @@ from typing import Any
 
 import yaml
 
+from cosine.pool_policy import PoolPolicy
 from cosine.routing import DOMAINS, RoutingSettings
 from cosine.simulation.cluster import PoolModel, SimSetup, VerifierModel
 from cosine.simulation.cost_models import Profiles, load_profiles
-from cosine.speculation_control import SpeculationSettings
 from cosine_operator.autoscaling import PoolLimits, ScalingPolicy
 from cosine_operator.settings import parse_cluster_spec
 
@@ -72,7 +72,6 @@ def build_setup(obj: dict[str, Any], profiles: Profiles | None = None, mode: str
     """The simulation of the manifest `obj` (mode overrides `simulation.mode`)."""
     profiles = profiles or load_profiles()
     spec = parse_cluster_spec(obj["spec"])
-    settings = SpeculationSettings(max_draft_tokens=spec.speculation.max_draft_len, adaptive=spec.speculation.adaptive)
     sim = obj.get("simulation") or {}
     w = sim.get("workload") or {}
     d = WorkloadSettings()
@@ -121,7 +120,8 @@ def build_setup(obj: dict[str, Any], profiles: Profiles | None = None, mode: str
         verifier=verifier,
         pools=colocated,
         acceptance=acceptance,
-        speculation=settings,
+        speculation=spec.speculation,
+        pool_policy=PoolPolicy(branches=spec.speculation.branches),
         routing_settings=RoutingSettings(max_drafters=int(sim.get("maxDrafters", 1))),
         scaling=scaling,
         interval_s=float(spec.autoscaling.interval_s),

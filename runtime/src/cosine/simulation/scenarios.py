@@ -185,7 +185,7 @@ def rtt_sweep(profiles: Profiles | None = None, rtts_ms: tuple[float, ...] = (0.
     profiles = profiles or load_profiles()
     base, _ = config.build_setup(_pair_manifest("llama-70b", "cosine"), profiles, seed=seed)
     t_v = base.verifier.pass_s(1, 384)
-    gamma = base.speculation.max_draft_tokens
+    gamma = base.speculation.max_draft_len
     cells = []
     for rate in rates:
         reqs = poisson_requests(rate, duration_s, 256, 128, DOMAINS, seed)
