@@ -262,3 +262,16 @@ def test_a_system_may_carry_its_own_placement():
         vllm_bench.system_placement("cosine@both", "split")
     with pytest.raises(ValueError, match="unknown system"):
         vllm_bench.plan_runs(["cosyne@shared"], [1])
+
+
+def test_peer_command_runs_vllm_alone_or_with_its_own_method(monkeypatch, tmp_path):
+    """Catches: a vLLM-only system started with CoSine's proposer, or not started at all (the
+    command built from the manifest's verifier as the real servers are)."""
+    from cosine import model_store
+
+    monkeypatch.setattr(model_store, "resolve", lambda name: tmp_path / name)
+    for system, method in (("vllm", None), ("vllm-ngram", "ngram"), ("vllm-suffix", "suffix")):
+        argv, _ = vllm_bench.peer_command(system, None, 8000, "drafter", 4, 4, {})
+        text = " ".join(argv)
+        assert "CoSineScheduler" not in text and "cosine.vllm_hooks" not in text, system
+        assert (f'"method":"{method}"' in text) == (method is not None), (system, text)

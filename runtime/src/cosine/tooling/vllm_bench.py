@@ -88,6 +88,7 @@ import yaml
 
 from cosine import roles
 from cosine.tooling.workloads import Prompt
+from cosine_operator.settings import SpeculationSpec
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +273,8 @@ def peer_command(system: str, manifest: Path | None, port: int, drafter_model: s
     from cosine.model_store import resolve
 
     spec = roles.parse_spec(roles.load_manifest(manifest))
-    args = roles.vllm_engine_args(spec.verifier, str(resolve(spec.verifier.model)), 0, [])
+    target_alone = SpeculationSpec(max_draft_len=0)  # no CoSine proposer: vLLM's own method, or none
+    args = roles.vllm_engine_args(spec.verifier, str(resolve(spec.verifier.model)), target_alone, [])
     drafter_path = str(resolve(drafter_model)) if system == "vllm-draft" else ""
     config = peer_speculative_config(system, drafter_path, peer_k, suffix_k)
     if config is not None:
