@@ -318,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
+    if not args.verbose:  # the HTTP clients' (httpx; the OpenAI client's httpx2): a line per request
+        for name in ("httpx", "httpx2"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:

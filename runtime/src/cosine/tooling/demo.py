@@ -94,13 +94,9 @@ def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port
         ValueError: an invalid manifest.
         RuntimeError: the cluster exited or was not ready in time.
     """
-    import logging
-
     from openai import OpenAI
     from rich.console import Console
 
-    for name in ("httpx", "httpx2"):  # the OpenAI client's HTTP library: one line per request otherwise
-        logging.getLogger(name).setLevel(logging.WARNING)
     spec = parse_spec(load_manifest(manifest))
     model = spec.verifier.model
     port = port or free_port()
