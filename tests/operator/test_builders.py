@@ -164,16 +164,17 @@ def test_pods_pull_their_models_before_the_runtime_starts() -> None:
     assert init(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "ngram", replicas=1)) == []
 
 
-def test_reconcile_patches_leave_the_pools_scale_alone() -> None:
-    """Catches: a reconcile patch that carries a drafter Deployment's or a pool's replicas (a second
-    writer of the pool's scale); the verifier's replicas stay (reconcile is their one writer)."""
+def test_reconcile_applies_leave_the_pools_scale_alone() -> None:
+    """Catches: a reconcile apply that carries a pool's replicas (a second writer of the pool's
+    scale), or a drafter Deployment applied with other replicas than its pool's."""
     for child in builders.build_children("demo", "ns", CLUSTER, {"code": 5}):
-        patch = builders.scale_free(child)
-        drafter = child["metadata"]["labels"].get(builders.COMPONENT_LABEL) == "drafter"
-        if child["kind"] == "CoSineDrafterPool" or (child["kind"] == "Deployment" and drafter):
-            assert "replicas" in child["spec"] and "replicas" not in patch["spec"]
+        applied = builders.scale_free(child)
+        if child["kind"] == "CoSineDrafterPool":
+            assert "replicas" in child["spec"] and "replicas" not in applied["spec"]
         else:
-            assert patch == child
+            assert applied == child
+        if (child["kind"], child["metadata"]["name"]) == ("Deployment", "demo-drafter-code"):
+            assert child["spec"]["replicas"] == 5  # the pool's current scale
     kinds = [c["kind"] for c in builders.build_children("demo", "ns", CLUSTER, {})]
     assert kinds.index("Deployment") < kinds.index("CoSineDrafterPool")  # the scale target's Deployment first
 

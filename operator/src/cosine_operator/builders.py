@@ -9,8 +9,9 @@ For a cluster ``N`` in namespace ``NS`` (the runtime contract):
 * per drafter pool ``P``: Deployment ``N-drafter-P``, headless Service ``N-drafter-P`` (grpc 50052,
   metrics 9090) and the scale target ``CoSineDrafterPool`` ``N-P``. The pool's ``spec.replicas``
   (its ``scale`` subresource: the operator's autoscaler, HPA/KEDA or ``kubectl scale`` write it) is
-  the one value the Deployment's replicas follow; :func:`scale_free` is what reconcile patches onto
-  existing objects, so it never sets either after creation.
+  the one value the Deployment's replicas follow: reconcile applies the Deployment with the pool's
+  current ``spec.replicas`` and the pool itself without them (:func:`scale_free`), so it never
+  changes a pool's scale after creation.
 * NetworkPolicies (``spec.networkPolicy.enabled``): ``N-verifier`` (http from anywhere, metrics from
   the metrics sources) and per pool ``N-drafter-P`` (gRPC from the cluster's verifier pods only,
   metrics from the metrics sources): :func:`build_network_policies`;
@@ -718,13 +719,10 @@ def build_children(
 
 
 def scale_free(manifest: Manifest) -> Manifest:
-    """What reconcile merge-patches onto an existing child: ``manifest`` without ``spec.replicas``
-    for a drafter Deployment and a ``CoSineDrafterPool`` (their scale is the pool's
-    ``spec.replicas``, written only through the pool); other children unchanged."""
-    drafter = manifest["kind"] == "Deployment" and (
-        manifest["metadata"]["labels"].get(COMPONENT_LABEL) == "drafter"
-    )
-    if not (drafter or manifest["kind"] == s.POOL_KIND):
+    """What reconcile applies to an existing ``CoSineDrafterPool``: ``manifest`` without
+    ``spec.replicas`` (the pool's scale is written only through it, by updates); other children
+    unchanged."""
+    if manifest["kind"] != s.POOL_KIND:
         return manifest
     out = copy.deepcopy(manifest)
     out["spec"].pop("replicas", None)

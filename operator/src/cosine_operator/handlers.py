@@ -3,9 +3,10 @@
 Run with ``cosine-operator`` (or ``kopf run -m cosine_operator.handlers``). Handlers are named
 ``<kind>_<event>``; each parses the spec once, calls pure ``build_*``/``desired_replicas``, adopts
 the children (owner references: deleting a cluster deletes them through Kubernetes' garbage
-collector, so the operator adds no finalizer of its own) and applies them with create-or-patch,
-then writes status with conditions. kopf puts its own finalizer on each CoSineCluster while the
-cluster's autoscaler daemon runs, so that it can stop the daemon before the object goes.
+collector, so the operator adds no finalizer of its own) and server-side applies them (a field
+dropped from the spec leaves the child), then writes status with conditions. kopf puts its own
+finalizer on each CoSineCluster while the cluster's autoscaler daemon runs, so that it can stop
+the daemon before the object goes.
 
 A drafter pool's size has one writer chain: whatever scales the pool (the autoscaler daemon, an
 HPA or KEDA through the ``CoSineDrafterPool``'s scale subresource, ``kubectl scale``, or a changed
@@ -83,7 +84,8 @@ async def _creation_replicas(api: Any, name: str, namespace: str, cluster: s.Clu
                              hand_scaled: set[str]) -> dict[str, int]:
     """Each pool's replicas for a child created now: its ``CoSineDrafterPool``'s ``spec.replicas``
     if the pool exists and was not just scaled by hand, else the spec's; within its bounds.
-    Only ever sent in a create: an existing child is patched with :func:`builders.scale_free`."""
+    A drafter Deployment is applied with it on every reconcile (it follows the pool); the pool
+    object only when created (afterwards applied with :func:`builders.scale_free`)."""
     out: dict[str, int] = {}
     for pool in cluster.drafter_pools:
         current = None
