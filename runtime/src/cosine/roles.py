@@ -137,9 +137,9 @@ def drafter_engine(pool, verifier):
     from cosine.model_store import resolve, resolve_gguf, tokenizer_family
 
     if pool.kind == "ngram":
-        from cosine.ngram_drafter import NgramDrafter
+        from cosine.lookup import LookupDrafter
 
-        return draft_engine.SequentialEngine(NgramDrafter(name=pool.name)), 0, ""
+        return draft_engine.SequentialEngine(LookupDrafter(name=pool.name)), 0, ""
     if pool.translate_tokenizer:
         from transformers import AutoConfig, AutoTokenizer
 
