@@ -56,11 +56,13 @@ run: models workloads
 
 # vLLM target-only, its ngram, suffix and draft_model speculation and CoSine on vLLM, as servers,
 # closed loop at concurrency 1, 4, 8 (a fresh server per level), on the same prompts; ratios to vLLM;
-# JSON + plot in results/. PLACEMENT=split (default): equal resources (vLLM's systems on both cores,
-# CoSine's verifier on one and its drafter pools on the other); PLACEMENT=shared: nothing pinned;
+# JSON + plot in results/. PLACEMENT=auto (default): CoSine placed as `cosine serve` does by default
+# (by measurement: pools on their own cores only where they pay), every other system on every core;
+# PLACEMENT=split: equal resources (vLLM's systems on both cores, CoSine's verifier on one and its
+# drafter pools on the other: what measures the pools); PLACEMENT=shared: nothing pinned;
 # PLACEMENT=overlap: every verifier on both cores, CoSine's pools sharing them.
 BENCH_ARGS ?= --limit 2 --max-tokens 48 --concurrency 1,4,8
-PLACEMENT ?= split
+PLACEMENT ?= auto
 bench: models workloads
 	$(BIN)/cosine bench --workload mixed --placement $(PLACEMENT) $(BENCH_ARGS) --out results/bench.json \
 		--plot results/bench.png

@@ -253,6 +253,14 @@ def test_repeat_workload_asks_every_prompt_twice_after_its_round(monkeypatch, tm
     assert workloads.load(workloads.resolve_workload("repeat")) == again  # derived from mixed on first use
 
 
+def test_auto_runs_cosine_as_serve_chose_and_every_other_system_on_every_core():
+    assert vllm_bench.system_placement("cosine", "auto", "lookup") == ("cosine", "lookup")
+    assert vllm_bench.system_placement("cosine-nofusion", "auto", "split") == ("cosine-nofusion", "split")
+    assert vllm_bench.system_placement("cosine-lookup", "auto", "split") == ("cosine-lookup", "overlap")
+    assert vllm_bench.system_placement("vllm-suffix", "auto") == ("vllm-suffix", "overlap")
+    assert vllm_bench.placement_threads("lookup", 2) == (2, 1)
+
+
 def test_a_system_may_carry_its_own_placement():
     assert vllm_bench.system_placement("cosine@shared", "split") == ("cosine", "shared")
     assert vllm_bench.system_placement("vllm-suffix", "split") == ("vllm-suffix", "split")

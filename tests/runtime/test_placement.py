@@ -42,3 +42,67 @@ def test_bad_input_raises(args):
 def test_cpu_list():
     assert cpu_list([0]) == "0"
     assert cpu_list([3, 0, 1, 2, 5]) == "0-3,5"
+
+
+# ---- auto: pools get cores only where their measured gain beats what the verifier loses
+
+from cosine.placement import Evidence, choose  # noqa: E402
+
+# figures of the same shape as a 2-core bench: verifier step 0.61 s on both cores, 1.36 s on one
+# beside the pool; the pool drafts at 0.14 s/token, accepted at 0.74/token, half its drafts in time
+MEASURED = dict(pass_s=0.61, kept_pass_s=1.36, draft_token_s=0.14, pool_alpha=0.74, pool_use=0.5,
+                lookup_hit=0.23, lookup_alpha=0.87, lookup_tokens=5, source="bench.json")
+
+
+def test_unmeasured_pools_stay_off_a_cpu_verifiers_cores():
+    c = choose(Evidence(cores=2, pool_cores=1))
+    assert c.mode == "lookup" and "not measured" in c.reason and "all 2 cores" in c.reason
+
+
+def test_a_gpu_verifier_loses_nothing_to_the_pools():
+    assert choose(Evidence(cores=2, pool_cores=1, verifier_on_gpu=True)).mode == "split"
+
+
+def test_two_cores_measured_the_pool_costs_more_than_it_gives():
+    c = choose(Evidence(cores=2, pool_cores=1, **MEASURED))
+    assert c.mode == "lookup" and c.split_tok_s < c.lookup_tok_s
+    assert "bench.json" in c.reason and "tok/s" in c.reason
+
+
+def test_many_cores_a_fast_accurate_pool_gets_its_own():
+    # one core of 16 costs the verifier 1/15 of its step (the compute-bound default); the pool
+    # drafts 8 tokens well within a step, accepted at 0.8 each, always in time
+    e = Evidence(cores=16, pool_cores=1, pass_s=0.1, draft_token_s=0.005, pool_alpha=0.8, pool_use=1.0,
+                 lookup_hit=0.2, lookup_alpha=0.6, lookup_tokens=4)
+    c = choose(e)
+    assert c.mode == "split" and c.split_tok_s > c.lookup_tok_s
+    # the same pool, too slow to draft within a step, adds nothing worth a core
+    assert choose(Evidence(**{**e.__dict__, "draft_token_s": 1.0})).mode == "lookup"
+
+
+def test_split_must_win_by_more_than_the_margin():
+    e = Evidence(cores=2, pool_cores=1, pass_s=0.5, kept_pass_s=0.5, draft_token_s=0.01, pool_alpha=0.0,
+                 lookup_hit=0.0)
+    assert choose(e).mode == "lookup"  # equal goodput: the pools' cores buy nothing
+
+
+@pytest.mark.parametrize("cores, pool_cores", [(0, 1), (2, -1)])
+def test_bad_evidence_raises(cores, pool_cores):
+    with pytest.raises(ValueError):
+        choose(Evidence(cores=cores, pool_cores=pool_cores))
+
+
+def test_serve_modes_bind_the_verifier_and_start_pools_as_chosen(monkeypatch):
+    from cosine import roles
+
+    monkeypatch.setattr(roles.os, "sched_getaffinity", lambda pid: {0, 1})
+    spec = roles.parse_spec(roles.load_manifest(None))  # the shipped cluster: verifier 1 thread, one 1-thread pool
+    assert roles.local_pool_cores(spec) == 1
+    split = roles.placement(spec, "split")
+    assert split.verifier == (0,) and split.drafters == ((1,),) and not split.shared
+    lookup = roles.placement(spec, "lookup")
+    assert lookup.verifier == (0, 1) and lookup.drafters == ()  # no pool started
+    overlap = roles.placement(spec, "overlap")
+    assert overlap.verifier == (0, 1) and overlap.drafters == ((0,),) and overlap.shared
+    with pytest.raises(ValueError, match="placement must be"):
+        roles.placement(spec, "auto")  # resolved before serving

@@ -82,7 +82,7 @@ def cluster(tmp_path_factory):
     port, metrics_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     proc = _start([sys.executable, "-m", "cosine", "serve", "--cluster", path, "--port", str(port),
-                   "--metrics-port", str(metrics_port)], base, {"COSINE_API_KEY": API_KEY})
+                   "--metrics-port", str(metrics_port), "--placement", "split"], base, {"COSINE_API_KEY": API_KEY})
     yield base, proc, f"http://127.0.0.1:{metrics_port}/metrics"
     _stop(proc)
 

@@ -76,3 +76,21 @@ def test_fit_alpha_inverts_expected_accepted_tokens():
     a = calibration.fit_alpha(2.0, 4.0)
     assert sum(a**i for i in range(1, 5)) == pytest.approx(2.0, rel=1e-6)
     assert calibration.fit_alpha(0.0, 4.0) == 0.0 and calibration.fit_alpha(4.0, 4.0) == 1.0
+
+
+def test_placement_evidence_from_a_split_bench_keeps_pools_off_two_cores():
+    """The evidence `cosine serve --placement auto` weighs, read from a real 2-core split bench:
+    the verifier's step on both cores (vllm's), on the one it keeps beside the pool (cosine's), the
+    pool's and prompt lookup's acceptance. There the pool paid less than its core cost."""
+    from cosine.placement import Evidence, choose
+
+    bench = calibration.load_bench(BENCH)
+    ev = calibration.placement_evidence(bench, Evidence(cores=2, pool_cores=1, source="session 8"))
+    assert ev.pass_s == pytest.approx(calibration.calibrate(bench, "vllm", 1).decode_pass_s)
+    assert ev.kept_pass_s == pytest.approx(calibration.calibrate(bench, "cosine", 1).decode_pass_s)
+    assert ev.kept_pass_s > ev.pass_s and 0 < ev.pool_alpha < 1 and 0 < ev.pool_use <= 1
+    assert ev.draft_token_s > 0 and 0 < ev.lookup_hit < 1
+    assert choose(ev).mode == "lookup"
+    # a bench without a split CoSine row measures no pool: the pools stay off, unmeasured
+    only_lookup = {**bench, "rows": [r for r in bench["rows"] if r["system"] != "cosine"]}
+    assert calibration.placement_evidence(only_lookup, Evidence(cores=2, pool_cores=1)).pool_alpha is None

@@ -9,12 +9,25 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from cosine.placement import MODES
 from cosine_operator.settings import SpeculationSpec, read_fields
+
+if TYPE_CHECKING:
+    from cosine.placement import Choice
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
+log = logging.getLogger(__name__)
+EVIDENCE = Path("results/bench.json")  # where `make bench` writes: the measurements `auto` placement reads
+placement_help = ("auto (default): local drafter pools get their own cores only where their measured gain beats "
+                  "what the verifier loses (else pools off); split: verifier and pools on disjoint cores; overlap: "
+                  "the verifier on every core, pools sharing them; lookup: no pools, the verifier on every core; "
+                  "shared: no pinning")
+evidence_help = "a cosine bench JSON whose measurements the auto placement weighs (if it exists)"
 
 
 def _models_pull(args: argparse.Namespace) -> int:
@@ -88,9 +101,11 @@ def _bench(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
+    choice = _placement_choice("auto", args.cluster, args.evidence)
+    print(f"CoSine's placement under auto: {choice.mode} ({choice.reason})", flush=True)
     report = vllm_bench.run_bench(prompts, systems, levels, args.max_tokens, args.cluster, args.drafter,
                                   peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload),
-                                  placement=args.placement, suffix_k=args.suffix_k,
+                                  placement=args.placement, suffix_k=args.suffix_k, choice=choice,
                                   draft_cost_models=_names(args.draft_cost_models) if args.draft_cost else None)
     vllm_bench.write_report(report, args.out)
     print(vllm_bench.format_table(report))
@@ -114,11 +129,35 @@ def _verifier(args: argparse.Namespace) -> int:
                         args.metrics_port, args.drafter_tls_dir, args.drafter_tls_server_name)
 
 
+def _placement_choice(mode: str, manifest: Path | None, evidence: Path | None) -> Choice:
+    """`mode` as asked, or for `auto` what `placement.choose` makes of this machine's cores, the
+    manifest's local pools and the measurements of the bench run at `evidence` (if it exists)."""
+    from cosine.placement import Choice, Evidence, choose
+    from cosine.roles import load_manifest, local_pool_cores, parse_spec
+
+    if mode != "auto":
+        return Choice(mode, "asked for")
+    spec = parse_spec(load_manifest(manifest))
+    base = Evidence(len(os.sched_getaffinity(0)), local_pool_cores(spec),
+                    verifier_on_gpu=bool(spec.verifier.pod.gpu_count),
+                    max_draft_len=spec.speculation.max_draft_len)
+    if evidence is not None and evidence.exists() and evidence.with_name(evidence.stem + ".meta.json").exists():
+        from cosine.simulation.calibration import load_bench, placement_evidence
+
+        try:
+            base = placement_evidence(load_bench(evidence), replace(base, source=str(evidence)))
+        except (KeyError, ValueError, ZeroDivisionError, StopIteration) as e:
+            log.warning("placement: %s has no usable measurements (%s); deciding without them", evidence, e)
+    return choose(base)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from cosine.roles import run_serve
 
+    choice = _placement_choice(args.placement, args.cluster, args.evidence)
+    log.info("placement %s: %s", choice.mode, choice.reason)
     return run_serve(args.cluster, args.port, args.host, os.environ.get("COSINE_API_KEY"), args.metrics_port,
-                     args.placement)
+                     choice.mode)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -128,7 +167,8 @@ def _demo(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
-    return run_demo(args.cluster, prompts, args.max_tokens, args.port, keep_serving=not args.exit)
+    choice = _placement_choice(args.placement, args.cluster, args.evidence)
+    return run_demo(args.cluster, prompts, args.max_tokens, args.port, keep_serving=not args.exit, placement=choice)
 
 
 def _names(csv: str) -> list[str]:
@@ -195,10 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--suffix-k", type=int, default=None,
                     help="most tokens vllm-suffix drafts per step (default: --peer-k; 0: vLLM's default, its "
                          "suffix tree depth)")
-    be.add_argument("--placement", default="split", choices=["shared", "split", "overlap"],
-                    help="shared (the manifest's and vLLM's own placement), split (equal resources: vLLM's "
-                         "systems on every core, CoSine's verifier and drafter pools on disjoint halves) or "
-                         "overlap (every verifier on every core, CoSine's pools sharing them)")
+    be.add_argument("--placement", default="auto", choices=["auto", "shared", "split", "overlap", "lookup"],
+                    help="auto (CoSine as cosine serve places it by default, every other system on every core), "
+                         "shared (the manifest's and vLLM's own placement), split (equal resources: vLLM's "
+                         "systems on every core, CoSine's verifier and drafter pools on disjoint halves), "
+                         "overlap (every verifier on every core, CoSine's pools sharing them) or lookup "
+                         "(CoSine without its pools, on every core)")
+    be.add_argument("--evidence", type=Path, default=EVIDENCE, help=evidence_help)
     be.add_argument("--workload", default="mixed", help="JSONL file or a built workload name (mixed, repeat, code, …)")
     be.add_argument("--limit", type=int, default=0, help="prompts per domain (0 = all)")
     be.add_argument("--max-tokens", type=int, default=64)
@@ -250,8 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (OpenAI API)")
     se.add_argument("--host", default="127.0.0.1", help="the verifier's HTTP bind address")
     se.add_argument("--metrics-port", type=int, default=9091, help="CoSine's per-pool cosine: series (0 = off)")
-    se.add_argument("--placement", choices=("split", "shared"), default="split",
-                    help="split: verifier and drafters on disjoint CPU cores (spec threads); shared: no pinning")
+    se.add_argument("--placement", choices=MODES, default="auto", help=placement_help)
+    se.add_argument("--evidence", type=Path, default=EVIDENCE, help=evidence_help)
     se.set_defaults(func=_serve)
 
     de = sub.add_parser("demo", help="start the embedded cluster, send it workload prompts, report, keep serving")
@@ -261,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--max-tokens", type=int, default=64)
     de.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (0 = any free port)")
     de.add_argument("--exit", action="store_true", help="stop the cluster after the report")
+    de.add_argument("--placement", choices=MODES, default="auto", help=placement_help)
+    de.add_argument("--evidence", type=Path, default=EVIDENCE, help=evidence_help)
     de.set_defaults(func=_demo)
 
     _add_simulate_parser(sub)

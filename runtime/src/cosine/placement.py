@@ -1,4 +1,5 @@
-"""Which CPU cores each role of an embedded cluster runs on (`cosine serve` on one machine).
+"""Which CPU cores each role of an embedded cluster runs on (`cosine serve` on one machine), and
+whether local drafter pools get cores at all.
 
 On a Kubernetes node the kubelet gives each pod its cores; on one machine `cosine serve` does it:
 the verifier's engine threads (vLLM's OpenMP threads, bound through `VLLM_CPU_OMP_THREADS_BIND`)
@@ -7,13 +8,23 @@ and every drafter replica's engine threads (llama.cpp's, with the process pinned
 cores, so a drafter that shares one of them preempts the verifier's step (the whole step waits
 for its slowest thread): disjoint cores are what decoupled drafting means on one machine.
 
-Pure: cores in, an assignment out.
+Modes (`cosine serve --placement`): `split` (the verifier and each pool replica on disjoint cores),
+`overlap` (the verifier on every core, pools sharing them), `lookup` (pools off: the verifier on
+every core with prompt lookup only), `shared` (nothing pinned) and `auto` (the default): `choose`
+gives pools their own cores only where their measured gain beats what the verifier loses.
+
+Pure: cores and measurements in, an assignment out.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from cosine.speculation_control import expected_tokens
+
+MODES = ("auto", "split", "overlap", "lookup", "shared")
 
 
 @dataclass(frozen=True)
@@ -74,3 +85,85 @@ def cpu_list(cores: Sequence[int]) -> str:
         else:
             out.append(str(c))
     return ",".join(out)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What `choose` weighs, measured on this machine (None: not measured).
+
+    cores: cores this process may use. pool_cores: cores the local pool replicas would take
+    (their threads). verifier_on_gpu: the verifier computes on a GPU (pools' cores cost it nothing).
+    pass_s: the verifier's decode step on every core (s). kept_pass_s: on the cores it keeps beside
+    the pools (s; default: pass_s scaled by cores / (cores - pool_cores), a compute-bound pass).
+    draft_token_s: a pool's seconds per draft token on its cores. pool_alpha: per-token acceptance
+    of its drafts; pool_use: share of its drafts that arrived in time and still continued the
+    context. lookup_hit: share of decode steps prompt lookup finds a draft; lookup_alpha its
+    per-token acceptance; lookup_tokens its mean draft length. max_draft_len: k's upper bound.
+    source: where the figures come from (for the report)."""
+
+    cores: int
+    pool_cores: int
+    verifier_on_gpu: bool = False
+    pass_s: float | None = None
+    kept_pass_s: float | None = None
+    draft_token_s: float | None = None
+    pool_alpha: float | None = None
+    pool_use: float = 1.0
+    lookup_hit: float = 0.0
+    lookup_alpha: float = 0.0
+    lookup_tokens: int = 0
+    max_draft_len: int = 8
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """mode: `split` or `lookup`. reason: one line for the report. Goodputs in tokens per second
+    of one request's decoding (None: not estimated)."""
+
+    mode: str
+    reason: str
+    split_tok_s: float | None = None
+    lookup_tok_s: float | None = None
+
+
+def choose(e: Evidence, margin: float = 0.05) -> Choice:
+    """`auto`: give local drafter pools their own cores (`split`) only where their measured gain
+    beats what the verifier loses; else pools off (`lookup`, the verifier on every core).
+
+    Per decode step of one request, prompt lookup adds lookup_hit × (E[tokens | alpha_L, k_L] - 1)
+    tokens; a pool adds pool_use × (E[tokens | alpha_P, k_P] - 1), where k_P is what it drafts
+    within one verifier step (kept_pass_s / draft_token_s, at most max_draft_len) and E is the
+    expected tokens of one verification (Leviathan et al. 2023, arXiv:2211.17192, §3.1). With
+    pools, the better of the two per step on the kept cores; without, lookup on every core:
+        split: (1 + max(lookup, pool)) / kept_pass_s     lookup: (1 + lookup) / pass_s
+    `split` wins only by more than `margin` (a choice that costs speed is worse than none).
+    Unmeasured pools (no acceptance or draft cost) stay off: on a CPU verifier their cores are
+    the verifier's. On a GPU verifier pools cost it nothing: `split`.
+
+    Raises:
+        ValueError: cores < 1 or pool_cores < 0.
+    """
+    if e.cores < 1 or e.pool_cores < 0:
+        raise ValueError(f"need cores >= 1 and pool_cores >= 0, got {e.cores}, {e.pool_cores}")
+    if e.pool_cores == 0:
+        return Choice("lookup", "no drafter pools: the verifier on every core with prompt lookup")
+    if e.verifier_on_gpu:
+        return Choice("split", f"pools on {e.pool_cores} CPU core(s): the verifier computes on its GPU")
+    every = f"the verifier on all {e.cores} cores with prompt lookup"
+    if e.pool_alpha is None or e.draft_token_s is None or e.pass_s is None:
+        return Choice("lookup", f"pools off: not measured on this machine yet ({e.source or 'no bench run'}); {every}")
+    if e.pool_cores >= e.cores:
+        return Choice("lookup", f"pools off: they would take all {e.cores} cores; {every}")
+    kept = e.kept_pass_s if e.kept_pass_s is not None else e.pass_s * e.cores / (e.cores - e.pool_cores)
+    lookup = e.lookup_hit * (expected_tokens(e.lookup_alpha, max(0, e.lookup_tokens)) - 1.0)
+    k_pool = min(e.max_draft_len, math.floor(kept / e.draft_token_s)) if e.draft_token_s > 0 else e.max_draft_len
+    pool = e.pool_use * (expected_tokens(e.pool_alpha, max(0, k_pool)) - 1.0)
+    split_tok_s = (1.0 + max(lookup, pool)) / kept
+    lookup_tok_s = (1.0 + lookup) / e.pass_s
+    figures = (f"est. {split_tok_s:.2f} tok/s with pools on {e.pool_cores} of {e.cores} cores (step {kept:.3f} s, "
+               f"pool +{pool:.2f} tokens/step at {e.draft_token_s * 1e3:.0f} ms/draft token) vs {lookup_tok_s:.2f} "
+               f"without (step {e.pass_s:.3f} s, lookup +{lookup:.2f}); from {e.source}")
+    if split_tok_s > lookup_tok_s * (1.0 + margin):
+        return Choice("split", f"pools on their own cores: {figures}", split_tok_s, lookup_tok_s)
+    return Choice("lookup", f"pools off, {every}: {figures}", split_tok_s, lookup_tok_s)

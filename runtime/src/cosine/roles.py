@@ -364,8 +364,10 @@ def _child_setup(cores: Sequence[int]):
 def placement(spec, mode: str = "split"):
     """Where `cosine serve` runs each role (`runtime.placement`): `split` puts the verifier's
     engine threads and each drafter replica on disjoint cores of this process's affinity (sharing
-    only when there are too few); `shared` pins nothing (vLLM binds its own threads, drafters
-    float), which is what co-location costs.
+    only when there are too few); `overlap` binds the verifier to every core and lets the replicas
+    share them; `lookup` starts no replica and binds the verifier to every core (prompt lookup
+    only); `shared` pins nothing (vLLM binds its own threads, drafters float), which is what
+    co-location costs. (`auto` is resolved before: `placement.choose`.)
 
     Raises:
         ValueError: an unknown mode.
@@ -375,11 +377,19 @@ def placement(spec, mode: str = "split"):
     replicas = [pool for pool in spec.drafter_pools for _ in range(max(1, pool.replicas))]
     if mode == "shared":
         return Placement((), tuple(() for _ in replicas), True)
-    if mode != "split":
-        raise ValueError(f"placement must be 'split' or 'shared', got {mode!r}")
+    if mode not in ("split", "overlap", "lookup"):
+        raise ValueError(f"placement must be 'split', 'overlap', 'lookup' or 'shared', got {mode!r}")
+    cpus = sorted(os.sched_getaffinity(0))
     gpus = spec.verifier.pod.gpu_count
-    threads = 1 if gpus else spec.verifier.threads
-    return place(sorted(os.sched_getaffinity(0)), threads, [p.threads for p in replicas])
+    if mode == "lookup":
+        return Placement(() if gpus else tuple(cpus), (), False)
+    threads = 1 if gpus else (len(cpus) if mode == "overlap" else spec.verifier.threads)
+    return place(cpus, threads, [p.threads for p in replicas])
+
+
+def local_pool_cores(spec) -> int:
+    """Cores the manifest's local drafter replicas would take (their threads, all replicas)."""
+    return sum(p.threads * max(1, p.replicas) for p in spec.drafter_pools)
 
 
 def start_drafters(manifest: Path | None, host: str = "127.0.0.1",
@@ -456,14 +466,14 @@ def supervise(children: list[Child], stop: threading.Event, period_s: float = 1.
 
 def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None, metrics_port: int = 0,
               placement_mode: str = "split") -> int:
-    """Drafter processes, then the verifier (vLLM's server with CoSine's proposer) as a child, on
-    the cores `placement` gives them; returns when the verifier exits or on SIGTERM / Ctrl-C,
-    stopping every child."""
+    """Drafter processes (none for `lookup`), then the verifier (vLLM's server with CoSine's
+    proposer) as a child, on the cores `placement(spec, placement_mode)` gives them; returns when
+    the verifier exits or on SIGTERM / Ctrl-C, stopping every child."""
     where = placement(parse_spec(load_manifest(manifest)), placement_mode)
     if where.shared and placement_mode == "split":
         log.warning("too few CPU cores for disjoint placement: drafters share the verifier's cores %s",
                     list(where.verifier))
-    children = start_drafters(manifest, "127.0.0.1", where.drafters)
+    children = [] if placement_mode == "lookup" else start_drafters(manifest, "127.0.0.1", where.drafters)
     stop = threading.Event()
     verifier: subprocess.Popen | None = None
     try:
@@ -515,11 +525,13 @@ def _wait_for_signal() -> None:
 
 
 def start_cluster(manifest: Path | None, port: int, *, quiet: bool = True, metrics_port: int = 0,
-                  log_path: Path | None = None) -> subprocess.Popen:
-    """Start `cosine serve` in a child process (its own drafter processes under it). Its output
+                  log_path: Path | None = None, placement: str = "auto") -> subprocess.Popen:
+    """Start `cosine serve --placement placement` in a child process (its own drafter processes
+    under it). Its output
     (vLLM's and the drafters' logs) goes to `log_path` (appended) if given, else nowhere when
     `quiet`, else to this process's terminal."""
-    cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port)]
+    cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
+           "--placement", placement]
     if manifest:
         cmd += ["--cluster", str(manifest)]
     if log_path is not None:

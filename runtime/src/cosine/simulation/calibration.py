@@ -172,3 +172,42 @@ def sim_setup(cal: Calibration, domains: tuple[str, ...], max_batch_tokens: int 
     lookup = LookupModel(cal.lookup_hit_rate, cal.lookup_draft_tokens) if cal.lookup_draft_tokens else None
     return SimSetup(SYSTEM_MODES[cal.system], VerifierModel(cal.pass_s, max_batch_tokens=max_batch_tokens), pools,
                     acceptance, speculation or SpeculationSpec(), lookup=lookup, seed=seed)
+
+
+def placement_evidence(bench: dict[str, Any], base: Any) -> Any:
+    """`base` (a `placement.Evidence` with this machine's cores and pools) completed with what a
+    `cosine bench` run measured at concurrency 1: the verifier's decode step on every core (the
+    reference `vllm`'s), on the cores it keeps beside the pools and each pool's acceptance, on-time
+    share and seconds per draft token (the first CoSine system with pools run in `split`: the
+    first pool's figures), and prompt lookup's hit rate and acceptance (`cosine-lookup`, else that
+    system's lookup). A run in `shared` placement, or one missing a row, leaves the missing figures
+    unmeasured; `base.source` names the run."""
+    from dataclasses import replace
+
+    level = [r for r in bench.get("rows", []) if r.get("concurrency") == 1]
+    default = bench.get("placement", "split")
+
+    def placed(system: str) -> tuple[str, str]:
+        name, _, where = system.partition("@")
+        return name, where or default
+
+    def first(pred: Any) -> str | None:
+        return next((r["system"] for r in level if pred(*placed(r["system"]))), None)
+
+    ev = base
+    reference = first(lambda name, where: name == "vllm" and where != "shared")
+    if reference is not None:
+        ev = replace(ev, pass_s=calibrate(bench, reference).decode_pass_s)
+    pooled = first(lambda name, where: name in ("cosine", "cosine-nobranch", "cosine-nofusion") and where == "split")
+    if pooled is not None:
+        cal = calibrate(bench, pooled)
+        if cal.pools:
+            pool = cal.pools[0]
+            ev = replace(ev, kept_pass_s=cal.decode_pass_s, draft_token_s=pool.draft_token_s or None,
+                         pool_alpha=pool.alpha, pool_use=pool.use_prob)
+    lookup = first(lambda name, where: name == "cosine-lookup" and where != "shared") or pooled
+    if lookup is not None:
+        cal = calibrate(bench, lookup)
+        ev = replace(ev, lookup_hit=cal.lookup_hit_rate, lookup_alpha=cal.lookup_alpha,
+                     lookup_tokens=cal.lookup_draft_tokens)
+    return ev

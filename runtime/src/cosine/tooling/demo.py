@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cosine.placement import Choice
 from cosine.roles import free_port, load_manifest, parse_spec, start_cluster, stop_cluster, wait_ready
 from cosine.tooling.workloads import Prompt
 
@@ -84,8 +85,10 @@ def log_file() -> Path:
     return cache_root() / "logs" / f"serve-{time.strftime('%Y%m%d-%H%M%S')}.log"
 
 
-def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port: int, keep_serving: bool) -> int:
-    """Start `cosine serve` on `port` (0: a free one), its logs to a file (:func:`log_file`), with
+def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port: int, keep_serving: bool,
+             placement: Choice | None = None) -> int:
+    """Start `cosine serve` on `port` (0: a free one) with `placement` (its mode and why, printed;
+    default: `split`), its logs to a file (:func:`log_file`), with
     a spinner while models load; ask it each prompt (greedy, at most `max_tokens` tokens), print
     per-prompt and per-source results and the serving URL, then keep serving until Ctrl-C unless
     `keep_serving` is False; the cluster is stopped on return. Returns 0.
@@ -102,10 +105,12 @@ def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port
     port = port or free_port()
     base = f"http://127.0.0.1:{port}"
     logs = log_file()
+    placement = placement or Choice("split", "asked for")
     print(f"embedded cluster: verifier {model}, drafter pools {[p.name for p in spec.drafter_pools]}; "
           f"logs in {logs}", flush=True)
+    print(f"placement {placement.mode}: {placement.reason}", flush=True)
     metrics_port = free_port()
-    proc = start_cluster(manifest, port, metrics_port=metrics_port, log_path=logs)
+    proc = start_cluster(manifest, port, metrics_port=metrics_port, log_path=logs, placement=placement.mode)
     try:
         t0 = time.monotonic()
         with Console(stderr=True).status("loading the models and starting the servers ..."):

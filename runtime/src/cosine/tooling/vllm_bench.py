@@ -32,12 +32,16 @@ requests (prompts that repeat) is measured on its own workload, `--workload repe
 separately.
 
 Placement (`--placement`), the cores each system computes on, out of the N this process may use:
+- `auto` (default): CoSine's embedded clusters as `cosine serve` places them by default
+  (`placement.choose`, from the last bench's measurements: `split` or `lookup`, pools off and the
+  verifier on every core); every other system on every core, as in `overlap`.
+- `lookup`: CoSine's clusters without their pools, the verifier on every core.
 - `shared`: nothing pinned by us (`cosine serve --placement shared`; drafters float), so
   vLLM binds its own threads: its default on x86 (`VLLM_CPU_OMP_THREADS_BIND=auto`) reserves one
   core per worker for its engine-core process and binds the worker's OpenMP threads to the rest
   (vllm/utils/ompmultiprocessing.py), so on 2 cores every vLLM server, peer or verifier, computes on
   one OpenMP thread.
-- `split` (default; equal resources): the peers (`vllm`, `vllm-*`) compute on all N cores
+- `split` (equal resources): the peers (`vllm`, `vllm-*`) compute on all N cores
   (`VLLM_CPU_OMP_THREADS_BIND` set to them: vLLM takes an explicit list as is and reserves no core);
   the CoSine systems run from a copy of the manifest whose verifier has N - N//2 threads and whose
   drafter pools have N//2 each, and `cosine serve --placement split` puts them on disjoint cores
@@ -87,6 +91,7 @@ from typing import Any
 import yaml
 
 from cosine import roles
+from cosine.placement import Choice
 from cosine.tooling.workloads import Prompt
 from cosine_operator.settings import SpeculationSpec
 
@@ -98,7 +103,7 @@ DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ABLATIONS)
 CLUSTERS = ("cosine", *ABLATIONS)  # the systems that run the embedded cluster (`cosine serve`)
 REFERENCE = "vllm"
 PEERS = ("vllm-ngram", "vllm-suffix", "vllm-draft")  # vLLM's own speculation methods
-PLACEMENTS = ("shared", "split", "overlap")
+PLACEMENTS = ("auto", "shared", "split", "overlap", "lookup")
 WARMUP = Prompt("warmup", "warmup", "Say hello in one word.")  # never a measured prompt
 WARMUP_TOKENS = 8
 
@@ -151,10 +156,11 @@ class Run:
     concurrency: int
 
 
-def system_placement(system: str, default: str) -> tuple[str, str]:
+def system_placement(system: str, default: str, auto_mode: str = "lookup") -> tuple[str, str]:
     """(system, placement) of a bench system name: `cosine@shared` runs `cosine` with the `shared`
     placement whatever `--placement` says (to compare placements in one run); a plain name takes
-    `default`.
+    `default`. `auto` is `auto_mode` (`split` or `lookup`, `placement.choose`'s) for the embedded
+    clusters and `overlap` (every core) for the others.
 
     Raises:
         ValueError: an unknown system or placement.
@@ -165,6 +171,8 @@ def system_placement(system: str, default: str) -> tuple[str, str]:
     placement = placement or default
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r} in {system!r}; choose among {list(PLACEMENTS)}")
+    if placement == "auto":  # what `cosine serve` chose (`placement.choose`); every other system on every core
+        placement = auto_mode if base in CLUSTERS else "overlap"
     return base, placement
 
 
@@ -215,7 +223,7 @@ def placement_threads(placement: str, cores: int) -> tuple[int, int] | None:
     `placement` on `cores` cores; None: the manifest's own (`shared`)."""
     if placement == "split":
         return split_threads(cores)
-    if placement == "overlap":
+    if placement in ("overlap", "lookup"):
         return cores, split_threads(cores)[1]
     return None
 
@@ -288,8 +296,8 @@ def _server_command(system: str, manifest: Path | None, port: int, metrics_port:
                     peer_k: int, suffix_k: int, placement: str, extra_env: dict[str, str]
                     ) -> tuple[list[str], dict[str, str]]:
     if system in CLUSTERS:
-        # `overlap` is cosine serve's pinned placement over a manifest whose verifier takes every core
-        serve_placement = "split" if placement == "overlap" else placement
+        # the bench's `overlap` is cosine serve's own (the manifest copy's verifier takes every core)
+        serve_placement = placement
         cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
                "--placement", serve_placement]
         return cmd + (["--cluster", str(manifest)] if manifest else []), {**os.environ, **extra_env}
@@ -585,13 +593,15 @@ def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: S
 
 def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: Sequence[int], max_tokens: int,
               manifest: Path | None, drafter_model: str, peer_k: int = 4, quiet: bool = True,
-              workload: str = "", placement: str = "split", suffix_k: int | None = None,
-              draft_cost_models: Sequence[str] | None = None, draft_k: int = 8) -> dict[str, Any]:
+              workload: str = "", placement: str = "auto", suffix_k: int | None = None,
+              draft_cost_models: Sequence[str] | None = None, draft_k: int = 8,
+              choice: Choice | None = None) -> dict[str, Any]:
     """Every system at every level on a fresh server (see the module docstring); then, given
     `draft_cost_models` (empty: the manifest's pool models and `drafter_model`), the draft cost of
     each drafter engine on each of them (`draft_cost`), `draft_k` tokens a draft, on a pool's share
     of the cores (the last N//2), alone and batched to the highest concurrency level (at most one
-    request per prompt).
+    request per prompt). `choice`: what `auto` resolved to for the embedded clusters
+    (`placement.choose`; default: `lookup`), recorded in the report.
 
     A drafter engine that fails or times out leaves an `error` row in `draft_cost`.
 
@@ -602,8 +612,9 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     runs = plan_runs(systems, concurrencies)
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; choose among {list(PLACEMENTS)}")
+    auto_mode = choice.mode if choice else "lookup"
     for system in systems:
-        system_placement(system, placement)
+        system_placement(system, placement, auto_mode)
     if any(s.startswith("vllm-suffix") for s in systems) and importlib.util.find_spec("arctic_inference") is None:
         raise RuntimeError("vllm-suffix needs the arctic-inference package (vLLM's suffix decoding): "
                            "`make install` builds it")
@@ -618,7 +629,7 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
         current = progress.add_task("", total=len(prompts))
         manifests: dict[Variant, Path | None] = {((), None): manifest}
         for run in runs:
-            system, run_placement = system_placement(run.system, placement)
+            system, run_placement = system_placement(run.system, placement, auto_mode)
             variant = _manifest_variant(system, run_placement, cpus)
             if variant not in manifests:
                 path = Path(tmp) / f"cluster-{len(manifests)}.yaml"
@@ -675,6 +686,7 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
                     costs.append({"engine": engine, "model": m, "error": str(e)})
     return {"workload": workload, "max_tokens": max_tokens, "systems": list(systems),
             "concurrency": list(concurrencies), "model": model, "placement": placement, "cpus": cpus,
+            "placement_choice": asdict(choice) if choice else {"mode": auto_mode, "reason": "default"},
             "peer_k": peer_k, "suffix_k": suffix_k, "warmup_prompt": WARMUP.prompt, "rows": rows,
             "draft_cost": costs, "records": [asdict(r) for r in records]}
 
