@@ -14,4 +14,16 @@ def test_generate_and_bench_flags():
     args = build_parser().parse_args(["generate", "--prompt", "hi"])
     assert (args.max_tokens, args.max_draft_len, args.temperature) == (128, 8, 0.0)
     args = build_parser().parse_args(["bench"])
-    assert (args.concurrency, args.placement, args.systems) == ("1,4,8", "split", "")
+    assert (args.concurrency, args.placement, args.systems) == ("1,4,8", "auto", "")
+
+
+def test_serve_and_demo_place_by_measurement_by_default(tmp_path):
+    from cosine.cli import _placement_choice
+
+    for command in (["serve"], ["demo"]):
+        args = build_parser().parse_args(command)
+        assert args.placement == "auto" and str(args.evidence) == "results/bench.json"
+    # no bench run yet: the pool is unmeasured and stays off this CPU verifier's cores
+    c = _placement_choice("auto", None, tmp_path / "bench.json")
+    assert c.mode == "lookup" and "not measured" in c.reason
+    assert _placement_choice("split", None, None).mode == "split"
