@@ -78,7 +78,7 @@ def test_fit_alpha_inverts_expected_accepted_tokens():
     assert calibration.fit_alpha(0.0, 4.0) == 0.0 and calibration.fit_alpha(4.0, 4.0) == 1.0
 
 
-def test_placement_evidence_from_a_split_bench_keeps_pools_off_two_cores():
+def test_placement_evidence_from_a_split_bench_keeps_pools_off_two_cores(tmp_path):
     """The evidence `cosine serve --placement auto` weighs, read from a real 2-core split bench:
     the verifier's step on both cores (vllm's), on the one it keeps beside the pool (cosine's), the
     pool's and prompt lookup's acceptance. There the pool paid less than its core cost."""
@@ -91,6 +91,11 @@ def test_placement_evidence_from_a_split_bench_keeps_pools_off_two_cores():
     assert ev.kept_pass_s > ev.pass_s and 0 < ev.pool_alpha < 1 and 0 < ev.pool_use <= 1
     assert ev.draft_token_s > 0 and 0 < ev.lookup_hit < 1
     assert choose(ev).mode == "lookup"
+    # `cosine bench` writes no meta file (prompt lengths): the decode figures are read all the same
+    bare = tmp_path / "bench.json"
+    bare.write_text(BENCH.read_text())
+    ev_bare = calibration.placement_evidence(calibration.load_bench(bare), Evidence(cores=2, pool_cores=1))
+    assert (ev_bare.pass_s, ev_bare.kept_pass_s, ev_bare.pool_alpha) == (ev.pass_s, ev.kept_pass_s, ev.pool_alpha)
     # a bench without a split CoSine row measures no pool: the pools stay off, unmeasured
     only_lookup = {**bench, "rows": [r for r in bench["rows"] if r["system"] != "cosine"]}
     assert calibration.placement_evidence(only_lookup, Evidence(cores=2, pool_cores=1)).pool_alpha is None

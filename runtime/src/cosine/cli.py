@@ -141,7 +141,7 @@ def _placement_choice(mode: str, manifest: Path | None, evidence: Path | None) -
     base = Evidence(len(os.sched_getaffinity(0)), local_pool_cores(spec),
                     verifier_on_gpu=bool(spec.verifier.pod.gpu_count),
                     max_draft_len=spec.speculation.max_draft_len)
-    if evidence is not None and evidence.exists() and evidence.with_name(evidence.stem + ".meta.json").exists():
+    if evidence is not None and evidence.exists():
         from cosine.simulation.calibration import load_bench, placement_evidence
 
         try:

@@ -77,10 +77,11 @@ class Calibration:
 
 def load_bench(path: Path) -> dict[str, Any]:
     """The bench JSON at `path`, with `prompt_tokens` (prompt id -> tokens) and `command` from
-    `<stem>.meta.json` beside it."""
+    `<stem>.meta.json` beside it (empty without one: no prefill line is fitted)."""
     path = Path(path)
     data: dict[str, Any] = json.loads(path.read_text())
-    meta = json.loads(path.with_name(path.stem + ".meta.json").read_text())
+    meta_path = path.with_name(path.stem + ".meta.json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"prompt_tokens": {}, "command": ""}
     return {**data, "prompt_tokens": meta["prompt_tokens"], "command": meta["command"]}
 
 
@@ -130,7 +131,11 @@ def calibrate(bench: dict[str, Any], system: str, concurrency: int = 1, run: int
     accepted = sum(int(p.get("accepted_tokens") or 0) for p in pools_raw.values())
     decode_steps = sum(x["completion_tokens"] - 1 for x in recs) - accepted
     decode_pass_s = sum(x["latency_s"] - x["ttft_s"] for x in recs) / max(1, decode_steps)
-    base, slope = _line([float(bench["prompt_tokens"][x["prompt_id"]]) for x in recs], [x["ttft_s"] for x in recs])
+    lengths = bench.get("prompt_tokens") or {}
+    if all(x["prompt_id"] in lengths for x in recs) and len({lengths[x["prompt_id"]] for x in recs}) > 1:
+        base, slope = _line([float(lengths[x["prompt_id"]]) for x in recs], [x["ttft_s"] for x in recs])
+    else:  # prompt lengths not recorded: the decode figures only
+        base, slope = 0.0, 0.0
     pools = []
     pool_drafts = 0
     for name, p in pools_raw.items():
