@@ -296,10 +296,10 @@ def _server_command(system: str, manifest: Path | None, port: int, metrics_port:
                     peer_k: int, suffix_k: int, placement: str, extra_env: dict[str, str]
                     ) -> tuple[list[str], dict[str, str]]:
     if system in CLUSTERS:
-        # the bench's `overlap` is cosine serve's own (the manifest copy's verifier takes every core)
-        serve_placement = placement
+        # the bench's placements are cosine serve's own (for `overlap`, the manifest copy's verifier
+        # takes every core)
         cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
-               "--placement", serve_placement]
+               "--placement", placement]
         return cmd + (["--cluster", str(manifest)] if manifest else []), {**os.environ, **extra_env}
     if system == "cosine-lookup":
         cmd, env = roles.verifier_command(manifest, port, "127.0.0.1", [], None, metrics_port)
