@@ -106,8 +106,8 @@ def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port
     base = f"http://127.0.0.1:{port}"
     logs = log_file()
     placement = placement or Choice("split", "asked for")
-    print(f"embedded cluster: verifier {model}, drafter pools {[p.name for p in spec.drafter_pools]}; "
-          f"logs in {logs}", flush=True)
+    pools = [p.name for p in spec.drafter_pools] if placement.mode != "lookup" else "off"
+    print(f"embedded cluster: verifier {model}, drafter pools {pools}; logs in {logs}", flush=True)
     print(f"placement {placement.mode}: {placement.reason}", flush=True)
     metrics_port = free_port()
     proc = start_cluster(manifest, port, metrics_port=metrics_port, log_path=logs, placement=placement.mode)
