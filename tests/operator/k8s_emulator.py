@@ -20,6 +20,7 @@ import asyncio
 import copy
 import datetime
 import itertools
+import json
 import threading
 import time
 import uuid
@@ -153,9 +154,11 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         data = request.data
         if isinstance(data, list):  # JSON patch: the `test` ops must hold, as on a real server
             try:
-                jsonpatch.apply_patch(current, data)
+                patched = jsonpatch.apply_patch(current, data)
             except (jsonpatch.JsonPatchTestFailed, jsonpatch.JsonPatchConflict) as e:
                 raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from e
+            if request.subresource is None:
+                _check_immutable(self._key(request), request.name, current, patched)
             if request.subresource is None and any(op.get("path", "").startswith("/spec") for op in data):
                 data.append(
                     {
@@ -169,6 +172,8 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         if not isinstance(data, dict):
             return
         data = copy.deepcopy(data)  # rebuilt below, then written back into the request
+        if request.subresource is None:
+            _check_immutable(self._key(request), request.name, current, _merge(current, data))
         wanted_rv = (data.get("metadata") or {}).get("resourceVersion")
         if wanted_rv is not None and wanted_rv != current["metadata"].get("resourceVersion"):
             raise kmock.KubernetesError(status=409, reason="Conflict", message="the object has been modified")
@@ -230,6 +235,75 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             "metadata": {"resourceVersion": "1"},
             "items": items,
         }
+
+
+def _get(obj: dict[str, Any], path: str) -> Any:
+    for key in path.split("."):
+        obj = (obj or {}).get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _storage_bytes(quantity: Any) -> float:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    text = str(quantity or 0)
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
+
+
+def _pvc_change(current: dict[str, Any], updated: dict[str, Any]) -> str | None:
+    """A PVC's spec is immutable but for growing ``resources.requests.storage`` (and
+    ``volumeAttributesClassName``): Kubernetes' ``ValidatePersistentVolumeClaimUpdate``
+    (pkg/apis/core/validation), documented at
+    https://kubernetes.io/docs/concepts/storage/persistent-volumes/#expanding-persistent-volumes-claims."""
+    old, new = copy.deepcopy(current.get("spec") or {}), copy.deepcopy(updated.get("spec") or {})
+    old_storage = old.get("resources", {}).get("requests", {}).pop("storage", None)
+    new_storage = new.get("resources", {}).get("requests", {}).pop("storage", None)
+    for spec in (old, new):
+        spec.pop("volumeAttributesClassName", None)
+    if old != new:
+        return "spec: Forbidden: spec is immutable after creation except resources.requests and " \
+               "volumeAttributesClassName for bound claims"
+    if _storage_bytes(new_storage) < _storage_bytes(old_storage):
+        return "spec.resources.requests.storage: Forbidden: field can not be less than previous value"
+    return None
+
+
+def _fields_fixed(*paths: str) -> Callable[[dict[str, Any], dict[str, Any]], str | None]:
+    def check(current: dict[str, Any], updated: dict[str, Any]) -> str | None:
+        for path in paths:
+            before, after = _get(current, path), _get(updated, path)
+            if before is not None and after != before:
+                return f"{path}: Invalid value: {json.dumps(after)}: field is immutable"
+        return None
+    return check
+
+
+# What the real API server refuses to change on an update (HTTP 422), per kind we create, each with
+# its source. The emulator knows only these; anything else changes freely here.
+IMMUTABLE: dict[str, Callable[[dict[str, Any], dict[str, Any]], str | None]] = {
+    # ValidateJobSpecUpdate (pkg/apis/batch/validation): selector and pod template are fixed once the
+    # Job exists (https://kubernetes.io/docs/concepts/workloads/controllers/job/: "a Job's
+    # .spec.template ... immutable"; the API reference's JobSpec.template).
+    JOBS: _fields_fixed("spec.selector", "spec.template"),
+    # apps/v1: "a Deployment's label selector is immutable after it gets created"
+    # (https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#label-selector-updates).
+    DEPLOYMENTS: _fields_fixed("spec.selector"),
+    # ServiceSpec.clusterIP: "may not be changed through updates unless the type field is also being
+    # changed to ExternalName" (API reference, Service v1; ValidateServiceUpdate).
+    SERVICES: _fields_fixed("spec.clusterIP"),
+    PVCS: _pvc_change,
+}
+
+
+def _check_immutable(resource: str, name: str | None, current: dict[str, Any], updated: dict[str, Any]) -> None:
+    """Raise the real server's 422 if ``updated`` changes what :data:`IMMUTABLE` fixes for ``resource``."""
+    rule = IMMUTABLE.get(resource)
+    problem = rule(current, updated) if rule else None
+    if problem is not None:
+        kind = RESOURCES[resource][0]
+        raise kmock.KubernetesError(status=422, reason="Invalid", message=f'{kind} "{name}" is invalid: {problem}')
 
 
 def _merge(base: dict[str, Any], patch: dict[str, Any], replace_lists: bool = False) -> dict[str, Any]:

@@ -443,3 +443,38 @@ def test_pod_template_fields_and_a_restricted_security_context() -> None:
     assert p["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     ngram = _template(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "ngram", 1))
     assert "serviceAccountName" not in ngram and "imagePullSecrets" not in ngram  # per role
+
+
+def test_no_service_account_token_in_workload_pods() -> None:
+    """The runtime never calls the Kubernetes API: verifier, drafter and pull pods mount no token,
+    with or without a named service account (Workload Identity / IRSA need none mounted)."""
+    spec = copy.deepcopy(SPEC)
+    spec["verifier"]["serviceAccountName"] = "cosine-wi"
+    spec["modelCache"] = {"size": "20Gi"}
+    cluster = parse_cluster_spec(spec)
+    job = builders.build_model_job("demo", "ns", cluster)
+    assert job is not None
+    pods = [_template(builders.build_verifier_deployment("demo", "ns", cluster)),
+            _template(builders.build_drafter_deployment("demo", "ns", cluster, "ngram", 1)),
+            job["spec"]["template"]["spec"]]
+    assert [p["automountServiceAccountToken"] for p in pods] == [False, False, False]
+
+
+def test_pull_job_name_follows_its_whole_template() -> None:
+    """A Job's template is immutable: whatever changes it must change the name (test_k8s_emulator)."""
+    spec = copy.deepcopy(SPEC)
+    spec["modelCache"] = {"size": "20Gi"}
+
+    def name(**changes: Any) -> str:
+        s = copy.deepcopy(spec)
+        s.update(changes)
+        job = builders.build_model_job("demo", "ns", parse_cluster_spec(s))
+        assert job is not None
+        return str(job["metadata"]["name"])
+
+    base = name()
+    assert base == name()  # stable
+    assert base != name(image={"tag": "0.2.0"})
+    assert base != name(hfTokenSecretRef={"name": "hf", "key": "token"})
+    assert base != name(verifier={"model": "qwen2.5-coder-3b-instruct"})
+    assert len(base) == len("demo-models-") + 8

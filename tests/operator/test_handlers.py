@@ -13,6 +13,7 @@ import copy
 import time
 from typing import Any
 
+from conftest import RESYNC_S
 from fake_metrics import Counters, serve
 from k8s_emulator import (
     CLUSTERS,
@@ -243,6 +244,75 @@ def test_pods_wait_for_the_model_cache_job(operator: Any, kube: Kube) -> None:
     kube.patch(CLUSTERS, NS, "tau", {"spec": {"verifier": {"model": "qwen2.5-coder-3b-instruct"}}})
     wait_for(lambda: kube.get(JOBS, NS, name) is None, what="old Job deleted")
     assert any(j["metadata"]["name"] != name for j in kube.list(JOBS, NS))
+
+
+def test_drift_is_repaired_and_what_others_own_stays(operator: Any, kube: Kube) -> None:
+    """Catches: children repaired only on spec edits or restarts (a deleted Deployment, Service,
+    NetworkPolicy or PDB stays gone), a hand edit of an operator-owned field kept, and the resync
+    reverting the verifier's replicas set by whoever scales it (an HPA on the Deployment), or a
+    ``spec.verifier.replicas`` change not reaching the Deployment."""
+    kube.create(CLUSTERS, NS, cluster_body("drift"))
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "drift-verifier"), what="verifier Deployment")
+    gone = [(DEPLOYMENTS, "drift-drafter-code"), (SERVICES, "drift-gateway"), (NETWORKPOLICIES, "drift-verifier"),
+            (PDBS, "drift-verifier"), (CONFIGMAPS, "drift-config")]
+    for resource, name in gone:
+        kube.delete(resource, NS, name)
+    kube.patch(SERVICES, NS, "drift-verifier", {"spec": {"ports": [{"name": "http", "port": 9999}]}})
+    kube.patch(DEPLOYMENTS, NS, "drift-verifier", {"spec": {"replicas": 4}}, sub="scale")  # an HPA's write
+    for resource, name in gone:
+        wait_for(lambda: kube.get(resource, NS, name), timeout_s=3 * RESYNC_S + 5,  # noqa: B023
+                 what=f"{name} back")
+    wait_for(lambda: kube.get(SERVICES, NS, "drift-verifier")["spec"]["ports"][0]["port"] == 8000,
+             timeout_s=3 * RESYNC_S + 5, what="hand edit undone")
+    time.sleep(2 * RESYNC_S)
+    assert replicas(kube, "drift-verifier") == 4  # not the spec's 1: not the operator's to set
+    # a spec edit elsewhere keeps it too; a changed spec.verifier.replicas (kubectl scale csc) is applied
+    kube.patch(CLUSTERS, NS, "drift", {"spec": {"speculation": {"maxDraftLen": 4}}})
+    wait_for(lambda: kube.get(CLUSTERS, NS, "drift")["status"].get("observedGeneration") == 2, what="reconciled")
+    assert replicas(kube, "drift-verifier") == 4
+    kube.patch(CLUSTERS, NS, "drift", {"spec": {"verifier": {"replicas": 2}}})
+    wait_for(lambda: replicas(kube, "drift-verifier") == 2, what="spec.verifier.replicas applied")
+    time.sleep(2 * RESYNC_S)
+    assert replicas(kube, "drift-verifier") == 2
+    assert kube.get(CLUSTERS, NS, "drift")["status"]["verifier"]["selector"] == ",".join(
+        f"{k}={v}" for k, v in kube.get(DEPLOYMENTS, NS, "drift-verifier")["spec"]["selector"]["matchLabels"].items())
+
+
+def test_image_change_is_a_new_pull_job_and_a_claim_change_a_condition(operator: Any, kube: Kube) -> None:
+    """A real API server refuses a changed Job template (422) and any change of a claim's spec but
+    a larger storage request (the emulator too: test_k8s_emulator.py). Catches: an image change
+    or an operator upgrade re-applying the pull Job under its old name (reconcile wedged on the
+    422), and a claim change failing the whole reconcile instead of surfacing as a condition."""
+    kube.create(CLUSTERS, NS, cluster_body("upg", modelCache={"size": "50Gi"}))
+    (job,) = wait_for(lambda: [j for j in kube.list(JOBS, NS) if j["metadata"]["name"].startswith("upg-models-")],
+                      what="pull Job")
+    kube.patch(JOBS, NS, job["metadata"]["name"], {"status": {"succeeded": 1}}, sub="status")
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "upg-verifier"), what="verifier after the pull", timeout_s=30)
+    kube.patch(CLUSTERS, NS, "upg", {"spec": {"image": {"tag": "0.2.0"}}})
+    wait_for(lambda: kube.get(JOBS, NS, job["metadata"]["name"]) is None, what="old Job replaced")
+    (new,) = [j for j in kube.list(JOBS, NS) if j["metadata"]["name"].startswith("upg-models-")]
+    assert new["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.2.0")
+    kube.patch(JOBS, NS, new["metadata"]["name"], {"status": {"succeeded": 1}}, sub="status")
+
+    def image() -> str:
+        return str(kube.get(DEPLOYMENTS, NS, "upg-verifier")["spec"]["template"]["spec"]["containers"][0]["image"])
+
+    wait_for(lambda: image().endswith(":0.2.0"), what="verifier on the new image", timeout_s=30)
+    assert (condition(kube, "upg", "ModelCacheReady") or {}).get("status") == "True"
+    # a claim change the server refuses: a condition naming the field; the rest reconciles
+    kube.patch(CLUSTERS, NS, "upg", {"spec": {"modelCache": {"storageClassName": "premium"},
+                                             "speculation": {"maxDraftLen": 3}}})
+    refused = wait_for(lambda: (c := condition(kube, "upg", "ModelCacheReady")) and c["status"] == "False" and c,
+                       what="ModelCacheReady=False", timeout_s=15)
+    assert refused["reason"] == "ClaimImmutable" and "spec.modelCache" in refused["message"]
+    assert "immutable" in refused["message"]
+    wait_for(lambda: "maxDraftLen: 3" in kube.get(CONFIGMAPS, NS, "upg-config")["data"]["cluster.yaml"],
+             what="the rest of the cluster reconciled")
+    assert kube.get(PVCS, NS, "upg-models")["spec"].get("storageClassName") is None
+    # growing the cache is allowed
+    kube.patch(CLUSTERS, NS, "upg", {"spec": {"modelCache": {"storageClassName": None, "size": "80Gi"}}})
+    wait_for(lambda: condition(kube, "upg", "ModelCacheReady")["status"] == "True", what="claim applied")
+    assert kube.get(PVCS, NS, "upg-models")["spec"]["resources"]["requests"]["storage"] == "80Gi"
 
 
 def test_network_policies_follow_spec_network_policy(operator: Any, kube: Kube) -> None:

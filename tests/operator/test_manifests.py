@@ -185,7 +185,7 @@ def test_dockerfile_copies_existing_files_and_names_real_entry_points() -> None:
     assert 'ENTRYPOINT ["cosine-operator"]' in text
     assert len(re.findall(r"^USER 10001", text, re.M)) == 2  # both images non-root
     # the operator image: the operator distribution alone; the runtime image: both (runtime needs operator's)
-    assert re.search(r"pip install \./operator\s", text) and "pip install ./operator ./runtime" in text
+    assert re.search(r"pip install \./operator\s", text) and "./operator ./runtime" in text
 
 
 def _third_party_imports(folder: Path) -> set[str]:

@@ -103,6 +103,9 @@ def test_scrape_pods_reads_loopback_endpoints_and_skips_dead_ones() -> None:
         scrape = asyncio.run(scrape_pods(targets, timeout_s=1.0, time_s=1.0))
     assert "d-1" in scrape.drafters["code"]
     assert scrape.verifiers == {}
+    # the dead one is reported, with why, for the operator's counter and log
+    assert [(target.pod, target.role) for target, _ in scrape.failures] == [("v-1", "verifier")]
+    assert "ClientConnectorError" in scrape.failures[0][1] or "refused" in scrape.failures[0][1].lower()
 
 
 def test_scrape_prometheus_maps_pods_to_roles_and_pools() -> None:

@@ -96,3 +96,21 @@ def test_a_spec_the_schema_would_reject_names_its_field() -> None:
     body = {**spec({"name": "ngram", "kind": "ngram"}), "speculation": {"maxDraftLen": 64}}
     problems = validate_cluster("demo", body)
     assert problems == ["spec.speculation.maxDraftLen must be in [0, 32], got 64"]
+
+
+def test_pass_through_pod_fields_beyond_restricted_are_refused_with_the_field() -> None:
+    host = {"name": "host", "hostPath": {"path": "/var/run"}}
+    problems = validate_cluster("demo", {
+        "verifier": {"model": "qwen2.5-coder-1.5b-instruct", "volumes": [{"name": "ok", "emptyDir": {}}, host]},
+        "drafterPools": [{"name": "ngram", "kind": "ngram",
+                          "volumes": [{"name": "n", "nfs": {"server": "x", "path": "/"}}],
+                          "volumeMounts": [{"name": "n", "mountPath": "/n", "mountPropagation": "Bidirectional"}]}]})
+    assert [p.split(":")[0] for p in problems] == [
+        "spec.verifier.volumes[1].hostPath", "spec.drafterPools[0].volumes[0].nfs",
+        "spec.drafterPools[0].volumeMounts[0].mountPropagation"]
+    # what restricted admits passes
+    assert validate_cluster("demo", {
+        "verifier": {"model": "qwen2.5-coder-1.5b-instruct",
+                     "volumes": [{"name": "c", "configMap": {"name": "x"}}, {"name": "p", "persistentVolumeClaim":
+                                                                             {"claimName": "y"}}]},
+        "drafterPools": [{"name": "ngram", "kind": "ngram"}]}) == []

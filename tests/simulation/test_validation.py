@@ -1,6 +1,7 @@
 """The simulator against a recorded `cosine bench` run of today's system.
 
-Data: `data/bench_session8.json`, produced on this project's 2-core CPU machine by
+Data: `cosine/simulation/data/bench_session8.json` (shipped in the package), produced on this
+project's 2-core CPU machine by
     cosine bench --workload results/mixed2-heldout3.jsonl --max-tokens 32 --concurrency 1,8
         --systems vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine --placement split
 (`data/bench_session8.meta.json`: the command, the machine, the prompts' token counts;
@@ -24,13 +25,12 @@ systems: it does not model the pool and the verifier competing for memory bandwi
 load, nor attention over the KV cache.
 """
 
-from pathlib import Path
 
 import pytest
 
 from cosine.simulation import calibration, scenarios
 
-BENCH = Path(__file__).parent / "data" / "bench_session8.json"
+BENCH = calibration.KEPT_BENCH
 TOLERANCE = {True: 0.10, False: 0.20}  # in_sample -> relative error of output tokens/s
 
 

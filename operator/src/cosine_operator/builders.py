@@ -81,10 +81,13 @@ def model_claim_name(cluster: str, cache: s.ModelCacheSpec) -> str:
     return cache.claim_name or f"{cluster}-models"
 
 
-def model_job_name(cluster: str, models: list[str]) -> str:
-    """The model pull Job's name, ``N-models-<hash>``: one Job per set of models (a Job's pod
-    template is immutable, so a changed model list is a new Job)."""
-    return f"{cluster}-models-{hashlib.sha256(json.dumps(models).encode()).hexdigest()[:8]}"
+def model_job_name(cluster: str, job_spec: Mapping[str, Any]) -> str:
+    """The model pull Job's name, ``N-models-<hash>``, the hash of the Job's whole ``spec``: a Job's
+    pod template is immutable (the API server answers 422 to a changed one), so whatever changes it
+    (the model list, the image or the release's default tag, the token's Secret) makes a new Job,
+    never an update of the old one."""
+    digest = hashlib.sha256(json.dumps(job_spec, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{cluster}-models-{digest}"
 
 
 def pool_object_name(cluster: str, pool: str) -> str:
@@ -253,6 +256,8 @@ def _pod_spec(
         gib = sum(model_storage_gib(m) for m in models) if models else 1
         models_volume = {"name": "models", "emptyDir": {"sizeLimit": f"{gib}Gi"}}
     spec: dict[str, Any] = {
+        # the runtime never calls the Kubernetes API: no service-account token in its pods
+        "automountServiceAccountToken": False,
         "securityContext": _pod_security(),
         "terminationGracePeriodSeconds": termination_grace_s,
         "containers": [container],
@@ -352,10 +357,14 @@ def _probes(check: dict[str, Any], startup_timeout_s: int) -> dict[str, Any]:
     }
 
 
-def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
+def build_verifier_deployment(
+    name: str, namespace: str, cluster: s.ClusterSpec, replicas: int | None = None
+) -> Manifest:
     """Deployment ``N-verifier``: vLLM's OpenAI server with CoSine's proposer, one ``--drafter`` per pool;
     Prometheus scrapes CoSine's series on the metrics port (vLLM's are on the http port).
-    Its replicas are ``spec.verifier.replicas`` (reconcile is their one writer)."""
+    ``replicas``: the Deployment's current ones, so that whoever scales it (an HPA on it, or on the
+    CoSineCluster's scale subresource through ``spec.verifier.replicas``) is never reverted;
+    ``None``: ``spec.verifier.replicas`` (a new Deployment, or a changed ``spec.verifier.replicas``)."""
     v = cluster.verifier
     args = [
         "verifier",
@@ -399,7 +408,7 @@ def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec)
         verifier_name(name),
         "verifier",
         None,
-        v.replicas,
+        v.replicas if replicas is None else replicas,
         pod_spec,
         s.VERIFIER_METRICS_PORT,
         config_hash(cluster),
@@ -490,23 +499,25 @@ def build_model_job(name: str, namespace: str, cluster: s.ClusterSpec) -> Manife
         return None
     models = cluster_models(cluster)
     pull = _pull_container(cluster, models, [{"name": "COSINE_CACHE", "value": MODEL_CACHE_DIR}])
+    spec = {
+        "backoffLimit": 3,
+        "template": {
+            "metadata": {"labels": labels(name, "models")},
+            "spec": {
+                "restartPolicy": "Never",
+                "automountServiceAccountToken": False,
+                "securityContext": _pod_security(),
+                "containers": [pull],
+                "volumes": [{"name": "models",
+                             "persistentVolumeClaim": {"claimName": model_claim_name(name, cache)}}],
+            },
+        },
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": model_job_name(name, models), "namespace": namespace, "labels": labels(name, "models")},
-        "spec": {
-            "backoffLimit": 3,
-            "template": {
-                "metadata": {"labels": labels(name, "models")},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "securityContext": _pod_security(),
-                    "containers": [pull],
-                    "volumes": [{"name": "models",
-                                 "persistentVolumeClaim": {"claimName": model_claim_name(name, cache)}}],
-                },
-            },
-        },
+        "metadata": {"name": model_job_name(name, spec), "namespace": namespace, "labels": labels(name, "models")},
+        "spec": spec,
     }
 
 
@@ -613,6 +624,11 @@ def pool_selector(cluster: str, pool: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector_labels(cluster, "drafter", pool).items())
 
 
+def verifier_selector(cluster: str) -> str:
+    """The label selector of the verifier's pods as a string (``status.verifier.selector``, for HPA)."""
+    return ",".join(f"{k}={v}" for k, v in selector_labels(cluster, "verifier").items())
+
+
 def operator_peer(namespace: str, pod_labels: Mapping[str, str]) -> dict[str, Any] | None:
     """The NetworkPolicy peer of the operator's own pods (its autoscaler scrapes the pods'
     metrics ports): its namespace by name and its pod labels; ``None`` if either is unknown."""
@@ -692,11 +708,13 @@ def build_children(
     cluster: s.ClusterSpec,
     pool_replicas: Mapping[str, int],
     operator: Mapping[str, Any] | None = None,
+    verifier_replicas: int | None = None,
 ) -> list[Manifest]:
     """Every child, in creation order (the NetworkPolicies first, so no pod starts unprotected; a
     pool's Deployment before its scale target, so the scale target always has a Deployment to
     resize); ``pool_replicas`` gives each pool's replicas at creation (default: the spec's, within
-    its bounds); ``operator``: the operator's pods as a NetworkPolicy peer (:func:`operator_peer`)."""
+    its bounds); ``operator``: the operator's pods as a NetworkPolicy peer (:func:`operator_peer`);
+    ``verifier_replicas``: see :func:`build_verifier_deployment`."""
     claim, job = build_model_claim(name, namespace, cluster), build_model_job(name, namespace, cluster)
     children = [
         *build_network_policies(name, namespace, cluster, operator),
@@ -714,7 +732,7 @@ def build_children(
             build_drafter_deployment(name, namespace, cluster, pool.name, replicas),
             build_pool_scaler(name, namespace, cluster, pool.name, replicas),
         ]
-    children.append(build_verifier_deployment(name, namespace, cluster))
+    children.append(build_verifier_deployment(name, namespace, cluster, verifier_replicas))
     return children
 
 

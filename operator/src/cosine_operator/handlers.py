@@ -16,13 +16,16 @@ alone resizes the pool's Deployment to it. Reconcile sets neither after creation
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import os
 import time
 from typing import Any
 
+import aiohttp
 import kopf
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from cosine_operator import builders, kube, status
 from cosine_operator import settings as s
@@ -52,12 +55,15 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, log
     memo.config = config
     memo.api = await kube.connect()
     memo.metrics = OperatorMetrics.create()
+    memo.locks = {}  # (namespace, cluster) -> asyncio.Lock: see _lock
     # Handler progress in annotations only: status stays ours (and schema-valid).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="cosine.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="cosine.dev", key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
+    if config.peering_lifetime_s is not None:
+        settings.peering.lifetime = config.peering_lifetime_s
     if config.webhook_port is not None:
         cert_dir = config.webhook_cert_dir
         settings.admission.server = kopf.WebhookServer(
@@ -94,6 +100,24 @@ async def _creation_replicas(api: Any, name: str, namespace: str, cluster: s.Clu
         replicas = pool.replicas if current is None else int(current["spec"].get("replicas", pool.replicas))
         out[pool.name] = pool.clamp(replicas)
     return out
+
+
+async def _verifier_replicas(api: Any, name: str, namespace: str, cluster: s.ClusterSpec,
+                             old_spec: Any) -> int | None:
+    """The verifier Deployment's replicas to apply: its own current ones (an HPA or KEDA scaling it
+    directly is never reverted), unless this update changed ``spec.verifier.replicas`` (``kubectl
+    scale csc``, an HPA on the CoSineCluster's scale subresource, an edit); ``None`` (the spec's)
+    for a new Deployment."""
+    if old_spec:
+        try:
+            if s.parse_cluster_spec(old_spec).verifier.replicas != cluster.verifier.replicas:
+                return None
+        except ValueError:
+            pass
+    current = await kube.get(api, "Deployment", namespace, builders.verifier_name(name))
+    if current is None:
+        return None
+    return int((current.get("spec") or {}).get("replicas", cluster.verifier.replicas))
 
 
 def _hand_scaled(cluster: s.ClusterSpec, old_spec: Any) -> set[str]:
@@ -138,7 +162,30 @@ async def _refresh_status(
     return status.build_status(name, namespace, generation, cluster, deployments, previous, _now())
 
 
+def _lock(memo: kopf.Memo, namespace: str, cluster: str) -> asyncio.Lock:
+    """One lock per cluster. Reconciles (the handlers, the resync) read replicas and apply them, and
+    the pool follower writes them: serialised, a resync never applies a value it read before a
+    concurrent write landed."""
+    lock: asyncio.Lock = memo.locks.setdefault((namespace, cluster), asyncio.Lock())
+    return lock
+
+
 async def _reconcile(
+    event: str,
+    body: kopf.Body,
+    spec: Any,
+    name: str,
+    namespace: str,
+    old_spec: Any,
+    memo: kopf.Memo,
+    patch: kopf.Patch,
+    logger: Any,
+) -> None:
+    async with _lock(memo, namespace, name):
+        await _reconcile_locked(event, body, spec, name, namespace, old_spec, memo, patch, logger)
+
+
+async def _reconcile_locked(
     event: str,
     body: kopf.Body,
     spec: Any,
@@ -161,7 +208,9 @@ async def _reconcile(
     operator = builders.operator_peer(memo.config.namespace, memo.config.pod_labels)
     generation = body.metadata.get("generation")
     models: dict[str, Any] | None = None  # ModelsReady, with spec.modelCache
-    children = builders.build_children(name, namespace, cluster, created, operator)
+    claim: dict[str, Any] | None = None  # ModelCacheReady, with a claim the operator makes
+    verifier_replicas = await _verifier_replicas(api, name, namespace, cluster, old_spec)
+    children = builders.build_children(name, namespace, cluster, created, operator, verifier_replicas)
     for child in children:
         kopf.adopt(child, owner=body)
         kind, pool = child["kind"], child["metadata"]["labels"].get(builders.POOL_LABEL)
@@ -183,6 +232,9 @@ async def _reconcile(
             await kube.patch(api, s.POOL_KIND, namespace, applied["metadata"]["name"],
                              {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
             continue
+        if kind == "PersistentVolumeClaim":
+            claim = await _apply_claim(api, child, generation)
+            continue
         applied = await kube.apply(api, child)
         if kind == "Deployment" and pool:
             drafters[pool] = applied
@@ -195,15 +247,37 @@ async def _reconcile(
     if removed:
         kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
     new_status = await _refresh_status(api, name, namespace, generation, cluster, body.status)
-    if models is not None:
-        new_status["conditions"] = status.merge_conditions(new_status["conditions"], [models])
+    extra = [c for c in (models, claim) if c is not None]
+    if extra:
+        new_status["conditions"] = status.merge_conditions(new_status["conditions"], extra)
     patch.status.update(new_status)
     if models is not None and models["status"] != "True":
         memo.metrics.reconciles.labels(event, "waiting").inc()
         # looked at again every 10 s: a running Job finishing, a failed one deleted (and re-created)
         raise kopf.TemporaryError(f"models not in the cache yet: {models['message']}", delay=10)
     memo.metrics.reconciles.labels(event, "ok").inc()
-    logger.info(f"reconciled: {len(cluster.drafter_pools)} pool(s), hand-scaled {sorted(hand_scaled)}")
+    log = logger.debug if event == "resync" else logger.info
+    log(f"reconciled: {len(cluster.drafter_pools)} pool(s), hand-scaled {sorted(hand_scaled)}")
+
+
+async def _apply_claim(api: Any, claim: dict[str, Any], generation: int | None) -> dict[str, Any]:
+    """Apply the model cache's claim; ``ModelCacheReady``. A claim's spec is immutable once created
+    but for growing its storage request: the API server refuses any other change (422), which
+    becomes ``ModelCacheReady=False`` naming the field, while the rest of the cluster reconciles on
+    the claim as it is (delete the claim, or set the spec back, to resolve)."""
+    name = claim["metadata"]["name"]
+    try:
+        await kube.apply(api, claim)
+    except ApiException as e:
+        if e.status != 422:
+            raise
+        message = kube.error_message(e)
+        return status.condition("ModelCacheReady", False, "ClaimImmutable",
+                                f"spec.modelCache: the claim {name} cannot change as asked ({message}); the "
+                                "cluster runs on the claim as it is: restore spec.modelCache or delete the claim",
+                                generation, _now())
+    return status.condition("ModelCacheReady", True, "Applied", f"claim {name} as spec.modelCache asks",
+                            generation, _now())
 
 
 async def _prune_replaced(api: Any, name: str, namespace: str, children: list[dict[str, Any]], logger: Any) -> None:
@@ -265,6 +339,40 @@ async def cosinecluster_resume(
     await _reconcile("resume", body, spec, name, namespace, None, memo, patch, logger)
 
 
+@kopf.daemon(*CLUSTER, initial_delay=5.0, cancellation_polling=1.0, cancellation_timeout=10.0)
+async def cosinecluster_resync(
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    logger: Any,
+    stopped: kopf.DaemonStopped,
+    **_: Any,
+) -> None:
+    """Drift repair, one per CoSineCluster: every ``OperatorConfig.resync_s`` re-apply every child
+    from the live spec, as reconcile does (server-side apply: a deleted child is created again, a
+    field the operator owns and someone edited is restored, fields other managers own, such as an
+    HPA's replicas, stay), and write status. Without it a child changed by hand stays changed until
+    the next spec edit or operator restart (controller-runtime's ``SyncPeriod`` serves the same
+    end). A failed pass (an invalid spec, models still pulling, an API error) is logged; the next
+    one tries again."""
+    while not stopped:
+        await stopped.wait(memo.config.resync_s)
+        if stopped or body.metadata.get("deletionTimestamp"):
+            break
+        patch = kopf.Patch()
+        try:
+            await _reconcile("resync", body, body.spec, name, namespace, None, memo, patch, logger)
+        except (kopf.TemporaryError, kopf.PermanentError) as e:
+            logger.info(f"resync: {e}")
+        except Exception as e:  # noqa: BLE001 - one failed pass must not end the cluster's resync
+            memo.metrics.reconciles.labels("resync", "error").inc()
+            logger.warning(f"resync failed: {e!r}")
+        if patch.status:
+            await kube.patch(memo.api, s.CLUSTER_KIND, namespace, name, {"status": dict(patch.status)},
+                             subresource="status")
+
+
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """A child Deployment changed (its pods): refresh the owner's status and its pool's status."""
@@ -308,7 +416,8 @@ async def cosinedrafterpool_follow(
     lo, hi = int(spec.get("minReplicas", 0)), int(spec.get("maxReplicas", 1 << 20))
     replicas = s.clamp_replicas(int(spec.get("replicas", lo)), lo, hi)
     deployment = builders.drafter_name(spec["clusterName"], spec["pool"])
-    done = await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}})
+    async with _lock(memo, namespace, spec["clusterName"]):
+        done = await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}})
     if done is None:
         raise kopf.TemporaryError(f"Deployment {deployment} does not exist (yet)", delay=2)
     logger.info(f"pool {spec['pool']}: Deployment {deployment} scaled to {replicas}")
@@ -318,15 +427,15 @@ async def _scrape(
     api: Any, name: str, namespace: str, cluster: s.ClusterSpec, config: s.OperatorConfig
 ) -> Scrape:
     now_s = time.monotonic()
-    if cluster.autoscaling.prometheus_url:
-        return await scrape_prometheus(
-            cluster.autoscaling.prometheus_url,
-            namespace,
-            name,
-            [p.name for p in cluster.drafter_pools],
-            config.scrape_timeout_s,
-            now_s,
-        )
+    url = cluster.autoscaling.prometheus_url
+    if url:
+        try:
+            return await scrape_prometheus(
+                url, namespace, name, [p.name for p in cluster.drafter_pools], config.scrape_timeout_s, now_s
+            )
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+            failed = ScrapeTarget("prometheus", "prometheus", None, url)
+            return Scrape(time_s=now_s, verifiers={}, drafters={}, failures=((failed, f"{type(e).__name__}: {e}"),))
     targets = []
     for pod in await kube.list_owned(api, "Pod", namespace, name):
         meta, pod_status = pod["metadata"], pod.get("status") or {}
@@ -362,6 +471,9 @@ async def _autoscale_once(
     and the ``ScalingActive`` condition. Returns this scrape and the new scaler state."""
     now_s = time.monotonic()
     scrape = await _scrape(api, name, namespace, cluster, memo.config)
+    for target, why in scrape.failures:
+        memo.metrics.scrape_failures.labels(target.role).inc()
+        logger.warning(f"could not read {target.role} pod {target.pod}'s metrics at {target.url}: {why}")
     if previous is None:
         return scrape, state  # rates need two scrapes
     pool_replicas: dict[str, tuple[int, int]] = {}

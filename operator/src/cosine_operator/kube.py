@@ -7,6 +7,7 @@ Bodies go in and come out as plain dicts (no generated models).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -98,6 +99,14 @@ async def _call(
         _return_http_data_only=True,
     )
     return dict(result or {})
+
+
+def error_message(e: ApiException) -> str:
+    """The API server's ``Status.message`` of a failed call, else its reason."""
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)
+    except (ValueError, AttributeError):
+        return str(e.reason)
 
 
 async def get(api: client.ApiClient, kind: str, namespace: str, name: str) -> Body | None:

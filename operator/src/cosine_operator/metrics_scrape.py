@@ -53,6 +53,9 @@ class Scrape:
     time_s: float
     verifiers: Mapping[str, VerifierSample]
     drafters: Mapping[str, Mapping[str, DrafterSample]]  # pool -> pod -> sample
+    # the targets that could not be read, each with why (an HTTP status, a timeout, a refused
+    # connection): counted and logged by the caller, left out of the samples
+    failures: tuple[tuple[ScrapeTarget, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -173,30 +176,36 @@ def observe(prev: Scrape, cur: Scrape, pool_replicas: Mapping[str, tuple[int, in
     return Observations(verifier=verifier, pools=tuple(pools))
 
 
-async def _fetch(session: aiohttp.ClientSession, target: ScrapeTarget) -> tuple[ScrapeTarget, str | None]:
+async def _fetch(session: aiohttp.ClientSession, target: ScrapeTarget) -> tuple[ScrapeTarget, str | None, str]:
+    """``(target, text, "")`` or, when unreadable, ``(target, None, why)``."""
     try:
         async with session.get(target.url) as response:
             if response.status != 200:
-                return target, None
-            return target, await response.text()
-    except (TimeoutError, aiohttp.ClientError, OSError):
-        return target, None
+                return target, None, f"HTTP {response.status}"
+            return target, await response.text(), ""
+    except TimeoutError:
+        return target, None, "timed out"
+    except (aiohttp.ClientError, OSError) as e:
+        return target, None, f"{type(e).__name__}: {e}"
 
 
 async def scrape_pods(targets: Iterable[ScrapeTarget], timeout_s: float, time_s: float) -> Scrape:
-    """GET every target's ``/metrics`` concurrently; unreachable pods are left out."""
+    """GET every target's ``/metrics`` concurrently; unreadable pods are left out of the samples
+    and listed in ``failures`` with the reason."""
     verifiers: dict[str, VerifierSample] = {}
     drafters: dict[str, dict[str, DrafterSample]] = {}
+    failures: list[tuple[ScrapeTarget, str]] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         results = await asyncio.gather(*(_fetch(session, t) for t in targets))
-    for target, text in results:
+    for target, text, why in results:
         if text is None:
+            failures.append((target, why))
             continue
         if target.role == "verifier":
             verifiers[target.pod] = parse_verifier(text)
         elif target.pool is not None:
             drafters.setdefault(target.pool, {})[target.pod] = parse_drafter(text)
-    return Scrape(time_s=time_s, verifiers=verifiers, drafters=drafters)
+    return Scrape(time_s=time_s, verifiers=verifiers, drafters=drafters, failures=tuple(failures))
 
 
 _POD_SUFFIX = re.compile(r"-[a-z0-9]+-[a-z0-9]+$")  # Deployment pods: <deployment>-<rs hash>-<id>

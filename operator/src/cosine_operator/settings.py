@@ -542,6 +542,12 @@ class OperatorConfig:
     ``namespace``, ``pod_labels``: the operator's own namespace and pod labels (the chart passes
     them: downward API, ``k=v,k=v``); the clusters' NetworkPolicies let such pods reach the
     metrics ports. Either empty: no such peer (the operator runs outside the cluster).
+    ``peering_lifetime_s``: how long a replica's kopf peering record stays live without a
+    keep-alive (``None``: kopf's 60 s). A standby takes over at most this long after the active
+    replica dies without saying so (SIGKILL, a lost node); a replica that stops cleanly removes
+    its record at once.
+    ``resync_s``: how often each cluster's children are re-applied from its spec (drift repair: a
+    deleted or hand-edited child returns within this period).
     """
 
     webhook_port: int | None = None
@@ -552,6 +558,8 @@ class OperatorConfig:
     tick_s: float = 1.0
     namespace: str = ""
     pod_labels: Mapping[str, str] = field(default_factory=dict)
+    peering_lifetime_s: int | None = None
+    resync_s: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> OperatorConfig:
@@ -566,7 +574,9 @@ class OperatorConfig:
             webhook_cert_dir=env.get("COSINE_OPERATOR_WEBHOOK_CERT_DIR", ""),
             webhook_insecure=env.get("COSINE_OPERATOR_WEBHOOK_INSECURE", "") in ("1", "true"),
             metrics_port=opt_int("COSINE_OPERATOR_METRICS_PORT"),
-            scrape_timeout_s=float(env.get("COSINE_OPERATOR_SCRAPE_TIMEOUT_S", "2.0")),
+            scrape_timeout_s=float(env.get("COSINE_OPERATOR_SCRAPE_TIMEOUT_S", cls.scrape_timeout_s)),
+            peering_lifetime_s=opt_int("COSINE_OPERATOR_PEERING_LIFETIME_S"),
+            resync_s=float(env.get("COSINE_OPERATOR_RESYNC_S", cls.resync_s)),
             namespace=env.get("COSINE_OPERATOR_NAMESPACE", ""),
             pod_labels={
                 k.strip(): v.strip()

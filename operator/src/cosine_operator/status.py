@@ -45,7 +45,7 @@ def merge_conditions(
         if old is not None and old.get("status") == new["status"] and "lastTransitionTime" in old:
             entry["lastTransitionTime"] = old["lastTransitionTime"]
         merged[new["type"]] = entry
-    order = ["Ready", "ModelsReady", "VerifierReady", "DraftersReady", "ScalingActive"]
+    order = ["Ready", "ModelCacheReady", "ModelsReady", "VerifierReady", "DraftersReady", "ScalingActive"]
     return sorted(merged.values(), key=lambda c: order.index(c["type"]) if c["type"] in order else 99)
 
 
@@ -98,7 +98,10 @@ def build_status(
 ) -> Status:
     """Status from the children's Deployments (by name); autoscaler fields of ``previous`` are kept."""
     previous = previous or {}
-    v_desired, v_ready = _counts(deployments.get(builders.verifier_name(name)))
+    verifier = deployments.get(builders.verifier_name(name))
+    v_desired, v_ready = _counts(verifier)
+    # the Deployment's replicas once it exists: whoever scales the verifier (an HPA) sets them
+    v_want = v_desired if verifier else cluster.verifier.replicas
     old_pools = {p.get("name"): p for p in previous.get("pools") or ()}
     pools = []
     d_desired = d_ready = 0
@@ -112,14 +115,14 @@ def build_status(
         entry.update({"name": pool.name, "replicas": desired, "readyReplicas": ready})
         entry.setdefault("desiredReplicas", desired)
         pools.append(entry)
-    verifier_ok = v_ready >= max(cluster.verifier.replicas, 1)
+    verifier_ok = v_ready >= max(v_want, 1)
     ready = verifier_ok and pools_ready
     conditions = [
         condition(
             "VerifierReady",
             verifier_ok,
             "ReplicasReady" if verifier_ok else "ReplicasNotReady",
-            f"{v_ready}/{cluster.verifier.replicas} verifier replicas ready",
+            f"{v_ready}/{v_want} verifier replicas ready",
             generation,
             now,
         ),
@@ -147,7 +150,9 @@ def build_status(
         "verifier": {
             "replicas": v_desired,
             "readyReplicas": v_ready,
-            "ready": f"{v_ready}/{cluster.verifier.replicas}",
+            "ready": f"{v_ready}/{v_want}",
+            # the scale subresource's labelSelectorPath (HPA on the CoSineCluster)
+            "selector": builders.verifier_selector(name),
         },
         "drafters": {"replicas": d_desired, "readyReplicas": d_ready, "ready": f"{d_ready}/{d_desired}"},
         "pools": pools,

@@ -1,7 +1,8 @@
 """Admission checks the CRD's CEL rules cannot express, and the kopf validating webhook for them.
 
 CEL (in ``crds/``) covers bounds, ``minReplicas <= maxReplicas``, at least one pool, unique pool
-names and model/ngram consistency (an ngram pool takes no model and no engine). Here: tokenizer
+names and model/ngram consistency (an ngram pool takes no model and no engine). Here: pass-through
+pod fields Pod Security ``restricted`` would refuse (hostPath volumes, host mount propagation), tokenizer
 compatibility between each model drafter and the verifier (CEL cannot know model families; the
 table is :data:`cosine_operator.settings.TOKENIZER_FAMILIES`), and
 the length of child names built from the object's name (CEL on ``spec`` cannot see
@@ -19,6 +20,30 @@ from cosine_operator import builders
 from cosine_operator import settings as s
 
 MAX_NAME_LENGTH = 63  # DNS-1035 label: Services and Deployments of the children
+# The volume types Pod Security's `restricted` profile admits ("Volume Types" control,
+# https://kubernetes.io/docs/concepts/security/pod-security-standards/): the workload pods run
+# restricted, so a pass-through volume of another type (hostPath above all) is refused here.
+RESTRICTED_VOLUMES = frozenset({"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                                "persistentVolumeClaim", "projected", "secret"})
+
+
+def pod_override_problems(field: str, pod: s.PodOverrides) -> list[str]:
+    """What a role's pass-through pod fields (``field``: ``spec.verifier`` or
+    ``spec.drafterPools[i]``) would add beyond Pod Security ``restricted``: a volume of a type it
+    does not admit (``hostPath``, ``nfs``, ...), or a mount that propagates to the host
+    (``mountPropagation: Bidirectional`` needs a privileged container). Each message names the field."""
+    problems = []
+    for i, volume in enumerate(pod.volumes):
+        kinds = [k for k in volume if k != "name"]
+        for kind in kinds:
+            if kind not in RESTRICTED_VOLUMES:
+                problems.append(f"{field}.volumes[{i}].{kind}: volume type {kind!r} is not allowed (the pods run "
+                                f"under Pod Security 'restricted': {', '.join(sorted(RESTRICTED_VOLUMES))})")
+    for i, mount in enumerate(pod.volume_mounts):
+        if mount.get("mountPropagation") == "Bidirectional":
+            problems.append(f"{field}.volumeMounts[{i}].mountPropagation: Bidirectional needs a privileged "
+                            "container, which these pods never run")
+    return problems
 
 
 def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
@@ -30,13 +55,15 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
         message = str(e)
         return [message if message.startswith("spec.") else f"spec: {message}"]
     verifier_family = s.tokenizer_family(cluster.verifier.tokenizer_family)
+    problems += pod_override_problems("spec.verifier", cluster.verifier.pod)
     if cluster.model_cache is not None:  # the pull Job's name is also its pods' job-name label: a label value
-        job = builders.model_job_name(name, builders.cluster_models(cluster))
+        job = builders.model_job_name(name, {})  # the length of any of its names
         if len(job) > MAX_NAME_LENGTH:
             problems.append(f"spec.modelCache: the model pull Job's name {job!r} is {len(job)} characters, over "
                             f"{MAX_NAME_LENGTH}; shorten the cluster name")
     for i, pool in enumerate(cluster.drafter_pools):
         field = f"spec.drafterPools[{i}]"
+        problems += pod_override_problems(field, pool.pod)
         longest = builders.drafter_name(name, pool.name)
         if len(longest) > MAX_NAME_LENGTH:
             problems.append(

@@ -9,12 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from cosine.routing import DOMAINS
-from cosine.simulation import config, scenarios
+from cosine.simulation import calibration, config, scenarios
 from cosine.simulation.cluster import RequestSpec, Workload, poisson_requests, simulate
 
 STUDIES = ("validation", "paper", "rtt", "autoscale")
-# the recorded bench in a source checkout (runtime/src/cosine/simulation/ -> the repository root)
-_DEFAULT_BENCH = Path(__file__).resolve().parents[4] / "tests" / "simulation" / "data" / "bench_session8.json"
 
 
 def read_trace(path: Path) -> tuple[RequestSpec, ...]:
@@ -59,7 +57,7 @@ def run_simulate(cluster: Path | None, workload: Path | None = None, trace: Path
     out: dict[str, Any] = {"run": {"mode": setup.mode, **res.summary(), "timeline": res.replicas_timeline,
                                    "scale_log": res.scale_events}}
     if "validation" in studies:
-        out["validation"] = scenarios.validation(_DEFAULT_BENCH)
+        out["validation"] = scenarios.validation(calibration.KEPT_BENCH)
     if "paper" in studies:
         out["paper_testbed"] = scenarios.paper_testbed(seed=seed)
     if "rtt" in studies:

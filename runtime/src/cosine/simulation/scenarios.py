@@ -115,13 +115,12 @@ def _lookup_setup(target_only: SimSetup, bench_json: Path | None) -> SimSetup:
     from cosine.simulation.cluster import LOOKUP, LookupModel
     from cosine.simulation.cost_models import AcceptanceModel
 
-    cal = calibration.calibrate(calibration.load_bench(bench_json or _KEPT_BENCH), "cosine-lookup", 1)
+    cal = calibration.calibrate(calibration.load_bench(bench_json or calibration.KEPT_BENCH), "cosine-lookup", 1)
     acceptance = AcceptanceModel({(LOOKUP, d): cal.lookup_alpha for d in DOMAINS}, {LOOKUP: 8.0})
     return dataclasses.replace(target_only, mode="cosine", pools=(), acceptance=acceptance,
                                lookup=LookupModel(cal.lookup_hit_rate, cal.lookup_draft_tokens))
 
 
-_KEPT_BENCH = Path(__file__).resolve().parents[4] / "tests" / "simulation" / "data" / "bench_session8.json"
 PAPER_SYSTEMS = ("target-only", "vanilla", "lookup", "cosine", "cosine-equal-acceptance")
 
 
