@@ -1,8 +1,8 @@
 """Test harness: one URL for the operator, two API servers behind it.
 
-The real ``apiextensions-apiserver`` (real_apiserver.py) serves only CRDs and our group; the
+The real ``apiextensions-apiserver`` (real_apiserver.py) serves only CRDs, our group and kopf's peering; the
 operator also needs core and apps objects (ConfigMaps, Services, Deployments, Events) and kopf
-waits for a core ``namespaces`` resource in discovery. So requests for ``cosine.dev`` and
+waits for a core ``namespaces`` resource in discovery. So requests for ``cosine.dev``, ``kopf.dev`` and
 ``apiextensions.k8s.io`` go to the real server (with the test client certificate), everything
 else to the emulator (k8s_emulator.py), and the ``/apis`` group list is merged from both.
 Responses are streamed, so watches pass through unchanged. Not a product: a test fixture.
@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-REAL_PREFIXES = ("/apis/cosine.dev", "/apis/apiextensions.k8s.io")
+REAL_PREFIXES = ("/apis/cosine.dev", "/apis/kopf.dev", "/apis/apiextensions.k8s.io")
 # kubectl validates manifests against the OpenAPI document; only the real server has one (with
 # our CRDs' schemas in it; no core types, which these tests never apply through kubectl).
 REAL_ONLY = (*REAL_PREFIXES, "/openapi")

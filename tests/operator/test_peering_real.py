@@ -1,0 +1,146 @@
+"""High availability: two operator processes, started with the arguments the chart renders, on
+Kubernetes' CRD server (``KopfPeering`` is a CRD there like ours; children on the emulator).
+
+kopf pauses every operator that sees a live peer of higher *or equal* priority
+(``kopf/_core/engines/peering.py``): the chart's replicas share their arguments, so each takes its
+priority from its pod's name (``POD_ID``, :func:`cosine_operator.__main__.peering_priority`).
+Asserted: exactly one process reconciles (the other logs that it pauses in its favour and handles
+nothing), and after the active one is SIGKILLed (no clean hand-over: its peering record stays
+until its lifetime runs out) the standby reconciles a new cluster within the chart's peering
+lifetime plus a margin. Only what cannot run on one machine is changed from the chart: the
+ports (two processes, one host), the webhook certificate's path and the downward API's values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from api_router import ApiRouter
+from k8s_emulator import CONFIGMAPS, DEPLOYMENTS, Kube, wait_for
+from test_chart import render
+from test_crds_real import apply_crds, kubectl
+from test_handlers import cluster_body
+
+from cosine_operator.__main__ import peering_priority
+
+pytestmark = pytest.mark.real_apiserver
+
+NS = "default"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _chart_operator() -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """The default chart's operator container (command + args, env) and its peering object."""
+    docs = render()
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    peering = next(d for d in docs if d["kind"] == "ClusterKopfPeering")
+    return [*container["command"], *container["args"]], {e["name"]: e for e in container["env"]}, peering
+
+
+class _Replica:
+    """One operator process as the chart runs it, as pod ``pod``."""
+
+    def __init__(self, pod: str, command: list[str], env: dict[str, Any], kubeconfig: Path, certs: Path,
+                 log: Path) -> None:
+        self.pod, self.log = pod, log
+        values = {"POD_ID": pod, "COSINE_OPERATOR_NAMESPACE": "cosine-system"}
+        own = {}
+        for name, entry in env.items():
+            own[name] = values[name] if "valueFrom" in entry else str(entry["value"])
+        own.update(COSINE_OPERATOR_METRICS_PORT=str(_free_port()), COSINE_OPERATOR_WEBHOOK_PORT=str(_free_port()),
+                   COSINE_OPERATOR_WEBHOOK_CERT_DIR=str(certs))
+        args = [f"--liveness=http://127.0.0.1:{_free_port()}/healthz" if a.startswith("--liveness=") else a
+                for a in command[1:]]
+        exe = str(Path(sys.executable).with_name(command[0]))
+        full_env = {**os.environ, **own, "KUBECONFIG": str(kubeconfig)}
+        full_env.pop("KUBERNETES_SERVICE_HOST", None)
+        self.proc = subprocess.Popen([exe, *args], env=full_env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def handled(self, handler: str) -> bool:
+        return f"Handler '{handler}' succeeded" in self.text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def router(routed: ApiRouter) -> ApiRouter:
+    apply_crds(routed)
+    kubectl(routed, "wait", "--for", "condition=Established", "--timeout", "30s",
+            "crd/clusterkopfpeerings.kopf.dev", "crd/kopfpeerings.kopf.dev")
+    return routed
+
+
+@pytest.fixture
+def replicas(router: ApiRouter, tmp_path: Path) -> Iterator[tuple[list[_Replica], dict[str, Any]]]:
+    command, env, peering = _chart_operator()
+    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(peering))
+    certs = tmp_path / "webhook"
+    certs.mkdir()
+    shutil.copy(router.real.certs["server.crt"], certs / "tls.crt")
+    shutil.copy(router.real.certs["server.key"], certs / "tls.key")
+    pods = [_Replica(f"cosine-cosine-operator-7c9d5-{x}", command, env, router.kubeconfig, certs,
+                     tmp_path / f"operator-{x}.log") for x in ("q2xkp", "v8mzt")]
+    try:
+        yield pods, env
+    finally:
+        for pod in pods:
+            pod.stop()
+
+
+def test_one_replica_acts_and_the_standby_takes_over_after_sigkill(
+        replicas: tuple[list[_Replica], dict[str, Any]], router: ApiRouter) -> None:
+    pods, env = replicas
+    kube = Kube(router.url)
+    lifetime_s = int(env["COSINE_OPERATOR_PEERING_LIFETIME_S"]["value"])
+    active, standby = sorted(pods, key=lambda p: peering_priority(p.pod), reverse=True)
+    wait_for(lambda: "Pausing operations in favour of" in standby.text(), timeout_s=60,
+             what=f"the standby pausing; its log: {standby.log}")
+    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(cluster_body("ha1")))
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "ha1-verifier"), timeout_s=60, what="ha1 reconciled")
+    wait_for(lambda: active.handled("cosinecluster_create"), what="the active one's handler")
+    time.sleep(3)
+    # exactly one acted: the standby ran no handler, wrote no status, created nothing
+    assert not standby.handled("cosinecluster_create"), standby.text()[-3000:]
+    assert "Pausing all operators, including self" not in active.text() + standby.text()
+    assert kube.get(CONFIGMAPS, NS, "ha1-config")["metadata"]["resourceVersion"]
+
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait()
+    killed_s = time.monotonic()
+    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(cluster_body("ha2")))
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "ha2-verifier"), timeout_s=lifetime_s + 30,
+             what=f"the standby taking over; its log: {standby.log}")
+    took_s = time.monotonic() - killed_s
+    wait_for(lambda: standby.handled("cosinecluster_create"), what="the standby's handler")
+    assert "Resuming operations after the pause" in standby.text()
+    print(f"failover: the standby reconciled a new cluster {took_s:.1f} s after SIGKILL "
+          f"(peering lifetime {lifetime_s} s)")
+    assert took_s <= lifetime_s + 15
