@@ -217,3 +217,19 @@ def test_operator_needs_only_its_own_dependencies() -> None:
     assert not heavy & base
     runtime = _requirements("runtime")
     assert {"torch", "transformers", "llama-cpp-python", "cosine-operator"} <= runtime
+
+
+def test_verifier_hpa_example_is_a_valid_hpa_on_the_example_clusters_scale() -> None:
+    """The HPA example validates strictly on Kubernetes' schema and targets an example cluster
+    through the CoSineCluster's scale subresource (which the CRD declares)."""
+    import kubernetes_validate
+
+    hpa = yaml.safe_load((ROOT / "manifests/examples/autoscaling/verifier-hpa.yaml").read_text())
+    kubernetes_validate.validate(hpa, K8S_VERSION, strict=True)
+    target = hpa["spec"]["scaleTargetRef"]
+    clusters = {yaml.safe_load(p.read_text())["metadata"]["name"] for p in EXAMPLES}
+    assert (target["kind"], target["name"] in clusters) == ("CoSineCluster", True)
+    crd = yaml.safe_load((ROOT / "crds/cosine.dev_cosineclusters.yaml").read_text())
+    scale = crd["spec"]["versions"][0]["subresources"]["scale"]
+    assert scale["specReplicasPath"] == ".spec.verifier.replicas"
+    assert scale["labelSelectorPath"] == ".status.verifier.selector"

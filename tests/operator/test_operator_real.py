@@ -120,6 +120,29 @@ def test_kubectl_scale_reaches_the_deployment(real_operator: Any, kube: Kube, ro
     wait_for(lambda: replicas(kube, "gamma-drafter-code") == 4, what="clamped to maxReplicas 4")
 
 
+def test_kubectl_scale_on_the_cluster_reaches_the_verifier(real_operator: Any, kube: Kube, router: ApiRouter) -> None:
+    """The CoSineCluster's scale subresource is the verifier's (an HPA or KEDA targets it):
+    ``kubectl scale csc`` writes ``spec.verifier.replicas``, the verifier Deployment follows, the
+    scale reports the pods' selector, and a later spec edit keeps the scaled value."""
+    _create(router, "theta")
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "theta-verifier"), what="verifier Deployment")
+    kubectl(router, "scale", "csc/theta", "--replicas=3")
+    wait_for(lambda: replicas(kube, "theta-verifier") == 3, what="verifier at 3")
+    scale = wait_for(lambda: (r := router.real.http.get(
+        f"/apis/cosine.dev/v1alpha1/namespaces/{NS}/cosineclusters/theta/scale").json())["status"].get("selector")
+        and r, what="scale with selector")
+    assert scale["spec"]["replicas"] == 3
+    assert "app.kubernetes.io/component=verifier" in scale["status"]["selector"].split(","), scale
+    kubectl(router, "patch", "csc", "theta", "--type", "merge", "-p",
+            json.dumps({"spec": {"speculation": {"maxDraftLen": 5}}}))
+    generation = kube.get(CLUSTERS, NS, "theta")["metadata"]["generation"]
+    wait_for(lambda: kube.get(CLUSTERS, NS, "theta")["status"].get("observedGeneration") == generation,
+             what="the edit reconciled")
+    time.sleep(RESYNC_S + 1)  # and a resync after it
+    assert replicas(kube, "theta-verifier") == 3
+    assert kube.get(CLUSTERS, NS, "theta")["spec"]["verifier"]["replicas"] == 3
+
+
 def _writes(router: ApiRouter) -> int:
     return sum(1 for method, _ in router.requests if method in ("PATCH", "PUT", "POST", "DELETE"))
 
