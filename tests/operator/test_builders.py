@@ -356,6 +356,15 @@ def test_lifecycle_probes_strategy_grace_and_disruption_budgets() -> None:
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 1800  # the default budget
     assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
     assert _template(v)["terminationGracePeriodSeconds"] == 120
+    # a rollout drains: the pod keeps serving while load balancers learn it is gone (preStop), then
+    # vLLM finishes its in-flight requests within what the grace period leaves, refusing new ones
+    assert c["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "10"]}}
+    assert cluster.verifier.shutdown_timeout_s == 120 - 10 - 5
+    from cosine_operator.settings import VerifierSpec
+    assert (VerifierSpec(model="m", termination_grace_s=8).pre_stop_s,
+            VerifierSpec(model="m", termination_grace_s=8).shutdown_timeout_s) == (2, 1)
+    # probes sized for a loaded server, not the kubelet's 1 s
+    assert {c[p]["timeoutSeconds"] for p in ("startupProbe", "readinessProbe", "livenessProbe")} == {5}
     # a 1-GPU verifier rolls without a spare GPU
     assert v["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     code = builders.build_drafter_deployment("demo", "ns", cluster, "code", 1)

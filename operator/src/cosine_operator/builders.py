@@ -349,11 +349,14 @@ def _probes(check: dict[str, Any], startup_timeout_s: int) -> dict[str, Any]:
     """Startup (the model load: up to ``startup_timeout_s``), readiness (taken out of the Service
     after 15 s failing) and liveness (restarted after 60 s failing, once started) on one check."""
     period = 10
+    # 5 s per check, not the kubelet's 1 s: a loaded server (vLLM's /health waits behind a busy
+    # event loop; a compute-bound CPU pod) answers late, and a late answer must not take it out
+    timeout = {"timeoutSeconds": 5}
     return {
-        "startupProbe": {**copy.deepcopy(check), "periodSeconds": period,
+        "startupProbe": {**copy.deepcopy(check), **timeout, "periodSeconds": period,
                          "failureThreshold": math.ceil(startup_timeout_s / period)},
-        "readinessProbe": {**copy.deepcopy(check), "periodSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {**copy.deepcopy(check), "periodSeconds": period, "timeoutSeconds": 5, "failureThreshold": 6},
+        "readinessProbe": {**copy.deepcopy(check), **timeout, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**copy.deepcopy(check), **timeout, "periodSeconds": period, "failureThreshold": 6},
     }
 
 
@@ -394,6 +397,9 @@ def build_verifier_deployment(
         "name": "verifier",
         "command": ["cosine"],
         "args": args,
+        # a deleted pod leaves the Services' endpoints at once, load balancers later: keep serving
+        # meanwhile, then SIGTERM: vLLM drains in-flight requests (VerifierSpec.shutdown_timeout_s)
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(v.pre_stop_s)]}}},
         "env": _env(v.pod, extra_env),
         "ports": [
             {"name": "http", "containerPort": s.VERIFIER_HTTP_PORT, "protocol": "TCP"},

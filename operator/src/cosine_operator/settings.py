@@ -249,7 +249,7 @@ class VerifierSpec(_Checked):
     kv_cache_space_gib: float | None = spec_field("kvCacheSpaceGiB", None, minimum=0.25)  # CPU pods (None: 4)
     # seconds a pod may take to load its model and answer /health before it is restarted
     startup_timeout_s: int = spec_field("startupTimeoutSeconds", 1800, minimum=30)
-    # seconds between SIGTERM and SIGKILL: vLLM's server finishes in-flight requests
+    # seconds from the pod's deletion to SIGKILL: the preStop wait, then vLLM's drain (both below)
     termination_grace_s: int = spec_field("terminationGracePeriodSeconds", 120, minimum=0)
     image: RoleImage = field(default_factory=RoleImage, metadata={"key": "image"})
     pod: PodOverrides = field(default_factory=PodOverrides)
@@ -258,6 +258,21 @@ class VerifierSpec(_Checked):
     def tokenizer_family(self) -> str:
         """The declared tokenizer, or the model name when none is declared."""
         return self.tokenizer or self.model
+
+    @property
+    def pre_stop_s(self) -> int:
+        """Seconds the verifier's preStop hook waits before SIGTERM: a deleted pod leaves its
+        Services' endpoints at once, but kube-proxy, Ingress and cloud load balancers learn it
+        seconds later and keep sending until then (Kubernetes' pod termination docs). 10 s, at
+        most a quarter of the grace period."""
+        return min(10, self.termination_grace_s // 4)
+
+    @property
+    def shutdown_timeout_s(self) -> int:
+        """vLLM's ``--shutdown-timeout`` (drain: in-flight requests finish, new ones are refused;
+        the engine exits as soon as none is left): the grace period less the preStop wait and
+        5 s for the processes to exit, at least 1 (0 would abort the requests)."""
+        return max(1, self.termination_grace_s - self.pre_stop_s - 5)
 
 
 @dataclass(frozen=True)

@@ -256,9 +256,9 @@ def vllm_engine_args(verifier, model_path: str, speculation, pools: list[dict[st
         "dtype": verifier.dtype,
         "max_num_batched_tokens": verifier.max_batch_tokens,
         "seed": 0,
-        # drain on SIGTERM: the API server stops its engine, instead of aborting it at once and
-        # logging the engine's death as an error
-        "shutdown_timeout": 5,
+        # drain on SIGTERM: in-flight requests finish, new ones are refused, within what the pod's
+        # grace period leaves (spec.verifier.terminationGracePeriodSeconds)
+        "shutdown_timeout": verifier.shutdown_timeout_s,
     }
     if gpus > 1:
         args["tensor_parallel_size"] = gpus
