@@ -4,10 +4,11 @@
 install the CRDs and the operator from ``manifests/``, apply an example cluster, wait for Ready,
 send a completion through the gateway Service (``kubectl port-forward``), scale a pool, delete.
 ``EmulatedControlPlane`` (test_journey.py) runs the same steps against the in-process API
-emulator with the real operator, but serves nothing: the parts no emulator has (kubelet,
-Deployment controller, Service routing) are played by the test: ready replicas are patched in, and
-the completion goes to a loopback probe found through the gateway Service's selector, as
-kube-proxy would route it, which echoes the request back.
+emulator with the real operator; the parts no emulator has (kubelet, Deployment controller,
+Service routing) are played by the test: ready replicas are patched in, the verifier pod is a real
+``cosine serve`` on the cluster's own ``cluster.yaml`` (from the ConfigMap the operator wrote), and
+the completion goes where the gateway Service's selector and ``targetPort`` lead, as kube-proxy
+would route it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,19 @@ def wait(predicate: Any, timeout_s: float, what: str) -> Any:
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s}s: {what}")
+
+
+def served_model(cluster: Cluster, namespace: str, name: str) -> str:
+    """The model name the verifier serves: ``spec.verifier.model`` (vLLM's ``served_model_name``;
+    any other name in a request is a 404)."""
+    obj = cluster.get(CLUSTERS, namespace, name)
+    assert obj is not None, name
+    return str(obj["spec"]["verifier"]["model"])
+
+
+def completion_request(model: str, prompt: str) -> dict[str, Any]:
+    """The journey's completion: greedy, short."""
+    return {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0}
 
 
 def ready(cluster: Cluster, namespace: str, name: str) -> bool:
@@ -114,11 +128,17 @@ class RealCluster:
         """A real cluster needs no help: kubelets and controllers do the work."""
 
     def complete(self, namespace: str, cluster: str, prompt: str) -> dict[str, Any]:
+        """A completion through the gateway Service (``kubectl port-forward`` to its port, which
+        ``spec.gateway.port`` sets), for the model the cluster serves."""
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
+        svc = self.get("v1/services", namespace, f"{cluster}-gateway")
+        assert svc is not None, "no gateway Service"
+        body = completion_request(served_model(self, namespace, cluster), prompt)
         forward = subprocess.Popen(
-            ["kubectl", "-n", namespace, "port-forward", f"svc/{cluster}-gateway", f"{port}:8000"],
+            ["kubectl", "-n", namespace, "port-forward", f"svc/{cluster}-gateway",
+             f"{port}:{svc['spec']['ports'][0]['port']}"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -129,7 +149,7 @@ class RealCluster:
                     r = httpx.post(
                         f"http://127.0.0.1:{port}/v1/completions",
                         timeout=300,
-                        json={"model": "cosine", "prompt": prompt, "max_tokens": 16},
+                        json=body,
                     )
                     return dict(r.json()) if r.status_code == 200 else None
                 except httpx.HTTPError:

@@ -2,11 +2,11 @@
 
 Real cluster when ``KUBECONFIG`` is set (``python -m pytest e2e``): the real operator, the real
 verifier and drafter pods, a real completion. Otherwise :class:`EmulatedControlPlane`: the API
-emulator and the real operator only. No pod runs there (no kubelet, no model): the test plays the
-Deployment controller (it sets ``readyReplicas``), and the completion step is a routing check, not
-a serving one: the request goes where the gateway Service's selector and ``targetPort`` lead, to a
-:class:`_RouteProbe` that echoes it. Serving itself is tested against the real server in
-``tests/runtime``.
+emulator and the real operator, no kubelet: the test plays the Deployment controller (it sets
+``readyReplicas``) and the kubelet of the verifier pod, which is a real ``cosine serve`` on the
+ConfigMap's ``cluster.yaml`` with the example's models swapped for SmolLM2-135M (it serves on a
+CPU in seconds); the completion goes where the gateway Service's selector and ``targetPort`` lead,
+for the model the spec names, and the answer is the verifier's.
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
-import threading
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from journey import CLUSTERS, ROOT, Cluster, RealCluster, ready, wait
+from journey import CLUSTERS, ROOT, Cluster, RealCluster, completion_request, ready, served_model, wait
 
 DEPLOYMENTS = "apps/v1/deployments"
 SERVICES = "v1/services"
@@ -34,27 +34,14 @@ POOLS = "cosine.dev/v1alpha1/cosinedrafterpools"
 NS = "cosine-e2e"
 
 
-class _RouteProbe(BaseHTTPRequestHandler):
-    """Listens where the emulated verifier pod's ``http`` port is; answers with the request it got
-    (path and body), so the test sees that the Service routing led here. Not a gateway."""
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        answer = {"probe": {"path": self.path, "request": body}}
-        data = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+SMALL_MODEL = "smollm2-135m-instruct"  # what the emulated journey serves (a CPU, in seconds)
 
 
 class EmulatedControlPlane:
     """The emulator plus the real operator; the test plays kubelet, Deployment controller, kube-proxy.
-    Nothing is served: :meth:`complete` returns the :class:`_RouteProbe`'s echo."""
+    The verifier pod is a real ``cosine serve`` (pools off: ``--placement lookup``) on the
+    ``cluster.yaml`` the operator wrote into the cluster's ConfigMap, on a loopback port that the
+    pod's ``http`` port stands for."""
 
     def __init__(self, stack: ExitStack, tmp: Path) -> None:
         from k8s_emulator import EmulatorThread, Kube
@@ -76,10 +63,34 @@ class EmulatedControlPlane:
             },
         )
         self._runner = (KopfRunner, kopf_args)
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _RouteProbe)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        stack.callback(server.shutdown)
-        self.probe_port = int(server.server_address[1])
+        self._tmp = tmp
+        self.server: subprocess.Popen[bytes] | None = None
+        stack.callback(self._stop_server)
+
+    def _serve(self, namespace: str, cluster: str) -> int:
+        """Start ``cosine serve`` on the cluster's ConfigMap (what the verifier pod mounts); its port."""
+        from cosine.model_store import pull
+        from cosine.roles import free_port
+
+        config = self.kube.get("v1/configmaps", namespace, f"{cluster}-config")
+        assert config is not None, "no ConfigMap"
+        manifest = self._tmp / "cluster.yaml"
+        manifest.write_text(config["data"]["cluster.yaml"])
+        pull(SMALL_MODEL, progress=False)
+        port = free_port()
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "cosine", "serve", "--cluster", str(manifest), "--port", str(port),
+             "--metrics-port", "0", "--placement", "lookup"], start_new_session=True)
+        return port
+
+    def _stop_server(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            os.killpg(self.server.pid, signal.SIGTERM)
+            try:
+                self.server.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, signal.SIGKILL)
+                self.server.wait()
 
     def install(self) -> None:
         """The operator Deployment cannot run here: run the same program in-process instead."""
@@ -134,6 +145,7 @@ class EmulatedControlPlane:
                 and self.kube.get("v1/pods", namespace, pod_name) is None
             ):
                 labels = d["spec"]["template"]["metadata"]["labels"]
+                port = self._serve(namespace, cluster)
                 self.kube.create(
                     "v1/pods",
                     namespace,
@@ -145,7 +157,7 @@ class EmulatedControlPlane:
                             "containers": [
                                 {
                                     "name": "verifier",
-                                    "ports": [{"name": "http", "containerPort": self.probe_port}],
+                                    "ports": [{"name": "http", "containerPort": port}],
                                 }
                             ]
                         },
@@ -155,7 +167,7 @@ class EmulatedControlPlane:
 
     def complete(self, namespace: str, cluster: str, prompt: str) -> dict[str, Any]:
         """kube-proxy's job: the gateway Service's selector picks the verifier pod, its ``targetPort``
-        names the pod's port; the request goes there (the probe's echo comes back)."""
+        names the pod's port; the request goes there, for the model the spec names."""
         import httpx
 
         svc = self.kube.get(SERVICES, namespace, f"{cluster}-gateway")
@@ -171,11 +183,18 @@ class EmulatedControlPlane:
         port = next(
             p["containerPort"] for p in pods[0]["spec"]["containers"][0]["ports"] if p["name"] == target
         )
-        r = httpx.post(
-            f"http://{pods[0]['status']['podIP']}:{port}/v1/completions",
-            timeout=10,
-            json={"model": "cosine", "prompt": prompt, "max_tokens": 16},
-        )
+        base = f"http://{pods[0]['status']['podIP']}:{port}"
+
+        def healthy() -> bool:
+            assert self.server is not None and self.server.poll() is None, "cosine serve exited"
+            try:
+                return httpx.get(f"{base}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait(healthy, 400, "the verifier serving")
+        r = httpx.post(f"{base}/v1/completions", timeout=120,
+                       json=completion_request(served_model(self, namespace, cluster), prompt))
         r.raise_for_status()
         return dict(r.json())
 
@@ -194,6 +213,11 @@ def test_user_journey(cluster: Cluster) -> None:
     budget_s = 1800.0 if real else 15.0  # model downloads on a real cluster
     cluster.install()
     example = yaml.safe_load((ROOT / "manifests" / "examples" / "embedded.yaml").read_text())
+    if not real:  # a small model of one tokenizer family serves here in seconds
+        example["spec"]["verifier"]["model"] = SMALL_MODEL
+        for pool in example["spec"]["drafterPools"]:
+            if "model" in pool:
+                pool["model"] = SMALL_MODEL
     name = example["metadata"]["name"]
     cluster.apply(example)
 
@@ -226,13 +250,9 @@ def test_user_journey(cluster: Cluster) -> None:
 
     prompt = "def fibonacci(n):"
     answer = cluster.complete(NS, name, prompt)
-    if real:
-        assert answer["choices"][0]["text"]  # the verifier served it
-    else:  # routing only: the gateway Service led to the verifier pod's http port
-        assert answer["probe"] == {
-            "path": "/v1/completions",
-            "request": {"model": "cosine", "prompt": prompt, "max_tokens": 16},
-        }
+    # the verifier served it, as the model the spec names
+    assert answer["choices"][0]["text"] and answer["model"] == example["spec"]["verifier"]["model"]
+    assert answer["usage"]["completion_tokens"] == 16
 
     # Scale the code pool by hand: the pool's scale target, then its Deployment, follow.
     spec = cluster.get(CLUSTERS, NS, name)["spec"]  # type: ignore[index]
