@@ -487,3 +487,16 @@ def test_pull_job_name_follows_its_whole_template() -> None:
     assert base != name(hfTokenSecretRef={"name": "hf", "key": "token"})
     assert base != name(verifier={"model": "qwen2.5-coder-3b-instruct"})
     assert len(base) == len("demo-models-") + 8
+
+
+def test_the_pull_has_the_memory_its_conversion_needs() -> None:
+    """A GGUF from PyPI is converted to float32 in memory: 1.5B parameters need ~7 GiB, not 2."""
+    assert builders.pull_memory_gib(["qwen2.5-coder-1.5b-instruct"]) == 8
+    assert builders.pull_memory_gib(["smollm2-135m-instruct", "my-model"]) == 2
+    spec = copy.deepcopy(SPEC)
+    spec["modelCache"] = {"size": "20Gi"}
+    job = builders.build_model_job("demo", "ns", parse_cluster_spec(spec))
+    assert job is not None
+    (pull,) = job["spec"]["template"]["spec"]["containers"]
+    models = builders.cluster_models(parse_cluster_spec(spec))
+    assert pull["resources"]["limits"]["memory"] == f"{builders.pull_memory_gib(models)}Gi"

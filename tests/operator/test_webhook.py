@@ -114,3 +114,19 @@ def test_pass_through_pod_fields_beyond_restricted_are_refused_with_the_field() 
                      "volumes": [{"name": "c", "configMap": {"name": "x"}}, {"name": "p", "persistentVolumeClaim":
                                                                              {"claimName": "y"}}]},
         "drafterPools": [{"name": "ngram", "kind": "ngram"}]}) == []
+
+
+def test_a_llamacpp_pool_needs_a_gguf_source() -> None:
+    """llama.cpp loads GGUF files: a CPU pool (llama.cpp by default) on a safetensors-only Hub model
+    would crash-loop; refused naming the field and the ways out."""
+    def problems(pool: dict) -> list[str]:
+        return validate_cluster("demo", spec({"name": "p", **pool}))
+
+    (bad,) = problems({"model": "Qwen/Qwen2.5-Coder-3B-Instruct"})
+    assert bad.startswith("spec.drafterPools[0].model:") and "GGUF" in bad and "engine: vllm" in bad
+    assert problems({"model": "Qwen/Qwen2.5-Coder-3B-Instruct-GGUF"}) == []
+    assert problems({"model": "Qwen/Qwen2.5-Coder-3B-Instruct", "engine": "vllm"}) == []
+    assert problems({"model": "Qwen/Qwen2.5-Coder-0.5B-Instruct"}) == []  # its GGUF is on PyPI
+    assert problems({"model": "/models/mine/model.gguf"}) == []
+    gpu = {"resources": {"limits": {"nvidia.com/gpu": 1}}}
+    assert problems({"model": "Qwen/Qwen2.5-Coder-3B-Instruct", **gpu}) == []  # vLLM on a GPU pod

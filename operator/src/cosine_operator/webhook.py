@@ -70,6 +70,13 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
                 f"{field}.name: child name {longest!r} is {len(longest)} characters, over "
                 f"{MAX_NAME_LENGTH}; shorten the pool or cluster name"
             )
+        if pool.resolved_engine == "llamacpp" and pool.model is not None and s.gguf_source(pool.model) is None:
+            problems.append(
+                f"{field}.model: {pool.model!r} has no GGUF file for llama.cpp (this pool's engine: "
+                f"{'engine: llamacpp' if pool.engine else 'the default on a pod without nvidia.com/gpu'}); "
+                "name the model's GGUF repository (by convention '<repo>-GGUF' on the Hugging Face Hub) or "
+                f"a .gguf path, or set {field}.engine: vllm"
+            )
         if pool.kind != "model" or pool.translate_tokenizer or pool.tokenizer_family is None:
             continue
         family = s.tokenizer_family(pool.tokenizer_family)

@@ -199,6 +199,9 @@ def pull(name_or_path: str, *, progress: bool = True) -> Path:
         log.debug("%s already cached in %s", name_or_path, final)
         return final
     repo = source.hf_repo if source else name_or_path
+    if source is None and _REPO_ID_RE.fullmatch(repo) and "gguf" in repo.rsplit("/", 1)[-1].lower():
+        _pull_gguf_from_hub(repo, final)  # a llama.cpp pool's model: one GGUF file of the repo
+        return final
     hub_error = _pull_from_hub(repo, final, source) if _REPO_ID_RE.fullmatch(repo) else "not a Hub repo id"
     if hub_error is None:
         return final
@@ -275,6 +278,48 @@ def _pull_from_hub(repo: str, final: Path, source: ModelSource | None) -> str | 
     _publish(staging, final, {"source": f"hf:{repo}", "tokenizer_family": family})
     log.info("pulled %s from the Hugging Face Hub into %s", repo, final)
     return None
+
+
+# Which GGUF file of a repo of several: llama.cpp's usual quantisations, smallest good one first.
+_GGUF_PREFERENCE = ("q4_k_m", "q5_k_m", "q8_0", "f16", "bf16")
+_GGUF_SHARD_RE = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+
+
+def pick_gguf(files: Iterable[str]) -> str | None:
+    """The GGUF file to take from a repo's file list: the first of :data:`_GGUF_PREFERENCE` found
+    in a name, else the only one; split files (``-00001-of-00003.gguf``) are never taken."""
+    ggufs = sorted(f for f in files if f.lower().endswith(".gguf") and not _GGUF_SHARD_RE.search(f.lower()))
+    for quant in _GGUF_PREFERENCE:
+        found = [f for f in ggufs if quant in f.lower()]
+        if found:
+            return found[0]
+    return ggufs[0] if len(ggufs) == 1 else None
+
+
+def _pull_gguf_from_hub(repo: str, final: Path) -> None:
+    """One GGUF file of a Hub repo of GGUF files (``<repo>-GGUF`` by convention), as ``model.gguf``:
+    what a llama.cpp drafter pool loads (``resolve_gguf``). Raises ``ModelPullError`` when the Hub
+    does not give it or the repo has no single usable GGUF file."""
+    staging = _staging_dir(final)
+    try:
+        from huggingface_hub import hf_hub_download, list_repo_files
+
+        chosen = pick_gguf(list_repo_files(repo))
+        if chosen is None:
+            raise ModelPullError(f"{repo} has no single GGUF file to take (one of {', '.join(_GGUF_PREFERENCE)}, "
+                                 "or exactly one .gguf)")
+        hf_hub_download(repo, chosen, local_dir=staging, etag_timeout=_HUB_TIMEOUT_S)
+        os.replace(staging / chosen, staging / GGUF_NAME)
+    except ModelPullError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    except Exception as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ModelPullError(f"{repo} on the Hugging Face Hub: {_hub_refusal(err) or f'{type(err).__name__}: {err}'}"
+                             ) from err
+    shutil.rmtree(staging / ".cache", ignore_errors=True)
+    _publish(staging, final, {"source": f"hf:{repo}/{chosen}", "tokenizer_family": family_of_name(repo)})
+    log.info("pulled %s of %s from the Hugging Face Hub into %s", chosen, repo, final)
 
 
 def pip_download(specs: Sequence[str], dest: Path, *, progress: bool = True) -> list[Path]:
