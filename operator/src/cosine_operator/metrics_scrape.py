@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from cosine_operator import metric_names as names
 from cosine_operator.autoscaling import Observations, PoolObservation, VerifierObservation
+from cosine_operator.metric_names import total
 
 
 @dataclass(frozen=True)
@@ -80,20 +82,20 @@ def parse_verifier(text: str) -> VerifierSample:
     draft: dict[str, float] = {}
     accepted: dict[str, float] = {}
     for name, labels, value in _samples(text):
-        if name == "cosine:spec_decode_num_draft_tokens_total":
+        if name == total(names.DRAFT_TOKENS):
             pool = labels.get("pool", "")
             draft[pool] = draft.get(pool, 0.0) + value
-        elif name == "cosine:spec_decode_num_accepted_tokens_total":
+        elif name == total(names.ACCEPTED_TOKENS):
             pool = labels.get("pool", "")
             accepted[pool] = accepted.get(pool, 0.0) + value
         else:
             scalars[name] = scalars.get(name, 0.0) + value
     return VerifierSample(
-        busy_s=scalars.get("cosine:verifier_busy_seconds_total", 0.0),
-        idle_s=scalars.get("cosine:verifier_idle_seconds_total", 0.0),
-        requests_running=scalars.get("cosine:num_requests_running", 0.0),
-        requests_waiting=scalars.get("cosine:num_requests_waiting", 0.0),
-        tokens_verified=scalars.get("cosine:verifier_tokens_verified_total", 0.0),
+        busy_s=scalars.get(total(names.VERIFIER_BUSY_SECONDS), 0.0),
+        idle_s=scalars.get(total(names.VERIFIER_IDLE_SECONDS), 0.0),
+        requests_running=scalars.get(names.REQUESTS_RUNNING, 0.0),
+        requests_waiting=scalars.get(names.REQUESTS_WAITING, 0.0),
+        tokens_verified=scalars.get(total(names.VERIFIER_TOKENS_VERIFIED), 0.0),
         draft_tokens=draft,
         accepted_tokens=accepted,
     )
@@ -105,8 +107,8 @@ def parse_drafter(text: str) -> DrafterSample:
     for name, _, value in _samples(text):
         values[name] = values.get(name, 0.0) + value
     return DrafterSample(
-        draft_tokens=values.get("cosine:drafter_draft_tokens_total", 0.0),
-        busy_s=values.get("cosine:drafter_busy_seconds_total", 0.0),
+        draft_tokens=values.get(total(names.DRAFTER_DRAFT_TOKENS), 0.0),
+        busy_s=values.get(total(names.DRAFTER_BUSY_SECONDS), 0.0),
     )
 
 

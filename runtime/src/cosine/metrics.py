@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from cosine_operator import metric_names as names
+
 
 class ProposerCollector:
     """Prometheus collector over a `proposer.ProposerStats` (read at scrape time), for the
@@ -63,13 +65,13 @@ class ProposerCollector:
 
         s = self.stats
         per_pool = (
-            ("cosine:spec_decode_num_drafts", "Verifications that had a draft.", s.drafts),
-            ("cosine:spec_decode_num_draft_tokens", "Draft tokens verified.", s.draft_tokens),
-            ("cosine:spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.accepted_tokens),
-            ("cosine:spec_decode_drafts_late", "Steps a pool's draft was still in flight.", s.drafts_late),
-            ("cosine:drafter_errors", "Failed draft calls.", s.pool_errors),
-            ("cosine:drafter_calls", "Draft calls that returned.", s.pool_calls),
-            ("cosine:drafter_asks_skipped", "Draft asks not made: the pool did not pay there.", s.pool_skipped),
+            (names.DRAFTS, "Verifications that had a draft.", s.drafts),
+            (names.DRAFT_TOKENS, "Draft tokens verified.", s.draft_tokens),
+            (names.ACCEPTED_TOKENS, "Draft tokens accepted.", s.accepted_tokens),
+            (names.DRAFTS_LATE, "Steps a pool's draft was still in flight.", s.drafts_late),
+            (names.POOL_ERRORS, "Failed draft calls.", s.pool_errors),
+            (names.POOL_CALLS, "Draft calls that returned.", s.pool_calls),
+            (names.POOL_ASKS_SKIPPED, "Draft asks not made: the pool did not pay there.", s.pool_skipped),
         )
         for name, doc, values in per_pool:
             fam = CounterMetricFamily(name, doc, labels=["model_name", "pool"])
@@ -77,11 +79,11 @@ class ProposerCollector:
                 fam.add_metric([self.model_name, pool], v)
             yield fam
         gauges = (
-            ("cosine:drafter_rtt_seconds", "Draft call wall time (EMA).", s.pool_rtt_s),
-            ("cosine:drafter_token_seconds", "Draft call wall time per draft token drafted (EMA): what a "
+            (names.POOL_RTT_SECONDS, "Draft call wall time (EMA).", s.pool_rtt_s),
+            (names.POOL_TOKEN_SECONDS, "Draft call wall time per draft token drafted (EMA): what a "
              "pool's draft is sized by.", s.pool_token_s),
-            ("cosine:drafter_yield_tokens", "Accepted tokens per draft call, recent calls.", s.pool_yield),
-            ("cosine:drafter_on_time_ratio", "Share of a pool's drafts that arrived in time and continued the "
+            (names.POOL_YIELD_TOKENS, "Accepted tokens per draft call, recent calls.", s.pool_yield),
+            (names.POOL_ON_TIME_RATIO, "Share of a pool's drafts that arrived in time and continued the "
              "context (EMA).", s.pool_on_time),
         )
         for name, doc, values in gauges:
@@ -90,11 +92,11 @@ class ProposerCollector:
                 fam.add_metric([self.model_name, pool], v)
             yield fam
         per_replica = (
-            ("cosine:drafter_replica_calls", "Draft calls that returned, per replica.", CounterMetricFamily, "calls"),
-            ("cosine:drafter_replica_errors", "Failed draft calls, per replica.", CounterMetricFamily, "errors"),
-            ("cosine:drafter_replica_busy_seconds", "Wall seconds with a draft call in flight, per replica.",
+            (names.REPLICA_CALLS, "Draft calls that returned, per replica.", CounterMetricFamily, "calls"),
+            (names.REPLICA_ERRORS, "Failed draft calls, per replica.", CounterMetricFamily, "errors"),
+            (names.REPLICA_BUSY_SECONDS, "Wall seconds with a draft call in flight, per replica.",
              CounterMetricFamily, "busy_s"),
-            ("cosine:drafter_replica_requests", "Requests assigned to the replica.", GaugeMetricFamily, "held"),
+            (names.REPLICA_REQUESTS, "Requests assigned to the replica.", GaugeMetricFamily, "held"),
         )
         snapshot = self.replicas()
         for name, doc, kind, attr in per_replica:
@@ -103,27 +105,27 @@ class ProposerCollector:
                 for address, st in sorted(by_address.items()):
                     fam.add_metric([self.model_name, pool, address], getattr(st, attr))
             yield fam
-        steps = CounterMetricFamily("cosine:verifier_steps", "Engine steps.", labels=["model_name"])
+        steps = CounterMetricFamily(names.VERIFIER_STEPS, "Engine steps.", labels=["model_name"])
         steps.add_metric([self.model_name], s.steps)
         yield steps
-        with_draft = CounterMetricFamily("cosine:verifier_steps_with_draft", "Engine steps that verified a draft.",
+        with_draft = CounterMetricFamily(names.VERIFIER_STEPS_WITH_DRAFT, "Engine steps that verified a draft.",
                                          labels=["model_name"])
         with_draft.add_metric([self.model_name], s.steps_with_draft)
         yield with_draft
-        # the operator's autoscaler contract (operator/src/cosine_operator/metrics_scrape.py): busy/idle, tokens, queue
-        busy = CounterMetricFamily("cosine:verifier_busy_seconds", "Seconds in engine steps.", labels=["model_name"])
+        # the operator's autoscaler reads these (cosine_operator.metric_names): busy/idle, tokens, queue
+        busy = CounterMetricFamily(names.VERIFIER_BUSY_SECONDS, "Seconds in engine steps.", labels=["model_name"])
         busy.add_metric([self.model_name], s.busy_s)
         yield busy
-        idle = CounterMetricFamily("cosine:verifier_idle_seconds", "Seconds not in engine steps.",
+        idle = CounterMetricFamily(names.VERIFIER_IDLE_SECONDS, "Seconds not in engine steps.",
                                    labels=["model_name"])
         idle.add_metric([self.model_name], max(0.0, self.clock() - self.started_s - s.busy_s))
         yield idle
-        tokens = CounterMetricFamily("cosine:verifier_tokens_verified", "Tokens computed by engine steps.",
+        tokens = CounterMetricFamily(names.VERIFIER_TOKENS_VERIFIED, "Tokens computed by engine steps.",
                                      labels=["model_name"])
         tokens.add_metric([self.model_name], s.tokens_verified)
         yield tokens
-        for name, doc, v in (("cosine:num_requests_running", "Requests being decoded.", s.requests_running),
-                             ("cosine:num_requests_waiting", "Requests queued for admission.", s.requests_waiting)):
+        for name, doc, v in ((names.REQUESTS_RUNNING, "Requests being decoded.", s.requests_running),
+                             (names.REQUESTS_WAITING, "Requests queued for admission.", s.requests_waiting)):
             g = GaugeMetricFamily(name, doc, labels=["model_name"])
             g.add_metric([self.model_name], v)
             yield g

@@ -12,6 +12,8 @@ from pathlib import Path
 from cosine.placement import Choice
 from cosine.roles import free_port, load_manifest, parse_spec, start_cluster, stop_cluster, wait_ready
 from cosine.tooling.workloads import Prompt
+from cosine_operator import metric_names as m
+from cosine_operator.metric_names import total
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,8 @@ def per_pool_counters(metrics_url: str) -> dict[str, dict[str, float]]:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    names = {"cosine:spec_decode_num_drafts_total": "drafts", "cosine:spec_decode_num_draft_tokens_total":
-             "draft_tokens", "cosine:spec_decode_num_accepted_tokens_total": "accepted",
-             "cosine:spec_decode_drafts_late_total": "late"}
+    names = {total(m.DRAFTS): "drafts", total(m.DRAFT_TOKENS): "draft_tokens",
+             total(m.ACCEPTED_TOKENS): "accepted", total(m.DRAFTS_LATE): "late"}
     out: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=5).text):
         for s in family.samples:
@@ -130,10 +131,10 @@ def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port
             print(f"{p.id:>14}  {p.domain:>6}  {a.completion_tokens:>6}  {a.ttft_s:6.2f}  {rate:6.2f}  {snippet}",
                   flush=True)
         c = spec_decode_counters(f"http://127.0.0.1:{metrics_port}/metrics")
-        drafts = c.get("cosine:spec_decode_num_drafts_total", 0.0)
-        drafted = c.get("cosine:spec_decode_num_draft_tokens_total", 0.0)
-        accepted = c.get("cosine:spec_decode_num_accepted_tokens_total", 0.0)
-        late = c.get("cosine:spec_decode_drafts_late_total", 0.0)
+        drafts = c.get(total(m.DRAFTS), 0.0)
+        drafted = c.get(total(m.DRAFT_TOKENS), 0.0)
+        accepted = c.get(total(m.ACCEPTED_TOKENS), 0.0)
+        late = c.get(total(m.DRAFTS_LATE), 0.0)
         total_tokens = sum(a.completion_tokens for a in answers)
         total_s = sum(a.wall_s for a in answers)
         print(f"\n{len(answers)} requests, {total_tokens} tokens in {total_s:.1f} s "

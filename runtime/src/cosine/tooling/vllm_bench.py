@@ -93,6 +93,7 @@ import yaml
 from cosine import roles
 from cosine.placement import Choice
 from cosine.tooling.workloads import Prompt
+from cosine_operator import metric_names as m
 from cosine_operator.settings import SpeculationSpec
 
 log = logging.getLogger(__name__)
@@ -108,19 +109,17 @@ WARMUP = Prompt("warmup", "warmup", "Say hello in one word.")  # never a measure
 WARMUP_TOKENS = 8
 
 Scrape = dict[tuple[str, str], float]  # (sample name, pool label or "") -> value, summed over other labels
-_POOL_GAUGES = {"rtt_s": "cosine:drafter_rtt_seconds", "token_s": "cosine:drafter_token_seconds",
-                "yield_tokens": "cosine:drafter_yield_tokens",
-                "on_time_ratio": "cosine:drafter_on_time_ratio"}
-_GAUGES = frozenset({*_POOL_GAUGES.values(), "cosine:num_requests_running", "cosine:num_requests_waiting",
-                     "cosine:drafter_contexts"})
+_POOL_GAUGES = {"rtt_s": m.POOL_RTT_SECONDS, "token_s": m.POOL_TOKEN_SECONDS, "yield_tokens": m.POOL_YIELD_TOKENS,
+                "on_time_ratio": m.POOL_ON_TIME_RATIO}
+_GAUGES = frozenset({*_POOL_GAUGES.values(), m.REQUESTS_RUNNING, m.REQUESTS_WAITING, m.DRAFTER_CONTEXTS})
 _POOL_COUNTERS = {
-    "drafts": "cosine:spec_decode_num_drafts_total",
-    "draft_tokens": "cosine:spec_decode_num_draft_tokens_total",
-    "accepted_tokens": "cosine:spec_decode_num_accepted_tokens_total",
-    "drafts_late": "cosine:spec_decode_drafts_late_total",
-    "calls": "cosine:drafter_calls_total",
-    "errors": "cosine:drafter_errors_total",
-    "asks_skipped": "cosine:drafter_asks_skipped_total",
+    "drafts": m.total(m.DRAFTS),
+    "draft_tokens": m.total(m.DRAFT_TOKENS),
+    "accepted_tokens": m.total(m.ACCEPTED_TOKENS),
+    "drafts_late": m.total(m.DRAFTS_LATE),
+    "calls": m.total(m.POOL_CALLS),
+    "errors": m.total(m.POOL_ERRORS),
+    "asks_skipped": m.total(m.POOL_ASKS_SKIPPED),
 }
 _OMP_ENV = ("OMP_NUM_THREADS", "KMP_AFFINITY", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
 
@@ -530,7 +529,7 @@ def _drafter_figures(drafters: Sequence[tuple[str, Scrape, Scrape]], wall_s: flo
     draft token and draft tokens."""
     acc: dict[str, list[float]] = {}
     for pool, before, after in drafters:
-        busy_key, tokens_key = ("cosine:drafter_busy_seconds_total", pool), ("cosine:drafter_draft_tokens_total", pool)
+        busy_key, tokens_key = (m.total(m.DRAFTER_BUSY_SECONDS), pool), (m.total(m.DRAFTER_DRAFT_TOKENS), pool)
         if busy_key not in after:
             continue  # endpoint not reachable
         busy = after[busy_key] - before.get(busy_key, 0.0)
@@ -565,7 +564,7 @@ def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: S
     drafts = total("vllm:spec_decode_num_drafts_total")
     drafted = total("vllm:spec_decode_num_draft_tokens_total")
     accepted = total("vllm:spec_decode_num_accepted_tokens_total")
-    steps = total("cosine:verifier_steps_total")
+    steps = total(m.total(m.VERIFIER_STEPS))
     domains = sorted({r.domain for r in records})
     return {
         "requests": len(records),
@@ -580,9 +579,9 @@ def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: S
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
         "acceptance_rate": accepted / drafted if drafted else None,
         "draft_tokens": drafted,
-        "drafts_late": total("cosine:spec_decode_drafts_late_total"),
-        "steps_with_draft_fraction": total("cosine:verifier_steps_with_draft_total") / steps if steps else None,
-        "verifier_step_s": total("cosine:verifier_busy_seconds_total") / steps if steps else None,
+        "drafts_late": total(m.total(m.DRAFTS_LATE)),
+        "steps_with_draft_fraction": total(m.total(m.VERIFIER_STEPS_WITH_DRAFT)) / steps if steps else None,
+        "verifier_step_s": total(m.total(m.VERIFIER_BUSY_SECONDS)) / steps if steps else None,
         "pools": _pool_figures(delta, after),
         "drafters": _drafter_figures(drafters, wall_s),
         "per_domain_tokens_per_s": {

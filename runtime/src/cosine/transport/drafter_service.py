@@ -30,6 +30,7 @@ from cosine.draft_engine import DraftBatcher, DraftEngine, DraftJob, DraftResult
 from cosine.transport import drafter_pb2 as pb
 from cosine.transport import drafter_pb2_grpc as pb_grpc
 from cosine.transport import tls
+from cosine_operator import metric_names as names
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +52,13 @@ class DrafterMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, ["pool"], registry=self.registry).labels(pool=pool)
 
-        self.draft_tokens = counter("cosine:drafter_draft_tokens_total", "Draft tokens produced.")
-        self.busy_s = counter("cosine:drafter_busy_seconds_total", "Seconds the engine spent drafting.")
-        self.bytes_sent = counter("cosine:drafter_bytes_sent_total", "Bytes of draft responses sent.")
-        self.rounds = counter("cosine:drafter_rounds_total", "Batched draft rounds run.")
-        self.batched = counter("cosine:drafter_batched_requests_total", "Requests drafted, summed over rounds.")
-        self.contexts = Gauge("cosine:drafter_contexts", "Requests whose context the pool keeps.", ["pool"],
+        # names: cosine_operator.metric_names (the operator's autoscaler reads the first two)
+        self.draft_tokens = counter(names.DRAFTER_DRAFT_TOKENS, "Draft tokens produced.")
+        self.busy_s = counter(names.DRAFTER_BUSY_SECONDS, "Seconds the engine spent drafting.")
+        self.bytes_sent = counter(names.DRAFTER_BYTES_SENT, "Bytes of draft responses sent.")
+        self.rounds = counter(names.DRAFTER_ROUNDS, "Batched draft rounds run.")
+        self.batched = counter(names.DRAFTER_BATCHED_REQUESTS, "Requests drafted, summed over rounds.")
+        self.contexts = Gauge(names.DRAFTER_CONTEXTS, "Requests whose context the pool keeps.", ["pool"],
                               registry=self.registry).labels(pool=pool)
 
 

@@ -1,0 +1,50 @@
+"""Every ``cosine:`` series the runtime exports, named once: a contract between processes.
+
+The runtime produces them (``cosine.metrics.ProposerCollector`` on the verifier,
+``cosine.transport.drafter_service.DrafterMetrics`` on each drafter replica); the operator's
+autoscaler (:mod:`cosine_operator.metrics_scrape`) and the runtime's own tooling (``cosine demo``,
+``cosine bench``) read them. All import these names; nothing spells them twice.
+``tests/test_metric_contract.py`` feeds the runtime's real ``/metrics`` text to the operator's
+parsers, so a name changed on one side only fails there, not silently in a cluster's autoscaler.
+
+Names are Prometheus metric family names; a counter's samples carry ``_total`` (:func:`total`).
+Labels: ``model_name`` on every verifier series, ``pool`` on per-pool ones.
+"""
+
+from __future__ import annotations
+
+# verifier (the proposer inside vLLM's engine; its own port, verifier metrics port 9091)
+VERIFIER_BUSY_SECONDS = "cosine:verifier_busy_seconds"  # counter: seconds in engine steps
+VERIFIER_IDLE_SECONDS = "cosine:verifier_idle_seconds"  # counter: seconds not in engine steps
+VERIFIER_TOKENS_VERIFIED = "cosine:verifier_tokens_verified"  # counter: tokens computed by the steps
+VERIFIER_STEPS = "cosine:verifier_steps"  # counter: engine steps
+VERIFIER_STEPS_WITH_DRAFT = "cosine:verifier_steps_with_draft"  # counter: steps that verified a draft
+REQUESTS_RUNNING = "cosine:num_requests_running"  # gauge
+REQUESTS_WAITING = "cosine:num_requests_waiting"  # gauge
+DRAFTS = "cosine:spec_decode_num_drafts"  # counter{pool}: verifications that had a draft
+DRAFT_TOKENS = "cosine:spec_decode_num_draft_tokens"  # counter{pool}: draft tokens verified
+ACCEPTED_TOKENS = "cosine:spec_decode_num_accepted_tokens"  # counter{pool}: draft tokens accepted
+DRAFTS_LATE = "cosine:spec_decode_drafts_late"  # counter{pool}: steps a pool's draft was still in flight
+POOL_ERRORS = "cosine:drafter_errors"  # counter{pool}: failed draft calls
+POOL_CALLS = "cosine:drafter_calls"  # counter{pool}: draft calls that returned
+POOL_ASKS_SKIPPED = "cosine:drafter_asks_skipped"  # counter{pool}: draft asks not made
+POOL_RTT_SECONDS = "cosine:drafter_rtt_seconds"  # gauge{pool}: a draft call's wall time (EMA)
+POOL_TOKEN_SECONDS = "cosine:drafter_token_seconds"  # gauge{pool}: a call's seconds per draft token (EMA)
+POOL_YIELD_TOKENS = "cosine:drafter_yield_tokens"  # gauge{pool}: accepted tokens per draft call
+POOL_ON_TIME_RATIO = "cosine:drafter_on_time_ratio"  # gauge{pool}: share of drafts in time (EMA)
+REPLICA_CALLS = "cosine:drafter_replica_calls"  # counter{pool,replica}
+REPLICA_ERRORS = "cosine:drafter_replica_errors"  # counter{pool,replica}
+REPLICA_BUSY_SECONDS = "cosine:drafter_replica_busy_seconds"  # counter{pool,replica}: a call in flight
+REPLICA_REQUESTS = "cosine:drafter_replica_requests"  # gauge{pool,replica}: requests assigned now
+# drafter replica (drafter metrics port 9090)
+DRAFTER_DRAFT_TOKENS = "cosine:drafter_draft_tokens"  # counter{pool}: draft tokens produced
+DRAFTER_BUSY_SECONDS = "cosine:drafter_busy_seconds"  # counter{pool}: seconds the engine spent drafting
+DRAFTER_BYTES_SENT = "cosine:drafter_bytes_sent"  # counter{pool}: bytes of draft responses
+DRAFTER_ROUNDS = "cosine:drafter_rounds"  # counter{pool}: batched draft rounds
+DRAFTER_BATCHED_REQUESTS = "cosine:drafter_batched_requests"  # counter{pool}: requests, summed over rounds
+DRAFTER_CONTEXTS = "cosine:drafter_contexts"  # gauge{pool}: requests whose context the replica keeps
+
+
+def total(name: str) -> str:
+    """The sample name of counter ``name`` in the text exposition format (``<name>_total``)."""
+    return f"{name}_total"
