@@ -181,83 +181,69 @@ async def _reconcile(
     patch: kopf.Patch,
     logger: Any,
 ) -> None:
-    async with _lock(memo, namespace, name):
-        await _reconcile_locked(event, body, spec, name, namespace, old_spec, memo, patch, logger)
-
-
-async def _reconcile_locked(
-    event: str,
-    body: kopf.Body,
-    spec: Any,
-    name: str,
-    namespace: str,
-    old_spec: Any,
-    memo: kopf.Memo,
-    patch: kopf.Patch,
-    logger: Any,
-) -> None:
-    try:
-        cluster = s.parse_cluster_spec(spec)
-    except ValueError as e:
-        memo.metrics.reconciles.labels(event, "invalid").inc()
-        raise kopf.PermanentError(f"invalid spec: {e}") from e
-    api = memo.api
-    hand_scaled = _hand_scaled(cluster, old_spec)
-    created = await _creation_replicas(api, name, namespace, cluster, hand_scaled)
-    drafters: dict[str, dict[str, Any]] = {}  # pool -> its Deployment as applied
-    operator = builders.operator_peer(memo.config.namespace, memo.config.pod_labels)
-    generation = body.metadata.get("generation")
-    models: dict[str, Any] | None = None  # ModelsReady, with spec.modelCache
-    claim: dict[str, Any] | None = None  # ModelCacheReady, with a claim the operator makes
-    verifier_replicas = await _verifier_replicas(api, name, namespace, cluster, old_spec)
-    children = builders.build_children(name, namespace, cluster, created, operator, verifier_replicas)
-    for child in children:
-        kopf.adopt(child, owner=body)
-        kind, pool = child["kind"], child["metadata"]["labels"].get(builders.POOL_LABEL)
-        if kind in ("Deployment", s.POOL_KIND) and models is not None and models["status"] != "True":
-            continue  # no pod that loads a model before the cache holds it
-        if kind == s.POOL_KIND:
-            applied = await kube.create(api, child)  # its scale is written by an update, never applied
-            if applied is None:
-                applied = await kube.apply(api, builders.scale_free(child))
-            if pool in hand_scaled:
-                applied = await kube.patch(api, kind, namespace, child["metadata"]["name"],
-                                           {"spec": {"replicas": child["spec"]["replicas"]}}) or applied
-            # the pool may have been scaled since its replicas were read: its Deployment follows it
-            want = int(applied["spec"].get("replicas", child["spec"]["replicas"]))
-            if pool in drafters and int(drafters[pool]["spec"].get("replicas", want)) != want:
-                drafters[pool] = await kube.patch(api, "Deployment", namespace, drafters[pool]["metadata"]["name"],
-                                                  {"spec": {"replicas": want}}) or drafters[pool]
-            # the selector from the start (HPA needs it before any pod)
-            await kube.patch(api, s.POOL_KIND, namespace, applied["metadata"]["name"],
-                             {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
-            continue
-        if kind == "PersistentVolumeClaim":
-            claim = await _apply_claim(api, child, generation)
-            continue
-        applied = await kube.apply(api, child)
-        if kind == "Deployment" and pool:
-            drafters[pool] = applied
-        elif kind == "Job":
-            models = status.models_condition(applied, generation, _now())
-    removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
-    await _prune_replaced(api, name, namespace, children, logger)
-    if not cluster.network_policy.enabled:
-        await _drop_network_policies(api, name, namespace, logger)
-    if removed:
-        kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
-    new_status = await _refresh_status(api, name, namespace, generation, cluster, body.status)
-    extra = [c for c in (models, claim) if c is not None]
-    if extra:
-        new_status["conditions"] = status.merge_conditions(new_status["conditions"], extra)
-    patch.status.update(new_status)
-    if models is not None and models["status"] != "True":
-        memo.metrics.reconciles.labels(event, "waiting").inc()
-        # looked at again every 10 s: a running Job finishing, a failed one deleted (and re-created)
-        raise kopf.TemporaryError(f"models not in the cache yet: {models['message']}", delay=10)
-    memo.metrics.reconciles.labels(event, "ok").inc()
-    log = logger.debug if event == "resync" else logger.info
-    log(f"reconciled: {len(cluster.drafter_pools)} pool(s), hand-scaled {sorted(hand_scaled)}")
+    async with _lock(memo, namespace, name):  # see _lock
+        try:
+            cluster = s.parse_cluster_spec(spec)
+        except ValueError as e:
+            memo.metrics.reconciles.labels(event, "invalid").inc()
+            raise kopf.PermanentError(f"invalid spec: {e}") from e
+        api = memo.api
+        hand_scaled = _hand_scaled(cluster, old_spec)
+        created = await _creation_replicas(api, name, namespace, cluster, hand_scaled)
+        drafters: dict[str, dict[str, Any]] = {}  # pool -> its Deployment as applied
+        operator = builders.operator_peer(memo.config.namespace, memo.config.pod_labels)
+        generation = body.metadata.get("generation")
+        models: dict[str, Any] | None = None  # ModelsReady, with spec.modelCache
+        claim: dict[str, Any] | None = None  # ModelCacheReady, with a claim the operator makes
+        verifier_replicas = await _verifier_replicas(api, name, namespace, cluster, old_spec)
+        children = builders.build_children(name, namespace, cluster, created, operator, verifier_replicas)
+        for child in children:
+            kopf.adopt(child, owner=body)
+            kind, pool = child["kind"], child["metadata"]["labels"].get(builders.POOL_LABEL)
+            if kind in ("Deployment", s.POOL_KIND) and models is not None and models["status"] != "True":
+                continue  # no pod that loads a model before the cache holds it
+            if kind == s.POOL_KIND:
+                applied = await kube.create(api, child)  # its scale is written by an update, never applied
+                if applied is None:
+                    applied = await kube.apply(api, builders.scale_free(child))
+                if pool in hand_scaled:
+                    applied = await kube.patch(api, kind, namespace, child["metadata"]["name"],
+                                               {"spec": {"replicas": child["spec"]["replicas"]}}) or applied
+                # the pool may have been scaled since its replicas were read: its Deployment follows it
+                want = int(applied["spec"].get("replicas", child["spec"]["replicas"]))
+                if pool in drafters and int(drafters[pool]["spec"].get("replicas", want)) != want:
+                    drafters[pool] = await kube.patch(api, "Deployment", namespace, drafters[pool]["metadata"]["name"],
+                                                      {"spec": {"replicas": want}}) or drafters[pool]
+                # the selector from the start (HPA needs it before any pod)
+                await kube.patch(api, s.POOL_KIND, namespace, applied["metadata"]["name"],
+                                 {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
+                continue
+            if kind == "PersistentVolumeClaim":
+                claim = await _apply_claim(api, child, generation)
+                continue
+            applied = await kube.apply(api, child)
+            if kind == "Deployment" and pool:
+                drafters[pool] = applied
+            elif kind == "Job":
+                models = status.models_condition(applied, generation, _now())
+        removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
+        await _prune_replaced(api, name, namespace, children, logger)
+        if not cluster.network_policy.enabled:
+            await _drop_network_policies(api, name, namespace, logger)
+        if removed:
+            kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
+        new_status = await _refresh_status(api, name, namespace, generation, cluster, body.status)
+        extra = [c for c in (models, claim) if c is not None]
+        if extra:
+            new_status["conditions"] = status.merge_conditions(new_status["conditions"], extra)
+        patch.status.update(new_status)
+        if models is not None and models["status"] != "True":
+            memo.metrics.reconciles.labels(event, "waiting").inc()
+            # looked at again every 10 s: a running Job finishing, a failed one deleted (and re-created)
+            raise kopf.TemporaryError(f"models not in the cache yet: {models['message']}", delay=10)
+        memo.metrics.reconciles.labels(event, "ok").inc()
+        log = logger.debug if event == "resync" else logger.info
+        log(f"reconciled: {len(cluster.drafter_pools)} pool(s), hand-scaled {sorted(hand_scaled)}")
 
 
 async def _apply_claim(api: Any, claim: dict[str, Any], generation: int | None) -> dict[str, Any]:
