@@ -5,10 +5,12 @@ kopf pauses every operator that sees a live peer of higher *or equal* priority
 (``kopf/_core/engines/peering.py``): the chart's replicas share their arguments, so each takes its
 priority from its pod's name (``POD_ID``, :func:`cosine_operator.__main__.peering_priority`).
 Asserted: exactly one process reconciles (the other logs that it pauses in its favour and handles
-nothing), and after the active one is SIGKILLed (no clean hand-over: its peering record stays
-until its lifetime runs out) the standby reconciles a new cluster within the chart's peering
-lifetime plus a margin. Only what cannot run on one machine is changed from the chart: the
-ports (two processes, one host), the webhook certificate's path and the downward API's values.
+nothing); when the active one stops cleanly the standby reconciles a new cluster at once (kopf
+removes a stopping replica's peering record); a replica of higher priority that joins takes over;
+and after it is SIGKILLed (its record stays until its lifetime runs out) the standby reconciles a
+new cluster within the chart's peering lifetime plus a margin. Only what cannot run on one machine
+is changed from the chart: the ports (processes on one host), the webhook certificate's path and
+the downward API's values.
 """
 
 from __future__ import annotations
@@ -99,31 +101,45 @@ def router(routed: ApiRouter) -> ApiRouter:
 
 
 @pytest.fixture
-def replicas(router: ApiRouter, tmp_path: Path) -> Iterator[tuple[list[_Replica], dict[str, Any]]]:
+def chart(router: ApiRouter, tmp_path: Path) -> Iterator[Any]:
+    """Starts operator processes as the chart's pods (``chart(pod_name)``); stops them all after."""
     command, env, peering = _chart_operator()
     kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(peering))
     certs = tmp_path / "webhook"
     certs.mkdir()
     shutil.copy(router.real.certs["server.crt"], certs / "tls.crt")
     shutil.copy(router.real.certs["server.key"], certs / "tls.key")
-    pods = [_Replica(f"cosine-cosine-operator-7c9d5-{x}", command, env, router.kubeconfig, certs,
-                     tmp_path / f"operator-{x}.log") for x in ("q2xkp", "v8mzt")]
+    started: list[_Replica] = []
+
+    def start(pod: str) -> _Replica:
+        started.append(_Replica(pod, command, env, router.kubeconfig, certs, tmp_path / f"{pod}.log"))
+        return started[-1]
+
+    start.lifetime_s = int(env["COSINE_OPERATOR_PEERING_LIFETIME_S"]["value"])  # type: ignore[attr-defined]
     try:
-        yield pods, env
+        yield start
     finally:
-        for pod in pods:
-            pod.stop()
+        for replica in started:
+            replica.stop()
 
 
-def test_one_replica_acts_and_the_standby_takes_over_after_sigkill(
-        replicas: tuple[list[_Replica], dict[str, Any]], router: ApiRouter) -> None:
-    pods, env = replicas
+def _pods_by_priority(n: int) -> list[str]:
+    """``n`` pod names of the chart's Deployment, highest peering priority first."""
+    names = [f"cosine-cosine-operator-7c9d5-{i:05d}" for i in range(n)]
+    return sorted(names, key=peering_priority, reverse=True)
+
+
+def _create(router: ApiRouter, name: str) -> None:
+    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(cluster_body(name)))
+
+
+def test_one_replica_acts_and_the_standby_takes_over(chart: Any, router: ApiRouter) -> None:
     kube = Kube(router.url)
-    lifetime_s = int(env["COSINE_OPERATOR_PEERING_LIFETIME_S"]["value"])
-    active, standby = sorted(pods, key=lambda p: peering_priority(p.pod), reverse=True)
+    first, second, third = _pods_by_priority(3)  # third < second < first
+    active, standby = chart(first), chart(third)
     wait_for(lambda: "Pausing operations in favour of" in standby.text(), timeout_s=60,
              what=f"the standby pausing; its log: {standby.log}")
-    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(cluster_body("ha1")))
+    _create(router, "ha1")
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "ha1-verifier"), timeout_s=60, what="ha1 reconciled")
     wait_for(lambda: active.handled("cosinecluster_create"), what="the active one's handler")
     time.sleep(3)
@@ -132,15 +148,29 @@ def test_one_replica_acts_and_the_standby_takes_over_after_sigkill(
     assert "Pausing all operators, including self" not in active.text() + standby.text()
     assert kube.get(CONFIGMAPS, NS, "ha1-config")["metadata"]["resourceVersion"]
 
-    active.proc.send_signal(signal.SIGKILL)
-    active.proc.wait()
+    # a clean stop (rollout, drain): the replica removes its peering record; the standby acts at once
+    active.stop()
+    stopped_s = time.monotonic()
+    _create(router, "ha2")
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "ha2-verifier"), timeout_s=20, what="hand-over on a clean stop")
+    print(f"failover after a clean stop: {time.monotonic() - stopped_s:.1f} s")
+
+    # a replica with a higher priority joins (a rollout's new pod) and takes over; SIGKILL it: the
+    # standby waits out its peering record's lifetime
+    newer = chart(second)
+    wait_for(lambda: standby.text().count("Pausing operations in favour of") >= 2, timeout_s=60,
+             what="the standby pausing for the newer replica")
+    _create(router, "ha3")
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "ha3-verifier"), timeout_s=60, what="ha3 reconciled")
+    wait_for(lambda: newer.handled("cosinecluster_create"), what="the newer replica's handler")
+    newer.proc.send_signal(signal.SIGKILL)
+    newer.proc.wait()
     killed_s = time.monotonic()
-    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(cluster_body("ha2")))
-    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "ha2-verifier"), timeout_s=lifetime_s + 30,
+    _create(router, "ha4")
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "ha4-verifier"), timeout_s=chart.lifetime_s + 30,
              what=f"the standby taking over; its log: {standby.log}")
     took_s = time.monotonic() - killed_s
-    wait_for(lambda: standby.handled("cosinecluster_create"), what="the standby's handler")
-    assert "Resuming operations after the pause" in standby.text()
-    print(f"failover: the standby reconciled a new cluster {took_s:.1f} s after SIGKILL "
-          f"(peering lifetime {lifetime_s} s)")
-    assert took_s <= lifetime_s + 15
+    wait_for(lambda: standby.text().count("Handler 'cosinecluster_create' succeeded") >= 2,
+             what="the standby's handler")
+    print(f"failover after SIGKILL: {took_s:.1f} s (peering lifetime {chart.lifetime_s} s)")
+    assert took_s <= chart.lifetime_s + 15
