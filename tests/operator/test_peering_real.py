@@ -82,6 +82,14 @@ class _Replica:
     def handled(self, handler: str) -> bool:
         return f"Handler '{handler}' succeeded" in self.text()
 
+    def acting(self) -> bool:
+        """Whether kopf has let this replica act. kopf starts every peered operator paused and logs
+        only transitions (``kopf/_core/engines/peering.py``): "Resuming …" when it finds no peer of
+        higher or equal priority, "Pausing operations in favour of …" when one appears after that. A
+        replica that sees its superior in its first peering event pauses silently."""
+        text = self.text()
+        return text.rfind("Resuming operations after the pause") > text.rfind("Pausing operations in favour of")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -116,6 +124,7 @@ def chart(router: ApiRouter, tmp_path: Path) -> Iterator[Any]:
         return started[-1]
 
     start.lifetime_s = int(env["COSINE_OPERATOR_PEERING_LIFETIME_S"]["value"])  # type: ignore[attr-defined]
+    start.peering = peering["metadata"]["name"]  # type: ignore[attr-defined]
     try:
         yield start
     finally:
@@ -129,6 +138,18 @@ def _pods_by_priority(n: int) -> list[str]:
     return sorted(names, key=peering_priority, reverse=True)
 
 
+def _peers(router: ApiRouter, peering: str) -> set[str]:
+    """The live peers' ids (``POD_ID``) in the cluster's peering object."""
+    out = kubectl(router, "get", "clusterkopfpeering", peering, "-o", "json")
+    return set(json.loads(out.stdout).get("status") or {})
+
+
+def _settled(router: ApiRouter, peering: str, acting: _Replica, paused: list[_Replica]) -> bool:
+    """Every replica's record is in the peering object, ``acting`` acts and the others do not."""
+    pods = {acting.pod, *(p.pod for p in paused)}
+    return pods <= _peers(router, peering) and acting.acting() and not any(p.acting() for p in paused)
+
+
 def _create(router: ApiRouter, name: str) -> None:
     kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(cluster_body(name)))
 
@@ -137,8 +158,10 @@ def test_one_replica_acts_and_the_standby_takes_over(chart: Any, router: ApiRout
     kube = Kube(router.url)
     first, second, third = _pods_by_priority(3)  # third < second < first
     active, standby = chart(first), chart(third)
-    wait_for(lambda: "Pausing operations in favour of" in standby.text(), timeout_s=60,
-             what=f"the standby pausing; its log: {standby.log}")
+    wait_for(lambda: _settled(router, chart.peering, active, [standby]), timeout_s=60,
+             what=f"one replica acting, the standby paused; logs: {active.log}, {standby.log}")
+    time.sleep(1)  # peering events arrive in order: a standby that would act has logged it by now
+    assert not standby.acting(), standby.text()[-3000:]
     _create(router, "ha1")
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "ha1-verifier"), timeout_s=60, what="ha1 reconciled")
     wait_for(lambda: active.handled("cosinecluster_create"), what="the active one's handler")
@@ -153,13 +176,14 @@ def test_one_replica_acts_and_the_standby_takes_over(chart: Any, router: ApiRout
     stopped_s = time.monotonic()
     _create(router, "ha2")
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "ha2-verifier"), timeout_s=20, what="hand-over on a clean stop")
+    assert standby.acting()
     print(f"failover after a clean stop: {time.monotonic() - stopped_s:.1f} s")
 
     # a replica with a higher priority joins (a rollout's new pod) and takes over; SIGKILL it: the
     # standby waits out its peering record's lifetime
     newer = chart(second)
-    wait_for(lambda: standby.text().count("Pausing operations in favour of") >= 2, timeout_s=60,
-             what="the standby pausing for the newer replica")
+    wait_for(lambda: _settled(router, chart.peering, newer, [standby]), timeout_s=60,
+             what=f"the standby pausing for the newer replica; logs: {newer.log}, {standby.log}")
     _create(router, "ha3")
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "ha3-verifier"), timeout_s=60, what="ha3 reconciled")
     wait_for(lambda: newer.handled("cosinecluster_create"), what="the newer replica's handler")
