@@ -2,8 +2,8 @@
 
 The producer is real (the verifier's `ProposerCollector` over a `ProposerStats`, a drafter
 replica's `DrafterMetrics`), rendered to the Prometheus text format as their `/metrics` endpoints
-serve it; the consumer is the operator's own parser (`metrics_scrape.parse_verifier`,
-`parse_drafter`). A series renamed on one side only reads as 0 on the other, which would blind
+serve it; the consumer is the operator's own parser (`metrics_scrape.parse`,
+`observe`). A series renamed on one side only reads as 0 on the other, which would blind
 the autoscaler silently; here it fails. The names live in `cosine_operator.metric_names`.
 """
 
@@ -16,28 +16,44 @@ from cosine.metrics import ProposerCollector
 from cosine.proposer import ProposerStats
 from cosine.transport.drafter_service import DrafterMetrics
 from cosine_operator import metric_names
-from cosine_operator.metrics_scrape import parse_drafter, parse_verifier
+from cosine_operator.metrics_scrape import Scrape, observe, parse
 
 
-def test_the_verifiers_metrics_read_by_the_operator() -> None:
-    stats = ProposerStats(busy_s=12.5, tokens_verified=340, requests_running=6, requests_waiting=2,
-                          draft_tokens={"lookup": 40, "code": 100}, accepted_tokens={"lookup": 10, "code": 71})
-    clock = iter([0.0, 20.0])  # started at 0; scraped at 20 s: 12.5 s busy, 7.5 s idle
+def _verifier_text(stats: ProposerStats, now_s: float) -> str:
     registry = CollectorRegistry()
-    registry.register(ProposerCollector(stats, "qwen", clock=lambda: next(clock)))
-    sample = parse_verifier(generate_latest(registry).decode())
-    assert (sample.busy_s, sample.idle_s, sample.tokens_verified) == (12.5, 7.5, 340)
-    assert (sample.requests_running, sample.requests_waiting) == (6, 2)
-    assert sample.draft_tokens == {"lookup": 40, "code": 100}
-    assert sample.accepted_tokens == {"lookup": 10, "code": 71}
+    registry.register(ProposerCollector(stats, "qwen", clock=iter([0.0, now_s]).__next__))
+    return generate_latest(registry).decode()
 
 
-def test_a_drafters_metrics_read_by_the_operator() -> None:
-    metrics = DrafterMetrics("code")
-    metrics.draft_tokens.inc(250)
-    metrics.busy_s.inc(4.25)
-    sample = parse_drafter(generate_latest(metrics.registry).decode())
-    assert (sample.draft_tokens, sample.busy_s) == (250, 4.25)
+def test_the_runtimes_metrics_become_the_autoscalers_observations() -> None:
+    """The verifier's and a drafter's real exposition, 10 s apart, through the operator's parser
+    and rates: every input of the scaling rule comes out as the runtime counted it."""
+    before = ProposerStats()
+    after = ProposerStats(busy_s=5.0, steps=50, tokens_verified=340, requests_running=6, requests_waiting=2,
+                          draft_tokens={"lookup": 40, "code": 100}, accepted_tokens={"lookup": 10, "code": 70},
+                          pool_calls={"code": 20}, pool_errors={"code": 5}, drafts_late={"code": 30},
+                          pool_skipped={("code", "late"): 10, ("code", "yield"): 60, ("code", "down"): 15},
+                          pool_rtt_s={"code": 0.04}, pool_yield={"code": 2.5})
+    drafter = DrafterMetrics("code")
+    first = parse(generate_latest(drafter.registry).decode())
+    drafter.rounds.inc(40)
+    drafter.batched.inc(100)
+    drafter.busy_s.inc(2.0)
+    drafter.draft_tokens.inc(250)
+    second = parse(generate_latest(drafter.registry).decode())
+    prev = Scrape(0.0, {"v": parse(_verifier_text(before, 0.0))}, {"code": {"d": first}})
+    cur = Scrape(10.0, {"v": parse(_verifier_text(after, 10.0))}, {"code": {"d": second}})
+    o = observe(prev, cur, {"code": (1, 1)})
+    assert o.verifier is not None
+    assert (o.verifier.step_s, o.verifier.tokens_verified_per_s) == (0.1, 34)
+    assert (o.verifier.requests_running, o.verifier.requests_waiting) == (6, 2)
+    (code,) = o.pools
+    assert (code.asks_per_s, code.late_per_s) == (2.5, 3)
+    assert code.skipped_per_s == {"late": 1, "yield": 6, "down": 1.5}
+    assert code.demand_per_s() == 8  # asks + late steps + skipped late + skipped down
+    assert (code.acceptance_rate, code.accepted_tokens_per_s) == (0.7, 7)
+    assert (code.round_s, code.batch, code.draft_tokens_per_s) == (0.05, 2.5, 25)
+    assert (code.rtt_s, code.yield_tokens) == (0.04, 2.5)
 
 
 def test_every_contract_name_is_exported() -> None:

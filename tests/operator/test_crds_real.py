@@ -162,6 +162,21 @@ def test_rules_that_schema_validation_preempts(crds: Any) -> None:
     print(f"CEL | drafter pool names must be unique | {r.json()['message']}")
 
 
+def test_a_bad_autoscaling_objective_or_price_is_refused_naming_the_field(crds: Any) -> None:
+    for breaker, field in ((lambda s: _pool(s, pricePerHourUsd=-0.5), "spec.drafterPools[0].pricePerHourUsd"),
+                           (lambda s: s["autoscaling"].update(acceptedTokenValuePerMillionUsd=-1),
+                            "spec.autoscaling.acceptedTokenValuePerMillionUsd")):
+        body = _valid()
+        breaker(body["spec"])
+        r = crds.http.post(CLUSTERS, json=body, params={"dryRun": "All"})
+        assert r.status_code == 422 and field in r.text, r.text
+    body = _valid()
+    _pool(body["spec"], pricePerHourUsd=0.35)
+    body["spec"]["autoscaling"]["acceptedTokenValuePerMillionUsd"] = 2.5
+    r = crds.http.post(CLUSTERS, json=body, params={"dryRun": "All"})
+    assert r.status_code == 201 and r.json()["spec"]["drafterPools"][0]["pricePerHourUsd"] == 0.35, r.text
+
+
 @pytest.fixture
 def cleanup(crds: Any) -> Iterator[list[str]]:
     """Pools to delete after the test (the operator tests share this server)."""

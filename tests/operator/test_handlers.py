@@ -396,18 +396,25 @@ def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(
     """Catches: no scale-up or scale-down; a scale-down faster than ``maxScaleDownStep`` (1) per
     decision or below ``minReplicas``; the autoscaler writing the Deployment itself besides the
     pool (two writers: more Deployment replica writes than pool replica writes)."""
+    # 10 engine steps/s of 100 ms; pool "code" asked 20 times/s and late on 40 steps/s: 6 requests
+    # per step want its drafts. Its rounds take 20 ms for one request, its calls 30 ms: 4.5
+    # requests per replica fit a step, so it needs 2.
     verifier = Counters(
         **{
-            "cosine:verifier_busy_seconds_total": 0.2,
-            "cosine:verifier_idle_seconds_total": 0.8,
+            "cosine:verifier_busy_seconds_total": 1.0,
+            "cosine:verifier_steps_total": 10.0,
+            "cosine:drafter_calls_total|code": 20.0,
+            "cosine:spec_decode_drafts_late_total|code": 40.0,
             "cosine:spec_decode_num_draft_tokens_total|code": 100.0,
             "cosine:spec_decode_num_accepted_tokens_total|code": 80.0,
             "cosine:verifier_tokens_verified_total": 100.0,
         }
     )
-    verifier.gauges["cosine:num_requests_running"] = 4
+    verifier.gauges["cosine:num_requests_running"] = 6
+    verifier.gauges["cosine:drafter_rtt_seconds|code"] = 0.03
     drafter = Counters(
-        **{"cosine:drafter_draft_tokens_total": 100.0, "cosine:drafter_busy_seconds_total": 0.9}
+        **{"cosine:drafter_draft_tokens_total": 100.0, "cosine:drafter_busy_seconds_total": 0.4,
+           "cosine:drafter_rounds_total": 20.0, "cosine:drafter_batched_requests_total": 20.0}
     )
     body = cluster_body(
         "delta",
@@ -415,7 +422,7 @@ def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(
             "enabled": True,
             "intervalSeconds": 1,
             "stabilizationSeconds": 0,
-            "targetDrafterUtilization": 0.7,
+            "acceptedTokenValuePerMillionUsd": 0,
             "maxScaleDownStep": 1,
         },
     )
@@ -440,7 +447,7 @@ def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(
             lambda: kube.get(CLUSTERS, NS, "delta")["status"].get("lastScaleDecision"),
             what="decision in status",
         )
-        assert "growing" in status
+        assert "demand 6.00 requests per step, 4.5 per replica on time" in status
         active = condition(kube, "delta", "ScalingActive")
         assert active is not None and active["status"] == "True"
         assert abs(kube.get(CLUSTERS, NS, "delta")["status"]["acceptanceRate"] - 0.8) < 0.05
@@ -449,11 +456,9 @@ def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(
         )
         assert "drafter pool code: 1 → " in events[0]["message"]
 
-        # The verifier is busy (as vLLM is under any load) but the pool idles: it shrinks one step at a time.
-        verifier.set_rates(
-            **{"cosine:verifier_busy_seconds_total": 1.0, "cosine:verifier_idle_seconds_total": 0.0}
-        )
-        drafter.set_rates(**{"cosine:drafter_busy_seconds_total": 0.1})
+        # The verifier stays busy but the requests stop wanting the pool's drafts (they do not pay
+        # there): it shrinks one step at a time.
+        verifier.set_rates(**{"cosine:drafter_calls_total|code": 1.0, "cosine:spec_decode_drafts_late_total|code": 0.0})
         seen = [replicas(kube, "delta-drafter-code")]
         deadline = time.monotonic() + 30
         while seen[-1] > 1 and time.monotonic() < deadline:

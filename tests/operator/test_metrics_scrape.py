@@ -10,86 +10,76 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from fake_metrics import Counters, serve
 
 from cosine_operator.metrics_scrape import (
-    DrafterSample,
     Scrape,
     ScrapeTarget,
-    VerifierSample,
     observe,
-    parse_drafter,
-    parse_verifier,
+    parse,
     scrape_pods,
     scrape_prometheus,
 )
 
 VERIFIER_TEXT = """# HELP cosine:verifier_busy_seconds_total Busy.
 # TYPE cosine:verifier_busy_seconds_total counter
-cosine:verifier_busy_seconds_total 12.5
-cosine:verifier_idle_seconds_total 7.5
-cosine:num_requests_running 3
-cosine:num_requests_waiting 1
-cosine:spec_decode_num_draft_tokens_total{pool="code"} 1000
-cosine:spec_decode_num_draft_tokens_total{pool="chat"} 500
-cosine:spec_decode_num_accepted_tokens_total{pool="code"} 800
-cosine:spec_decode_num_accepted_tokens_total{pool="chat"} 100
-cosine:verifier_tokens_verified_total 2000
+cosine:verifier_busy_seconds_total{model_name="m"} 12.5
+cosine:verifier_steps_total{model_name="m"} 100
+cosine:num_requests_running{model_name="m"} 3
+cosine:num_requests_waiting{model_name="m"} 1
+cosine:spec_decode_num_draft_tokens_total{model_name="m",pool="code"} 1000
+cosine:spec_decode_num_accepted_tokens_total{model_name="m",pool="code"} 800
+cosine:drafter_calls_total{model_name="m",pool="code"} 200
+cosine:spec_decode_drafts_late_total{model_name="m",pool="code"} 50
+cosine:drafter_asks_skipped_total{model_name="m",pool="code",reason="late"} 30
+cosine:drafter_asks_skipped_total{model_name="m",pool="code",reason="yield"} 70
+cosine:drafter_rtt_seconds{model_name="m",pool="code"} 0.05
+cosine:verifier_tokens_verified_total{model_name="m"} 2000
 """
 
 
-def test_parse_verifier_and_drafter() -> None:
-    v = parse_verifier(VERIFIER_TEXT)
-    assert (v.busy_s, v.idle_s, v.requests_running, v.requests_waiting) == (12.5, 7.5, 3, 1)
-    assert v.draft_tokens == {"code": 1000, "chat": 500}
-    assert v.accepted_tokens == {"code": 800, "chat": 100}
-    d = parse_drafter("cosine:drafter_draft_tokens_total 42\ncosine:drafter_busy_seconds_total 3\n")
-    assert (d.draft_tokens, d.busy_s) == (42, 3)
+def _drafter(rounds: float, batched: float, busy: float, tokens: float) -> dict:
+    return parse(f'cosine:drafter_rounds_total{{pool="code"}} {rounds}\n'
+                 f'cosine:drafter_batched_requests_total{{pool="code"}} {batched}\n'
+                 f'cosine:drafter_busy_seconds_total{{pool="code"}} {busy}\n'
+                 f'cosine:drafter_draft_tokens_total{{pool="code"}} {tokens}\n')
 
 
-def test_observe_rates_acceptance_share_and_counter_reset() -> None:
-    prev = Scrape(
-        0.0,
-        {
-            "v-1": VerifierSample(
-                busy_s=10,
-                idle_s=10,
-                draft_tokens={"code": 0, "chat": 0},
-                accepted_tokens={"code": 0, "chat": 0},
-            )
-        },
-        {"code": {"d-1": DrafterSample(100, 2)}, "chat": {"d-2": DrafterSample(500, 30)}},
-    )
-    cur = Scrape(
-        10.0,
-        {
-            "v-1": VerifierSample(
-                busy_s=19,
-                idle_s=11,
-                requests_running=2,
-                tokens_verified=300,
-                draft_tokens={"code": 300, "chat": 100},
-                accepted_tokens={"code": 240, "chat": 20},
-            )
-        },
-        {
-            "code": {"d-1": DrafterSample(400, 9), "d-new": DrafterSample(999, 9)},
-            "chat": {"d-2": DrafterSample(50, 4)},
-        },
-    )  # chat's pod restarted: counter reset
-    o = observe(prev, cur, {"code": (2, 1), "chat": (1, 1)})
-    assert o.verifier is not None
-    assert abs(o.verifier.utilization - 0.9) < 1e-9
-    assert o.verifier.tokens_verified_per_s == 30
-    pools = {p.name: p for p in o.pools}
-    assert pools["code"].draft_tokens_per_s == 30  # the new pod is not counted
-    assert pools["chat"].draft_tokens_per_s == 5  # reset: counted from zero
-    assert pools["code"].acceptance_rate == 0.8 and pools["chat"].acceptance_rate == 0.2
-    assert pools["code"].share == 0.75
-    assert pools["code"].utilization == 0.7  # 7 busy seconds of 10, the measured pod only
-    assert pools["chat"].utilization == 0.4  # reset: counted from zero
-    assert (pools["code"].replicas, pools["code"].ready_replicas) == (2, 1)
+def test_parse_keeps_pool_and_reason() -> None:
+    v = parse(VERIFIER_TEXT)
+    assert v[("cosine:verifier_busy_seconds_total", "", "")] == 12.5
+    assert v[("cosine:drafter_asks_skipped_total", "code", "late")] == 30
+    assert v[("cosine:drafter_asks_skipped_total", "code", "yield")] == 70
+
+
+def test_observe_rates_demand_rounds_and_counter_reset() -> None:
+    before = parse(VERIFIER_TEXT)
+    after = dict(before)
+    for key, grow in ((("cosine:verifier_busy_seconds_total", "", ""), 5.0),
+                      (("cosine:verifier_steps_total", "", ""), 50.0),
+                      (("cosine:drafter_calls_total", "code", ""), 100.0),
+                      (("cosine:spec_decode_drafts_late_total", "code", ""), 40.0),
+                      (("cosine:drafter_asks_skipped_total", "code", "late"), 20.0),
+                      (("cosine:drafter_asks_skipped_total", "code", "yield"), 500.0),
+                      (("cosine:spec_decode_num_draft_tokens_total", "code", ""), 400.0),
+                      (("cosine:spec_decode_num_accepted_tokens_total", "code", ""), 300.0)):
+        after[key] += grow
+    prev = Scrape(0.0, {"v-1": before}, {"code": {"d-1": _drafter(100, 150, 4, 800), "d-2": _drafter(90, 90, 9, 900)}})
+    cur = Scrape(10.0, {"v-1": after}, {"code": {"d-1": _drafter(150, 250, 6, 1000),  # +50 rounds of 2, 2 s
+                                                 "d-2": _drafter(10, 10, 0.5, 100),  # restarted: from zero
+                                                 "d-new": _drafter(9, 9, 9, 9)}})  # no span: left out
+    o = observe(prev, cur, {"code": (3, 2), "chat": (1, 1)})
+    assert o.verifier is not None and o.verifier.step_s == 0.1 and o.verifier.requests_running == 3
+    code = {p.name: p for p in o.pools}["code"]
+    assert (code.asks_per_s, code.late_per_s) == (10, 4)
+    assert code.skipped_per_s == {"late": 2, "yield": 50, "down": 0}
+    assert code.demand_per_s() == 16  # asks + late steps + skipped as late; not the yield skips
+    assert code.acceptance_rate == 0.75 and code.accepted_tokens_per_s == 30
+    assert code.round_s == 2.5 / 60 and code.batch == 110 / 60  # both measured pods' rounds
+    assert code.draft_tokens_per_s == 30 and code.rtt_s == 0.05 and code.drafter_samples
+    chat = {p.name: p for p in o.pools}["chat"]
+    assert chat.round_s is None and not chat.drafter_samples and chat.demand_per_s() == 0
 
 
 def test_observe_without_a_common_verifier_pod_has_no_verifier() -> None:
-    o = observe(Scrape(0, {}, {}), Scrape(5, {"v": VerifierSample()}, {}), {"code": (1, 1)})
+    o = observe(Scrape(0, {}, {}), Scrape(5, {"v": parse(VERIFIER_TEXT)}, {}), {"code": (1, 1)})
     assert o.verifier is None and o.pools[0].acceptance_rate is None
 
 
@@ -108,40 +98,26 @@ def test_scrape_pods_reads_loopback_endpoints_and_skips_dead_ones() -> None:
     assert "ClientConnectorError" in scrape.failures[0][1] or "refused" in scrape.failures[0][1].lower()
 
 
-def test_scrape_prometheus_maps_pods_to_roles_and_pools() -> None:
-    result = [
-        {
-            "metric": {"__name__": "cosine:verifier_busy_seconds_total", "pod": "c-verifier-7d9f-abcde"},
-            "value": [0, "5"],
-        },
-        {
-            "metric": {
-                "__name__": "cosine:spec_decode_num_draft_tokens_total",
-                "pod": "c-verifier-7d9f-abcde",
-                "pool": "code-large",
-            },
-            "value": [0, "40"],
-        },
-        {
-            "metric": {
-                "__name__": "cosine:drafter_draft_tokens_total",
-                "pod": "c-drafter-code-large-5c-x1y2z",
-            },
-            "value": [0, "40"],
-        },
-        {
-            "metric": {"__name__": "cosine:drafter_draft_tokens_total", "pod": "c-drafter-code-6f-q1w2e"},
-            "value": [0, "7"],
-        },
-    ]
-    seen = {}
+def test_scrape_prometheus_takes_rates_from_prometheus() -> None:
+    """Prometheus mode asks for ``rate()`` over a window (Prometheus divides by the samples' own
+    timestamps, not the operator's clock) and reads the answers by pool and reason."""
+    answers = {
+        "sum(rate(cosine:verifier_steps_total": [{"metric": {}, "value": [0, "10"]}],
+        "sum(rate(cosine:verifier_busy_seconds_total": [{"metric": {}, "value": [0, "0.8"]}],
+        "sum by (pool, reason) (rate(cosine:drafter_asks_skipped_total": [
+            {"metric": {"pool": "code", "reason": "down"}, "value": [0, "3"]}],
+        "sum by (pool) (rate(cosine:drafter_rounds_total": [{"metric": {"pool": "code"}, "value": [0, "5"]}],
+    }
+    seen: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
-            seen["path"] = self.path
-            body = json.dumps(
-                {"status": "success", "data": {"resultType": "vector", "result": result}}
-            ).encode()
+            from urllib.parse import parse_qs, urlparse
+
+            query = parse_qs(urlparse(self.path).query)["query"][0]
+            seen.append(query)
+            result = next((v for k, v in answers.items() if query.startswith(k)), [])
+            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
@@ -154,11 +130,10 @@ def test_scrape_prometheus_maps_pods_to_roles_and_pools() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        scrape = asyncio.run(scrape_prometheus(url, "ns", "c", ["code", "code-large"], 2.0, 0.0))
+        r = asyncio.run(scrape_prometheus(url, "ns", "c", 60.0, 2.0))
     finally:
         server.shutdown()
-    assert "/api/v1/query" in seen["path"]
-    assert scrape.verifiers["c-verifier-7d9f-abcde"].busy_s == 5
-    assert scrape.verifiers["c-verifier-7d9f-abcde"].draft_tokens == {"code-large": 40}
-    assert scrape.drafters["code-large"]["c-drafter-code-large-5c-x1y2z"].draft_tokens == 40
-    assert scrape.drafters["code"]["c-drafter-code-6f-q1w2e"].draft_tokens == 7
+    assert 'sum(rate(cosine:verifier_steps_total{namespace="ns",pod=~"c-verifier-.*"}[60s]))' in seen
+    assert r.verifier is not None and r.verifier["cosine:verifier_steps"] == 10
+    assert r.pools["code"][("cosine:drafter_asks_skipped", "down")] == 3
+    assert r.drafters["code"]["cosine:drafter_rounds"] == 5

@@ -41,13 +41,19 @@ def test_pending_then_ready_keeps_transition_times_of_unchanged_conditions() -> 
 
 def test_autoscaler_status_records_measurements_and_decisions() -> None:
     previous = build_status("demo", "ns", 1, SPEC, deployments(1, 2), None, "t1")
-    o = Observations(VerifierObservation(0.4, 120.0, 3, 0), (PoolObservation("code", 2, 2, 50.0, 0.75, 1.0),))
-    out = autoscaler_status(
-        previous, o, [ScaleDecision("code", 2, 3, "growing")], True, "Measuring", "ok", 1, "t2"
-    )
-    assert out["acceptanceRate"] == 0.75 and out["verifierUtilization"] == 0.4
-    pool = out["pools"][0]
-    assert pool["desiredReplicas"] == 3 and pool["readyReplicas"] == 2 and pool["acceptanceRate"] == 0.75
+    o = Observations(VerifierObservation(0.04, 120.0, 3, 0), (
+        PoolObservation("code", 2, 2, asks_per_s=30.0, late_per_s=10.0, skipped_per_s={"late": 5.0, "yield": 9.0},
+                        accepted_tokens_per_s=45.0, acceptance_rate=0.75),
+        PoolObservation("slow", 1, 1, asks_per_s=1.0, accepted_tokens_per_s=5.0, acceptance_rate=0.25)))
+    decisions = [ScaleDecision("code", 2, 3, "growing"), ScaleDecision("slow", 1, 1, "round 90 ms ...", "PoolTooSlow")]
+    out = autoscaler_status(previous, o, decisions, True, "Measuring", "ok", 1, "t2")
+    assert out["acceptanceRate"] == 0.625 and out["verifierStepSeconds"] == 0.04  # 50 of 80 drafted tokens
+    code, slow = out["pools"][:2] if out["pools"][0]["name"] == "code" else out["pools"][1::-1]
+    assert code["desiredReplicas"] == 3 and code["readyReplicas"] == 2 and code["acceptanceRate"] == 0.75
+    assert code["demandPerSecond"] == 45.0 and "condition" not in code  # asks, late steps, late skips
+    assert slow["condition"] == "PoolTooSlow"
     assert "code: 2→3 (growing)" in out["lastScaleDecision"]
     c = conds(out)
     assert c["ScalingActive"]["status"] == "True" and c["Ready"]["status"] == "True"
+    assert c["PoolTooSlow"]["status"] == "True" and "pool slow: round 90 ms" in c["PoolTooSlow"]["message"]
+    assert c["MetricsMissing"]["status"] == "False"

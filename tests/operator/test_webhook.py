@@ -98,6 +98,13 @@ def test_a_spec_the_schema_would_reject_names_its_field() -> None:
     assert problems == ["spec.speculation.maxDraftLen must be in [0, 32], got 64"]
 
 
+def test_a_negative_price_or_objective_is_refused_with_the_field() -> None:
+    body = spec({"name": "code", "model": "qwen2.5-coder-0.5b-instruct", "pricePerHourUsd": -1})
+    assert validate_cluster("demo", body) == ["spec.drafterPools[0].pricePerHourUsd must be >= 0, got -1.0"]
+    body = {**spec({"name": "ngram", "kind": "ngram"}), "autoscaling": {"acceptedTokenValuePerMillionUsd": -2}}
+    assert validate_cluster("demo", body) == ["spec.autoscaling.acceptedTokenValuePerMillionUsd must be >= 0, got -2.0"]
+
+
 def test_pass_through_pod_fields_beyond_restricted_are_refused_with_the_field() -> None:
     host = {"name": "host", "hostPath": {"path": "/var/run"}}
     problems = validate_cluster("demo", {

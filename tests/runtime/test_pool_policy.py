@@ -33,14 +33,17 @@ def test_assignments_spread_a_closed_loop_evenly_and_fill_a_new_replica():
     assert max(held.values()) - min(held.values()) <= 1 and held["c"] >= 2
 
 
-def test_worth_asking_probes_then_where_it_pays():
+def test_skip_reason_probes_then_asks_where_it_pays_and_says_why_not():
     p = PoolPolicy(probe_every=4, min_gain_tokens=0.25)
     # probe steps: the first step, then every 4th, whatever the estimates
-    assert [p.worth_asking(s, 0.0, 0.0, 0.9, 1.0, 8) for s in range(1, 10)] == [
+    assert [p.skip_reason(s, 0.0, 0.0, 0.9, 1.0, 8) is None for s in range(1, 10)] == [
         True, False, False, False, True, False, False, False, True]
-    # elsewhere: beats lookup (good pool, lookup rarely hits), or not (late pool)
-    assert p.worth_asking(2, 0.8, 1.0, 0.8, 0.2, 8)
-    assert not p.worth_asking(2, 0.8, 0.1, 0.8, 0.9, 8)
+    # elsewhere: beats lookup (good pool, lookup rarely hits)
+    assert p.skip_reason(2, 0.8, 1.0, 0.8, 0.2, 8) is None
+    # a good pool whose drafts arrive too late: "late" (a larger pool would serve it)
+    assert p.skip_reason(2, 0.8, 0.1, 0.8, 0.2, 8) == "late"
+    # a pool lookup beats even when on time: "yield"
+    assert p.skip_reason(2, 0.3, 0.1, 0.8, 0.9, 8) == "yield"
 
 
 def test_ask_is_speculation_controls_pool_ask_with_the_policys_settings():

@@ -132,6 +132,26 @@ def test_failed_pool_costs_drafts_not_the_request():
     assert p.down_until["coder"] > time.monotonic()
 
 
+def test_a_down_pool_still_shows_its_demand():
+    """A pool with no replica that answers (at zero on a cluster) is not routed, so it is never
+    asked; the steps on which it would have been are counted as asks skipped as "down" (the
+    autoscaler's signal to bring it back), on new requests as on running ones."""
+    pool = FakePool("coder", fail=True)
+    s = ProposerSettings(speculation=_k(3), lookup=False, pool_retry_s=60.0)
+    p = CoSineProposer(s, [pool])
+    for i in range(6):
+        p.propose({"r": [1, 2, 3 + i]})
+        _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+    assert p.down_until["coder"] > time.monotonic()
+    calls, down = pool.calls, p.stats.pool_skipped.get(("coder", "down"), 0)
+    assert down >= 2
+    for i in range(4):  # a request that arrives while the pool is down: routed nowhere, demand still
+        p.propose({"r2": [7, 8, 9 + i]})
+    assert p._requests["r2"].pools == [] and p._requests["r2"].down == ["coder"]
+    assert pool.calls == calls and p.stats.pool_skipped[("coder", "down")] >= down + 1
+    p.close()
+
+
 def test_failed_pool_is_one_warning_not_a_line_per_call(caplog):
     pool = FakePool("coder", fail=True)
     s = ProposerSettings(speculation=_k(3), lookup=False, pool_retry_s=0.0)  # asked again at once
@@ -279,7 +299,7 @@ def test_pool_is_not_asked_where_prompt_lookup_gives_more():
         ctx += d + [ctx[-5]]
         _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
     assert pool.calls <= 32 // 8 + 2
-    assert p.stats.pool_skipped["p"] >= 24
+    assert p.stats.pool_skipped[("p", "yield")] >= 24  # lookup beats it: not demand for more replicas
     p.close()
 
 

@@ -29,8 +29,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from cosine_operator import builders, kube, status
 from cosine_operator import settings as s
-from cosine_operator.autoscaling import PoolLimits, ScalerState, ScalingPolicy, desired_replicas
-from cosine_operator.metrics_scrape import Scrape, ScrapeTarget, observe, scrape_pods, scrape_prometheus
+from cosine_operator.autoscaling import ScalerState, desired_replicas, policy_from_spec
+from cosine_operator.metrics_scrape import Rates, Scrape, ScrapeTarget, rates, scrape_pods, scrape_prometheus
+from cosine_operator.metrics_scrape import observations as observations_of
 from cosine_operator.telemetry import OperatorMetrics
 
 CLUSTER = (s.GROUP, s.VERSION, s.CLUSTER_PLURAL)
@@ -412,16 +413,7 @@ async def cosinedrafterpool_follow(
 async def _scrape(
     api: Any, name: str, namespace: str, cluster: s.ClusterSpec, config: s.OperatorConfig
 ) -> Scrape:
-    now_s = time.monotonic()
-    url = cluster.autoscaling.prometheus_url
-    if url:
-        try:
-            return await scrape_prometheus(
-                url, namespace, name, [p.name for p in cluster.drafter_pools], config.scrape_timeout_s, now_s
-            )
-        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
-            failed = ScrapeTarget("prometheus", "prometheus", None, url)
-            return Scrape(time_s=now_s, verifiers={}, drafters={}, failures=((failed, f"{type(e).__name__}: {e}"),))
+    """Every Running verifier and drafter pod's ``/metrics`` (failures listed, not raised)."""
     targets = []
     for pod in await kube.list_owned(api, "Pod", namespace, name):
         meta, pod_status = pod["metadata"], pod.get("status") or {}
@@ -438,7 +430,31 @@ async def _scrape(
         targets.append(
             ScrapeTarget(meta["name"], role, labels.get(builders.POOL_LABEL), f"http://{ip}:{port}{path}")
         )
-    return await scrape_pods(targets, config.scrape_timeout_s, now_s)
+    return await scrape_pods(targets, config.scrape_timeout_s, time.monotonic())
+
+
+async def _measure(
+    api: Any, name: str, namespace: str, cluster: s.ClusterSpec, previous: Scrape | None, memo: kopf.Memo,
+    logger: Any,
+) -> tuple[Rates | None, Scrape | None]:
+    """This interval's rates (``None``: a first scrape, rates need two) and the scrape to keep:
+    from Prometheus (``rate()`` over two intervals) with ``spec.autoscaling.prometheusUrl``, else
+    from the pods' own ``/metrics``, two scrapes apart. Unreadable targets are counted and logged;
+    an unreadable Prometheus reads as no verifier measured (the rule holds)."""
+    url = cluster.autoscaling.prometheus_url
+    if url:
+        try:
+            window_s = max(60.0, 2.0 * cluster.autoscaling.interval_s)
+            return await scrape_prometheus(url, namespace, name, window_s, memo.config.scrape_timeout_s), None
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+            memo.metrics.scrape_failures.labels("prometheus").inc()
+            logger.warning(f"could not query Prometheus at {url}: {type(e).__name__}: {e}")
+            return Rates(None), None
+    scrape = await _scrape(api, name, namespace, cluster, memo.config)
+    for target, why in scrape.failures:
+        memo.metrics.scrape_failures.labels(target.role).inc()
+        logger.warning(f"could not read {target.role} pod {target.pod}'s metrics at {target.url}: {why}")
+    return (rates(previous, scrape) if previous is not None else None), scrape
 
 
 async def _autoscale_once(
@@ -451,16 +467,14 @@ async def _autoscale_once(
     state: ScalerState,
     memo: kopf.Memo,
     logger: Any,
-) -> tuple[Scrape, ScalerState]:
-    """One scrape and, with a previous scrape to take rates against, one decision: each changed
-    pool's ``spec.replicas`` is written (nothing else: the pool handler resizes the Deployment),
-    and the ``ScalingActive`` condition. Returns this scrape and the new scaler state."""
+) -> tuple[Scrape | None, ScalerState]:
+    """One measurement and, with rates, one decision: each changed pool's ``spec.replicas`` is
+    written (nothing else: the pool handler resizes the Deployment), the ``ScalingActive``
+    condition and each pool's ``PoolTooSlow``/``MetricsMissing`` conditions. Returns the scrape to
+    take the next rates against and the new scaler state."""
     now_s = time.monotonic()
-    scrape = await _scrape(api, name, namespace, cluster, memo.config)
-    for target, why in scrape.failures:
-        memo.metrics.scrape_failures.labels(target.role).inc()
-        logger.warning(f"could not read {target.role} pod {target.pod}'s metrics at {target.url}: {why}")
-    if previous is None:
+    measured_rates, scrape = await _measure(api, name, namespace, cluster, previous, memo, logger)
+    if measured_rates is None:
         return scrape, state  # rates need two scrapes
     pool_replicas: dict[str, tuple[int, int]] = {}
     for pool in cluster.drafter_pools:
@@ -470,16 +484,12 @@ async def _autoscale_once(
             continue
         ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
         pool_replicas[pool.name] = (int(scaler["spec"].get("replicas", pool.replicas)), ready)
-    observations = observe(previous, scrape, pool_replicas)
-    policy = ScalingPolicy(
-        pools=tuple(PoolLimits(p.name, p.min_replicas, p.max_replicas) for p in cluster.drafter_pools),
-        target_utilization=cluster.autoscaling.target_drafter_utilization,
-        stabilization_s=float(cluster.autoscaling.stabilization_s),
-        max_scale_down_step=cluster.autoscaling.max_scale_down_step,
-    )
-    decisions, state = desired_replicas(observations, policy, state, now_s)
+    observations = observations_of(measured_rates, pool_replicas)
+    decisions, state = desired_replicas(observations, policy_from_spec(cluster), state, now_s)
     for d in decisions:
         memo.metrics.desired_replicas.labels(namespace, name, d.pool).set(d.desired)
+        if d.condition:
+            logger.info(f"pool {d.pool}: {d.condition}: {d.reason}")
         if not d.changed:
             continue
         direction = "up" if d.desired > d.current else "down"
@@ -499,8 +509,8 @@ async def _autoscale_once(
         observations,
         decisions,
         measured,
-        "Measuring" if measured else "NoMetrics",
-        "balancing drafting to verification throughput" if measured else "verifier /metrics not readable",
+        "Measuring" if measured else "MetricsMissing",
+        "sizing drafter pools to the verifier's demand" if measured else "no verifier metrics: every pool holds",
         body.metadata.get("generation"),
         _now(),
     )

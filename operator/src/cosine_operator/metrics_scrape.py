@@ -1,21 +1,15 @@
 """Gather the autoscaler's observations: scrape the pods' ``/metrics`` (or ask Prometheus).
 
-Three layers: ``parse_*`` (Prometheus text → per-pod samples, pure), :func:`observe` (two scrapes
-``dt`` seconds apart → :class:`~cosine_operator.autoscaling.Observations`, pure), and the async
-fetchers :func:`scrape_pods` / :func:`scrape_prometheus` (HTTP only).
-
-Metric names are the runtime's (vLLM-style ``cosine:`` prefix). Verifier:
-``cosine:verifier_busy_seconds_total``, ``cosine:verifier_idle_seconds_total``,
-``cosine:num_requests_running``, ``cosine:num_requests_waiting``,
-``cosine:spec_decode_num_draft_tokens_total{pool}``, ``cosine:spec_decode_num_accepted_tokens_total{pool}``,
-``cosine:verifier_tokens_verified_total``. Drafter: ``cosine:drafter_draft_tokens_total``,
-``cosine:drafter_busy_seconds_total``.
+Three layers: :func:`parse` (Prometheus text → one pod's samples, pure), :func:`observe` (two
+scrapes ``dt`` seconds apart → rates → :class:`~cosine_operator.autoscaling.Observations`, pure;
+Prometheus mode computes the rates itself, with ``rate()``), and the async fetchers
+:func:`scrape_pods` / :func:`scrape_prometheus` (HTTP only). Series names:
+:mod:`cosine_operator.metric_names`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -23,29 +17,21 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from cosine_operator import metric_names as names
-from cosine_operator.autoscaling import Observations, PoolObservation, VerifierObservation
+from cosine_operator.autoscaling import SKIP_REASONS, Observations, PoolObservation, VerifierObservation
 from cosine_operator.metric_names import total
 
+# A pod's samples: (sample name, pool label or "", reason label or "") -> value, summed over the
+# other labels (model_name, replica).
+Sample = Mapping[tuple[str, str, str], float]
 
-@dataclass(frozen=True)
-class VerifierSample:
-    """Counter and gauge values of one verifier pod at one instant."""
-
-    busy_s: float = 0.0
-    idle_s: float = 0.0
-    requests_running: float = 0.0
-    requests_waiting: float = 0.0
-    tokens_verified: float = 0.0
-    draft_tokens: Mapping[str, float] = field(default_factory=dict)  # by pool
-    accepted_tokens: Mapping[str, float] = field(default_factory=dict)  # by pool
-
-
-@dataclass(frozen=True)
-class DrafterSample:
-    """Counter values of one drafter pod at one instant."""
-
-    draft_tokens: float = 0.0
-    busy_s: float = 0.0
+# verifier series read per pool: counters (rates) and gauges (averaged over verifier pods)
+POOL_COUNTERS = (names.POOL_CALLS, names.POOL_ERRORS, names.DRAFTS_LATE, names.DRAFT_TOKENS,
+                 names.ACCEPTED_TOKENS, names.POOL_ASKS_SKIPPED)
+POOL_GAUGES = (names.POOL_RTT_SECONDS, names.POOL_YIELD_TOKENS)
+VERIFIER_COUNTERS = (names.VERIFIER_BUSY_SECONDS, names.VERIFIER_STEPS, names.VERIFIER_TOKENS_VERIFIED)
+VERIFIER_GAUGES = (names.REQUESTS_RUNNING, names.REQUESTS_WAITING)
+DRAFTER_COUNTERS = (names.DRAFTER_ROUNDS, names.DRAFTER_BATCHED_REQUESTS, names.DRAFTER_BUSY_SECONDS,
+                    names.DRAFTER_DRAFT_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -53,8 +39,8 @@ class Scrape:
     """Every pod's sample at ``time_s``; keys are pod names."""
 
     time_s: float
-    verifiers: Mapping[str, VerifierSample]
-    drafters: Mapping[str, Mapping[str, DrafterSample]]  # pool -> pod -> sample
+    verifiers: Mapping[str, Sample]
+    drafters: Mapping[str, Mapping[str, Sample]]  # pool -> pod -> sample
     # the targets that could not be read, each with why (an HTTP status, a timeout, a refused
     # connection): counted and logged by the caller, left out of the samples
     failures: tuple[tuple[ScrapeTarget, str], ...] = ()
@@ -70,46 +56,34 @@ class ScrapeTarget:
     url: str
 
 
-def _samples(text: str) -> Iterable[tuple[str, dict[str, str], float]]:
+@dataclass(frozen=True)
+class Rates:
+    """Counters as per-second rates and gauges as values, over an interval.
+
+    ``verifier``: verifier series summed over its pods (``None``: no verifier pod measured);
+    ``pools``: pool -> ``(name, reason)`` -> rate or gauge (gauges averaged over verifier pods);
+    ``drafters``: pool -> drafter series rate summed over its pods measured (absent: none)."""
+
+    verifier: Mapping[str, float] | None
+    pools: Mapping[str, Mapping[tuple[str, str], float]] = field(default_factory=dict)
+    drafters: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+
+def parse(text: str) -> dict[tuple[str, str, str], float]:
+    """A pod's ``/metrics`` body → its samples (:data:`Sample`); counters keep their ``_total``."""
+    out: dict[tuple[str, str, str], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            yield sample.name, dict(sample.labels), float(sample.value)
+            key = (sample.name, sample.labels.get("pool", ""), sample.labels.get("reason", ""))
+            out[key] = out.get(key, 0.0) + float(sample.value)
+    return out
 
 
-def parse_verifier(text: str) -> VerifierSample:
-    """A verifier pod's ``/metrics`` body → :class:`VerifierSample` (absent metrics are 0)."""
-    scalars: dict[str, float] = {}
-    draft: dict[str, float] = {}
-    accepted: dict[str, float] = {}
-    for name, labels, value in _samples(text):
-        if name == total(names.DRAFT_TOKENS):
-            pool = labels.get("pool", "")
-            draft[pool] = draft.get(pool, 0.0) + value
-        elif name == total(names.ACCEPTED_TOKENS):
-            pool = labels.get("pool", "")
-            accepted[pool] = accepted.get(pool, 0.0) + value
-        else:
-            scalars[name] = scalars.get(name, 0.0) + value
-    return VerifierSample(
-        busy_s=scalars.get(total(names.VERIFIER_BUSY_SECONDS), 0.0),
-        idle_s=scalars.get(total(names.VERIFIER_IDLE_SECONDS), 0.0),
-        requests_running=scalars.get(names.REQUESTS_RUNNING, 0.0),
-        requests_waiting=scalars.get(names.REQUESTS_WAITING, 0.0),
-        tokens_verified=scalars.get(total(names.VERIFIER_TOKENS_VERIFIED), 0.0),
-        draft_tokens=draft,
-        accepted_tokens=accepted,
-    )
-
-
-def parse_drafter(text: str) -> DrafterSample:
-    """A drafter pod's ``/metrics`` body → :class:`DrafterSample`."""
-    values: dict[str, float] = {}
-    for name, _, value in _samples(text):
-        values[name] = values.get(name, 0.0) + value
-    return DrafterSample(
-        draft_tokens=values.get(total(names.DRAFTER_DRAFT_TOKENS), 0.0),
-        busy_s=values.get(total(names.DRAFTER_BUSY_SECONDS), 0.0),
-    )
+def value(sample: Sample, name: str, pool: str | None = "", reason: str | None = "") -> float:
+    """The value of sample ``name`` (a counter's ends in ``_total``) for ``pool`` and ``reason``;
+    ``None`` sums over every pool or reason. Absent: 0."""
+    return sum(v for (n, p, r), v in sample.items()
+               if n == name and (pool is None or p == pool) and (reason is None or r == reason))
 
 
 def _delta(now: float, before: float | None) -> float:
@@ -119,63 +93,82 @@ def _delta(now: float, before: float | None) -> float:
     return now - before
 
 
-def observe(prev: Scrape, cur: Scrape, pool_replicas: Mapping[str, tuple[int, int]]) -> Observations:
-    """Rates between two scrapes → observations; ``pool_replicas``: pool → (replicas, ready).
-
-    Only pods present in both scrapes count (a new pod's counters cover an unknown span).
-    """
+def rates(prev: Scrape, cur: Scrape) -> Rates:
+    """Per-second rates between two scrapes. Only pods present in both count (a new pod's
+    counters cover an unknown span)."""
     dt_s = cur.time_s - prev.time_s
-    verifier: VerifierObservation | None = None
     both = [pod for pod in cur.verifiers if pod in prev.verifiers]
-    draft_by_pool: dict[str, float] = {}
-    accepted_by_pool: dict[str, float] = {}
-    if both and dt_s > 0:
-        busy = idle = verified = running = waiting = 0.0
-        for pod in both:
-            a, b = prev.verifiers[pod], cur.verifiers[pod]
-            busy += _delta(b.busy_s, a.busy_s)
-            idle += _delta(b.idle_s, a.idle_s)
-            verified += _delta(b.tokens_verified, a.tokens_verified)
-            running += b.requests_running
-            waiting += b.requests_waiting
-            for pool, value in b.draft_tokens.items():
-                draft_by_pool[pool] = draft_by_pool.get(pool, 0.0) + _delta(value, a.draft_tokens.get(pool))
-            for pool, value in b.accepted_tokens.items():
-                accepted_by_pool[pool] = accepted_by_pool.get(pool, 0.0) + _delta(
-                    value, a.accepted_tokens.get(pool)
-                )
-        utilization = busy / (busy + idle) if busy + idle > 0 else 0.0
+    if not both or dt_s <= 0:
+        return Rates(None)
+    verifier: dict[str, float] = {}
+    pools: dict[str, dict[tuple[str, str], float]] = {}
+    gauges_seen: dict[tuple[str, str, str], int] = {}
+    for pod in both:
+        a, b = prev.verifiers[pod], cur.verifiers[pod]
+        for (n, pool, reason), v in b.items():
+            base = n.removesuffix("_total")
+            if not pool and base in VERIFIER_COUNTERS and n == total(base):
+                verifier[base] = verifier.get(base, 0.0) + _delta(v, a.get((n, pool, reason))) / dt_s
+            elif not pool and n in VERIFIER_GAUGES:
+                verifier[n] = verifier.get(n, 0.0) + v
+            elif pool and base in POOL_COUNTERS and n == total(base):
+                by = pools.setdefault(pool, {})
+                by[(base, reason)] = by.get((base, reason), 0.0) + _delta(v, a.get((n, pool, reason))) / dt_s
+            elif pool and n in POOL_GAUGES:
+                by = pools.setdefault(pool, {})
+                seen = gauges_seen[(n, pool, reason)] = gauges_seen.get((n, pool, reason), 0) + 1
+                by[(n, reason)] = by.get((n, reason), 0.0) + (v - by.get((n, reason), 0.0)) / seen
+    drafters: dict[str, dict[str, float]] = {}
+    for pool, pods in cur.drafters.items():
+        before = prev.drafters.get(pool, {})
+        for pod, b in pods.items():
+            if pod not in before:
+                continue
+            by = drafters.setdefault(pool, {})
+            for n in DRAFTER_COUNTERS:
+                by[n] = by.get(n, 0.0) + _delta(value(b, total(n), None), value(before[pod], total(n), None)) / dt_s
+    return Rates(verifier, pools, drafters)
+
+
+def observations(r: Rates, pool_replicas: Mapping[str, tuple[int, int]]) -> Observations:
+    """Rates → the rule's observations; ``pool_replicas``: pool → (replicas, ready replicas)."""
+    verifier: VerifierObservation | None = None
+    if r.verifier is not None:
+        steps, busy = r.verifier.get(names.VERIFIER_STEPS, 0.0), r.verifier.get(names.VERIFIER_BUSY_SECONDS, 0.0)
         verifier = VerifierObservation(
-            utilization=min(max(utilization, 0.0), 1.0),
-            tokens_verified_per_s=verified / dt_s,
-            requests_running=running,
-            requests_waiting=waiting,
+            step_s=busy / steps if steps > 0 else None,
+            tokens_verified_per_s=r.verifier.get(names.VERIFIER_TOKENS_VERIFIED, 0.0),
+            requests_running=r.verifier.get(names.REQUESTS_RUNNING, 0.0),
+            requests_waiting=r.verifier.get(names.REQUESTS_WAITING, 0.0),
         )
-    total_drafted = sum(draft_by_pool.values())
     pools: list[PoolObservation] = []
     for pool, (replicas, ready) in pool_replicas.items():
-        drafted_per_s = busy_s = 0.0
-        measured = 0
-        cur_pods = cur.drafters.get(pool, {})
-        prev_pods = prev.drafters.get(pool, {})
-        for pod, sample in cur_pods.items():
-            if pod in prev_pods and dt_s > 0:
-                drafted_per_s += _delta(sample.draft_tokens, prev_pods[pod].draft_tokens) / dt_s
-                busy_s += _delta(sample.busy_s, prev_pods[pod].busy_s)
-                measured += 1
-        drafted = draft_by_pool.get(pool, 0.0)
-        pools.append(
-            PoolObservation(
-                name=pool,
-                replicas=replicas,
-                ready_replicas=ready,
-                draft_tokens_per_s=drafted_per_s,
-                acceptance_rate=accepted_by_pool.get(pool, 0.0) / drafted if drafted > 0 else None,
-                share=drafted / total_drafted if total_drafted > 0 else None,
-                utilization=min(1.0, busy_s / (measured * dt_s)) if measured else None,
-            )
-        )
+        v = r.pools.get(pool, {})
+        d = r.drafters.get(pool)
+        rounds = d.get(names.DRAFTER_ROUNDS, 0.0) if d else 0.0
+        drafted = v.get((names.DRAFT_TOKENS, ""), 0.0)
+        pools.append(PoolObservation(
+            name=pool,
+            replicas=replicas,
+            ready_replicas=ready,
+            asks_per_s=v.get((names.POOL_CALLS, ""), 0.0) + v.get((names.POOL_ERRORS, ""), 0.0),
+            late_per_s=v.get((names.DRAFTS_LATE, ""), 0.0),
+            skipped_per_s={reason: v.get((names.POOL_ASKS_SKIPPED, reason), 0.0) for reason in SKIP_REASONS},
+            accepted_tokens_per_s=v.get((names.ACCEPTED_TOKENS, ""), 0.0),
+            acceptance_rate=v.get((names.ACCEPTED_TOKENS, ""), 0.0) / drafted if drafted > 0 else None,
+            draft_tokens_per_s=d.get(names.DRAFTER_DRAFT_TOKENS, 0.0) if d else 0.0,
+            round_s=d[names.DRAFTER_BUSY_SECONDS] / rounds if d and rounds > 0 else None,
+            batch=d[names.DRAFTER_BATCHED_REQUESTS] / rounds if d and rounds > 0 else None,
+            rtt_s=v.get((names.POOL_RTT_SECONDS, "")),
+            yield_tokens=v.get((names.POOL_YIELD_TOKENS, "")),
+            drafter_samples=d is not None,
+        ))
     return Observations(verifier=verifier, pools=tuple(pools))
+
+
+def observe(prev: Scrape, cur: Scrape, pool_replicas: Mapping[str, tuple[int, int]]) -> Observations:
+    """Two scrapes → observations (:func:`rates`, then :func:`observations`)."""
+    return observations(rates(prev, cur), pool_replicas)
 
 
 async def _fetch(session: aiohttp.ClientSession, target: ScrapeTarget) -> tuple[ScrapeTarget, str | None, str]:
@@ -194,8 +187,8 @@ async def _fetch(session: aiohttp.ClientSession, target: ScrapeTarget) -> tuple[
 async def scrape_pods(targets: Iterable[ScrapeTarget], timeout_s: float, time_s: float) -> Scrape:
     """GET every target's ``/metrics`` concurrently; unreadable pods are left out of the samples
     and listed in ``failures`` with the reason."""
-    verifiers: dict[str, VerifierSample] = {}
-    drafters: dict[str, dict[str, DrafterSample]] = {}
+    verifiers: dict[str, Sample] = {}
+    drafters: dict[str, dict[str, Sample]] = {}
     failures: list[tuple[ScrapeTarget, str]] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         results = await asyncio.gather(*(_fetch(session, t) for t in targets))
@@ -204,54 +197,67 @@ async def scrape_pods(targets: Iterable[ScrapeTarget], timeout_s: float, time_s:
             failures.append((target, why))
             continue
         if target.role == "verifier":
-            verifiers[target.pod] = parse_verifier(text)
+            verifiers[target.pod] = parse(text)
         elif target.pool is not None:
-            drafters.setdefault(target.pool, {})[target.pod] = parse_drafter(text)
+            drafters.setdefault(target.pool, {})[target.pod] = parse(text)
     return Scrape(time_s=time_s, verifiers=verifiers, drafters=drafters, failures=tuple(failures))
 
 
-_POD_SUFFIX = re.compile(r"-[a-z0-9]+-[a-z0-9]+$")  # Deployment pods: <deployment>-<rs hash>-<id>
 
 
-def _exposition(results: list[dict[str, object]]) -> dict[str, str]:
-    """Prometheus instant-vector results → per-pod Prometheus text (to reuse the parsers)."""
-    lines: dict[str, list[str]] = {}
+async def _query(session: aiohttp.ClientSession, url: str, query: str) -> list[dict[str, object]]:
+    async with session.get(url, params={"query": query}) as response:
+        response.raise_for_status()
+        payload = await response.json()
+    return list(payload.get("data", {}).get("result", []))
+
+
+def _vector(results: list[dict[str, object]]) -> dict[tuple[str, str], float]:
+    """An instant vector's samples by ``(pool, reason)`` labels."""
+    out: dict[tuple[str, str], float] = {}
     for item in results:
         metric = dict(item.get("metric") or {})  # type: ignore[call-overload]
-        name = str(metric.pop("__name__", ""))
-        pod = str(metric.get("pod", ""))
-        value = item.get("value") or [0, "0"]
-        labels = ",".join(f'{k}="{v}"' for k, v in metric.items() if k == "pool")
-        sample = f"{name}{{{labels}}}" if labels else name
-        lines.setdefault(pod, []).append(f"{sample} {value[1]}")  # type: ignore[index]
-    return {pod: "\n".join(body) + "\n" for pod, body in lines.items()}
+        sample = item.get("value") or [0, "0"]
+        out[(str(metric.get("pool", "")), str(metric.get("reason", "")))] = float(sample[1])  # type: ignore[index]
+    return out
 
 
-async def scrape_prometheus(
-    prometheus_url: str, namespace: str, cluster: str, pools: Iterable[str], timeout_s: float, time_s: float
-) -> Scrape:
-    """The same samples, read from Prometheus (``/api/v1/query``) instead of the pods.
+async def scrape_prometheus(prometheus_url: str, namespace: str, cluster: str, window_s: float,
+                            timeout_s: float) -> Rates:
+    """The rates, computed by Prometheus: ``rate(<counter>[window_s])`` summed by pool (and
+    reason), gauges summed (verifier) or averaged (per pool) over the pods, one query per series.
 
     Assumes the usual ``namespace`` and ``pod`` target labels (kube-prometheus, the chart's
-    ServiceMonitor/PodMonitor relabelling).
+    PodMonitor relabelling). A verifier series with no result means no verifier was measured
+    (``Rates.verifier`` is ``None``). Raises aiohttp.ClientError (HTTP errors included) or
+    TimeoutError when Prometheus cannot answer.
     """
-    query = f'{{__name__=~"cosine:.*",namespace="{namespace}",pod=~"{cluster}-(verifier|drafter)-.*"}}'
     url = prometheus_url.rstrip("/") + "/api/v1/query"
+    verifier_pods = f'namespace="{namespace}",pod=~"{cluster}-verifier-.*"'
+    drafter_pods = f'namespace="{namespace}",pod=~"{cluster}-drafter-.*"'
+    window = f"{max(1, round(window_s))}s"
+    queries: dict[tuple[str, str], str] = {}
+    for n in VERIFIER_COUNTERS:
+        queries[("verifier", n)] = f"sum(rate({total(n)}{{{verifier_pods}}}[{window}]))"
+    for n in VERIFIER_GAUGES:
+        queries[("verifier", n)] = f"sum({n}{{{verifier_pods}}})"
+    for n in POOL_COUNTERS:
+        queries[("pool", n)] = f"sum by (pool, reason) (rate({total(n)}{{{verifier_pods}}}[{window}]))"
+    for n in POOL_GAUGES:
+        queries[("pool", n)] = f"avg by (pool) ({n}{{{verifier_pods}}})"
+    for n in DRAFTER_COUNTERS:
+        queries[("drafter", n)] = f"sum by (pool) (rate({total(n)}{{{drafter_pods}}}[{window}]))"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-        async with session.get(url, params={"query": query}) as response:
-            response.raise_for_status()
-            payload = await response.json()
-    by_pod = _exposition(list(payload.get("data", {}).get("result", [])))
-    verifiers: dict[str, VerifierSample] = {}
-    drafters: dict[str, dict[str, DrafterSample]] = {}
-    pool_names = sorted(pools, key=len, reverse=True)  # longest first: "code" vs "code-large"
-    for pod, text in by_pod.items():
-        deployment = _POD_SUFFIX.sub("", pod)
-        if deployment == f"{cluster}-verifier":
-            verifiers[pod] = parse_verifier(text)
-            continue
-        for pool in pool_names:
-            if deployment == f"{cluster}-drafter-{pool}":
-                drafters.setdefault(pool, {})[pod] = parse_drafter(text)
-                break
-    return Scrape(time_s=time_s, verifiers=verifiers, drafters=drafters)
+        answers = await asyncio.gather(*(_query(session, url, q) for q in queries.values()))
+    verifier: dict[str, float] = {}
+    pools: dict[str, dict[tuple[str, str], float]] = {}
+    drafters: dict[str, dict[str, float]] = {}
+    for (role, n), results in zip(queries, answers, strict=True):
+        for (pool, reason), v in _vector(results).items():
+            if role == "verifier":
+                verifier[n] = v
+            elif role == "pool" and pool:
+                pools.setdefault(pool, {})[(n, reason)] = v
+            elif role == "drafter" and pool:
+                drafters.setdefault(pool, {})[n] = v
+    return Rates(verifier if names.VERIFIER_STEPS in verifier else None, pools, drafters)

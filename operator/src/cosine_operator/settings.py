@@ -321,6 +321,7 @@ class DrafterPoolSpec(_Checked):
     min_replicas: int = spec_field("minReplicas", 1, minimum=0)
     max_replicas: int = spec_field("maxReplicas", 4, minimum=1)
     threads: int = spec_field("threads", 1, minimum=1)  # CPU threads of the drafter engine (llama.cpp)
+    price_per_hour_usd: float = spec_field("pricePerHourUsd", 0.0, minimum=0)  # one replica's price (autoscaling)
     gpu_memory_utilization: float | None = spec_field(
         "gpuMemoryUtilization", None, minimum=0.05, maximum=1
     )  # engine vllm on GPU pods: share of the GPU's memory (None: vLLM's default)
@@ -385,8 +386,9 @@ class AutoscalingSpec(_Checked):
     enabled: bool = spec_field("enabled", True)
     interval_s: int = spec_field("intervalSeconds", 30, minimum=1, maximum=3600)
     stabilization_s: int = spec_field("stabilizationSeconds", 120, minimum=0, maximum=86400)
-    # busy fraction of a drafter pool's pods to aim at
-    target_drafter_utilization: float = spec_field("targetDrafterUtilization", 0.7, minimum=0.05, maximum=1)
+    # the objective: what a million accepted draft tokens are worth, USD; with the pools'
+    # pricePerHourUsd a replica is added only while what it adds is worth its price (0: not weighed)
+    accepted_token_value_per_million_usd: float = spec_field("acceptedTokenValuePerMillionUsd", 0.0, minimum=0)
     max_scale_down_step: int = spec_field("maxScaleDownStep", 1, minimum=1)  # replicas per pool per decision
     prometheus_url: str | None = spec_field("prometheusUrl", None)
 

@@ -179,24 +179,29 @@ def autoscaler_status(
     if observations is not None:
         v = observations.verifier
         if v is not None:
-            out["verifierUtilization"] = round(v.utilization, 4)
             out["tokensVerifiedPerSecond"] = round(v.tokens_verified_per_s, 3)
-        rates = [p.acceptance_rate for p in observations.pools if p.acceptance_rate is not None]
-        shares = [p.share or 0.0 for p in observations.pools if p.acceptance_rate is not None]
-        if rates:
-            total = sum(shares) or float(len(rates))
-            weights = shares if sum(shares) else [1.0] * len(rates)
-            out["acceptanceRate"] = round(sum(r * w for r, w in zip(rates, weights, strict=True)) / total, 4)
+            if v.step_s is not None:
+                out["verifierStepSeconds"] = round(v.step_s, 5)
+        drafted = {p.name: p.accepted_tokens_per_s / p.acceptance_rate for p in observations.pools
+                   if p.acceptance_rate}
+        if drafted:
+            accepted = sum(p.accepted_tokens_per_s for p in observations.pools if p.name in drafted)
+            out["acceptanceRate"] = round(accepted / sum(drafted.values()), 4)
         out["draftTokensPerSecond"] = round(sum(p.draft_tokens_per_s for p in observations.pools), 3)
         for p in observations.pools:
             entry = by_name.setdefault(p.name, {"name": p.name})
             entry["draftTokensPerSecond"] = round(p.draft_tokens_per_s, 3)
+            entry["demandPerSecond"] = round(p.demand_per_s(), 3)
             if p.acceptance_rate is not None:
                 entry["acceptanceRate"] = round(p.acceptance_rate, 4)
     for d in decisions:
         entry = by_name.setdefault(d.pool, {"name": d.pool})
         entry["desiredReplicas"] = d.desired
         entry["lastDecision"] = d.reason
+        if d.condition:
+            entry["condition"] = d.condition
+        else:
+            entry.pop("condition", None)
     if by_name:
         out["pools"] = list(by_name.values())
     changed = [d for d in decisions if d.changed]
@@ -205,7 +210,11 @@ def autoscaler_status(
         out["lastScaleDecision"] = "; ".join(
             f"{d.pool}: {d.current}→{d.desired} ({d.reason})" for d in changed
         )
-    out["conditions"] = merge_conditions(
-        previous.get("conditions"), [condition("ScalingActive", active, reason, message, generation, now)]
-    )
+    conditions = [condition("ScalingActive", active, reason, message, generation, now)]
+    if observations is not None:  # per decision: a pool no size makes useful, a series not read
+        for type_, cause in (("PoolTooSlow", "RoundExceedsStep"), ("MetricsMissing", "SeriesNotRead")):
+            hit = [d for d in decisions if d.condition == type_]
+            text = "; ".join(f"pool {d.pool}: {d.reason}" for d in hit) or "none"
+            conditions.append(condition(type_, bool(hit), cause if hit else "None", text, generation, now))
+    out["conditions"] = merge_conditions(previous.get("conditions"), conditions)
     return out

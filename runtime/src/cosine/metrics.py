@@ -42,7 +42,8 @@ class ProposerCollector:
       (EMA of a call's seconds per draft token it drafted); cosine:drafter_yield_tokens{pool}
       (accepted tokens per draft call over recent calls); cosine:drafter_on_time_ratio{pool}
       (share of a pool's drafts that arrived in time and continued the context);
-      cosine:drafter_asks_skipped_total{pool} (draft asks not made: the pool did not pay there);
+      cosine:drafter_asks_skipped_total{pool,reason} (draft asks not made: `late`, `yield` or `down`,
+      `proposer.CoSineProposer`; the autoscaler's demand counts late and down);
     - cosine:drafter_replica_calls_total{pool,replica}, cosine:drafter_replica_errors_total{pool,replica},
       cosine:drafter_replica_busy_seconds_total{pool,replica} (wall seconds with a call in flight),
       cosine:drafter_replica_requests{pool,replica} (requests assigned to the replica now), from
@@ -71,13 +72,18 @@ class ProposerCollector:
             (names.DRAFTS_LATE, "Steps a pool's draft was still in flight.", s.drafts_late),
             (names.POOL_ERRORS, "Failed draft calls.", s.pool_errors),
             (names.POOL_CALLS, "Draft calls that returned.", s.pool_calls),
-            (names.POOL_ASKS_SKIPPED, "Draft asks not made: the pool did not pay there.", s.pool_skipped),
         )
         for name, doc, values in per_pool:
             fam = CounterMetricFamily(name, doc, labels=["model_name", "pool"])
             for pool, v in sorted(dict(values).items()):
                 fam.add_metric([self.model_name, pool], v)
             yield fam
+        skipped = CounterMetricFamily(names.POOL_ASKS_SKIPPED, "Draft asks not made, by reason: late (the pool's "
+                                      "drafts arrive too late to pay), yield (they are not accepted enough), down "
+                                      "(no replica answers).", labels=["model_name", "pool", "reason"])
+        for (pool, reason), v in sorted(dict(s.pool_skipped).items()):
+            skipped.add_metric([self.model_name, pool, reason], v)
+        yield skipped
         gauges = (
             (names.POOL_RTT_SECONDS, "Draft call wall time (EMA).", s.pool_rtt_s),
             (names.POOL_TOKEN_SECONDS, "Draft call wall time per draft token drafted (EMA): what a "

@@ -6,7 +6,7 @@ serving path (`proposer.CoSineProposer`) and by the simulator (`simulation.clust
 simulated cluster decides as the served one does (a copy of a policy drifts, and the copy then
 argues for a system that does not serve).
 
-- Asking (`PoolPolicy.worth_asking`): a pool is asked where its expected accepted tokens per
+- Asking (`PoolPolicy.skip_reason`): a pool is asked where its expected accepted tokens per
   verifier step beat prompt lookup's for the request (`speculation_control.pool_pays`), and on the
   request's probe steps (its first step, then every `probe_every`), so its estimates can recover.
 - Sizing (`PoolPolicy.ask`): draft tokens and branches sized to come back within the verifier step
@@ -68,14 +68,21 @@ class PoolPolicy:
         if not 0 < self.step_budget <= 1:
             raise ValueError(f"step_budget must be in (0, 1], got {self.step_budget}")
 
-    def worth_asking(self, request_steps: int, pool_alpha: float, pool_on_time: float, lookup_alpha: float,
-                     lookup_hit_rate: float, k_max: int) -> bool:
-        """Ask the pool for this request now: on its probe steps (`request_steps`, counted from 1:
-        the first, then every `probe_every`), else where `speculation_control.pool_pays`.
+    def skip_reason(self, request_steps: int, pool_alpha: float, pool_on_time: float, lookup_alpha: float,
+                    lookup_hit_rate: float, k_max: int) -> str | None:
+        """Why not to ask the pool for this request now, or `None` to ask: it is asked on its probe
+        steps (`request_steps`, counted from 1: the first, then every `probe_every`), else where
+        `speculation_control.pool_pays`. A pool that does not pay is skipped as `"late"` when it
+        would pay if its drafts arrived in time (its on-time share is what fails: demand a
+        faster or larger pool would serve, which the autoscaler counts), else as `"yield"`.
         Alphas are per-token acceptance rates in [0, 1]; `lookup_hit_rate` is 0 without lookup."""
         if (request_steps - 1) % self.probe_every == 0:
-            return True
-        return sc.pool_pays(pool_alpha, pool_on_time, lookup_alpha, lookup_hit_rate, k_max, self.min_gain_tokens)
+            return None
+        if sc.pool_pays(pool_alpha, pool_on_time, lookup_alpha, lookup_hit_rate, k_max, self.min_gain_tokens):
+            return None
+        if sc.pool_pays(pool_alpha, 1.0, lookup_alpha, lookup_hit_rate, k_max, self.min_gain_tokens):
+            return "late"
+        return "yield"
 
     def ask(self, step_s: float, token_s: float | None, rtt_s: float, k_max: int, verifying: bool) -> tuple[int, int]:
         """(draft tokens per candidate, branches) of the next ask (`speculation_control.pool_ask`).

@@ -57,7 +57,8 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from cosine import routing
 from cosine import speculation_control as sc
@@ -147,6 +148,7 @@ class _PoolDraft:
 class _Request:
     domain: str
     pools: list[str]
+    down: list[str] = field(default_factory=list)  # pools the router would have picked, but down: demand
     states: dict[str, sc.SpeculationState] = field(default_factory=dict)
     steps: int = 0
     last_source: str = ""
@@ -173,13 +175,14 @@ class ProposerStats:
     pool_calls: dict[str, int] = field(default_factory=dict)  # draft calls that returned
     pool_yield: dict[str, float] = field(default_factory=dict)  # accepted tokens per draft call (recent)
     pool_on_time: dict[str, float] = field(default_factory=dict)  # EMA: a pool draft continued the context in time
-    pool_skipped: dict[str, int] = field(default_factory=dict)  # asks skipped: the pool did not pay there
+    # asks not made, by (pool, reason): "late"/"yield" (`PoolPolicy.skip_reason`), "down" (no replica answers)
+    pool_skipped: dict[tuple[str, str], int] = field(default_factory=dict)
     busy_s: float = 0.0  # seconds in engine steps
     tokens_verified: int = 0  # tokens computed by the steps (pending + draft + prefill)
     requests_running: int = 0
     requests_waiting: int = 0
 
-    def add(self, counter: dict[str, int], key: str, n: int = 1) -> None:
+    def add(self, counter: dict[Any, int], key: Any, n: int = 1) -> None:
         """Add `n` to `counter[key]` (one of this object's per-source counters)."""
         counter[key] = counter.get(key, 0) + n
 
@@ -382,25 +385,26 @@ class CoSineProposer:
 
     def _new_request(self, rid: str, prompt: Sequence[int]) -> _Request:
         domain = self.classify(prompt)
-        req = _Request(domain=domain, pools=self._route(domain))
+        pools, down = self._route(domain)
+        req = _Request(domain=domain, pools=pools, down=down)
         self._requests[rid] = req
         if self.settings.lookup:
             self.lookup.start(rid, prompt)
         return req
 
-    def _route(self, domain: str) -> list[str]:
+    def _route(self, domain: str) -> tuple[list[str], list[str]]:
+        """(the pools routed to a request of `domain`, best first; those the router would have
+        picked but are down). The router ranks every pool; the first `max_drafters` up are routed.
+        The down ones it preferred are the demand a pool at zero replicas cannot otherwise show."""
         if not self.profiles:
-            return []
+            return [], []
         rs = PoolPolicy.routing_settings(self.settings.routing, len(self.profiles), self.settings.speculation.fusion)
+        now = self.clock()
         with self._lock:
-            return routing.route(
-                domain,
-                self.profiles,
-                self.router,
-                rs,
-                self._rng.betavariate,
-                available=lambda n: self.down_until.get(n, 0.0) <= self.clock(),
-            )
+            ranked = routing.route(domain, self.profiles, self.router, replace(rs, max_drafters=len(self.profiles)),
+                                   self._rng.betavariate)
+        up = [n for n in ranked if self.down_until.get(n, 0.0) <= now]
+        return up[: rs.max_drafters], [n for n in ranked[: rs.max_drafters] if n not in up]
 
     # ------------------------------------------------------------ candidates and fusion
 
@@ -472,15 +476,16 @@ class CoSineProposer:
         `expected` draft tokens the verifier checks meanwhile and from their likeliest rejection
         points (the verifier's next context is `ctx` plus what it accepts of them plus one token)."""
         if req.steps % self.settings.reroute_every == 0 and req.steps:
-            req.pools = self._route(req.domain)
+            req.pools, req.down = self._route(req.domain)
         now = self.clock()
         s = self.settings
         step_s = self.curve.seconds(1) if self.curve else s.initial_step_s
-        for name in req.pools:
-            if not self._worth_asking(name, req):
-                self.stats.add(self.stats.pool_skipped, name)
-                continue
-            if self.down_until.get(name, 0.0) > now:
+        for name in (*req.pools, *req.down):
+            reason = self._skip_reason(name, req)
+            if reason is None and (name in req.down or self.down_until.get(name, 0.0) > now):
+                reason = "down"  # it would have been asked: demand the autoscaler sees (a pool at zero)
+            if reason is not None:
+                self.stats.add(self.stats.pool_skipped, (name, reason))
                 continue
             fut = req.inflight.get(name)
             if fut is not None and not fut.done():
@@ -544,11 +549,11 @@ class CoSineProposer:
             log.warning("drafter pool %s failed %d calls in a row (%s); left out for %.0f s at a time",
                         name, n, _reason(e), s.pool_retry_s)
 
-    def _worth_asking(self, name: str, req: _Request) -> bool:
-        """Ask the pool this step for the request (`PoolPolicy.worth_asking`)."""
+    def _skip_reason(self, name: str, req: _Request) -> str | None:
+        """Why not to ask the pool this step for the request (`PoolPolicy.skip_reason`; `None`: ask)."""
         pool = (req.states.get(name) or self._initial_state(name, req.domain)).acceptance_rate
         lookup = (req.states.get(LOOKUP) or self._initial_state(LOOKUP, req.domain)).acceptance_rate
-        return self.settings.pool.worth_asking(req.steps, pool, self.stats.pool_on_time.get(name, 1.0), lookup,
+        return self.settings.pool.skip_reason(req.steps, pool, self.stats.pool_on_time.get(name, 1.0), lookup,
                                                req.lookup_hit if self.settings.lookup else 0.0,
                                                self.settings.speculation.max_draft_len)
 

@@ -300,6 +300,7 @@ class _Cluster:
             yield self.env.timeout(pass_s)
             self.out.verifier_busy_s += pass_s
             self.window["busy_s"] += pass_s
+            self.window["steps"] += 1
             self.out.passes += 1
             if any(n > 1 for _, n in decodes):
                 self.out.steps_with_draft += 1
@@ -394,6 +395,7 @@ class _Cluster:
                     candidates[name] = s.speculation.max_draft_len
             elif name in r.inflight:
                 self.out.drafts_late += 1
+                self.window["late"][name] += 1
                 self.on_time[name] = PoolPolicy.on_time(self.on_time[name], False)
         r.steps += 1
         if candidates:  # fusion by confidence, reduced to its leader: the source trusted most
@@ -405,15 +407,24 @@ class _Cluster:
             r.draft_len, r.source = min(k, candidates[source], left), source
         if s.mode == "cosine":
             for name in r.pools:
-                if name not in r.inflight and self.active[name] and self._worth_asking(r, name):
-                    r.inflight.add(name)
-                    self.env.process(self._draft_on_pool(r, self.pools[name], verifying=r.draft_len > 0))
+                if name in r.inflight:
+                    continue
+                skip = self._skip_reason(r, name)
+                if skip:
+                    self.window["skipped"][name][skip] += 1
+                    continue
+                r.inflight.add(name)
+                self.window["asks"][name] += 1
+                self.env.process(self._draft_on_pool(r, self.pools[name], verifying=r.draft_len > 0))
 
-    def _worth_asking(self, r: _Req, name: str) -> bool:
-        """The proposer's rule (`PoolPolicy.worth_asking`) on the simulated request's estimates."""
+    def _skip_reason(self, r: _Req, name: str) -> str | None:
+        """Why the pool is not asked for the request now (`None`: it is): "down" with no replica
+        ready, else the proposer's rule (`PoolPolicy.skip_reason`) on the request's estimates."""
+        if not self.active[name]:
+            return "down"
         s = self.s
         lookup_alpha = self._state(r, LOOKUP).acceptance_rate if s.lookup else 0.0
-        return s.pool_policy.worth_asking(r.steps, self._state(r, name).acceptance_rate, self.on_time[name],
+        return s.pool_policy.skip_reason(r.steps, self._state(r, name).acceptance_rate, self.on_time[name],
                                           lookup_alpha, r.lookup_hit if s.lookup else 0.0,
                                           s.speculation.max_draft_len)
 
@@ -452,6 +463,7 @@ class _Cluster:
         yield self.env.timeout(work_s)
         yield slots.put(1)
         self.window["pool_busy_s"][p.name] += work_s
+        self.window["rounds"][p.name] += 1
         self.window["drafted"][p.name] += drafted
         calls = self.out.replica_calls.setdefault(p.name, [])
         calls.extend([0] * (replica + 1 - len(calls)))
@@ -470,21 +482,26 @@ class _Cluster:
         while True:
             yield self.env.timeout(s.interval_s)
             w, iv = self.window, s.interval_s
-            total_drafted = sum(w["drafted"].values())
             verifier = autoscaling.VerifierObservation(
-                utilization=min(1.0, w["busy_s"] / (iv * s.verifier.replicas)),
+                step_s=w["busy_s"] / w["steps"] if w["steps"] else None,
                 tokens_verified_per_s=w["verified"] / iv,
                 requests_running=float(self.in_flight - len(self.waiting)),
                 requests_waiting=float(len(self.waiting)),
             )
             pools = tuple(
-                autoscaling.PoolObservation(
+                autoscaling.PoolObservation(  # what the operator reads from the same series (metrics_scrape)
                     name=n, replicas=self.replicas[n], ready_replicas=self.pods_ready[n],
-                    draft_tokens_per_s=w["drafted"][n] / iv,
+                    asks_per_s=w["asks"][n] / iv, late_per_s=w["late"][n] / iv,
+                    skipped_per_s={k: v / iv for k, v in w["skipped"][n].items()},
+                    accepted_tokens_per_s=w["accepted"][n] / iv,
                     acceptance_rate=w["accepted"][n] / w["drafted"][n] if w["drafted"][n] else None,
-                    share=w["drafted"][n] / total_drafted if total_drafted else None,
-                    # busy slot-seconds over the slots the pool had: its pods' busy fraction
-                    utilization=min(1.0, w["pool_busy_s"][n] / (iv * max(1, self.pods_ready[n]) * self.pools[n].slots)),
+                    draft_tokens_per_s=w["drafted"][n] / iv,
+                    # a call holds one slot for its work: one request per round
+                    round_s=w["pool_busy_s"][n] / w["rounds"][n] if w["rounds"][n] else None,
+                    batch=1.0 if w["rounds"][n] else None,
+                    rtt_s=self.rtt_s.get(n),
+                    yield_tokens=w["accepted"][n] / w["asks"][n] if w["asks"][n] else None,
+                    drafter_samples=self.pods_ready[n] > 0,
                 ) for n in self.pools)
             decisions, self.scaler = autoscaling.desired_replicas(
                 autoscaling.Observations(verifier, pools), s.scaling, self.scaler, self.env.now)
@@ -496,8 +513,10 @@ class _Cluster:
     @staticmethod
     def _new_window(pools: list[str]) -> dict:
         """The autoscaler's counters for one interval."""
-        return {"busy_s": 0.0, "verified": 0, "drafted": dict.fromkeys(pools, 0), "accepted": dict.fromkeys(pools, 0),
-                "pool_busy_s": dict.fromkeys(pools, 0.0)}
+        return {"busy_s": 0.0, "steps": 0, "verified": 0, "drafted": dict.fromkeys(pools, 0),
+                "accepted": dict.fromkeys(pools, 0), "pool_busy_s": dict.fromkeys(pools, 0.0),
+                "rounds": dict.fromkeys(pools, 0), "asks": dict.fromkeys(pools, 0), "late": dict.fromkeys(pools, 0),
+                "skipped": {p: dict.fromkeys(autoscaling.SKIP_REASONS, 0) for p in pools}}
 
     def _scale(self, name: str, current: int, desired: int) -> None:
         self.replicas[name] = desired

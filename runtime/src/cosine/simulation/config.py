@@ -17,7 +17,7 @@ the network. Example (`cosine/simulation/default_cluster.yaml`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from cosine.pool_policy import PoolPolicy
 from cosine.routing import DOMAINS, RoutingSettings
 from cosine.simulation.cluster import PoolModel, SimSetup, VerifierModel
 from cosine.simulation.cost_models import Profiles, load_profiles
-from cosine_operator.autoscaling import PoolLimits, ScalingPolicy
+from cosine_operator.autoscaling import policy_from_spec
 from cosine_operator.settings import parse_cluster_spec
 
 
@@ -108,12 +108,11 @@ def build_setup(obj: dict[str, Any], profiles: Profiles | None = None, mode: str
     )
     scaling = None
     if spec.autoscaling.enabled and mode == "cosine":
-        scaling = ScalingPolicy(  # as operator/src/cosine_operator/handlers.py builds it from the same spec
-            pools=tuple(PoolLimits(p.name, p.min_replicas, p.max_replicas) for p in spec.drafter_pools),
-            target_utilization=spec.autoscaling.target_drafter_utilization,
-            stabilization_s=float(spec.autoscaling.stabilization_s),
-            max_scale_down_step=spec.autoscaling.max_scale_down_step,
-        )
+        scaling = policy_from_spec(spec)  # as the operator builds it from the same spec
+        prices = {p.name: p.price_per_hour_usd for p in colocated}  # a pool priced 0 in the spec: its profile's price
+        scaling = replace(scaling, pools=tuple(
+            lim if lim.price_per_hour_usd else replace(lim, price_per_hour_usd=prices.get(lim.name, 0.0))
+            for lim in scaling.pools))
     acceptance = profiles.acceptance(acceptance_keys, DOMAINS)
     setup = SimSetup(
         mode=mode,
