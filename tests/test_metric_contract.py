@@ -52,7 +52,7 @@ def test_the_runtimes_metrics_become_the_autoscalers_observations() -> None:
     assert code.skipped_per_s == {"late": 1, "yield": 6, "down": 1.5}
     assert code.demand_per_s() == 8  # asks + late steps + skipped late + skipped down
     assert (code.acceptance_rate, code.accepted_tokens_per_s) == (0.7, 7)
-    assert (code.round_s, code.batch, code.draft_tokens_per_s) == (0.05, 2.5, 25)
+    assert (code.round_s, code.batch, code.draft_tokens_per_s, code.utilization) == (0.05, 2.5, 25, 0.2)
     assert (code.rtt_s, code.yield_tokens) == (0.04, 2.5)
 
 

@@ -10,6 +10,7 @@ The tests play the Deployment controller (they patch ``status.readyReplicas``).
 from __future__ import annotations
 
 import copy
+import re
 import time
 from typing import Any
 
@@ -396,9 +397,8 @@ def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(
     """Catches: no scale-up or scale-down; a scale-down faster than ``maxScaleDownStep`` (1) per
     decision or below ``minReplicas``; the autoscaler writing the Deployment itself besides the
     pool (two writers: more Deployment replica writes than pool replica writes)."""
-    # 10 engine steps/s of 100 ms; pool "code" asked 20 times/s and late on 40 steps/s: 6 requests
-    # per step want its drafts. Its rounds take 20 ms for one request, its calls 30 ms: 4.5
-    # requests per replica fit a step, so it needs 2.
+    # Pool "code" is asked 20 times/s and late on 40 steps/s: demand 60/s. Busy 0.4 serving 20/s,
+    # it would be busy 1.2 serving all: 2 replicas at the target 0.7 (at most 2x per decision).
     verifier = Counters(
         **{
             "cosine:verifier_busy_seconds_total": 1.0,
@@ -414,7 +414,7 @@ def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(
     verifier.gauges["cosine:drafter_rtt_seconds|code"] = 0.03
     drafter = Counters(
         **{"cosine:drafter_draft_tokens_total": 100.0, "cosine:drafter_busy_seconds_total": 0.4,
-           "cosine:drafter_rounds_total": 20.0, "cosine:drafter_batched_requests_total": 20.0}
+           "cosine:drafter_rounds_total": 20.0, "cosine:drafter_batched_requests_total": 60.0}
     )
     body = cluster_body(
         "delta",
@@ -422,6 +422,7 @@ def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(
             "enabled": True,
             "intervalSeconds": 1,
             "stabilizationSeconds": 0,
+            "targetDrafterUtilization": 0.7,
             "acceptedTokenValuePerMillionUsd": 0,
             "maxScaleDownStep": 1,
         },
@@ -447,7 +448,7 @@ def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(
             lambda: kube.get(CLUSTERS, NS, "delta")["status"].get("lastScaleDecision"),
             what="decision in status",
         )
-        assert "demand 6.00 requests per step, 4.5 per replica on time" in status
+        assert re.search(r"demand 6\d.\d/s, served 2\d.\d/s at busy fraction 0.4\d", status) and "growing" in status, status
         active = condition(kube, "delta", "ScalingActive")
         assert active is not None and active["status"] == "True"
         assert abs(kube.get(CLUSTERS, NS, "delta")["status"]["acceptanceRate"] - 0.8) < 0.05
@@ -459,6 +460,8 @@ def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(
         # The verifier stays busy but the requests stop wanting the pool's drafts (they do not pay
         # there): it shrinks one step at a time.
         verifier.set_rates(**{"cosine:drafter_calls_total|code": 1.0, "cosine:spec_decode_drafts_late_total|code": 0.0})
+        drafter.set_rates(**{"cosine:drafter_busy_seconds_total": 0.02, "cosine:drafter_rounds_total": 1.0,
+                             "cosine:drafter_batched_requests_total": 1.0})
         seen = [replicas(kube, "delta-drafter-code")]
         deadline = time.monotonic() + 30
         while seen[-1] > 1 and time.monotonic() < deadline:

@@ -74,6 +74,7 @@ def test_observe_rates_demand_rounds_and_counter_reset() -> None:
     assert code.acceptance_rate == 0.75 and code.accepted_tokens_per_s == 30
     assert code.round_s == 2.5 / 60 and code.batch == 110 / 60  # both measured pods' rounds
     assert code.draft_tokens_per_s == 30 and code.rtt_s == 0.05 and code.drafter_samples
+    assert code.utilization == 2.5 / 10 / 2  # busy seconds per second per measured pod
     chat = {p.name: p for p in o.pools}["chat"]
     assert chat.round_s is None and not chat.drafter_samples and chat.demand_per_s() == 0
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -216,3 +217,102 @@ def test_fifty_requests_at_concurrency_eight(cluster):
     p50, p99 = statistics.median(lat), lat[int(0.99 * (len(lat) - 1))]
     print(f"\n50 requests at concurrency 8: p50 {p50:.2f} s, p99 {p99:.2f} s")
     assert httpx.get(f"{base}/health").status_code == 200
+
+
+def _replica_calls(metrics_url: str) -> dict[str, dict[str, float]]:
+    """pool -> replica address -> draft calls that returned (`cosine:drafter_replica_calls_total`)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(httpx.get(metrics_url).text):
+        for s in family.samples:
+            if s.name == "cosine:drafter_replica_calls_total":
+                out.setdefault(s.labels["pool"], {})[s.labels["replica"]] = s.value
+    return out
+
+
+def _pool_sizes(log_path) -> dict[str, list[int]]:
+    """Each pool's replica counts in order, from the autoscaler's decisions in `cosine serve`'s log."""
+    sizes: dict[str, list[int]] = {}
+    for line in log_path.read_text(errors="replace").splitlines():
+        m = re.search(r"autoscaler: pool (\S+) (\d+) -> (\d+): ", line)
+        if m:
+            sizes.setdefault(m[1], [int(m[2])]).append(int(m[3]))
+    return sizes
+
+
+def test_the_autoscaler_closes_the_loop_on_real_processes(tmp_path, reference):
+    """`cosine serve` with `spec.autoscaling` on: the operator's rule (imported) on its own scrape,
+    starting and stopping real llama.cpp replicas. Pool "small" (minReplicas 1, maxReplicas 3)
+    grows to at least 2 under a load step at concurrency 8, each replica serving draft calls, and
+    returns to 1 after it; pool "cold" starts at zero (minReplicas 0), stays there while no
+    request arrives, and comes back to one replica when requests do (its demand is counted where
+    the proposer routes, as asks skipped for "down"). Every output equals vLLM's target-only."""
+    pull(MODEL, progress=False)
+    pools = [{"name": "small", "model": MODEL, "replicas": 1, "minReplicas": 1, "maxReplicas": 3, "threads": 1},
+             {"name": "cold", "model": MODEL, "replicas": 0, "minReplicas": 0, "maxReplicas": 1, "threads": 1}]
+    manifest = {"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": "auto"},
+                "spec": {"verifier": {"model": MODEL, "threads": 1}, "drafterPools": pools,
+                         "speculation": {"maxDraftLen": 4, "adaptive": False},
+                         "autoscaling": {"enabled": True, "intervalSeconds": 2, "stabilizationSeconds": 4}}}
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    port, metrics_port = free_port(), free_port()
+    base, metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "cosine", "serve", "--cluster", str(path), "--port", str(port),
+                                 "--metrics-port", str(metrics_port), "--placement", "split"],
+                                env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        _start_wait(proc, base)
+        client = _client(base, "none")
+        time.sleep(6)  # three intervals without requests: the cold pool stays at zero
+        assert "pool cold 0 ->" not in log_path.read_text(), log_path.read_text()[-2000:]
+        assert len(_drafter_pids(proc.pid)) == 1
+
+        stop_load = time.monotonic() + 40
+        outputs: list[tuple[str, str]] = []
+
+        def load(i: int) -> None:
+            while time.monotonic() < stop_load:
+                p = PROMPTS[i % len(PROMPTS)]
+                outputs.append((p, _chat(client, p)))
+
+        with cf.ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(load, i) for i in range(8)]
+            for f in futures:
+                f.result(timeout=240)
+        calls = _replica_calls(metrics_url)
+        assert outputs and all(out == reference[p] for p, out in outputs)
+        text = log_path.read_text()
+        assert max(_pool_sizes(log_path).get("small", [1])) >= 2, text[-3000:]
+        assert len(calls.get("small", {})) >= 2 and all(c > 0 for c in calls["small"].values()), calls
+        assert "pool cold 0 -> 1" in text and calls.get("cold"), (calls, text[-3000:])
+
+        deadline = time.monotonic() + 60  # the load is over: back to minReplicas, one step at a time
+        while not re.search(r"autoscaler: pool small \d+ -> 1:", log_path.read_text()):
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(1)
+        for p in PROMPTS:  # the pool that shrank still drafts, and the outputs are still the target's
+            assert _chat(client, p) == reference[p]
+        decisions = [line.split("autoscaler: ", 1)[1] for line in log_path.read_text().splitlines()
+                     if "autoscaler: pool" in line]
+        print(f"\n{len(outputs)} requests; replicas over time {_pool_sizes(log_path)}; draft calls per replica "
+              f"{calls}; decisions:\n" + "\n".join(decisions))
+    finally:
+        _stop(proc)
+
+
+def _start_wait(proc: subprocess.Popen, base: str) -> None:
+    deadline = time.monotonic() + 400
+    while True:
+        assert proc.poll() is None, "cosine serve exited during start-up"
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "server not healthy after 400 s"
+        time.sleep(1)

@@ -30,6 +30,7 @@ POOL_COUNTERS = (names.POOL_CALLS, names.POOL_ERRORS, names.DRAFTS_LATE, names.D
 POOL_GAUGES = (names.POOL_RTT_SECONDS, names.POOL_YIELD_TOKENS)
 VERIFIER_COUNTERS = (names.VERIFIER_BUSY_SECONDS, names.VERIFIER_STEPS, names.VERIFIER_TOKENS_VERIFIED)
 VERIFIER_GAUGES = (names.REQUESTS_RUNNING, names.REQUESTS_WAITING)
+PODS = "pods"  # Rates.drafters[pool][PODS]: how many of its pods the rates cover
 DRAFTER_COUNTERS = (names.DRAFTER_ROUNDS, names.DRAFTER_BATCHED_REQUESTS, names.DRAFTER_BUSY_SECONDS,
                     names.DRAFTER_DRAFT_TOKENS)
 
@@ -125,6 +126,7 @@ def rates(prev: Scrape, cur: Scrape) -> Rates:
             if pod not in before:
                 continue
             by = drafters.setdefault(pool, {})
+            by[PODS] = by.get(PODS, 0.0) + 1
             for n in DRAFTER_COUNTERS:
                 by[n] = by.get(n, 0.0) + _delta(value(b, total(n), None), value(before[pod], total(n), None)) / dt_s
     return Rates(verifier, pools, drafters)
@@ -161,6 +163,7 @@ def observations(r: Rates, pool_replicas: Mapping[str, tuple[int, int]]) -> Obse
             batch=d[names.DRAFTER_BATCHED_REQUESTS] / rounds if d and rounds > 0 else None,
             rtt_s=v.get((names.POOL_RTT_SECONDS, "")),
             yield_tokens=v.get((names.POOL_YIELD_TOKENS, "")),
+            utilization=min(1.0, d.get(names.DRAFTER_BUSY_SECONDS, 0.0) / d[PODS]) if d and d.get(PODS) else None,
             drafter_samples=d is not None,
         ))
     return Observations(verifier=verifier, pools=tuple(pools))
@@ -247,6 +250,7 @@ async def scrape_prometheus(prometheus_url: str, namespace: str, cluster: str, w
         queries[("pool", n)] = f"avg by (pool) ({n}{{{verifier_pods}}})"
     for n in DRAFTER_COUNTERS:
         queries[("drafter", n)] = f"sum by (pool) (rate({total(n)}{{{drafter_pods}}}[{window}]))"
+    queries[("drafter", PODS)] = f"count by (pool) ({total(names.DRAFTER_ROUNDS)}{{{drafter_pods}}})"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         answers = await asyncio.gather(*(_query(session, url, q) for q in queries.values()))
     verifier: dict[str, float] = {}

@@ -386,6 +386,8 @@ class AutoscalingSpec(_Checked):
     enabled: bool = spec_field("enabled", True)
     interval_s: int = spec_field("intervalSeconds", 30, minimum=1, maximum=3600)
     stabilization_s: int = spec_field("stabilizationSeconds", 120, minimum=0, maximum=86400)
+    # busy fraction of a drafter pool's replicas to aim at, were they to serve all its demand
+    target_drafter_utilization: float = spec_field("targetDrafterUtilization", 0.7, minimum=0.05, maximum=1)
     # the objective: what a million accepted draft tokens are worth, USD; with the pools'
     # pricePerHourUsd a replica is added only while what it adds is worth its price (0: not weighed)
     accepted_token_value_per_million_usd: float = spec_field("acceptedTokenValuePerMillionUsd", 0.0, minimum=0)

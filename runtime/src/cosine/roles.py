@@ -332,6 +332,7 @@ class Child:
     restarts: int = 0
 
     cores: tuple[int, ...] = ()
+    metrics_port: int = 0  # its `cosine:drafter_*` series (the embedded autoscaler scrapes them)
 
     def start(self) -> None:
         """(Re)start the process with the same command, environment and cores."""
@@ -396,23 +397,28 @@ def start_drafters(manifest: Path | None, host: str = "127.0.0.1",
                    cores: Sequence[Sequence[int]] = ()) -> list[Child]:
     """One `cosine drafter` process per replica of every pool, on free loopback ports; replica i
     pinned to `cores[i]` when given."""
-    obj = load_manifest(manifest)
-    spec = parse_spec(obj)
+    spec = parse_spec(load_manifest(manifest))
     children: list[Child] = []
     for pool in spec.drafter_pools:
         for replica in range(max(1, pool.replicas)):
             mine = tuple(cores[len(children)]) if len(children) < len(cores) else ()
-            port = free_port(host)
-            cmd = [sys.executable, "-m", "cosine", "drafter", "--pool", pool.name, "--grpc-port", str(port),
-                   "--metrics-port", str(free_port(host)), "--host", host]
-            if manifest:
-                cmd += ["--cluster", str(manifest)]
-            env = {**os.environ, "OMP_NUM_THREADS": str(pool.threads)}
-            proc = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(mine))
-            children.append(Child(f"{pool.name}-{replica}", proc, port, cmd, env, cores=mine))
-            log.info("started drafter %s-%d (pid %d) on %s:%d, cores %s", pool.name, replica, proc.pid, host, port,
-                     list(mine) or "any")
+            children.append(start_replica(manifest, pool, f"{pool.name}-{replica}", host, mine))
     return children
+
+
+def start_replica(manifest: Path | None, pool, name: str, host: str = "127.0.0.1",
+                  cores: Sequence[int] = ()) -> Child:
+    """One `cosine drafter` process of `pool` (a `DrafterPoolSpec`) on free loopback ports, its
+    engine threads `pool.threads`, pinned to `cores` when given; named `name`."""
+    port, metrics_port = free_port(host), free_port(host)
+    cmd = [sys.executable, "-m", "cosine", "drafter", "--pool", pool.name, "--grpc-port", str(port),
+           "--metrics-port", str(metrics_port), "--host", host]
+    if manifest:
+        cmd += ["--cluster", str(manifest)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(pool.threads)}
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(cores))
+    log.info("started drafter %s (pid %d) on %s:%d, cores %s", name, proc.pid, host, port, list(cores) or "any")
+    return Child(name, proc, port, cmd, env, cores=tuple(cores), metrics_port=metrics_port)
 
 
 def wait_healthy(children: list[Child], host: str = "127.0.0.1", timeout_s: float = 600) -> None:
@@ -452,48 +458,53 @@ def stop_children(children: list[Child], timeout_s: float = 10) -> None:
             c.process.wait()
 
 
-def supervise(children: list[Child], stop: threading.Event, period_s: float = 1.0) -> None:
-    """Restart drafter processes that exit (as a Deployment would); the verifier's client
-    reconnects and its failover lets the drafter back in."""
-    while not stop.wait(period_s):
-        for c in children:
-            if c.process.poll() is not None and not stop.is_set():
-                c.restarts += 1
-                log.warning("drafter %s exited with %s; restarting (restart %d)", c.name, c.process.returncode,
-                            c.restarts)
-                c.start()
-
-
 def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None, metrics_port: int = 0,
               placement_mode: str = "split") -> int:
-    """Drafter processes (none for `lookup`), then the verifier (vLLM's server with CoSine's
+    """Drafter processes (none for `lookup`; `local_pools.LocalPools`, scaled by the operator's
+    rule with `spec.autoscaling.enabled`), then the verifier (vLLM's server with CoSine's
     proposer) as a child, on the cores `placement(spec, placement_mode)` gives them; returns when
     the verifier exits or on SIGTERM / Ctrl-C, stopping every child."""
-    where = placement(parse_spec(load_manifest(manifest)), placement_mode)
+    import tempfile
+
+    from cosine.local_pools import LocalPools
+
+    spec = parse_spec(load_manifest(manifest))
+    where = placement(spec, placement_mode)
     if where.shared and placement_mode == "split":
         log.warning("too few CPU cores for disjoint placement: drafters share the verifier's cores %s",
                     list(where.verifier))
-    children = [] if placement_mode == "lookup" else start_drafters(manifest, "127.0.0.1", where.drafters)
+    autoscaled = spec.autoscaling.enabled and placement_mode != "lookup"
+    if autoscaled and not metrics_port:
+        metrics_port = free_port()  # the autoscaler reads the proposer's series
     stop = threading.Event()
     verifier: subprocess.Popen | None = None
-    try:
-        wait_healthy(children)
-        threading.Thread(target=supervise, args=(children, stop), name="cosine-supervisor", daemon=True).start()
-        drafters = [f"{c.name.rsplit('-', 1)[0]}=127.0.0.1:{c.grpc_port}" for c in children]
-        argv, env = verifier_command(manifest, port, host, drafters, api_key, metrics_port, where.verifier)
-        verifier = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent, start_new_session=True)
-        log.info("verifier (pid %d): vLLM OpenAI server on http://%s:%d/v1, engine threads on cores %s",
-                 verifier.pid, host, port, list(where.verifier) or "(vLLM's binding)")
-        signal.signal(signal.SIGTERM, lambda signum, frame: verifier.terminate() if verifier else None)
+    pools = None
+    with tempfile.TemporaryDirectory(prefix="cosine-pools-") as directory:
         try:
-            return verifier.wait()
-        except KeyboardInterrupt:
-            return 0
-    finally:
-        stop.set()
-        if verifier is not None:
-            stop_group(verifier)
-        stop_children(children)
+            if placement_mode != "lookup":
+                pools = LocalPools(manifest, spec, Path(directory), where.drafters, autoscaled=autoscaled)
+                pools.wait_ready()
+                threading.Thread(target=pools.supervise, args=(stop,), name="cosine-supervisor", daemon=True).start()
+            argv, env = verifier_command(manifest, port, host, pools.drafter_flags() if pools else [], api_key,
+                                         metrics_port, where.verifier)
+            verifier = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent, start_new_session=True)
+            log.info("verifier (pid %d): vLLM OpenAI server on http://%s:%d/v1, engine threads on cores %s",
+                     verifier.pid, host, port, list(where.verifier) or "(vLLM's binding)")
+            if pools is not None and autoscaled:
+                log.info("autoscaling drafter pools every %d s (spec.autoscaling)", spec.autoscaling.interval_s)
+                threading.Thread(target=pools.autoscale, args=(f"http://127.0.0.1:{metrics_port}/metrics", stop),
+                                 name="cosine-autoscaler", daemon=True).start()
+            signal.signal(signal.SIGTERM, lambda signum, frame: verifier.terminate() if verifier else None)
+            try:
+                return verifier.wait()
+            except KeyboardInterrupt:
+                return 0
+        finally:
+            stop.set()
+            if verifier is not None:
+                stop_group(verifier)
+            if pools is not None:
+                pools.stop()
 
 
 def stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:

@@ -501,6 +501,9 @@ class _Cluster:
                     batch=1.0 if w["rounds"][n] else None,
                     rtt_s=self.rtt_s.get(n),
                     yield_tokens=w["accepted"][n] / w["asks"][n] if w["asks"][n] else None,
+                    # busy slot-seconds over the slots the pool had: its pods' busy fraction
+                    utilization=(min(1.0, w["pool_busy_s"][n] / (iv * self.pods_ready[n] * self.pools[n].slots))
+                                 if self.pods_ready[n] else None),
                     drafter_samples=self.pods_ready[n] > 0,
                 ) for n in self.pools)
             decisions, self.scaler = autoscaling.desired_replicas(

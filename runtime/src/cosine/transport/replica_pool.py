@@ -4,8 +4,9 @@ A pool's replicas each keep per-request state (the engine's KV sequence, the con
 were sent), so gRPC's load balancing cannot spread a pool's calls: `pick_first` sends every call
 to one replica, round robin splits a request's context across replicas. Instead this client:
 - resolves the pool's replicas (`resolve_addresses`: a Kubernetes headless Service's DNS records,
-  `dns:///name:port`, re-resolved every `resolve_every_s`; or fixed `host:port` addresses, as
-  `cosine serve`'s local replicas; a test passes its own `resolve`), with one channel per replica;
+  `dns:///name:port`, re-resolved every `resolve_every_s`; a file of addresses, `file:///path`,
+  which `cosine serve` rewrites as it starts and stops local replicas; or fixed `host:port`
+  addresses; a test passes its own `resolve`), with one channel per replica;
 - assigns each request to one replica for its lifetime (`pool_policy.assign_replica`: the one
   holding the fewest requests), so a new replica takes new requests until the pool is even;
 - re-homes a request whose replica left the address list or fails a call as unavailable: the next
@@ -35,14 +36,21 @@ from cosine.transport.remote_drafter import RemoteDrafter
 log = logging.getLogger(__name__)
 
 DNS_SCHEME = "dns:///"
+FILE_SCHEME = "file://"
 
 
 def resolve_addresses(addresses: Sequence[str]) -> list[str]:
     """The replicas' `host:port` addresses: a `dns:///host:port` entry becomes one address per
-    DNS record of `host` (a headless Service has one per ready pod), others are kept as they are.
-    Raises OSError when a name does not resolve."""
+    DNS record of `host` (a headless Service has one per ready pod); a `file:///path` entry, one
+    per non-empty line of the file (what `cosine serve` writes for its ready local replicas, the
+    same role on one machine); others are kept as they are.
+    Raises OSError when a name does not resolve or the file cannot be read."""
     out: list[str] = []
     for address in addresses:
+        if address.startswith(FILE_SCHEME):
+            with open(address[len(FILE_SCHEME):]) as f:
+                out.extend(line.strip() for line in f if line.strip())
+            continue
         if not address.startswith(DNS_SCHEME):
             out.append(address)
             continue
