@@ -55,6 +55,11 @@ def test_a_late_pool_grows() -> None:
     assert "demand 80.0/s, served 20.0/s" in d.reason and d.reason.endswith("growing")
 
 
+def test_within_the_tolerance_band_nothing_changes() -> None:
+    d, _ = decide(pool(3, asks=40, late=2, u=0.7))  # 0.735 were all served: within 10 % of 0.7
+    assert (d.desired, d.reason.endswith("within tolerance")) == (3, True), d
+
+
 def test_skips_for_yield_are_not_demand() -> None:
     d, _ = decide(pool(2, asks=10, skipped={"yield": 500}, u=0.2))
     assert d.desired == 1, d  # 2 x 0.2 / 0.7 -> 1; the yield skips ask for nothing

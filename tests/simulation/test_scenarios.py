@@ -29,6 +29,17 @@ def test_over_provisioned_pools_shrink_while_replicas_share_the_load():
     assert out["draft_tokens"] > 0 and out["drafts_late"] < 0.01 * out["draft_tokens"]
 
 
+def test_load_step_study_brings_the_zero_pool_back_and_marks_the_slow_one():
+    """The autoscale study, short: the GPU pool that starts at zero comes back within the first
+    decisions, the CPU pool behind a GPU verifier is marked too slow (and held, not grown), and
+    the rule's tokens per dollar are reported against the fixed size."""
+    out = scenarios.autoscale_step(phase_s=90.0, fixed_gpu=(1,), token_value_per_million_usd=5.0)
+    assert out["zero_pool_returned_s"] is not None and out["zero_pool_returned_s"] <= 60.0
+    assert "cpu:PoolTooSlow" in out["conditions"] and "gpu:PoolTooSlow" not in out["conditions"]
+    assert all(n == 1 for _, n in out["timeline"]["cpu"])
+    assert out["bound_violations"] == 0 and out["tokens_per_usd_vs_best_fixed"] > 0
+
+
 def test_paper_study_separates_the_assumed_acceptance_from_the_architecture():
     """The paper study reports CoSine as argued (specialists with an assumed acceptance edge) and
     with the generic drafter's acceptance (the architecture alone), against the strongest

@@ -133,6 +133,7 @@ class ScalingPolicy:
 
     pools: tuple[PoolLimits, ...]
     target_utilization: float = 0.7  # busy fraction of a pool's replicas to aim at, (0, 1]
+    tolerance: float = 0.1  # no change while the load is within this fraction of the target (the HPA's band)
     stabilization_s: float = 120.0  # scale-down looks back this far
     max_scale_down_step: int = 1  # replicas per pool per decision
     token_value_usd: float = 0.0
@@ -216,9 +217,12 @@ def _recommend(v: VerifierObservation | None, policy: ScalingPolicy, pool: PoolO
                                f"{pool.batch:.2f} requests per round (round {round_ms}, verifier step {step}): "
                                "holding"), "PoolTooSlow"
     load = u * demand / asks if asks > 0 else math.inf  # the busy fraction were all demand served
-    needed = max(1, math.ceil(pool.replicas * min(load, 1e6) / target - 1e-9))
     reason = (f"demand {demand:.1f}/s, served {asks:.1f}/s at busy fraction {u:.2f} "
               f"({min(load, 99.0):.2f} were all served; target {target:.2f})")
+    if abs(load / target - 1) <= policy.tolerance:
+        return clamp_replicas(pool.replicas, limits.min_replicas, limits.max_replicas), reason + ": within tolerance", \
+            None
+    needed = max(1, math.ceil(pool.replicas * min(load, 1e6) / target - 1e-9))
     if policy.token_value_usd > 0 and limits.price_per_hour_usd > 0 and needed > pool.replicas and asks > 0 and u > 0:
         per_replica = asks * target / (u * pool.replicas)  # asks per second a replica serves at the target
         yield_tokens = pool.yield_tokens if pool.yield_tokens is not None else pool.accepted_tokens_per_s / asks

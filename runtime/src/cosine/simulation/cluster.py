@@ -32,7 +32,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import simpy
 
@@ -171,6 +171,7 @@ class SimResult:
     by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafts, draft tokens, accepted]
     replicas_timeline: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     scale_events: list[tuple[float, str, int, int]] = field(default_factory=list)
+    conditions: list[tuple[float, str, str, str]] = field(default_factory=list)  # (t, pool, condition, reason)
     gpu_cost_usd: float = 0.0
     verifier_replicas: int = 1
 
@@ -238,10 +239,13 @@ class _Cluster:
     def _start(self, i: int, spec: RequestSpec) -> _Req:
         r = _Req(f"r{i}", spec, self.env.now, spec.prompt_tokens, done=self.env.event())
         if self.s.mode == "cosine" and self.pools:
-            up = [n for n in self.pools if self.replicas[n] > 0]
+            # as the proposer routes (`CoSineProposer._route`): the first `max_drafters` pools up,
+            # plus those the router preferred that are down (asked never; skipped as "down": demand)
             rs = PoolPolicy.routing_settings(self.s.routing_settings, len(self.pools), self.s.speculation.fusion)
-            r.pools = tuple(routing.route(spec.domain, self.profiles, self.router, rs, self.rng.betavariate,
-                                          available=lambda n: n in up))
+            ranked = routing.route(spec.domain, self.profiles, self.router, replace(rs, max_drafters=len(self.pools)),
+                                   self.rng.betavariate)
+            up = [n for n in ranked if self.active[n]][: rs.max_drafters]
+            r.pools = (*up, *(n for n in ranked[: rs.max_drafters] if n not in up))
         self.in_flight += 1
         self.waiting.append(r)
         for wake in self.idle_verifiers:
@@ -496,9 +500,11 @@ class _Cluster:
                     accepted_tokens_per_s=w["accepted"][n] / iv,
                     acceptance_rate=w["accepted"][n] / w["drafted"][n] if w["drafted"][n] else None,
                     draft_tokens_per_s=w["drafted"][n] / iv,
-                    # a call holds one slot for its work: one request per round
+                    # a call holds one of a replica's slots for its work: its calls in service at
+                    # once (mean occupied slots per replica) are what a batched round holds
                     round_s=w["pool_busy_s"][n] / w["rounds"][n] if w["rounds"][n] else None,
-                    batch=1.0 if w["rounds"][n] else None,
+                    batch=(max(1.0, w["pool_busy_s"][n] / (iv * max(1, self.pods_ready[n]))) if w["rounds"][n]
+                           else None),
                     rtt_s=self.rtt_s.get(n),
                     yield_tokens=w["accepted"][n] / w["asks"][n] if w["asks"][n] else None,
                     # busy slot-seconds over the slots the pool had: its pods' busy fraction
@@ -511,6 +517,8 @@ class _Cluster:
             for d in decisions:
                 if d.changed:
                     self._scale(d.pool, d.current, d.desired)
+                if d.condition:
+                    self.out.conditions.append((self.env.now, d.pool, d.condition, d.reason))
             self.window = self._new_window(list(self.pools))
 
     @staticmethod

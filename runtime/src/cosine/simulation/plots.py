@@ -47,10 +47,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
                    xlabel="RTT (ms)", ylabel="t_d / t_v")
             ax.legend(fontsize=8)
         else:
-            tl = result["autoscale"]["steps"]["timeline"]
+            tl = result["autoscale"]["timeline"]
             for name, series in tl.items():
                 ax.step([t for t, _ in series], [n for _, n in series], where="post", label=name)
-            ax.set(title="autoscaler, load steps", xlabel="time (s)", ylabel="replicas")
+            ax.set(title="autoscaler, load step (req/s " + "→".join(f"{r:g}" for r in result["autoscale"]["rates"])
+                   + ")", xlabel="time (s)", ylabel="replicas")
             ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

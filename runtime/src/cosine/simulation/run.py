@@ -63,6 +63,6 @@ def run_simulate(cluster: Path | None, workload: Path | None = None, trace: Path
     if "rtt" in studies:
         out["rtt_sweep"] = scenarios.rtt_sweep(seed=seed)
     if "autoscale" in studies:
-        out["autoscale"] = scenarios.autoscale_at_scale(seed=seed)
+        out["autoscale"] = scenarios.autoscale_step(seed=seed)
     return out
 

@@ -221,36 +221,64 @@ def _rate_trace(rate_at: Any, duration_s: float, prompt: int, output: int, seed:
             out.append(RequestSpec(t, prompt, output, rng.choice(DOMAINS)))
 
 
-def autoscale_at_scale(profiles: Profiles | None = None, phase_s: float = 200.0, rates: tuple[float, ...] = (2, 16, 8),
-                       max_replicas: int = 33, verifier_replicas: int = 8, seed: int = 0) -> dict[str, Any]:
-    """3 pools of Qwen2.5-0.5B drafters on CPU nodes (slots 1, ~30 draft tokens/s each, so tens of
-    replicas are needed) behind `verifier_replicas` DeepSeek-R1-Distill-Qwen-32B verifiers; load
-    steps through `rates` (req/s, one phase each) and a diurnal sinusoid. Reports scale events,
-    flaps (direction reversals per pool), convergence (intervals after a step until
-    a pool stays within one replica of its phase's final count), bounds and cost."""
-    profiles = profiles or load_profiles()
+def _step_manifest(gpu: tuple[int, int, int], cpu: tuple[int, int, int], autoscaled: bool,
+                   token_value_per_million_usd: float) -> dict[str, Any]:
+    """A GPU verifier (DeepSeek-R1-Distill-Qwen-32B on 2x A100, 2 replicas) with two pools of
+    Qwen2.5-0.5B drafters: `gpu` on L4s (4 requests at once per replica) and `cpu` on CPU nodes
+    (one at a time); each pool `(replicas, minReplicas, maxReplicas)`."""
     m = _pair_manifest("qwen-32b", "cosine")
-    for p in m["spec"]["drafterPools"]:
-        p.update(replicas=3, minReplicas=3, maxReplicas=max_replicas)
-    m["spec"]["verifier"]["replicas"] = verifier_replicas
-    m["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 30, "stabilizationSeconds": 120,
-                                "maxScaleDownStep": 2}
-    for p in m["simulation"]["pools"].values():
-        p.update(hardware="cpu-node", slots=1)
-    setup, _ = config.build_setup(m, profiles, seed=seed)
-    out: dict[str, Any] = {}
+    pools = []
+    for name, (n, lo, hi), hardware, slots in (("gpu", gpu, "l4", 4), ("cpu", cpu, "cpu-node", 1)):
+        pools.append({"name": name, "model": "qwen2.5-0.5b", "expertise": ["code", "math", "chat", "edit"],
+                      "replicas": n, "minReplicas": lo, "maxReplicas": hi})
+        m["simulation"]["pools"][name] = {"hardware": hardware, "slots": slots, "model": "qwen2.5-0.5b",
+                                          "acceptance": "qwen2.5-0.5b"}
+    for gone in ("code", "math", "chat"):
+        m["simulation"]["pools"].pop(gone, None)
+    m["spec"]["drafterPools"] = pools
+    m["spec"]["verifier"]["replicas"] = 2
+    m["spec"]["autoscaling"] = {"enabled": autoscaled, "intervalSeconds": 30, "stabilizationSeconds": 120,
+                                "maxScaleDownStep": 2, "acceptedTokenValuePerMillionUsd": token_value_per_million_usd}
+    return m
+
+
+def autoscale_step(profiles: Profiles | None = None, phase_s: float = 240.0, rates: tuple[float, ...] = (2, 12, 4),
+                   fixed_gpu: tuple[int, ...] = (1, 2, 3, 4, 6), token_value_per_million_usd: float = 50.0,
+                   seed: int = 0) -> dict[str, Any]:
+    """The autoscaler under a load step, against the best fixed size.
+
+    A GPU verifier with a GPU pool that starts at zero (`minReplicas` 0) and a CPU pool (see
+    `_step_manifest`); Poisson load stepping through `rates` (req/s, `phase_s` each). The rule
+    (`cosine_operator.autoscaling.desired_replicas`, prices from `profiles.yaml`, accepted tokens
+    valued at `token_value_per_million_usd`) against every fixed size of the GPU pool in
+    `fixed_gpu` (the CPU pool at 1), all on the same requests. Reports goodput per dollar (output
+    tokens per USD of GPU and node time), the rule's ratio to the best fixed size, decisions to
+    settle after each step, flaps, the conditions the rule raised and the replica timelines."""
+    profiles = profiles or load_profiles()
     total_s = phase_s * len(rates)
-    swing = max(rates) - rates[0]
-    steps = {"steps": lambda t: rates[min(len(rates) - 1, int(t // phase_s))],
-             "diurnal": lambda t: rates[0] + swing * 0.5 * (1 - math.cos(2 * math.pi * t / total_s))}
+    reqs = _rate_trace(lambda t: rates[min(len(rates) - 1, int(t // phase_s))], total_s, 256, 64, seed)
+
+    def run(m: dict[str, Any]) -> tuple[SimResult, Any]:
+        setup, _ = config.build_setup(m, profiles, seed=seed)
+        return simulate(setup, Workload(reqs), duration_s=total_s), setup
+
+    fixed = {}
+    for n in fixed_gpu:
+        res, _ = run(_step_manifest((n, n, n), (1, 1, 1), False, token_value_per_million_usd))
+        fixed[n] = res.summary() | {"tokens_per_usd": res.tokens / res.gpu_cost_usd}
+    best = max(fixed, key=lambda n: fixed[n]["tokens_per_usd"])
+    res, setup = run(_step_manifest((0, 0, 8), (1, 1, 8), True, token_value_per_million_usd))
     assert setup.scaling is not None
-    for name, rate_at in steps.items():
-        reqs = _rate_trace(rate_at, total_s, 256, 64, seed)
-        res = simulate(setup, Workload(reqs), duration_s=total_s)
-        out[name] = _scaling_figures(res, setup.scaling, setup.interval_s, phase_s, len(rates)) | res.summary()
-        out[name]["timeline"] = res.replicas_timeline
-    out["bounds"] = {"min": 3, "max": max_replicas, "pools": 3, "max_scale_down_step": 2}
-    return out
+    rule = res.summary() | {"tokens_per_usd": res.tokens / res.gpu_cost_usd}
+    figures = _scaling_figures(res, setup.scaling, setup.interval_s, phase_s, len(rates))
+    conditions: dict[str, dict[str, Any]] = {}
+    for t, pool, cond, reason in res.conditions:
+        conditions.setdefault(f"{pool}:{cond}", {"first_s": t, "count": 0, "reason": reason})["count"] += 1
+    gpu_tl = res.replicas_timeline["gpu"]
+    return {"rates": list(rates), "phase_s": phase_s, "fixed": fixed, "best_fixed_gpu_replicas": best,
+            "rule": rule, "tokens_per_usd_vs_best_fixed": rule["tokens_per_usd"] / fixed[best]["tokens_per_usd"],
+            "conditions": conditions, "zero_pool_returned_s": next((t for t, n in gpu_tl if n > 0), None),
+            "timeline": res.replicas_timeline, **figures}
 
 
 def autoscale_shared_pools(profiles: Profiles | None = None, duration_s: float = 360.0, rate: float = 2.0,
