@@ -7,7 +7,6 @@ Each returns a JSON-able dict; `plots` draws them.
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 import statistics
 from pathlib import Path
