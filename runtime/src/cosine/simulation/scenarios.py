@@ -242,7 +242,7 @@ def _step_manifest(gpu: tuple[int, int, int], cpu: tuple[int, int, int], autosca
 
 
 def autoscale_step(profiles: Profiles | None = None, phase_s: float = 240.0, rates: tuple[float, ...] = (2, 12, 4),
-                   fixed_gpu: tuple[int, ...] = (1, 2, 3, 4, 6), token_value_per_million_usd: float = 50.0,
+                   fixed_gpu: tuple[int, ...] = (1, 2, 3, 4, 6), token_value_per_million_usd: float = 5.0,
                    seed: int = 0) -> dict[str, Any]:
     """The autoscaler under a load step, against the best fixed size.
 
