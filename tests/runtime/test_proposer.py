@@ -435,3 +435,18 @@ def test_prefetch_asks_the_pools_with_the_prompt_before_the_first_step():
     assert len(pool.asked) == 2  # the first step's ask only
     p.release("r")
     _wait(lambda: pool.released == ["r"])
+
+
+def test_drafts_never_reach_past_the_verifiers_context_limit():
+    """As vLLM's own proposers clamp (`ngram_proposer`: k <= max_model_len - num_tokens): a request
+    of n tokens gets at most max_model_len - n - 1 draft tokens (the step computes them and a
+    bonus token), none at the limit."""
+    s = ProposerSettings(speculation=_k(4), lookup=True, max_model_len=40)
+    p = CoSineProposer(s, [])
+    ctx = [1, 2, 3, 4, 5] * 7  # 35 tokens that repeat: lookup drafts the full k
+    for _ in range(3):
+        p.propose({"r": ctx})
+    assert len(p.propose({"r": ctx})["r"]) == 4
+    assert len(p.propose({"r": ctx + [1, 2]})["r"]) == 40 - 37 - 1
+    assert p.propose({"r": ctx + [1, 2, 3, 4]})["r"] == []
+    p.close()

@@ -110,7 +110,9 @@ class ProposerSettings:
     `pool_down_after` failed calls in a row; pool_warn_every_s: at most one warning per pool in this many seconds.
     reroute_every: steps between re-routing a request. initial_step_s: the pass time assumed
     before any step was measured. pool_yield_decay: per-call decay of the yield's counts
-    (`cosine:drafter_yield_tokens`).
+    (`cosine:drafter_yield_tokens`). max_model_len: the verifier's context limit (vLLM's
+    `max_model_len`): a request of n tokens gets at most `max_model_len - n - 1` draft tokens (the
+    step computes them and a bonus token), as vLLM's own proposers clamp (None: no limit).
 
     Raises ValueError for pool_yield_decay outside (0, 1] (`SpeculationSpec` and `SuffixSettings`
     check their own bounds)."""
@@ -127,6 +129,7 @@ class ProposerSettings:
     reroute_every: int = 16
     initial_step_s: float = 0.1
     pool_yield_decay: float = 0.97
+    max_model_len: int | None = None  # the verifier's context limit, tokens: drafts never reach past it
 
     def __post_init__(self) -> None:
         if not 0 < self.pool_yield_decay <= 1:
@@ -295,6 +298,8 @@ class CoSineProposer:
                 if tokens
                 else 0
             )
+            if self.settings.max_model_len is not None:
+                k = min(k, max(0, self.settings.max_model_len - len(ctx) - 1))
             drafts[rid] = list(tokens[:k])
             req.last_source = source if k else ""
             if k:

@@ -220,7 +220,7 @@ def cosine_llm(model: str, config: Mapping[str, Any] | None, **llm_kwargs: Any) 
     return LLM(model=model, **(engine_kwargs(config) if config else {}), **llm_kwargs)
 
 
-def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
+def build_proposer(config: Mapping[str, Any], max_model_len: int | None = None) -> prop.CoSineProposer:
     """A `CoSineProposer` from the `additional_config["cosine"]` dict: each pool a
     `transport.replica_pool.ReplicaPool` over its replicas' gRPC addresses, all calls tagged with
     one id for this verifier replica (drafters key per-request state by verifier and request)."""
@@ -240,6 +240,7 @@ def build_proposer(config: Mapping[str, Any]) -> prop.CoSineProposer:
         expertise[p["name"]] = tuple(p.get("expertise", ()))
     speculation = speculation_of(config)
     settings = prop.ProposerSettings(speculation=speculation, lookup=bool(config.get("lookup", True)),
+                                     max_model_len=max_model_len,
                                      pool=prop.PoolPolicy(branches=speculation.branches))
     return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")))
 
@@ -274,7 +275,7 @@ class CoSineScheduler(Scheduler):
         if k != self.num_spec_tokens:
             raise ValueError(f"additional_config.cosine.speculation.maxDraftLen ({k}) must equal "
                              f"speculative_config.num_speculative_tokens ({self.num_spec_tokens})")
-        self.cosine = build_proposer(config)
+        self.cosine = build_proposer(config, self.vllm_config.model_config.max_model_len)
         self._step_t0 = 0.0
         self._exporter = None
         if config.get("metrics_port"):
