@@ -228,6 +228,9 @@ def test_manifest_needs_translate_tokenizer_for_another_family(tmp_path):
     assert problems({**smol, "translateTokenizer": True}) == []
     assert problems({"name": "c", "model": "qwen2.5-coder-0.5b-instruct"}) == []
     assert problems({"name": "c", "model": "/models/mine"}) == []  # unknown family: the user's call
+    # a declared tokenizer is what is judged (the check is the webhook's own, one function)
+    (declared,) = problems({"name": "c", "model": "/models/mine", "tokenizer": "HuggingFaceTB/SmolLM2-135M"})
+    assert declared.startswith("spec.drafterPools[0].tokenizer: tokenizer family 'smollm2'")
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump({"kind": "CoSineCluster", "spec": _cluster(smol)}))
     with pytest.raises(ValueError, match="translateTokenizer"):

@@ -14,7 +14,7 @@ import json
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
@@ -90,6 +90,31 @@ def tokenizer_family(name: str) -> str | None:
         if pattern.search(base):
             return family
     return None
+
+
+def tokenizer_problems(cluster: ClusterSpec, family_of: Callable[[str], str | None] = tokenizer_family) -> list[str]:
+    """Model drafter pools whose tokenizer family differs from the verifier's without
+    ``translateTokenizer: true``, one message per pool naming its field (the pool's ``tokenizer``
+    when given, else its ``model``). ``family_of`` maps a model or tokenizer name to its family
+    (default: :func:`tokenizer_family`, the name table; the runtime passes its model store's, which
+    also reads directories it wrote). A family that is unknown on either side is not judged.
+    The admission webhook and ``cosine serve`` both run this one check."""
+    verifier = cluster.verifier.tokenizer_family
+    verifier_family = family_of(verifier)
+    problems = []
+    for i, pool in enumerate(cluster.drafter_pools):
+        if pool.kind != "model" or pool.translate_tokenizer or pool.tokenizer_family is None:
+            continue
+        family = family_of(pool.tokenizer_family)
+        if family is not None and verifier_family is not None and family != verifier_family:
+            field = f"spec.drafterPools[{i}]"
+            which = "tokenizer" if pool.tokenizer else "model"
+            problems.append(
+                f"{field}.{which}: tokenizer family {family!r} of {pool.tokenizer_family!r} differs from "
+                f"the verifier's {verifier_family!r} ({verifier!r}); set {field}.translateTokenizer: true to "
+                "translate drafts via text, or use a drafter of the verifier's family"
+            )
+    return problems
 
 
 def clamp_replicas(replicas: int, minimum: int, maximum: int) -> int:

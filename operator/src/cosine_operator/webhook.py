@@ -54,7 +54,6 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
     except ValueError as e:
         message = str(e)
         return [message if message.startswith("spec.") else f"spec: {message}"]
-    verifier_family = s.tokenizer_family(cluster.verifier.tokenizer_family)
     problems += pod_override_problems("spec.verifier", cluster.verifier.pod)
     if cluster.model_cache is not None:  # the pull Job's name is also its pods' job-name label: a label value
         job = builders.model_job_name(name, {})  # the length of any of its names
@@ -77,18 +76,7 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
                 "name the model's GGUF repository (by convention '<repo>-GGUF' on the Hugging Face Hub) or "
                 f"a .gguf path, or set {field}.engine: vllm"
             )
-        if pool.kind != "model" or pool.translate_tokenizer or pool.tokenizer_family is None:
-            continue
-        family = s.tokenizer_family(pool.tokenizer_family)
-        if family is not None and verifier_family is not None and family != verifier_family:
-            which = "tokenizer" if pool.tokenizer else "model"
-            problems.append(
-                f"{field}.{which}: tokenizer family {family!r} of {pool.tokenizer_family!r} differs from "
-                f"the verifier's {verifier_family!r} ({cluster.verifier.tokenizer_family!r}); set "
-                f"{field}.translateTokenizer: true to translate drafts via text, or use a drafter of "
-                "the verifier's family"
-            )
-    return problems
+    return problems + s.tokenizer_problems(cluster)
 
 
 @kopf.on.validate(s.GROUP, s.VERSION, s.CLUSTER_PLURAL, id="validate-cosinecluster")

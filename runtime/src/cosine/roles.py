@@ -69,27 +69,12 @@ def parse_spec(obj: dict[str, Any]):
 
 
 def tokenizer_problems(spec) -> list[str]:
-    """Model drafter pools whose tokenizer family differs from the verifier's without
-    `translateTokenizer: true` (the admission webhook's rule, for manifests no webhook saw).
-
-    Judged only when both families are known to the model store; each message names the field.
-    """
+    """`cosine_operator.settings.tokenizer_problems` (the admission webhook's check, for manifests
+    no webhook saw), with families from the model store (it also knows directories it wrote)."""
     from cosine.model_store import tokenizer_family
+    from cosine_operator.settings import tokenizer_problems as problems
 
-    verifier_family = tokenizer_family(spec.verifier.model)
-    problems = []
-    for i, pool in enumerate(spec.drafter_pools):
-        if pool.kind != "model" or pool.translate_tokenizer or pool.model is None:
-            continue
-        family = tokenizer_family(pool.model)
-        if family is not None and verifier_family is not None and family != verifier_family:
-            problems.append(
-                f"spec.drafterPools[{i}].model: tokenizer family {family!r} of {pool.model!r} differs from the "
-                f"verifier's {verifier_family!r} ({spec.verifier.model!r}); set "
-                f"spec.drafterPools[{i}].translateTokenizer: true to translate drafts via text, or use a drafter "
-                "of the verifier's family"
-            )
-    return problems
+    return problems(spec, tokenizer_family)
 
 
 # ---------------------------------------------------------------- drafter
