@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cosine.placement import MODES
+from cosine.placement import DEFAULT, MODES
 from cosine_operator.settings import SpeculationSpec, read_fields
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
-    choice = _placement_choice("auto", args.cluster, args.evidence)
+    choice = _placement_choice(DEFAULT, args.cluster, args.evidence)
     print(f"CoSine's placement under auto: {choice.mode} ({choice.reason})", flush=True)
     report = vllm_bench.run_bench(prompts, systems, levels, args.max_tokens, args.cluster, args.drafter,
                                   peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload),
@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--suffix-k", type=int, default=None,
                     help="most tokens vllm-suffix drafts per step (default: --peer-k; 0: vLLM's default, its "
                          "suffix tree depth)")
-    be.add_argument("--placement", default="auto", choices=["auto", "shared", "split", "overlap", "lookup"],
+    be.add_argument("--placement", default=DEFAULT, choices=MODES,
                     help="auto (CoSine as cosine serve places it by default, every other system on every core), "
                          "shared (the manifest's and vLLM's own placement), split (equal resources: vLLM's "
                          "systems on every core, CoSine's verifier and drafter pools on disjoint halves), "
@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (OpenAI API)")
     se.add_argument("--host", default="127.0.0.1", help="the verifier's HTTP bind address")
     se.add_argument("--metrics-port", type=int, default=9091, help="CoSine's per-pool cosine: series (0 = off)")
-    se.add_argument("--placement", choices=MODES, default="auto", help=placement_help)
+    se.add_argument("--placement", choices=MODES, default=DEFAULT, help=placement_help)
     se.add_argument("--evidence", type=Path, default=EVIDENCE, help=evidence_help)
     se.set_defaults(func=_serve)
 
@@ -304,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--max-tokens", type=int, default=64)
     de.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (0 = any free port)")
     de.add_argument("--exit", action="store_true", help="stop the cluster after the report")
-    de.add_argument("--placement", choices=MODES, default="auto", help=placement_help)
+    de.add_argument("--placement", choices=MODES, default=DEFAULT, help=placement_help)
     de.add_argument("--evidence", type=Path, default=EVIDENCE, help=evidence_help)
     de.set_defaults(func=_demo)
 

@@ -21,10 +21,26 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from cosine.speculation_control import expected_tokens
 
-MODES = ("auto", "split", "overlap", "lookup", "shared")
+
+class Mode(StrEnum):
+    """Where `cosine serve` (and `cosine bench`'s clusters) put the verifier and the pools:
+    `auto` chooses from measured evidence (`choose`); `split` disjoint cores; `overlap` the
+    verifier on every core, replicas sharing them; `lookup` no replicas (prompt lookup only);
+    `shared` nothing pinned (what co-location costs)."""
+
+    AUTO = "auto"
+    SPLIT = "split"
+    OVERLAP = "overlap"
+    LOOKUP = "lookup"
+    SHARED = "shared"
+
+
+MODES = tuple(m.value for m in Mode)
+DEFAULT = Mode.AUTO  # the CLI's, the bench's and the demo's default
 
 
 @dataclass(frozen=True)

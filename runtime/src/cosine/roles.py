@@ -347,7 +347,7 @@ def _child_setup(cores: Sequence[int]):
     return setup
 
 
-def placement(spec, mode: str = "split"):
+def placement(spec, mode: str):
     """Where `cosine serve` runs each role (`runtime.placement`): `split` puts the verifier's
     engine threads and each drafter replica on disjoint cores of this process's affinity (sharing
     only when there are too few); `overlap` binds the verifier to every core and lets the replicas
@@ -443,8 +443,8 @@ def stop_children(children: list[Child], timeout_s: float = 10) -> None:
             c.process.wait()
 
 
-def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None, metrics_port: int = 0,
-              placement_mode: str = "split") -> int:
+def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None, metrics_port: int,
+              placement_mode: str) -> int:
     """Drafter processes (none for `lookup`; `local_pools.LocalPools`, scaled by the operator's
     rule with `spec.autoscaling.enabled`), then the verifier (vLLM's server with CoSine's
     proposer) as a child, on the cores `placement(spec, placement_mode)` gives them; returns when

@@ -91,7 +91,7 @@ from typing import Any
 import yaml
 
 from cosine import roles
-from cosine.placement import Choice
+from cosine.placement import DEFAULT, MODES, Choice
 from cosine.tooling.workloads import Prompt
 from cosine_operator import metric_names as m
 from cosine_operator.settings import SpeculationSpec
@@ -104,7 +104,7 @@ DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ABLATIONS)
 CLUSTERS = ("cosine", *ABLATIONS)  # the systems that run the embedded cluster (`cosine serve`)
 REFERENCE = "vllm"
 PEERS = ("vllm-ngram", "vllm-suffix", "vllm-draft")  # vLLM's own speculation methods
-PLACEMENTS = ("auto", "shared", "split", "overlap", "lookup")
+PLACEMENTS = MODES  # cosine.placement.Mode
 WARMUP = Prompt("warmup", "warmup", "Say hello in one word.")  # never a measured prompt
 WARMUP_TOKENS = 8
 
@@ -592,7 +592,7 @@ def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: S
 
 def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: Sequence[int], max_tokens: int,
               manifest: Path | None, drafter_model: str, peer_k: int = 4, quiet: bool = True,
-              workload: str = "", placement: str = "auto", suffix_k: int | None = None,
+              workload: str = "", placement: str = DEFAULT, suffix_k: int | None = None,
               draft_cost_models: Sequence[str] | None = None, draft_k: int = 8,
               choice: Choice | None = None) -> dict[str, Any]:
     """Every system at every level on a fresh server (see the module docstring); then, given
