@@ -17,12 +17,18 @@ def test_generate_and_bench_flags():
     assert (args.concurrency, args.placement, args.systems) == ("1,4,8", "auto", "")
 
 
-def test_serve_and_demo_place_by_measurement_by_default(tmp_path):
+def test_serve_and_demo_place_by_measurement_by_default(tmp_path, monkeypatch):
     from cosine.cli import _placement_choice
+    from cosine.tooling import vllm_bench
 
     for command in (["serve"], ["demo"]):
         args = build_parser().parse_args(command)
-        assert args.placement == "auto" and str(args.evidence) == "results/bench.json"
+        assert args.placement == "auto" and args.evidence is None  # the last bench, in the cache
+    # the evidence is the last bench kept in the cache, wherever the command runs
+    monkeypatch.setenv("COSINE_CACHE", str(tmp_path / "cache"))
+    vllm_bench.write_report({"rows": []}, tmp_path / "elsewhere" / "bench.json")
+    assert vllm_bench.last_bench_path() == tmp_path / "cache" / "bench" / "last.json"
+    assert vllm_bench.last_bench_path().read_text() == (tmp_path / "elsewhere" / "bench.json").read_text()
     # no bench run yet: the pool is unmeasured and stays off this CPU verifier's cores
     c = _placement_choice("auto", None, tmp_path / "bench.json")
     assert c.mode == "lookup" and "not measured" in c.reason

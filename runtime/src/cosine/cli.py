@@ -22,12 +22,12 @@ if TYPE_CHECKING:
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
 log = logging.getLogger(__name__)
-EVIDENCE = Path("results/bench.json")  # where `make bench` writes: the measurements `auto` placement reads
 placement_help = ("auto (default): local drafter pools get their own cores only where their measured gain beats "
                   "what the verifier loses (else pools off); split: verifier and pools on disjoint cores; overlap: "
                   "the verifier on every core, pools sharing them; lookup: no pools, the verifier on every core; "
                   "shared: no pinning")
-evidence_help = "a cosine bench JSON whose measurements the auto placement weighs (if it exists)"
+evidence_help = ("a cosine bench JSON whose measurements the auto placement weighs, if it exists (default: the "
+                 "last bench run, kept in the cache directory: <cache>/bench/last.json)")
 
 
 def _models_pull(args: argparse.Namespace) -> int:
@@ -141,9 +141,16 @@ def _placement_choice(mode: str, manifest: Path | None, evidence: Path | None) -
     base = Evidence(len(os.sched_getaffinity(0)), local_pool_cores(spec),
                     verifier_on_gpu=bool(spec.verifier.pod.gpu_count),
                     max_draft_len=spec.speculation.max_draft_len)
-    if evidence is not None and evidence.exists():
+    if evidence is None:
+        from cosine.tooling.vllm_bench import last_bench_path
+
+        evidence = last_bench_path()
+    if not evidence.exists():
+        log.info("placement evidence: none (no bench at %s)", evidence)
+    else:
         from cosine.simulation.calibration import load_bench, placement_evidence
 
+        log.info("placement evidence: %s", evidence)
         try:
             base = placement_evidence(load_bench(evidence), replace(base, source=str(evidence)))
         except (KeyError, ValueError, ZeroDivisionError, StopIteration) as e:
@@ -241,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "systems on every core, CoSine's verifier and drafter pools on disjoint halves), "
                          "overlap (every verifier on every core, CoSine's pools sharing them) or lookup "
                          "(CoSine without its pools, on every core)")
-    be.add_argument("--evidence", type=Path, default=EVIDENCE, help=evidence_help)
+    be.add_argument("--evidence", type=Path, default=None, help=evidence_help)
     be.add_argument("--workload", default="mixed", help="JSONL file or a built workload name (mixed, repeat, code, …)")
     be.add_argument("--limit", type=int, default=0, help="prompts per domain (0 = all)")
     be.add_argument("--max-tokens", type=int, default=64)
@@ -294,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--host", default="127.0.0.1", help="the verifier's HTTP bind address")
     se.add_argument("--metrics-port", type=int, default=9091, help="CoSine's per-pool cosine: series (0 = off)")
     se.add_argument("--placement", choices=MODES, default=DEFAULT, help=placement_help)
-    se.add_argument("--evidence", type=Path, default=EVIDENCE, help=evidence_help)
+    se.add_argument("--evidence", type=Path, default=None, help=evidence_help)
     se.set_defaults(func=_serve)
 
     de = sub.add_parser("demo", help="start the embedded cluster, send it workload prompts, report, keep serving")
@@ -305,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (0 = any free port)")
     de.add_argument("--exit", action="store_true", help="stop the cluster after the report")
     de.add_argument("--placement", choices=MODES, default=DEFAULT, help=placement_help)
-    de.add_argument("--evidence", type=Path, default=EVIDENCE, help=evidence_help)
+    de.add_argument("--evidence", type=Path, default=None, help=evidence_help)
     de.set_defaults(func=_demo)
 
     _add_simulate_parser(sub)

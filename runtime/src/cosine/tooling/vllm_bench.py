@@ -757,10 +757,20 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def last_bench_path() -> Path:
+    """Where the last bench run is kept: `<cache>/bench/last.json` (`model_store.cache_root`), the
+    evidence `auto` placement reads whatever the working directory."""
+    from cosine.model_store import cache_root
+
+    return cache_root() / "bench" / "last.json"
+
+
 def write_report(report: dict[str, Any], out: Path) -> None:
-    """Write the report as indented JSON to `out`, creating its directory."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    """Write the report as indented JSON to `out` and to `last_bench_path()`, creating their directories."""
+    text = json.dumps(report, indent=1)
+    for path in (out, last_bench_path()):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 def plot(report: dict[str, Any], out: Path) -> None:
