@@ -283,3 +283,22 @@ def test_peer_command_runs_vllm_alone_or_with_its_own_method(monkeypatch, tmp_pa
         text = " ".join(argv)
         assert "CoSineScheduler" not in text and "cosine.vllm_hooks" not in text, system
         assert (f'"method":"{method}"' in text) == (method is not None), (system, text)
+
+
+def test_repeats_interleave_and_ratios_come_from_medians_with_their_spread():
+    runs = vllm_bench.plan_runs(["vllm", "vllm-suffix", "cosine"], [1], repeat=3)
+    assert [r.system for r in runs] == ["vllm", "vllm-suffix", "cosine", "cosine", "vllm-suffix", "vllm",
+                                        "vllm", "vllm-suffix", "cosine"]
+    with pytest.raises(ValueError, match="repeat"):
+        vllm_bench.plan_runs(["vllm"], [1], repeat=0)
+    tps = {"vllm": [10.0, 8.0, 9.0], "vllm-suffix": [11.0, 8.0, 10.0], "cosine": [12.0, 9.0, 9.0]}
+    rows = [{"system": r.system, "run": r.run, "concurrency": 1, "tpot_ms_p50": 50.0, "mean_acceptance_length": 1.4,
+             "steps_with_draft_fraction": 0.4, "output_tokens_per_s": tps[r.system].pop(0)} for r in runs]
+    summary = {e["system"]: e for e in vllm_bench.summarize_repeats(rows)}
+    cosine = summary["cosine"]
+    assert cosine["runs"] == 3 and cosine["output_tokens_per_s"] == 9.0
+    assert cosine["ratio_vs_vllm"] == 9.0 / 8.0 and cosine["ratio_vs_vllm_spread"] == [1.0, 1.2]  # 12/10, 9/8, 9/9
+    assert cosine["best_vllm_speculation"] == "vllm-suffix"
+    assert cosine["ratio_vs_best_vllm_speculation_spread"] == [0.9, 9 / 8]  # 12/11, 9/8, 9/10
+    report = {"rows": [], "summary": list(summary.values()), "repeat": 3}
+    assert "medians over 3 runs" in vllm_bench.format_table(report)

@@ -106,6 +106,7 @@ def _bench(args: argparse.Namespace) -> int:
     report = vllm_bench.run_bench(prompts, systems, levels, args.max_tokens, args.cluster, args.drafter,
                                   peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload),
                                   placement=args.placement, suffix_k=args.suffix_k, choice=choice,
+                                  repeat=args.repeat,
                                   draft_cost_models=_names(args.draft_cost_models) if args.draft_cost else None)
     vllm_bench.write_report(report, args.out)
     print(vllm_bench.format_table(report))
@@ -242,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--suffix-k", type=int, default=None,
                     help="most tokens vllm-suffix drafts per step (default: --peer-k; 0: vLLM's default, its "
                          "suffix tree depth)")
+    be.add_argument("--repeat", type=int, default=1,
+                    help="runs per system and level, interleaved (A B C ... C B A ...); ratios from their medians "
+                         "with their spread (1: the reference first and last)")
     be.add_argument("--placement", default=DEFAULT, choices=MODES,
                     help="auto (CoSine as cosine serve places it by default, every other system on every core), "
                          "shared (the manifest's and vLLM's own placement), split (equal resources: vLLM's "

@@ -27,7 +27,10 @@ previous level's answers to the same prompts. Each server first answers one warm
 (first-request overheads are not the system's speed) whose prompt is not in the measured set, so it
 cannot seed a cache with a measured answer. Servers run one at a time (their weights do not fit
 together in RAM), level by level; because this machine's speed drifts, the reference runs first and
-again last at each level, and ratios use the mean of both runs (both are in the JSON). Reuse across
+again last at each level (ratios use the median of its runs); with `--repeat N` every system runs N
+times in interleaved order (A B C ... C B A ...), and the report's `summary` gives per system the
+median ratio of its i-th run to the reference's (and the best vLLM speculation method's) with the
+spread of those ratios. Reuse across
 requests (prompts that repeat) is measured on its own workload, `--workload repeat`, reported
 separately.
 
@@ -175,17 +178,26 @@ def system_placement(system: str, default: str, auto_mode: str = "lookup") -> tu
     return base, placement
 
 
-def plan_runs(systems: Sequence[str], concurrencies: Sequence[int]) -> list[Run]:
-    """A fresh server per (system, level), level by level; the reference first and last of each.
-    A system may carry its own placement (`system_placement`).
+def plan_runs(systems: Sequence[str], concurrencies: Sequence[int], repeat: int = 1) -> list[Run]:
+    """A fresh server per (system, level, repeat), level by level. With `repeat` 1 the reference
+    runs first and last of each level; with `repeat` N >= 2 every system runs N times in
+    interleaved order, forward then backward (A B C ... C B A A B C ...), so a drift of the
+    machine's speed within a level falls on every system alike. A system may carry its own
+    placement (`system_placement`).
 
     Raises:
-        ValueError: an unknown system.
+        ValueError: an unknown system, or `repeat` < 1.
     """
     unknown = [s for s in systems if s.partition("@")[0] not in SYSTEMS]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; choose among {list(SYSTEMS)}")
-    order = [REFERENCE, *[s for s in dict.fromkeys(systems) if s != REFERENCE], REFERENCE]
+    if repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {repeat}")
+    forward = [REFERENCE, *[s for s in dict.fromkeys(systems) if s != REFERENCE]]
+    if repeat == 1:
+        order = [*forward, REFERENCE]
+    else:
+        order = [s for i in range(repeat) for s in (forward if i % 2 == 0 else forward[::-1])]
     return [Run(i, s, c) for c in concurrencies for i, s in enumerate(order)]
 
 
@@ -594,7 +606,7 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
               manifest: Path | None, drafter_model: str, peer_k: int = 4, quiet: bool = True,
               workload: str = "", placement: str = DEFAULT, suffix_k: int | None = None,
               draft_cost_models: Sequence[str] | None = None, draft_k: int = 8,
-              choice: Choice | None = None) -> dict[str, Any]:
+              choice: Choice | None = None, repeat: int = 1) -> dict[str, Any]:
     """Every system at every level on a fresh server (see the module docstring); then, given
     `draft_cost_models` (empty: the manifest's pool models and `drafter_model`), the draft cost of
     each drafter engine on each of them (`draft_cost`), `draft_k` tokens a draft, on a pool's share
@@ -608,7 +620,7 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
         ValueError: an unknown system or placement.
         RuntimeError: `vllm-suffix` without Arctic Inference installed; a server that does not start.
     """
-    runs = plan_runs(systems, concurrencies)
+    runs = plan_runs(systems, concurrencies, repeat) if repeat > 1 else plan_runs(systems, concurrencies)
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; choose among {list(PLACEMENTS)}")
     auto_mode = choice.mode if choice else "lookup"
@@ -686,7 +698,8 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     return {"workload": workload, "max_tokens": max_tokens, "systems": list(systems),
             "concurrency": list(concurrencies), "model": model, "placement": placement, "cpus": cpus,
             "placement_choice": asdict(choice) if choice else {"mode": auto_mode, "reason": "default"},
-            "peer_k": peer_k, "suffix_k": suffix_k, "warmup_prompt": WARMUP.prompt, "rows": rows,
+            "peer_k": peer_k, "suffix_k": suffix_k, "warmup_prompt": WARMUP.prompt, "repeat": repeat, "rows": rows,
+            "summary": summarize_repeats(rows),
             "draft_cost": costs, "records": [asdict(r) for r in records]}
 
 
@@ -697,20 +710,59 @@ def _manifest_note(variant: Variant) -> str:
     return "; ".join(notes) or "as given"
 
 
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def summarize_repeats(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per (system, level): its runs, medians of output tokens/s, TPOT, acceptance length and the
+    share of steps with a draft, and its ratio to `vllm` and to the best of vLLM's speculation
+    methods as the median of the per-repeat ratios, with their spread [min, max] (the i-th run of
+    a system against the i-th of the other; a single run has no spread to give)."""
+    out = []
+    for c in sorted({r["concurrency"] for r in rows}):
+        level = [r for r in rows if r["concurrency"] == c]
+        by_system: dict[str, list[Mapping[str, Any]]] = {}
+        for r in sorted(level, key=lambda r: r["run"]):
+            by_system.setdefault(r["system"], []).append(r)
+        peers = {s: rs for s, rs in by_system.items() if s.partition("@")[0] in PEERS}
+        for system, mine in by_system.items():
+            tps = [r["output_tokens_per_s"] for r in mine]
+            entry: dict[str, Any] = {
+                "system": system, "concurrency": c, "runs": len(mine), "output_tokens_per_s": _median(tps),
+                "tpot_ms_p50": _median([r.get("tpot_ms_p50") for r in mine]),
+                "mean_acceptance_length": _median([r.get("mean_acceptance_length") for r in mine]),
+                "steps_with_draft_fraction": _median([r.get("steps_with_draft_fraction") for r in mine]),
+            }
+            against = {"vs_vllm": by_system.get(REFERENCE, [])}
+            if peers:
+                best = max(peers, key=lambda s: _median([r["output_tokens_per_s"] for r in peers[s]]) or 0.0)
+                entry["best_vllm_speculation"] = best
+                against["vs_best_vllm_speculation"] = peers[best]
+            for key, other in against.items():
+                ratios = [a["output_tokens_per_s"] / b["output_tokens_per_s"] for a, b in zip(mine, other, strict=False)
+                          if b["output_tokens_per_s"]]
+                entry[f"ratio_{key}"] = _median(ratios)
+                entry[f"ratio_{key}_spread"] = [min(ratios), max(ratios)] if len(ratios) > 1 else None
+            out.append(entry)
+    return out
+
+
 def _add_ratios(rows: list[dict[str, Any]], records: Sequence[Record]) -> None:
-    """Ratios to the mean of the reference's runs at the same level; outputs identical to its first run."""
+    """Ratios to the median of the reference's runs at the same level; outputs identical to its first run."""
     ref_text = {(r.concurrency, r.prompt_id): r.text for r in records if r.system == REFERENCE and r.run == 0}
     for row in rows:
         c = row["concurrency"]
         refs = [r for r in rows if r["system"] == REFERENCE and r["concurrency"] == c]
-        ref_tps = statistics.mean(r["output_tokens_per_s"] for r in refs)
+        ref_tps = statistics.median(r["output_tokens_per_s"] for r in refs)
         row["speedup_vs_vllm"] = row["output_tokens_per_s"] / ref_tps if ref_tps else None
         ref_decode = [r["decode_tokens_per_s"] for r in refs if r.get("decode_tokens_per_s")]
-        row["decode_speedup_vs_vllm"] = (row["decode_tokens_per_s"] / statistics.mean(ref_decode)
+        row["decode_speedup_vs_vllm"] = (row["decode_tokens_per_s"] / statistics.median(ref_decode)
                                          if ref_decode and row.get("decode_tokens_per_s") else None)
         per_domain = {}
         for d, v in row["per_domain_tokens_per_s"].items():
-            ref_d = statistics.mean(r["per_domain_tokens_per_s"].get(d, 0.0) for r in refs)
+            ref_d = statistics.median(r["per_domain_tokens_per_s"].get(d, 0.0) for r in refs)
             per_domain[d] = v / ref_d if ref_d else None
         row["per_domain_speedup_vs_vllm"] = per_domain
         mine = [r for r in records if r.system == row["system"] and r.run == row["run"] and r.concurrency == c]
@@ -746,6 +798,20 @@ def format_table(report: dict[str, Any]) -> str:
             f"{f(r['latency_s_p99']):>6} {f(r['mean_acceptance_length']):>7} {f(r['drafts_late']):>5} "
             f"{f(r['steps_with_draft_fraction']):>7} {f(step * 1e3 if step else None):>7} "
             f"{f(statistics.mean(busy) if busy else None):>5} {r['identical_to_vllm']}/{r['requests']}")
+    if report.get("summary") and report.get("repeat", 1) > 1:
+        def spread(v: Any) -> str:
+            return f"[{v[0]:.3g}-{v[1]:.3g}]" if v else ""
+
+        lines += ["", f"medians over {report['repeat']} runs each (spread: min-max of the per-repeat ratios)",
+                  f"{'system':>15} {'c':>2} {'runs':>4} {'tok/s':>6} {'x vllm':>16} {'x best spec':>16} "
+                  f"{'TPOT ms':>7} {'acc.len':>7} {'w/draft':>7}"]
+        for e in report["summary"]:
+            vs_v = f"{f(e['ratio_vs_vllm'])} {spread(e['ratio_vs_vllm_spread'])}"
+            best = "ratio_vs_best_vllm_speculation"
+            vs_s = f"{f(e.get(best))} {spread(e.get(best + '_spread'))}"
+            lines.append(f"{e['system']:>15} {e['concurrency']:>2} {e['runs']:>4} {f(e['output_tokens_per_s']):>6} "
+                         f"{vs_v:>16} {vs_s:>16} {f(e['tpot_ms_p50']):>7} {f(e['mean_acceptance_length']):>7} "
+                         f"{f(e['steps_with_draft_fraction']):>7}")
     if report.get("draft_cost"):
         lines += ["", f"{'draft engine':>12} {'model':>28} {'threads':>7} {'batch':>5} {'prefill tok/s':>13} "
                       f"{'step ms':>7} {'ms/draft token':>14}"]
