@@ -30,7 +30,10 @@ import yaml
 pytest.importorskip("vllm")
 pytest.importorskip("llama_cpp")
 
-pytestmark = pytest.mark.real_model
+# Slow (-m slow, 52 s here): the default suite's closed loop (test_serve's autoscaling test) starts
+# and stops real replicas through the same address re-resolution, and test_serve kills a replica
+# mid-stream; this one's hand-driven address list and call-split figures run on request.
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 MODEL = "smollm2-135m-instruct"
 RESOLVE_EVERY_S = 0.5

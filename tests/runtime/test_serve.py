@@ -20,6 +20,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -277,16 +278,22 @@ def test_the_autoscaler_closes_the_loop_on_real_processes(tmp_path, reference):
         assert "pool cold 0 ->" not in log_path.read_text(), log_path.read_text()[-2000:]
         assert len(_drafter_pids(proc.pid)) == 1
 
-        stop_load = time.monotonic() + 30
         outputs: list[tuple[str, str]] = []
+        stop, started = threading.Event(), time.monotonic()
 
         def load(i: int) -> None:
-            while time.monotonic() < stop_load:
+            while not stop.is_set():
                 p = PROMPTS[i % len(PROMPTS)]
                 outputs.append((p, _chat(client, p)))
 
-        with cf.ThreadPoolExecutor(8) as pool:
+        def served_by_two() -> bool:  # the replicas added serve calls once ready and listed
+            return sum(1 for c in _replica_calls(metrics_url).get("small", {}).values() if c > 0) >= 2
+
+        with cf.ThreadPoolExecutor(8) as pool:  # the load step: concurrency 8, 20 s at least, 120 s at most
             futures = [pool.submit(load, i) for i in range(8)]
+            while time.monotonic() - started < 120 and not (time.monotonic() - started > 20 and served_by_two()):
+                time.sleep(2)
+            stop.set()
             for f in futures:
                 f.result(timeout=240)
         calls = _replica_calls(metrics_url)

@@ -216,6 +216,8 @@ def _recommend(v: VerifierObservation | None, policy: ScalingPolicy, pool: PoolO
         return pool.replicas, (f"too slow for the verifier at any size: {late / demand:.0%} of its demand late at "
                                f"{pool.batch:.2f} requests per round (round {round_ms}, verifier step {step}): "
                                "holding"), "PoolTooSlow"
+    if asks <= 0 and u <= 0:  # ready but not asked yet (the proposer still holds it down): no evidence
+        return pool.replicas, f"demand {demand:.1f}/s but no ask served yet: holding", None
     load = u * demand / asks if asks > 0 else math.inf  # the busy fraction were all demand served
     reason = (f"demand {demand:.1f}/s, served {asks:.1f}/s at busy fraction {u:.2f} "
               f"({min(load, 99.0):.2f} were all served; target {target:.2f})")
