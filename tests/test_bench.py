@@ -171,6 +171,21 @@ def test_derived_manifest_ablations_and_split_threads():
     assert vllm_bench._manifest_variant("vllm-draft", "split", [0, 1]) == ((), None)
     nobranch = vllm_bench.derived_manifest(source, speculation=dict(vllm_bench.ABLATIONS["cosine-nobranch"]))
     assert roles.parse_spec(nobranch).speculation.branches == 0  # the ablation is a valid spec the runtime reads
+    by_rate = vllm_bench.derived_manifest(source, speculation=dict(vllm_bench.ABLATIONS["cosine-acceptance"]))
+    assert roles.parse_spec(by_rate).speculation.draft_length == "acceptanceRate"
+
+
+def test_profile_top_sums_a_py_spy_collapsed_profile():
+    collapsed = "\n".join([
+        "main (engine.py:1);step (engine.py:9);sched_yield (utils.py:3) 80",
+        "main (engine.py:1);step (engine.py:9);propose (cosine/proposer.py:10);speculate (cosine/lookup.py:5) 15",
+        "main (engine.py:1);step (engine.py:12);propose (cosine/proposer.py:11) 5",
+        " 7",  # py-spy's idle line: no stack
+    ])
+    top = vllm_bench.profile_top(collapsed, top=2)
+    assert top["samples"] == 100 and top["match_share"] == 0.2
+    assert top["top_self"] == [("sched_yield (utils.py)", 0.8), ("speculate (cosine/lookup.py)", 0.15)]
+    assert top["top_match"][0] == ("propose (cosine/proposer.py)", 0.2)  # one frame, lines folded
 
 
 def test_suffix_speculative_config_uses_vllm_defaults_but_k():

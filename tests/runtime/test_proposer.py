@@ -251,13 +251,18 @@ def test_prompt_lookup_acceptance_is_learned_per_domain_across_requests():
     p = CoSineProposer(ProposerSettings(speculation=_k(4)), classify=lambda prompt: "code" if prompt[0] < 100
                        else "chat")
     fresh = p._initial_state(LOOKUP, "chat").acceptance_rate
+    drafted = []
     for i in range(30):  # chat requests whose lookup drafts are always rejected
         rid = f"chat{i}"
         d = p.propose({rid: [100 + i, *REPEAT]}, {rid: 12})[rid]
+        drafted.append(len(d))
         p.observe_step(StepRecord(0.1, 1 + len(d), (RequestOutcome(rid, len(d), 0, p.source_of(rid)),)))
         p.retain(set())
-    assert p._initial_state(LOOKUP, "chat").acceptance_rate < fresh / 2
+    assert drafted[0] == 4 and drafted[-5:] == [0] * 5  # the same tree match, no longer drafted for chat
+    assert p.calibration(LOOKUP, "chat") < 0.2 and p.calibration(LOOKUP, "code") == 1.0
+    assert p._initial_state(LOOKUP, "chat").acceptance_rate < fresh
     assert p._initial_state(LOOKUP, "code").acceptance_rate == fresh  # another domain keeps its prior
+    assert len(p.propose({"code": [1, *REPEAT]}, {"code": 12})["code"]) == 4
 
 
 def _decode_with(p: CoSineProposer, pool: FakePool, steps: int, accept, stride: int = 1) -> list[int]:

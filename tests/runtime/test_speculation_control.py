@@ -10,6 +10,7 @@ from cosine.speculation_control import (
     PassCurve,
     SpeculationSettings,
     best_draft_len,
+    best_path_len,
     expected_tokens,
     initial_state,
     next_draft_len,
@@ -175,6 +176,28 @@ def test_speculation_switches_off_as_a_compute_bound_batch_grows():
     model = [best_draft_len(0.9, BatchedCost(0.126, CPU_CURVE, other_tokens=n - 1, num_requests=n), 8) for n in sizes]
     assert model[0] >= 1 and model[1:] == [0, 0, 0, 0]
     assert best_draft_len(0.98, BatchedCost(0.0, CPU_CURVE, other_tokens=3, num_requests=4), 8) >= 4  # code
+
+
+def test_path_probabilities_are_the_acceptance_model_when_geometric():
+    """With path probabilities alpha^(i+1) the per-draft rule is the per-request one."""
+    for alpha in (0.3, 0.6, 0.9):
+        for cost in (CPU_PAIR, FREE_DRAFTER, BatchedCost(0.0, CPU_CURVE, other_tokens=3, num_requests=4)):
+            assert best_path_len([alpha ** (i + 1) for i in range(8)], cost, 8) == best_draft_len(alpha, cost, 8)
+
+
+def test_a_draft_is_cut_where_its_tokens_stop_paying():
+    """A tree match that is sure for three tokens and then branches: the sure tokens are kept on a
+    compute-bound batch, the unlikely tail is not, however cheap; a flat pass keeps what clears
+    the floor."""
+    path = [0.95, 0.9, 0.88, 0.3, 0.12, 0.05]
+    batch = BatchedCost(0.0, CPU_CURVE, other_tokens=3, num_requests=4)
+    assert best_path_len(path, batch, 8) == 3
+    assert best_path_len(path, BatchedCost(3e-5, GPU_CURVE), 8, min_path_prob=0.1) == 5
+    assert best_path_len(path, BatchedCost(3e-5, GPU_CURVE), 4, min_path_prob=0.1) == 4  # k's bound
+    assert best_path_len([], batch, 8) == 0
+    s = SpeculationSettings()
+    state = initial_state(s, 0.0)  # the request's average says nothing pays; this draft does
+    assert next_draft_len(state, SpeculationSpec(max_draft_len=8), s, batch, path)[1] == 3
 
 
 def test_memory_bound_pass_keeps_speculating_in_a_batch():

@@ -379,6 +379,9 @@ class DrafterPoolSpec(_Checked):
         return clamp_replicas(replicas, self.min_replicas, self.max_replicas)
 
 
+DRAFT_LENGTH_RULES = ("pathProbability", "acceptanceRate")  # spec.speculation.draftLength
+
+
 @dataclass(frozen=True)
 class SpeculationSpec(_Checked):
     """``spec.speculation``: how the verifier's proposer asks pools for drafts.
@@ -391,7 +394,11 @@ class SpeculationSpec(_Checked):
     token whose top-1 probability is below this, ``0..1`` (0 never stops early). ``branches``: at
     most this many rejection points of the draft being verified a pool also drafts from (its
     guess of the target's token there), ``0..4``; fewer while the pool's round trip nears a
-    verifier step; 0: a pool drafts past the verified draft only.
+    verifier step; 0: a pool drafts past the verified draft only. ``draft_length``: what k weighs
+    against a draft token's cost in the verifier's pass: ``pathProbability`` (each token of the
+    draft at hand by its probability of being accepted with every token before it, from its
+    source's own counts or probabilities, calibrated on what the target accepted) or
+    ``acceptanceRate`` (the request's measured acceptance rate, the same for every draft).
     Out-of-bounds values raise ``ValueError`` (as for every spec dataclass here).
     """
 
@@ -401,6 +408,7 @@ class SpeculationSpec(_Checked):
     fusion: bool = spec_field("fusion", True)
     min_confidence: float = spec_field("minConfidence", 0.0, minimum=0, maximum=1)
     branches: int = spec_field("branches", 2, minimum=0, maximum=4)
+    draft_length: str = spec_field("draftLength", "pathProbability", enum=DRAFT_LENGTH_RULES)
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def _bench(args: argparse.Namespace) -> int:
     report = vllm_bench.run_bench(prompts, systems, levels, args.max_tokens, args.cluster, args.drafter,
                                   peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload),
                                   placement=args.placement, suffix_k=args.suffix_k, choice=choice,
-                                  repeat=args.repeat,
+                                  repeat=args.repeat, profile_dir=args.profile,
                                   draft_cost_models=_names(args.draft_cost_models) if args.draft_cost else None)
     vllm_bench.write_report(report, args.out)
     print(vllm_bench.format_table(report))
@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--max-tokens", type=int, default=64)
     be.add_argument("--systems", default="",
                     help="vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine (the default), cosine-nofusion, "
-                         "cosine-nobranch")
+                         "cosine-nobranch, cosine-acceptance")
     be.add_argument("--concurrency", default="1,4,8", help="closed-loop concurrency levels, e.g. 1,4,8")
     be.add_argument("--draft-cost", action=argparse.BooleanOptionalAction, default=True,
                     help="after the servers, time each drafter engine (llama.cpp, vLLM) drafting for each drafter "
@@ -266,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--draft-cost-models", default="",
                     help="comma-separated drafter models for --draft-cost (default: the manifest's pools' "
                          "and --drafter)")
+    be.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                    help="py-spy profiles of every server (all its processes) during each run's timed load, "
+                         "into DIR; each row keeps the share in CoSine's code and the top frames")
     be.add_argument("--out", type=Path, default=Path("results/bench.json"))
     be.add_argument("--plot", type=Path, default=None)
     be.set_defaults(func=_bench)

@@ -15,9 +15,14 @@ Several candidates are fused by confidence into one chain (Gao et al. 2025, arXi
 "confidence-based token fusion", per position; through vLLM only chains are verified: vLLM 0.32
 has no tree attention). The chain's length k comes from goodput on *measured* step times
 (`speculation_control.next_draft_len` over a `BatchedCost` of the `PassCurve` refined by every step
-the engine ran; SmartSpec, arXiv:2406.14066), per request and per draft source, down to k = 0
-with periodic probes. Draft tokens reach the target as point-mass proposals, which vLLM's
-rejection sampler verifies losslessly (accept x with p(x), else sample from p without x).
+the engine ran; SmartSpec, arXiv:2406.14066), per request and per draft at hand: each draft token
+is weighed by its path probability (the probability that it and every token before it are
+accepted: the suffix tree's counts, a pool's top-1 probabilities, multiplied down the chain and
+calibrated per source and domain against what the target accepted; EAGLE-2, arXiv:2406.16858,
+§4) against what one more token adds to this batch's pass, down to k = 0 with periodic probes
+(`spec.speculation.draftLength: acceptanceRate`: by the request's acceptance rate instead).
+Draft tokens reach the target as point-mass proposals, which vLLM's rejection sampler verifies
+losslessly (accept x with p(x), else sample from p without x).
 
 What the proposer decides about pools is `pool_policy.PoolPolicy` (the simulator calls the same
 object). A pool is asked for a request only where it pays (`speculation_control.pool_pays`): its expected
@@ -113,9 +118,12 @@ class ProposerSettings:
     (`cosine:drafter_yield_tokens`). max_model_len: the verifier's context limit (vLLM's
     `max_model_len`): a request of n tokens gets at most `max_model_len - n - 1` draft tokens (the
     step computes them and a bonus token), as vLLM's own proposers clamp (None: no limit).
+    calibration_decay: per-step decay of each source's (accepted, predicted) token counts that
+    calibrate its path probabilities; calibration_prior_tokens: pseudo-tokens at ratio 1 (the
+    source's own probabilities trusted until measured).
 
-    Raises ValueError for pool_yield_decay outside (0, 1] (`SpeculationSpec` and `SuffixSettings`
-    check their own bounds)."""
+    Raises ValueError for pool_yield_decay or calibration_decay outside (0, 1] or a negative prior
+    (`SpeculationSpec` and `SuffixSettings` check their own bounds)."""
 
     speculation: SpeculationSpec = SpeculationSpec()
     control: sc.SpeculationSettings = sc.SpeculationSettings()
@@ -130,10 +138,15 @@ class ProposerSettings:
     initial_step_s: float = 0.1
     pool_yield_decay: float = 0.97
     max_model_len: int | None = None  # the verifier's context limit, tokens: drafts never reach past it
+    calibration_decay: float = 0.98
+    calibration_prior_tokens: float = 2.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.pool_yield_decay <= 1:
-            raise ValueError(f"need 0 < pool_yield_decay <= 1, got {self.pool_yield_decay}")
+        if not 0 < self.pool_yield_decay <= 1 or not 0 < self.calibration_decay <= 1:
+            raise ValueError(f"need 0 < pool_yield_decay, calibration_decay <= 1, got {self.pool_yield_decay}, "
+                             f"{self.calibration_decay}")
+        if self.calibration_prior_tokens < 0:
+            raise ValueError(f"need calibration_prior_tokens >= 0, got {self.calibration_prior_tokens}")
 
 
 @dataclass(frozen=True)
@@ -156,6 +169,7 @@ class _Request:
     steps: int = 0
     last_source: str = ""
     last_confidence: float = 0.5  # mean top-1 probability of the last draft's tokens (the router's confidence)
+    last_path: tuple[float, ...] = ()  # the last draft's path probabilities, uncalibrated (what was predicted)
     inflight: dict[str, Future] = field(default_factory=dict)  # pool -> Future[_PoolDraft]
     arrived: dict[str, _PoolDraft] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)  # every pool ever asked for this request (all are released)
@@ -234,6 +248,8 @@ class CoSineProposer:
         self._contexts: dict[str, Sequence[int]] = {}
         self._lock = threading.Lock()
         self._yield_counts: dict[str, tuple[float, float]] = {}  # pool -> decayed (accepted, calls)
+        self._calibration: dict[tuple[str, str], tuple[float, float]] = {}  # (source, domain) -> decayed
+        # (accepted, predicted) tokens
         self._failures: dict[str, int] = {}  # pool -> failed calls in a row
         self._warned_s: dict[str, float] = {}  # pool -> when its last warning was logged
         self._executor = ThreadPoolExecutor(max_workers=max(1, 2 * len(pools)), thread_name_prefix="cosine-pool")
@@ -256,6 +272,8 @@ class CoSineProposer:
                 continue
             st = req.states.get(o.source) or self._initial_state(o.source, req.domain)
             req.states[o.source] = sc.observe(st, self.settings.control, o.num_draft_tokens, o.num_accepted)
+            if o.source == req.last_source and req.last_path:
+                self._calibrate(o.source, req.domain, o.num_accepted, sum(req.last_path[: o.num_draft_tokens]))
             self.stats.add(self.stats.draft_tokens, o.source, o.num_draft_tokens)
             self.stats.add(self.stats.accepted_tokens, o.source, o.num_accepted)
             self.stats.add(self.stats.drafts, o.source)
@@ -287,11 +305,12 @@ class CoSineProposer:
                 plen = (prompt_lens or {}).get(rid, len(ctx))
                 req = self._new_request(rid, ctx[:plen])
             self._contexts[rid] = ctx
-            tokens, source, confidences = self._fused(rid, req, ctx)
+            tokens, source, path = self._fused(rid, req, ctx)
             k = (
                 self._draft_len(
                     req,
                     source,
+                    self._calibrated(source, req.domain, path),
                     other_tokens=base - 1 + sum(len(d) for d in drafts.values()),
                     num_requests=len(contexts),
                 )
@@ -302,8 +321,9 @@ class CoSineProposer:
                 k = min(k, max(0, self.settings.max_model_len - len(ctx) - 1))
             drafts[rid] = list(tokens[:k])
             req.last_source = source if k else ""
+            req.last_path = path[:k]
             if k:
-                req.last_confidence = sum(confidences[:k]) / k
+                req.last_confidence = sum(path[:k]) / k
             req.steps += 1
             self._request_pool_drafts(rid, req, ctx, drafts[rid])
         return drafts
@@ -378,15 +398,38 @@ class CoSineProposer:
             alpha = routing.expected_acceptance(self.router, profile, domain, self.settings.routing)
         return sc.initial_state(self.settings.control, alpha)
 
-    def _draft_len(self, req: _Request, source: str, other_tokens: int, num_requests: int) -> int:
+    def _draft_len(self, req: _Request, source: str, path: Sequence[float], other_tokens: int,
+                   num_requests: int) -> int:
+        """k for the draft at hand: each token's (calibrated) path probability against what it adds
+        to this batch's pass (`speculation_control.next_draft_len`), probes included."""
         state = req.states.get(source) or self._initial_state(source, req.domain)
         curve = self.curve or sc.PassCurve(((1, self.settings.initial_step_s),))
         cost = sc.BatchedCost(
             draft_token_s=0.0, curve=curve, other_tokens=max(0, other_tokens), num_requests=max(1, num_requests)
         )
-        state, k = sc.next_draft_len(state, self.settings.speculation, self.settings.control, cost)
+        by_path = self.settings.speculation.draft_length == "pathProbability"
+        state, k = sc.next_draft_len(state, self.settings.speculation, self.settings.control, cost,
+                                     path if by_path else None)
         req.states[source] = state
-        return k
+        return min(k, len(path))
+
+    def calibration(self, source: str, domain: str) -> float:
+        """What the target accepted of a source's drafts for requests of `domain` over what their
+        path probabilities predicted (decayed counts, with `calibration_prior_tokens` at ratio 1):
+        the factor its path probabilities are scaled by. Learnt from every step of every request
+        of the domain, as they run."""
+        accepted, predicted = self._calibration.get((source, domain), (0.0, 0.0))
+        prior = self.settings.calibration_prior_tokens
+        return (accepted + prior) / (predicted + prior) if predicted + prior > 0 else 1.0
+
+    def _calibrate(self, source: str, domain: str, accepted: int, predicted: float) -> None:
+        d = self.settings.calibration_decay
+        acc, pred = self._calibration.get((source, domain), (0.0, 0.0))
+        self._calibration[(source, domain)] = (acc * d + accepted, pred * d + predicted)
+
+    def _calibrated(self, source: str, domain: str, path: Sequence[float]) -> tuple[float, ...]:
+        c = self.calibration(source, domain)
+        return tuple(min(1.0, c * p) for p in path)
 
     def _new_request(self, rid: str, prompt: Sequence[int]) -> _Request:
         domain = self.classify(prompt)
@@ -415,13 +458,15 @@ class CoSineProposer:
 
     def _fused(self, rid: str, req: _Request, ctx: Sequence[int]) -> tuple[tuple[int, ...], str, tuple[float, ...]]:
         """The fused chain of every candidate available now, the source of its first token and
-        each token's confidence (the top-1 probability of the candidate that won the position)."""
+        each token's path probability: the product, down the chain, of each position's winning
+        candidate's probability of the token given the ones before it (a pool's top-1
+        probability; the suffix tree's count over its parent's)."""
         s, k_max = self.settings, self.settings.speculation.max_draft_len
         paths: list[DraftPath] = []
         if s.lookup and k_max > 0:
             tokens, probs = self.lookup.propose(rid, ctx, k_max)
-            if tokens:
-                paths.append(DraftPath(LOOKUP, tuple(tokens), tuple(probs)))
+            if tokens:  # the tree gives path probabilities: per token, each over the one before
+                paths.append(DraftPath(LOOKUP, tuple(tokens), _conditional(probs)))
             req.lookup_hit = PoolPolicy.lookup_hit(req.lookup_hit, bool(tokens))
         for name in req.pools:
             usable = self._arrived(req, name, ctx)
@@ -430,7 +475,7 @@ class CoSineProposer:
         if not paths:
             return (), "", ()
         if len(paths) == 1:
-            return paths[0].token_ids[:k_max], paths[0].drafter, paths[0].confidences[:k_max]
+            return paths[0].token_ids[:k_max], paths[0].drafter, _path(paths[0].confidences[:k_max])
         weights = {
             p.drafter: (req.states.get(p.drafter) or self._initial_state(p.drafter, req.domain)).acceptance_rate
             for p in paths
@@ -448,7 +493,7 @@ class CoSineProposer:
             chain.append(tree.nodes[node].token_id)
             winner = tree.nodes[node]
             confs.append(by_source[winner.proposals[0].drafter].confidences[winner.depth - 1])
-        return tuple(chain), source, tuple(confs)
+        return tuple(chain), source, _path(confs)
 
     def _arrived(
         self, req: _Request, name: str, ctx: Sequence[int]
@@ -587,6 +632,24 @@ def _continuation(d: _PoolDraft, ctx: Sequence[int]) -> tuple[tuple[int, ...], t
         if skip < len(tokens) and longer and list(tokens[:skip]) == emitted:
             best = (tokens[skip:], confs[skip:])
     return best
+
+
+def _conditional(path: Sequence[float]) -> tuple[float, ...]:
+    """Per-token probabilities from path probabilities (each over the one before; 0 after a 0)."""
+    out, prev = [], 1.0
+    for p in path:
+        out.append(min(1.0, p / prev) if prev > 0 else 0.0)
+        prev = p
+    return tuple(out)
+
+
+def _path(conditional: Sequence[float]) -> tuple[float, ...]:
+    """Path probabilities from per-token ones: their running product."""
+    out, acc = [], 1.0
+    for q in conditional:
+        acc *= q
+        out.append(acc)
+    return tuple(out)
 
 
 def _reason(e: Exception) -> str:

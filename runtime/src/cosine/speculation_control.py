@@ -23,6 +23,7 @@ pays alone is slower than plain decoding at batch 32.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Protocol
@@ -35,7 +36,10 @@ class SpeculationSettings:
     """The k controller's own tuning (what the CRD's `spec.speculation`, a `SpeculationSpec`, does
     not set): acceptance_prior: alpha assumed before any outcome is seen. ema_weight: weight of the
     newest outcome in the acceptance estimate. probe_interval_steps: after this many k = 0 steps,
-    draft `probe_draft_tokens` tokens to re-measure acceptance.
+    draft `probe_draft_tokens` tokens to re-measure acceptance. min_path_prob: a draft judged on
+    its path probabilities (`best_path_len`) stops before the first token below this, however
+    cheap the pass looks (vLLM's `suffix_decoding_min_token_prob`, 0.1, on calibrated values):
+    a pass curve measured only at one size prices extra tokens at nothing.
     Invalid values raise ValueError.
     """
 
@@ -43,6 +47,7 @@ class SpeculationSettings:
     ema_weight: float = 0.3
     probe_interval_steps: int = 8
     probe_draft_tokens: int = 2
+    min_path_prob: float = 0.1
 
     def __post_init__(self) -> None:
         if not 0.0 < self.ema_weight <= 1.0:
@@ -256,11 +261,41 @@ def best_draft_len(alpha: float, cost: Cost, max_k: int) -> int:
     return best_k
 
 
+def best_path_len(path_probs: Sequence[float], cost: Cost, max_k: int, min_path_prob: float = 0.0) -> int:
+    """argmax over k in [0, min(max_k, len(path_probs))] of the goodput of the draft's first k tokens,
+        (1 + sum_{i<k} path_probs[i]) / (k * draft_token_s + verify_s(k + 1));
+    ties go to the shorter draft, and no token below `min_path_prob` is kept.
+
+    path_probs[i]: the probability that draft token i and every token before it are accepted (the
+    path probability, non-increasing, in [0, 1]). Token i adds one emitted token exactly when the
+    target accepts it and all before it, so a k-token draft emits 1 + sum_{i<k} path_probs[i]
+    tokens on average (the bonus token included): each token is kept where what it adds beats
+    what it costs in the pass. With path_probs[i] = alpha^(i+1) this is `best_draft_len`; a draft
+    source's own per-position probabilities instead (the suffix tree's counts, a draft model's
+    top-1 probabilities) score each draft on its own: the draft model's confidence as the
+    acceptance estimate and the path product as a token's value is EAGLE-2's dynamic draft tree
+    (Li et al. 2024, arXiv:2406.16858, §4), priced by goodput (SmartSpec, arXiv:2406.14066).
+    """
+    best_k, best = 0, goodput_per_s(0.0, 0, cost)
+    value = 1.0
+    for k in range(1, min(max_k, len(path_probs)) + 1):
+        if path_probs[k - 1] < min_path_prob:
+            break
+        value += min(1.0, max(0.0, path_probs[k - 1]))
+        g = value / (k * cost.draft_token_s + cost.verify_s(k + 1))
+        if g > best * 1.0001:
+            best_k, best = k, g
+    return best_k
+
+
 def next_draft_len(
-    state: SpeculationState, spec: SpeculationSpec, settings: SpeculationSettings, cost: Cost | None
+    state: SpeculationState, spec: SpeculationSpec, settings: SpeculationSettings, cost: Cost | None,
+    path_probs: Sequence[float] | None = None,
 ) -> tuple[SpeculationState, int]:
     """Draft length for the next step, and the state to carry: k within `spec.max_draft_len`.
 
+    With `path_probs` (the draft at hand's per-token path probabilities, see `best_path_len`) k is
+    chosen on the draft itself, else on the request's acceptance estimate (`best_draft_len`).
     Without a cost model (not measured yet) or with `spec.adaptive` off: `spec.max_draft_len`. Load
     needs no separate feedback: under batching the cost prices each draft token at what it adds
     to the shared pass (`BatchedCost`), so k shrinks as the batch grows.
@@ -268,7 +303,10 @@ def next_draft_len(
     max_k = spec.max_draft_len
     if not spec.adaptive or cost is None:
         return state, max_k
-    k = best_draft_len(state.acceptance_rate, cost, max_k)
+    if path_probs is None:
+        k = best_draft_len(state.acceptance_rate, cost, max_k)
+    else:
+        k = best_path_len(path_probs, cost, max_k, settings.min_path_prob)
     if k > 0:
         return replace(state, steps_since_probe=0), k
     if state.steps_since_probe + 1 >= settings.probe_interval_steps:

@@ -17,7 +17,10 @@ Systems, each a real OpenAI server on this machine, driven through the official 
 - `cosine-nofusion` (ablation, not run by default): `cosine` from a copy of the manifest with
   `spec.speculation.fusion: false` (one pool per request, no fused drafts);
 - `cosine-nobranch` (ablation, not run by default): `cosine` with `spec.speculation.branches: 0`
-  (pools draft past the draft being verified, never from its rejection points).
+  (pools draft past the draft being verified, never from its rejection points);
+- `cosine-acceptance` (ablation, not run by default): `cosine` with
+  `spec.speculation.draftLength: acceptanceRate` (k from the request's acceptance rate, not from
+  the draft at hand's path probabilities).
 The engine arguments (dtype, batch tokens, eager mode, KV cache size) are the same for all: they
 come from the manifest's verifier spec.
 
@@ -66,6 +69,11 @@ per draft source ("lookup" or a pool) draft and accepted tokens, drafts late, ca
 round trip, the share of steps with a draft and the verifier's seconds per engine step; and, from
 each drafter process's own /metrics, the pool's busy fraction and drafting seconds per draft token.
 
+Profiles (`--profile DIR`): while each run's timed load runs, py-spy (from PyPI) samples every
+process of its server (`py-spy record --subprocesses`) into `DIR/<system>-c<level>-r<run>.txt`
+(collapsed stacks); the row keeps the share of samples in CoSine's code (`cosine/`) and the frames
+that take the most (`profile_top`).
+
 Draft cost (`--draft-cost`, on by default): after the servers, each drafter engine (llama.cpp on the
 GGUF file, vLLM on the weights) drafts for each drafter model on a pool's share of the cores, in a
 child process pinned there (`cosine.tooling.draft_cost`): prefill tokens per second and seconds per draft
@@ -81,6 +89,8 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -101,7 +111,8 @@ from cosine_operator.settings import SpeculationSpec
 
 log = logging.getLogger(__name__)
 
-ABLATIONS = {"cosine-nofusion": {"fusion": False}, "cosine-nobranch": {"branches": 0}}  # spec.speculation overrides
+ABLATIONS = {"cosine-nofusion": {"fusion": False}, "cosine-nobranch": {"branches": 0},
+             "cosine-acceptance": {"draftLength": "acceptanceRate"}}  # spec.speculation overrides
 SYSTEMS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-draft", "cosine-lookup", "cosine", *ABLATIONS)
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ABLATIONS)
 CLUSTERS = ("cosine", *ABLATIONS)  # the systems that run the embedded cluster (`cosine serve`)
@@ -462,6 +473,56 @@ class _Server:
         return out
 
 
+@contextlib.contextmanager
+def _profiled(pid: int, out: Path):
+    """py-spy samples the process tree of `pid` into `out` (collapsed stacks) for the `with` block."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():
+        raise RuntimeError("--profile needs py-spy (pip install py-spy; `make install` puts it in the venv)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([exe, "record", "--pid", str(pid), "--subprocesses", "--rate", "100", "--format", "raw",
+                             "--nonblocking", "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)  # py-spy writes what it sampled on SIGINT
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def profile_top(collapsed: str, match: str = "cosine/", top: int = 12) -> dict[str, Any]:
+    """A py-spy collapsed-stack profile summed up. collapsed: its text, a line per distinct stack,
+    `frame;frame;... count` (root first; a frame `function (file:line)`).
+
+    Returns {"samples", "match_share": share of samples with a frame whose file contains `match`,
+    "top_self": the `top` frames by own samples, "top_match": the `top` frames matching `match` by
+    inclusive samples}, each frame as (function (file), share of all samples)."""
+    import re
+    from collections import Counter
+
+    total, hit = 0, 0
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    for line in collapsed.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        count = int(n)
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        total += count
+        own[frames[-1]] += count
+        mine = {f for f in frames if match in f}
+        hit += count if mine else 0
+        for f in mine:
+            inclusive[f] += count
+    share = (lambda c: round(c / total, 5)) if total else (lambda c: 0.0)
+    return {"samples": total, "match_share": share(hit),
+            "top_self": [(f, share(c)) for f, c in own.most_common(top)],
+            "top_match": [(f, share(c)) for f, c in inclusive.most_common(top)]}
+
+
 # ---------------------------------------------------------------- load and figures
 
 
@@ -606,12 +667,13 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
               manifest: Path | None, drafter_model: str, peer_k: int = 4, quiet: bool = True,
               workload: str = "", placement: str = DEFAULT, suffix_k: int | None = None,
               draft_cost_models: Sequence[str] | None = None, draft_k: int = 8,
-              choice: Choice | None = None, repeat: int = 1) -> dict[str, Any]:
+              choice: Choice | None = None, repeat: int = 1, profile_dir: Path | None = None) -> dict[str, Any]:
     """Every system at every level on a fresh server (see the module docstring); then, given
     `draft_cost_models` (empty: the manifest's pool models and `drafter_model`), the draft cost of
     each drafter engine on each of them (`draft_cost`), `draft_k` tokens a draft, on a pool's share
     of the cores (the last N//2), alone and batched to the highest concurrency level (at most one
-    request per prompt). `choice`: what `auto` resolved to for the embedded clusters
+    request per prompt). `profile_dir`: py-spy profiles of each run's timed load there (see the module
+    docstring). `choice`: what `auto` resolved to for the embedded clusters
     (`placement.choose`; default: `lookup`), recorded in the report.
 
     A drafter engine that fails or times out leaves an `error` row in `draft_cost`.
@@ -665,14 +727,18 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
                     progress.advance(current)
                     progress.advance(overall)
 
+                profile = (profile_dir / f"{run.system}-c{run.concurrency}-r{run.run}.txt") if profile_dir else None
                 t0 = time.perf_counter()
-                recs = asyncio.run(_closed_loop(server.base, model, prompts, run.concurrency, max_tokens,
-                                                run.system, run.run, done))
+                with _profiled(server.proc.pid, profile) if profile else contextlib.nullcontext():
+                    recs = asyncio.run(_closed_loop(server.base, model, prompts, run.concurrency, max_tokens,
+                                                    run.system, run.run, done))
                 wall = time.perf_counter() - t0
                 after = server.scrape()
                 windows = [(pool, b, _scrape(url)) for (pool, url), b in zip(drafters, drafters_before, strict=True)]
             row = {"system": run.system, "run": run.run, "concurrency": run.concurrency,
                    **summarize(recs, wall, before, after, windows), "binding": binding}
+            if profile is not None and profile.exists():
+                row["profile"] = {"file": str(profile), **profile_top(profile.read_text())}
             rows.append(row)
             records.extend(recs)
             log.info("bench: %s c=%d: %.2f tok/s", run.system, run.concurrency, row["output_tokens_per_s"] or 0)
