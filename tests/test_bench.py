@@ -81,7 +81,7 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
         return progress[-1]
 
     monkeypatch.setattr(vllm_bench, "_progress", recorded)
-    report = vllm_bench.run_bench(prompts, systems, [1, 2], 16, None, "drafter", placement="split")
+    report = vllm_bench.run_bench(prompts, systems, [1, 2], 16, roles.load_manifest(None), "drafter", placement="split")
     assert len(servers) == 2 * 5 and all(s.stopped for s in servers)  # one server per (system, level)
     overall = progress[0].tasks[0]  # prompts done over all runs (the warm-up not counted)
     assert (overall.completed, overall.total) == (2 * 5 * 2, 2 * 5 * 2)
@@ -100,9 +100,10 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
     assert rows[0]["binding"]["env"] == {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, report["cpus"]))}
     assert report["placement"] == "split" and rows[0]["binding"]["processes"][0]["cpus"] == [0, 1]
     manifests = {system: manifest for system, manifest, _ in commands}
-    assert manifests["vllm"] is None and manifests["vllm-ngram"] is None
-    assert manifests["cosine"] != manifests["cosine-nofusion"]  # written copies, gone after the run
-    assert not manifests["cosine"].exists()
+    assert manifests["vllm"].path is None and manifests["vllm-ngram"].path is None
+    assert manifests["cosine"].path != manifests["cosine-nofusion"].path  # written copies, gone after the run
+    assert not manifests["cosine"].path.exists()
+    assert manifests["cosine-nofusion"].spec.speculation.fusion is False
     assert report["draft_cost"] == []  # not asked for
 
 
@@ -120,15 +121,16 @@ def test_run_bench_times_every_drafter_engine_on_the_pools_models_on_a_pools_cor
     monkeypatch.setattr(draft_cost, "measure_in_child", fake_child)
     monkeypatch.setattr(vllm_bench.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     prompts = [Prompt(str(i), "code", f"def f{i}():") for i in range(9)]
-    report = vllm_bench.run_bench(prompts, [], [1, 8], 16, None, "smollm2-135m-instruct", draft_cost_models=[])
-    pool_model = roles.parse_spec(roles.load_manifest(None)).drafter_pools[0].model
+    report = vllm_bench.run_bench(prompts, [], [1, 8], 16, roles.load_manifest(None), "smollm2-135m-instruct",
+                                  draft_cost_models=[])
+    pool_model = roles.load_manifest(None).spec.drafter_pools[0].model
     assert [a[:2] for a in asked] == [("llamacpp", pool_model), ("vllm", pool_model),
                                       ("llamacpp", "smollm2-135m-instruct"), ("vllm", "smollm2-135m-instruct")]
     assert {a[2:] for a in asked} == {(8, (1, 8), (2, 3), 9)}  # k 8; alone and at c=8; a pool's half of 4 cores
     assert len(report["draft_cost"]) == 8 and report["draft_cost"][1]["batch"] == 8
     table = vllm_bench.format_table(report)
     assert "ms/draft token" in table and "smollm2-135m-instruct" in table and " 40 " in table
-    vllm_bench.run_bench(prompts[:3], [], [1, 8], 16, None, "x", draft_cost_models=["y"])
+    vllm_bench.run_bench(prompts[:3], [], [1, 8], 16, roles.load_manifest(None), "x", draft_cost_models=["y"])
     assert asked[-1][:4] == ("vllm", "y", 8, (1, 3))  # batched at most as many requests as there are prompts
 
 
@@ -142,13 +144,14 @@ def test_a_failing_drafter_engine_leaves_an_error_row_and_the_bench_its_rows(mon
 
     monkeypatch.setattr(vllm_bench, "plan_runs", lambda systems, levels: [])
     monkeypatch.setattr(draft_cost, "measure_in_child", failing)
-    report = vllm_bench.run_bench([Prompt("a", "code", "x")], [], [1], 16, None, "y", draft_cost_models=["y"])
+    report = vllm_bench.run_bench([Prompt("a", "code", "x")], [], [1], 16, roles.load_manifest(None), "y",
+                                  draft_cost_models=["y"])
     assert [("error" in c, c["engine"]) for c in report["draft_cost"]] == [(False, "llamacpp"), (True, "vllm")]
     assert "failed: draft cost of vllm on y failed" in vllm_bench.format_table(report)
 
 
 def test_derived_manifest_ablations_and_split_threads():
-    source = roles.load_manifest(None)
+    source = roles.load_manifest(None).obj
     kept = copy.deepcopy(source)
     off = vllm_bench.derived_manifest(source, speculation={"fusion": False})
     assert off["spec"]["speculation"]["fusion"] is False
@@ -294,7 +297,7 @@ def test_peer_command_runs_vllm_alone_or_with_its_own_method(monkeypatch, tmp_pa
 
     monkeypatch.setattr(model_store, "resolve", lambda name: tmp_path / name)
     for system, method in (("vllm", None), ("vllm-ngram", "ngram"), ("vllm-suffix", "suffix")):
-        argv, _ = vllm_bench.peer_command(system, None, 8000, "drafter", 4, 4, {})
+        argv, _ = vllm_bench.peer_command(system, roles.load_manifest(None), 8000, "drafter", 4, 4, {})
         text = " ".join(argv)
         assert "CoSineScheduler" not in text and "cosine.vllm_hooks" not in text, system
         assert (f'"method":"{method}"' in text) == (method is not None), (system, text)

@@ -19,6 +19,7 @@ def test_generate_and_bench_flags():
 
 def test_serve_and_demo_place_by_measurement_by_default(tmp_path, monkeypatch):
     from cosine.cli import _placement_choice
+    from cosine.roles import load_manifest
     from cosine.tooling import vllm_bench
 
     for command in (["serve"], ["demo"]):
@@ -30,6 +31,6 @@ def test_serve_and_demo_place_by_measurement_by_default(tmp_path, monkeypatch):
     assert vllm_bench.last_bench_path() == tmp_path / "cache" / "bench" / "last.json"
     assert vllm_bench.last_bench_path().read_text() == (tmp_path / "elsewhere" / "bench.json").read_text()
     # no bench run yet: the pool is unmeasured and stays off this CPU verifier's cores
-    c = _placement_choice("auto", None, tmp_path / "bench.json")
+    c = _placement_choice("auto", load_manifest(None), tmp_path / "bench.json")
     assert c.mode == "lookup" and "not measured" in c.reason
-    assert _placement_choice("split", None, None).mode == "split"
+    assert _placement_choice("split", load_manifest(None), None).mode == "split"

@@ -63,10 +63,9 @@ _SCRIPT = textwrap.dedent('''
             print("RESULT" + json.dumps({"outputs": [list(o.outputs[0].token_ids) for o in outs]}))
             sys.exit(0)
         r0, r1 = args["replicas"]
-        config = vllm_hooks.proposer_config(SpeculationSpec(max_draft_len=4, adaptive=False),
-                                            pools=[{"name": "small", "addresses": [r0], "expertise": ["chat"]}])
-        llm = vllm_hooks.cosine_llm(model, config, dtype="float32", enforce_eager=True, max_model_len=512,
-                                    max_num_seqs=8, seed=0)
+        llm = vllm_hooks.cosine_llm(model, SpeculationSpec(max_draft_len=4, adaptive=False),
+                                    {"pools": [{"name": "small", "addresses": [r0], "expertise": ["chat"]}]},
+                                    dtype="float32", enforce_eager=True, max_model_len=512, max_num_seqs=8, seed=0)
         proposer = llm.llm_engine.engine_core.engine_core.scheduler.cosine
         # ask the pool at every step (not only where it pays): enough calls to measure the spread
         import dataclasses
@@ -159,7 +158,7 @@ def test_pool_scales_out_and_in_under_load(tmp_path):
         "spec": {"verifier": {"model": MODEL, "threads": 1},
                  "drafterPools": [{"name": "small", "model": MODEL, "replicas": 2, "threads": 1}]}}))
     reference = _run(tmp_path, {"model": MODEL, "prompts": PROMPTS, "tokens": TOKENS, "replicas": []})
-    children = roles.start_drafters(manifest)
+    children = roles.start_drafters(roles.load_manifest(manifest))
     try:
         roles.wait_healthy(children, timeout_s=300)
         replicas = [f"127.0.0.1:{c.grpc_port}" for c in children]

@@ -38,8 +38,7 @@ def test_seam_problems_names_a_changed_seam(monkeypatch):
 def test_engine_kwargs():
     from cosine_operator.settings import SpeculationSpec
 
-    cfg = vllm_hooks.proposer_config(SpeculationSpec(max_draft_len=5))
-    kw = vllm_hooks.engine_kwargs(cfg)
+    kw = vllm_hooks.engine_kwargs(SpeculationSpec(max_draft_len=5))
     assert kw["speculative_config"] == {"method": "custom_class", "model": vllm_hooks.NO_DRAFT_PROPOSER,
                                         "num_speculative_tokens": 5}
     assert kw["scheduler_cls"] == vllm_hooks.SCHEDULER_CLS

@@ -46,9 +46,9 @@ _SCRIPT = textwrap.dedent('''
         from cosine_operator.settings import SpeculationSpec
         system, prompt, samples, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         model = str(resolve("MODEL"))
-        config = None
+        speculation, proposer = None, {}
         if system == "cosine":
-            config = vllm_hooks.proposer_config(SpeculationSpec(max_draft_len=4, adaptive=False))
+            speculation = SpeculationSpec(max_draft_len=4, adaptive=False)
         if system == "cosine-pool":
             from cosine.draft_engine import LlamaCppEngine
             from cosine.model_store import resolve_gguf
@@ -56,8 +56,9 @@ _SCRIPT = textwrap.dedent('''
             engine = LlamaCppEngine(str(resolve_gguf("MODEL")), "pool", threads=1)
             server = serve(DrafterServicer(engine, "pool"), port=0)
             pools = [{"name": "pool", "addresses": [f"127.0.0.1:{server.bound_port}"], "expertise": ["chat"]}]
-            config = vllm_hooks.proposer_config(SpeculationSpec(max_draft_len=4, adaptive=False), pools=pools)
-        llm = vllm_hooks.cosine_llm(model, config, dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
+            speculation, proposer = SpeculationSpec(max_draft_len=4, adaptive=False), {"pools": pools}
+        llm = vllm_hooks.cosine_llm(model, speculation, proposer, dtype="float32", enforce_eager=True,
+                                    max_model_len=512, seed=0)
         sampled = llm.generate([prompt] * samples, SamplingParams(temperature=1.0, max_tokens=tokens, seed=None,
                                                                   ignore_eos=True), use_tqdm=False)
         greedy = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)

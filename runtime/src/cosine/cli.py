@@ -18,6 +18,7 @@ from cosine_operator.settings import SpeculationSpec, read_fields
 
 if TYPE_CHECKING:
     from cosine.placement import Choice
+    from cosine.roles import Manifest
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
@@ -71,8 +72,8 @@ def _generate(args: argparse.Namespace) -> int:
     from cosine import vllm_hooks
 
     speculation = read_fields(SpeculationSpec, {"maxDraftLen": args.max_draft_len})
-    config = vllm_hooks.proposer_config(speculation, model=path) if speculation.max_draft_len > 0 else None
-    llm = vllm_hooks.cosine_llm(path, config, dtype=args.dtype, enforce_eager=True, seed=0,
+    llm = vllm_hooks.cosine_llm(path, speculation if speculation.max_draft_len > 0 else None, {"model": path},
+                                dtype=args.dtype, enforce_eager=True, seed=0,
                                 max_model_len=args.max_model_len, disable_log_stats=False)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or -1, seed=args.seed,
                             max_tokens=args.max_tokens)
@@ -90,6 +91,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from cosine.roles import load_manifest
     from cosine.tooling import vllm_bench
     from cosine.tooling.workloads import load, resolve_workload
 
@@ -101,9 +103,10 @@ def _bench(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
-    choice = _placement_choice(DEFAULT, args.cluster, args.evidence)
+    manifest = load_manifest(args.cluster)
+    choice = _placement_choice(DEFAULT, manifest, args.evidence)
     print(f"CoSine's placement under auto: {choice.mode} ({choice.reason})", flush=True)
-    report = vllm_bench.run_bench(prompts, systems, levels, args.max_tokens, args.cluster, args.drafter,
+    report = vllm_bench.run_bench(prompts, systems, levels, args.max_tokens, manifest, args.drafter,
                                   peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload),
                                   placement=args.placement, suffix_k=args.suffix_k, choice=choice,
                                   repeat=args.repeat, profile_dir=args.profile,
@@ -118,27 +121,29 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _drafter(args: argparse.Namespace) -> int:
-    from cosine.roles import run_drafter
+    from cosine.roles import load_manifest, run_drafter
 
-    return run_drafter(args.cluster, args.pool, args.grpc_port, args.metrics_port, args.host, args.tls_dir)
+    return run_drafter(load_manifest(args.cluster), args.pool, args.grpc_port, args.metrics_port, args.host,
+                       args.tls_dir)
 
 
 def _verifier(args: argparse.Namespace) -> int:
-    from cosine.roles import run_verifier
+    from cosine.roles import load_manifest, run_verifier
 
-    return run_verifier(args.cluster, args.http_port, args.host, args.drafter, os.environ.get("COSINE_API_KEY"),
-                        args.metrics_port, args.drafter_tls_dir, args.drafter_tls_server_name)
+    return run_verifier(load_manifest(args.cluster), args.http_port, args.host, args.drafter,
+                        os.environ.get("COSINE_API_KEY"), args.metrics_port, args.drafter_tls_dir,
+                        args.drafter_tls_server_name)
 
 
-def _placement_choice(mode: str, manifest: Path | None, evidence: Path | None) -> Choice:
+def _placement_choice(mode: str, manifest: Manifest, evidence: Path | None) -> Choice:
     """`mode` as asked, or for `auto` what `placement.choose` makes of this machine's cores, the
     manifest's local pools and the measurements of the bench run at `evidence` (if it exists)."""
     from cosine.placement import Choice, Evidence, choose
-    from cosine.roles import load_manifest, local_pool_cores, parse_spec
+    from cosine.roles import local_pool_cores
 
     if mode != "auto":
         return Choice(mode, "asked for")
-    spec = parse_spec(load_manifest(manifest))
+    spec = manifest.spec
     base = Evidence(len(os.sched_getaffinity(0)), local_pool_cores(spec),
                     verifier_on_gpu=bool(spec.verifier.pod.gpu_count),
                     max_draft_len=spec.speculation.max_draft_len)
@@ -160,23 +165,26 @@ def _placement_choice(mode: str, manifest: Path | None, evidence: Path | None) -
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from cosine.roles import run_serve
+    from cosine.roles import load_manifest, run_serve
 
-    choice = _placement_choice(args.placement, args.cluster, args.evidence)
+    manifest = load_manifest(args.cluster)
+    choice = _placement_choice(args.placement, manifest, args.evidence)
     log.info("placement %s: %s", choice.mode, choice.reason)
-    return run_serve(args.cluster, args.port, args.host, os.environ.get("COSINE_API_KEY"), args.metrics_port,
+    return run_serve(manifest, args.port, args.host, os.environ.get("COSINE_API_KEY"), args.metrics_port,
                      choice.mode)
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from cosine.roles import load_manifest
     from cosine.tooling.demo import run_demo
     from cosine.tooling.workloads import load, resolve_workload
 
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
-    choice = _placement_choice(args.placement, args.cluster, args.evidence)
-    return run_demo(args.cluster, prompts, args.max_tokens, args.port, keep_serving=not args.exit, placement=choice)
+    manifest = load_manifest(args.cluster)
+    choice = _placement_choice(args.placement, manifest, args.evidence)
+    return run_demo(manifest, prompts, args.max_tokens, args.port, keep_serving=not args.exit, placement=choice)
 
 
 def _names(csv: str) -> list[str]:

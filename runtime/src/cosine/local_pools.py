@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cosine.roles import Child, start_replica, stop_children, wait_healthy
+from cosine.roles import Child, Manifest, start_replica, stop_children, wait_healthy
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +31,10 @@ DRAIN_S = 6.0  # an unlisted replica is stopped this long after (the verifier re
 
 
 class LocalPools:
-    """The drafter replicas of every pool of `spec` (a `ClusterSpec`) on this machine.
+    """The drafter replicas of every pool of a manifest's spec on this machine.
 
     Args:
-        manifest: the cluster file the replicas read (None: the default cluster).
+        manifest: the cluster (`roles.Manifest`: its spec, and its file the replicas read).
         directory: where the address files go (one `<pool>.addresses` per pool).
         cores: cores for the first replicas, in pool order (`roles.placement`); replicas added
             later run on any core.
@@ -42,8 +42,9 @@ class LocalPools:
             least one, as without autoscaling).
     """
 
-    def __init__(self, manifest: Path | None, spec, directory: Path, cores: Sequence[Sequence[int]] = (),
+    def __init__(self, manifest: Manifest, directory: Path, cores: Sequence[Sequence[int]] = (),
                  host: str = "127.0.0.1", autoscaled: bool = False) -> None:
+        spec = manifest.spec
         self.manifest, self.spec, self.host, self.directory = manifest, spec, host, directory
         self.autoscaled = autoscaled
         self.replicas: dict[str, list[Child]] = {p.name: [] for p in spec.drafter_pools}

@@ -28,7 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cosine_operator.settings import ClusterSpec
 
 import yaml
 
@@ -37,8 +40,22 @@ log = logging.getLogger(__name__)
 DEFAULT_CLUSTER = "default_cluster.yaml"
 
 
-def load_manifest(path: Path | None) -> dict[str, Any]:
-    """Read a CoSineCluster manifest (default: the one shipped for this machine).
+@dataclass(frozen=True)
+class Manifest:
+    """A CoSineCluster manifest, read and checked once per process (`load_manifest`).
+
+    path: the file (None: the cluster shipped with cosine), which child processes (drafters, a
+    `cosine serve`) are given to read themselves. obj: the object as written (copies are derived
+    from it, e.g. the bench's ablations). spec: its `spec`, parsed (`ClusterSpec`)."""
+
+    path: Path | None
+    obj: dict[str, Any]
+    spec: ClusterSpec
+
+
+def load_manifest(path: Path | None) -> Manifest:
+    """Read a CoSineCluster manifest (default: the one shipped for this machine) and check it:
+    its spec parsed and its pools' tokenizers checked against the target's (`tokenizer_problems`).
 
     Raises:
         ValueError: not a CoSineCluster, or an invalid spec (the message names the field).
@@ -48,13 +65,14 @@ def load_manifest(path: Path | None) -> dict[str, Any]:
     if not isinstance(obj, dict) or obj.get("kind") != "CoSineCluster":
         kind = obj.get("kind") if isinstance(obj, dict) else None
         raise ValueError(f"{path or DEFAULT_CLUSTER}: not a CoSineCluster manifest (kind is {kind!r})")
-    problems = tokenizer_problems(parse_spec(obj))  # validate early
+    spec = parse_spec(obj)
+    problems = tokenizer_problems(spec)
     if problems:
         raise ValueError(f"{path or DEFAULT_CLUSTER}: " + "; ".join(problems))
-    return obj
+    return Manifest(path, obj, spec)
 
 
-def parse_spec(obj: dict[str, Any]):
+def parse_spec(obj: dict[str, Any]) -> ClusterSpec:
     """The manifest's `spec` as an `operator.settings.ClusterSpec`.
 
     Raises:
@@ -80,15 +98,14 @@ def tokenizer_problems(spec) -> list[str]:
 # ---------------------------------------------------------------- drafter
 
 
-def run_drafter(manifest: Path | None, pool: str, grpc_port: int, metrics_port: int, host: str,
+def run_drafter(manifest: Manifest, pool: str, grpc_port: int, metrics_port: int, host: str,
                 tls_dir: str | None = None) -> int:
     """Serve one pool's drafter over gRPC (TLS with `tls_dir`'s tls.crt/tls.key, else plaintext)."""
     from prometheus_client import start_http_server
 
     from cosine.transport.drafter_service import DrafterMetrics, DrafterServicer, serve
 
-    obj = load_manifest(manifest)
-    spec = parse_spec(obj)
+    spec = manifest.spec
     p = spec.pool(pool)
     engine, vocab, family = drafter_engine(p, spec.verifier)
     metrics = DrafterMetrics(pool)
@@ -164,7 +181,7 @@ def vllm_drafter_options(pool: Any, verifier: Any) -> dict[str, Any]:
 
 
 def run_verifier(
-    manifest: Path | None, http_port: int, host: str, drafters: list[str], api_key: str | None,
+    manifest: Manifest, http_port: int, host: str, drafters: list[str], api_key: str | None,
     metrics_port: int = 0, drafter_tls_dir: str | None = None, drafter_tls_server_name: str | None = None,
 ) -> int:
     """Replace this process with vLLM's OpenAI-compatible server running the target model, with
@@ -177,7 +194,7 @@ def run_verifier(
 
 
 def verifier_command(
-    manifest: Path | None, http_port: int, host: str, drafters: list[str], api_key: str | None,
+    manifest: Manifest, http_port: int, host: str, drafters: list[str], api_key: str | None,
     metrics_port: int = 0, cores: Sequence[int] = (), *, drafter_tls_dir: str | None = None,
     drafter_tls_server_name: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
@@ -192,8 +209,7 @@ def verifier_command(
     """
     from cosine.model_store import resolve
 
-    obj = load_manifest(manifest)
-    spec = parse_spec(obj)
+    spec = manifest.spec
     by_name: dict[str, dict[str, Any]] = {}
     for item in drafters:  # a pool named again adds a replica address
         name, _, address = item.partition("=")
@@ -254,8 +270,7 @@ def vllm_engine_args(verifier, model_path: str, speculation, pools: list[dict[st
         if value is not None:
             args[key] = value
     if speculation.max_draft_len > 0:
-        config = vllm_hooks.proposer_config(speculation, pools=pools, model=model_path, metrics_port=metrics_port)
-        args.update(vllm_hooks.engine_kwargs(config))
+        args.update(vllm_hooks.engine_kwargs(speculation, pools=pools, model=model_path, metrics_port=metrics_port))
     return args
 
 
@@ -378,28 +393,27 @@ def local_pool_cores(spec) -> int:
     return sum(p.threads * max(1, p.replicas) for p in spec.drafter_pools)
 
 
-def start_drafters(manifest: Path | None, host: str = "127.0.0.1",
+def start_drafters(manifest: Manifest, host: str = "127.0.0.1",
                    cores: Sequence[Sequence[int]] = ()) -> list[Child]:
     """One `cosine drafter` process per replica of every pool, on free loopback ports; replica i
     pinned to `cores[i]` when given."""
-    spec = parse_spec(load_manifest(manifest))
     children: list[Child] = []
-    for pool in spec.drafter_pools:
+    for pool in manifest.spec.drafter_pools:
         for replica in range(max(1, pool.replicas)):
             mine = tuple(cores[len(children)]) if len(children) < len(cores) else ()
             children.append(start_replica(manifest, pool, f"{pool.name}-{replica}", host, mine))
     return children
 
 
-def start_replica(manifest: Path | None, pool, name: str, host: str = "127.0.0.1",
+def start_replica(manifest: Manifest, pool, name: str, host: str = "127.0.0.1",
                   cores: Sequence[int] = ()) -> Child:
     """One `cosine drafter` process of `pool` (a `DrafterPoolSpec`) on free loopback ports, its
     engine threads `pool.threads`, pinned to `cores` when given; named `name`."""
     port, metrics_port = free_port(host), free_port(host)
     cmd = [sys.executable, "-m", "cosine", "drafter", "--pool", pool.name, "--grpc-port", str(port),
            "--metrics-port", str(metrics_port), "--host", host]
-    if manifest:
-        cmd += ["--cluster", str(manifest)]
+    if manifest.path:
+        cmd += ["--cluster", str(manifest.path)]
     env = {**os.environ, "OMP_NUM_THREADS": str(pool.threads)}
     proc = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(cores))
     log.info("started drafter %s (pid %d) on %s:%d, cores %s", name, proc.pid, host, port, list(cores) or "any")
@@ -443,7 +457,7 @@ def stop_children(children: list[Child], timeout_s: float = 10) -> None:
             c.process.wait()
 
 
-def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None, metrics_port: int,
+def run_serve(manifest: Manifest, port: int, host: str, api_key: str | None, metrics_port: int,
               placement_mode: str) -> int:
     """Drafter processes (none for `lookup`; `local_pools.LocalPools`, scaled by the operator's
     rule with `spec.autoscaling.enabled`), then the verifier (vLLM's server with CoSine's
@@ -453,7 +467,7 @@ def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None, 
 
     from cosine.local_pools import LocalPools
 
-    spec = parse_spec(load_manifest(manifest))
+    spec = manifest.spec
     where = placement(spec, placement_mode)
     if where.shared and placement_mode == "split":
         log.warning("too few CPU cores for disjoint placement: drafters share the verifier's cores %s",
@@ -467,7 +481,7 @@ def run_serve(manifest: Path | None, port: int, host: str, api_key: str | None, 
     with tempfile.TemporaryDirectory(prefix="cosine-pools-") as directory:
         try:
             if placement_mode != "lookup":
-                pools = LocalPools(manifest, spec, Path(directory), where.drafters, autoscaled=autoscaled)
+                pools = LocalPools(manifest, Path(directory), where.drafters, autoscaled=autoscaled)
                 pools.wait_ready()
                 threading.Thread(target=pools.supervise, args=(stop,), name="cosine-supervisor", daemon=True).start()
             argv, env = verifier_command(manifest, port, host, pools.drafter_flags() if pools else [], api_key,
@@ -520,7 +534,7 @@ def _wait_for_signal() -> None:
 # ---------------------------------------------------------------- a cluster as a subprocess (demo, bench)
 
 
-def start_cluster(manifest: Path | None, port: int, *, quiet: bool = True, metrics_port: int = 0,
+def start_cluster(manifest: Manifest, port: int, *, quiet: bool = True, metrics_port: int = 0,
                   log_path: Path | None = None, placement: str = "auto") -> subprocess.Popen:
     """Start `cosine serve --placement placement` in a child process (its own drafter processes
     under it). Its output
@@ -528,8 +542,8 @@ def start_cluster(manifest: Path | None, port: int, *, quiet: bool = True, metri
     `quiet`, else to this process's terminal."""
     cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
            "--placement", placement]
-    if manifest:
-        cmd += ["--cluster", str(manifest)]
+    if manifest.path:
+        cmd += ["--cluster", str(manifest.path)]
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:  # the child keeps its own descriptor

@@ -200,24 +200,28 @@ def speculation_of(config: Mapping[str, Any]) -> SpeculationSpec:
     return read_fields(SpeculationSpec, config.get("speculation") or {})
 
 
-def engine_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+def engine_kwargs(speculation: SpeculationSpec, **proposer: Any) -> dict[str, Any]:
     """vLLM engine arguments that put CoSine's proposer under the engine (for `vllm.LLM(...)`,
-    `AsyncEngineArgs(...)` or, as JSON, `vllm serve` flags)."""
+    `AsyncEngineArgs(...)` or, as JSON, `vllm serve` flags): `speculation`'s `max_draft_len` is
+    vLLM's `num_speculative_tokens`, and the proposer's settings (`proposer_config(speculation,
+    **proposer)`) are serialized here, for the engine-core process, the one hand-off that needs it."""
     return {
         "speculative_config": {"method": "custom_class", "model": NO_DRAFT_PROPOSER,
-                               "num_speculative_tokens": speculation_of(config).max_draft_len},
+                               "num_speculative_tokens": speculation.max_draft_len},
         "scheduler_cls": SCHEDULER_CLS,
-        "additional_config": {CONFIG_KEY: dict(config)},
+        "additional_config": {CONFIG_KEY: proposer_config(speculation, **proposer)},
     }
 
 
-def cosine_llm(model: str, config: Mapping[str, Any] | None, **llm_kwargs: Any) -> Any:
-    """An in-process `vllm.LLM` on `model` with CoSine's proposer under its engine (`config`, a
-    `proposer_config` dict; None: the target alone, no speculative path). `llm_kwargs` are the
-    other `LLM` arguments (dtype, seed, max_model_len, ...)."""
+def cosine_llm(model: str, speculation: SpeculationSpec | None, proposer: Mapping[str, Any] | None = None,
+               **llm_kwargs: Any) -> Any:
+    """An in-process `vllm.LLM` on `model` with CoSine's proposer under its engine (`speculation`
+    and the other `proposer_config` arguments in `proposer`, e.g. `pools`; None: the target alone,
+    no speculative path). `llm_kwargs` are the other `LLM` arguments (dtype, seed, max_model_len, ...)."""
     from vllm import LLM
 
-    return LLM(model=model, **(engine_kwargs(config) if config else {}), **llm_kwargs)
+    spec = engine_kwargs(speculation, **(proposer or {})) if speculation is not None else {}
+    return LLM(model=model, **spec, **llm_kwargs)
 
 
 def build_proposer(config: Mapping[str, Any], max_model_len: int | None = None) -> prop.CoSineProposer:

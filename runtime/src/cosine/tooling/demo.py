@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cosine.placement import Choice
-from cosine.roles import free_port, load_manifest, parse_spec, start_cluster, stop_cluster, wait_ready
+from cosine.roles import Manifest, free_port, start_cluster, stop_cluster, wait_ready
 from cosine.tooling.workloads import Prompt
 from cosine_operator import metric_names as m
 from cosine_operator.metric_names import total
@@ -86,7 +86,7 @@ def log_file() -> Path:
     return cache_root() / "logs" / f"serve-{time.strftime('%Y%m%d-%H%M%S')}.log"
 
 
-def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port: int, keep_serving: bool,
+def run_demo(manifest: Manifest, prompts: list[Prompt], max_tokens: int, port: int, keep_serving: bool,
              placement: Choice | None = None) -> int:
     """Start `cosine serve` on `port` (0: a free one) with `placement` (its mode and why, printed;
     default: `split`), its logs to a file (:func:`log_file`), with
@@ -101,7 +101,7 @@ def run_demo(manifest: Path | None, prompts: list[Prompt], max_tokens: int, port
     from openai import OpenAI
     from rich.console import Console
 
-    spec = parse_spec(load_manifest(manifest))
+    spec = manifest.spec
     model = spec.verifier.model
     port = port or free_port()
     base = f"http://127.0.0.1:{port}"

@@ -297,12 +297,12 @@ def _manifest_variant(system: str, placement: str, cpus: Sequence[int]) -> Varia
     return tuple(sorted(ABLATIONS.get(system, {}).items())), placement_threads(placement, len(cpus))
 
 
-def peer_command(system: str, manifest: Path | None, port: int, drafter_model: str, peer_k: int, suffix_k: int,
+def peer_command(system: str, manifest: roles.Manifest, port: int, drafter_model: str, peer_k: int, suffix_k: int,
                  extra_env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of a vLLM-only system's server, with the manifest's verifier engine arguments."""
     from cosine.model_store import resolve
 
-    spec = roles.parse_spec(roles.load_manifest(manifest))
+    spec = manifest.spec
     target_alone = SpeculationSpec(max_draft_len=0)  # no CoSine proposer: vLLM's own method, or none
     args = roles.vllm_engine_args(spec.verifier, str(resolve(spec.verifier.model)), target_alone, [])
     drafter_path = str(resolve(drafter_model)) if system == "vllm-draft" else ""
@@ -314,7 +314,7 @@ def peer_command(system: str, manifest: Path | None, port: int, drafter_model: s
     return argv, {**os.environ, **roles.vllm_cpu_env(spec.verifier), **extra_env}
 
 
-def _server_command(system: str, manifest: Path | None, port: int, metrics_port: int, drafter_model: str,
+def _server_command(system: str, manifest: roles.Manifest, port: int, metrics_port: int, drafter_model: str,
                     peer_k: int, suffix_k: int, placement: str, extra_env: dict[str, str]
                     ) -> tuple[list[str], dict[str, str]]:
     if system in CLUSTERS:
@@ -322,7 +322,7 @@ def _server_command(system: str, manifest: Path | None, port: int, metrics_port:
         # takes every core)
         cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
                "--placement", placement]
-        return cmd + (["--cluster", str(manifest)] if manifest else []), {**os.environ, **extra_env}
+        return cmd + (["--cluster", str(manifest.path)] if manifest.path else []), {**os.environ, **extra_env}
     if system == "cosine-lookup":
         cmd, env = roles.verifier_command(manifest, port, "127.0.0.1", [], None, metrics_port)
         return cmd, {**env, **extra_env}
@@ -664,7 +664,7 @@ def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: S
 
 
 def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: Sequence[int], max_tokens: int,
-              manifest: Path | None, drafter_model: str, peer_k: int = 4, quiet: bool = True,
+              manifest: roles.Manifest, drafter_model: str, peer_k: int = 4, quiet: bool = True,
               workload: str = "", placement: str = DEFAULT, suffix_k: int | None = None,
               draft_cost_models: Sequence[str] | None = None, draft_k: int = 8,
               choice: Choice | None = None, repeat: int = 1, profile_dir: Path | None = None) -> dict[str, Any]:
@@ -692,23 +692,22 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
         raise RuntimeError("vllm-suffix needs the arctic-inference package (vLLM's suffix decoding): "
                            "`make install` builds it")
     suffix_k = peer_k if suffix_k is None else suffix_k
-    source = roles.load_manifest(manifest)
-    model = roles.parse_spec(source).verifier.model
+    model = manifest.spec.verifier.model
     cpus = sorted(os.sched_getaffinity(0))
     rows: list[dict[str, Any]] = []
     records: list[Record] = []
     with tempfile.TemporaryDirectory(prefix="cosine-bench-") as tmp, _progress() as progress:
         overall = progress.add_task("all runs", total=len(runs) * len(prompts))
         current = progress.add_task("", total=len(prompts))
-        manifests: dict[Variant, Path | None] = {((), None): manifest}
+        manifests: dict[Variant, roles.Manifest] = {((), None): manifest}
         for run in runs:
             system, run_placement = system_placement(run.system, placement, auto_mode)
             variant = _manifest_variant(system, run_placement, cpus)
             if variant not in manifests:
                 path = Path(tmp) / f"cluster-{len(manifests)}.yaml"
-                path.write_text(yaml.safe_dump(derived_manifest(source, speculation=dict(variant[0]),
+                path.write_text(yaml.safe_dump(derived_manifest(manifest.obj, speculation=dict(variant[0]),
                                                                 threads=variant[1])))
-                manifests[variant] = path
+                manifests[variant] = roles.load_manifest(path)
             extra_env = placement_env(system, run_placement, cpus)
             port = roles.free_port()
             metrics_port = roles.free_port() if run.system.startswith("cosine") else 0
@@ -747,7 +746,7 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     if draft_cost_models is not None:
         from cosine.tooling.draft_cost import ENGINES, measure_in_child
 
-        spec = roles.parse_spec(source)
+        spec = manifest.spec
         models = list(draft_cost_models) or list(dict.fromkeys(
             [*(p.model for p in spec.drafter_pools if p.model), drafter_model]))
         batches = sorted({1, min(max(concurrencies), len(prompts))})
