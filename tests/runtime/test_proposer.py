@@ -455,3 +455,23 @@ def test_drafts_never_reach_past_the_verifiers_context_limit():
     assert len(p.propose({"r": ctx + [1, 2]})["r"]) == 40 - 37 - 1
     assert p.propose({"r": ctx + [1, 2, 3, 4]})["r"] == []
     p.close()
+
+
+def test_a_request_whose_own_drafts_fail_stops_while_its_domain_goes_on():
+    """Calibration is per request too, with its domain's as the prior: of two chat requests on
+    the same tree match, the one whose drafts the target rejects stops drafting, the one whose
+    drafts it accepts keeps its full draft."""
+    p = CoSineProposer(ProposerSettings(speculation=_k(4)))
+    good, bad = [1, *REPEAT], [2, *REPEAT]
+    lens: dict[str, list[int]] = {"good": [], "bad": []}
+    for _ in range(8):
+        d = p.propose({"good": good, "bad": bad}, {"good": 14, "bad": 14})
+        for rid in d:
+            lens[rid].append(len(d[rid]))
+        outcomes = (RequestOutcome("good", len(d["good"]), len(d["good"]), p.source_of("good")),
+                    RequestOutcome("bad", len(d["bad"]), 0, p.source_of("bad")))
+        n = 2 + len(d["good"]) + len(d["bad"])
+        p.observe_step(StepRecord(0.1 + 0.005 * n, n, outcomes))
+    assert lens["bad"][-3:] == [0, 0, 0] and lens["good"][-3:] == [4, 4, 4]
+    assert p.calibration(LOOKUP, "chat", "bad") < 0.25 < p.calibration(LOOKUP, "chat") < p.calibration(
+        LOOKUP, "chat", "good")

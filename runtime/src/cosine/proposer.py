@@ -170,6 +170,8 @@ class _Request:
     last_source: str = ""
     last_confidence: float = 0.5  # mean top-1 probability of the last draft's tokens (the router's confidence)
     last_path: tuple[float, ...] = ()  # the last draft's path probabilities, uncalibrated (what was predicted)
+    calibration: dict[str, tuple[float, float]] = field(default_factory=dict)  # source -> this request's
+    # decayed (accepted, predicted) tokens (`CoSineProposer.calibration`)
     inflight: dict[str, Future] = field(default_factory=dict)  # pool -> Future[_PoolDraft]
     arrived: dict[str, _PoolDraft] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)  # every pool ever asked for this request (all are released)
@@ -273,7 +275,7 @@ class CoSineProposer:
             st = req.states.get(o.source) or self._initial_state(o.source, req.domain)
             req.states[o.source] = sc.observe(st, self.settings.control, o.num_draft_tokens, o.num_accepted)
             if o.source == req.last_source and req.last_path:
-                self._calibrate(o.source, req.domain, o.num_accepted, sum(req.last_path[: o.num_draft_tokens]))
+                self._calibrate(req, o.source, o.num_accepted, sum(req.last_path[: o.num_draft_tokens]))
             self.stats.add(self.stats.draft_tokens, o.source, o.num_draft_tokens)
             self.stats.add(self.stats.accepted_tokens, o.source, o.num_accepted)
             self.stats.add(self.stats.drafts, o.source)
@@ -310,7 +312,7 @@ class CoSineProposer:
                 self._draft_len(
                     req,
                     source,
-                    self._calibrated(source, req.domain, path),
+                    self._calibrated(req, source, path),
                     other_tokens=base - 1 + sum(len(d) for d in drafts.values()),
                     num_requests=len(contexts),
                 )
@@ -413,22 +415,34 @@ class CoSineProposer:
         req.states[source] = state
         return min(k, len(path))
 
-    def calibration(self, source: str, domain: str) -> float:
-        """What the target accepted of a source's drafts for requests of `domain` over what their
-        path probabilities predicted (decayed counts, with `calibration_prior_tokens` at ratio 1):
-        the factor its path probabilities are scaled by. Learnt from every step of every request
-        of the domain, as they run."""
+    def calibration(self, source: str, domain: str, request_id: str | None = None) -> float:
+        """What the target accepted of a source's drafts over what their path probabilities
+        predicted: the factor its path probabilities are scaled by. For requests of `domain`, from
+        every step of every such request as they run (decayed by `calibration_decay`, with
+        `calibration_prior_tokens` at ratio 1); for one running request, its own steps (decayed
+        alike), with the domain's as their prior (worth `calibration_prior_tokens`): requests of
+        one domain differ in how well their own text predicts them."""
+        req = self._requests.get(request_id) if request_id is not None else None
+        return self._calibration_of(source, domain, req)
+
+    def _calibration_of(self, source: str, domain: str, req: _Request | None) -> float:
         accepted, predicted = self._calibration.get((source, domain), (0.0, 0.0))
         prior = self.settings.calibration_prior_tokens
-        return (accepted + prior) / (predicted + prior) if predicted + prior > 0 else 1.0
+        domain_c = (accepted + prior) / (predicted + prior) if predicted + prior > 0 else 1.0
+        if req is None or source not in req.calibration:
+            return domain_c
+        accepted, predicted = req.calibration[source]
+        return (accepted + prior * domain_c) / (predicted + prior) if predicted + prior > 0 else domain_c
 
-    def _calibrate(self, source: str, domain: str, accepted: int, predicted: float) -> None:
+    def _calibrate(self, req: _Request, source: str, accepted: int, predicted: float) -> None:
         d = self.settings.calibration_decay
-        acc, pred = self._calibration.get((source, domain), (0.0, 0.0))
-        self._calibration[(source, domain)] = (acc * d + accepted, pred * d + predicted)
+        acc, pred = self._calibration.get((source, req.domain), (0.0, 0.0))
+        self._calibration[(source, req.domain)] = (acc * d + accepted, pred * d + predicted)
+        acc, pred = req.calibration.get(source, (0.0, 0.0))
+        req.calibration[source] = (acc * d + accepted, pred * d + predicted)
 
-    def _calibrated(self, source: str, domain: str, path: Sequence[float]) -> tuple[float, ...]:
-        c = self.calibration(source, domain)
+    def _calibrated(self, req: _Request, source: str, path: Sequence[float]) -> tuple[float, ...]:
+        c = self._calibration_of(source, req.domain, req)
         return tuple(min(1.0, c * p) for p in path)
 
     def _new_request(self, rid: str, prompt: Sequence[int]) -> _Request:

