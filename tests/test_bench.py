@@ -182,7 +182,8 @@ def test_profile_top_sums_a_py_spy_collapsed_profile():
     collapsed = "\n".join([
         "main (engine.py:1);step (engine.py:9);sched_yield (utils.py:3) 80",
         "main (engine.py:1);step (engine.py:9);propose (cosine/proposer.py:10);speculate (cosine/lookup.py:5) 15",
-        "main (engine.py:1);step (engine.py:12);propose (cosine/proposer.py:11) 5",
+        'process 7:"python -m cosine serve --cluster /cache/cosine/x.yaml";main (engine.py:1);'
+        "step (engine.py:12);propose (cosine/proposer.py:11) 5",
         " 7",  # py-spy's idle line: no stack
     ])
     top = vllm_bench.profile_top(collapsed, top=2)

@@ -494,7 +494,8 @@ def _profiled(pid: int, out: Path):
 
 def profile_top(collapsed: str, match: str = "cosine/", top: int = 12) -> dict[str, Any]:
     """A py-spy collapsed-stack profile summed up. collapsed: its text, a line per distinct stack,
-    `frame;frame;... count` (root first; a frame `function (file:line)`).
+    `frame;frame;... count` (root first; a frame `function (file:line)`; the `process PID:"…"`
+    root frames of `--subprocesses` are left out).
 
     Returns {"samples", "match_share": share of samples with a frame whose file contains `match`,
     "top_self": the `top` frames by own samples, "top_match": the `top` frames matching `match` by
@@ -510,10 +511,13 @@ def profile_top(collapsed: str, match: str = "cosine/", top: int = 12) -> dict[s
         if not stack or not n.isdigit():
             continue
         count = int(n)
-        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        # with --subprocesses the root frame is `process PID:"<command line>"`: not code
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";") if not f.startswith("process ")]
+        if not frames:
+            continue
         total += count
         own[frames[-1]] += count
-        mine = {f for f in frames if match in f}
+        mine = {f for f in frames if f.endswith(")") and match in f.rpartition(" (")[2]}
         hit += count if mine else 0
         for f in mine:
             inclusive[f] += count
