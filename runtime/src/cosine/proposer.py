@@ -426,13 +426,11 @@ class CoSineProposer:
         return self._calibration_of(source, domain, req)
 
     def _calibration_of(self, source: str, domain: str, req: _Request | None) -> float:
-        accepted, predicted = self._calibration.get((source, domain), (0.0, 0.0))
         prior = self.settings.calibration_prior_tokens
-        domain_c = (accepted + prior) / (predicted + prior) if predicted + prior > 0 else 1.0
+        domain_c = sc.calibration(*self._calibration.get((source, domain), (0.0, 0.0)), prior)
         if req is None or source not in req.calibration:
             return domain_c
-        accepted, predicted = req.calibration[source]
-        return (accepted + prior * domain_c) / (predicted + prior) if predicted + prior > 0 else domain_c
+        return sc.calibration(*req.calibration[source], prior, domain_c)
 
     def _calibrate(self, req: _Request, source: str, accepted: int, predicted: float) -> None:
         d = self.settings.calibration_decay

@@ -288,6 +288,13 @@ def best_path_len(path_probs: Sequence[float], cost: Cost, max_k: int, min_path_
     return best_k
 
 
+def calibration(accepted: float, predicted: float, prior_tokens: float, prior: float = 1.0) -> float:
+    """What a source's drafts were accepted over what their path probabilities predicted (tokens,
+    decayed counts), shrunk toward `prior` with `prior_tokens` pseudo-tokens at that ratio: the
+    factor its path probabilities are scaled by. `prior` when nothing is counted and no prior weight."""
+    return (accepted + prior_tokens * prior) / (predicted + prior_tokens) if predicted + prior_tokens > 0 else prior
+
+
 def next_draft_len(
     state: SpeculationState, spec: SpeculationSpec, settings: SpeculationSettings, cost: Cost | None,
     path_probs: Sequence[float] | None = None,
