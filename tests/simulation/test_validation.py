@@ -10,12 +10,14 @@ concurrency-1 row (`calibration.calibrate`) and simulated with the row's own req
 
 Achieved error of simulated output tokens/s against the measured (first run at each level),
 mean of 5 seeds:
-    concurrency 1 (in-sample: calibrated on the same run): vllm +0.0%, cosine-lookup -4.6%,
-        cosine +5.1%;
+    concurrency 1 (in-sample: calibrated on the same run): vllm +0.0%, cosine-lookup -4.9%,
+        cosine +1.8%;
     concurrency 8 (out of sample: nothing of the c=8 rows is used): vllm +7.8% (-0.6% against its
-        second run, 4.39 tok/s), cosine-lookup +11.7%, cosine +12.5%.
-(cosine was -0.1% and +14.7% while the simulator copied the proposer's pool policy, asking for
-k + 2 tokens; it now calls the proposer's `PoolPolicy`, whose asks follow the pool's learnt speed.)
+        second run, 4.39 tok/s), cosine-lookup +12.6%, cosine +13.5%.
+(With a copy of the proposer's per-step glue, k from acceptance rates and a pool's usable share a
+fixed `use_prob`: cosine-lookup -4.6% and +11.7%, cosine +5.1% and +12.5%. The simulator now runs
+`CoSineProposer` itself; a pool draft is usable when it continues what the target accepted.
+Before that, copying the pool policy too: cosine -0.1% and +14.7%.)
 Tolerances: 10% in-sample (the model's structure only: decode passes priced flat, one prefill
 line, acceptance as i.i.d. runs), 20% out of sample. 20% is what this data can honestly support:
 the machine's own run-to-run spread is as large (vllm at c=1 ran at 1.39 and 0.78 tok/s in the

@@ -54,14 +54,13 @@ module's threads, so a crashed or hung pool costs drafts, never a request.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import random
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -153,11 +152,12 @@ class ProposerSettings:
 class _PoolDraft:
     """A pool's drafts for the context it was asked about (its length and its last token): each
     candidate is (tokens after that context, their confidences): the main draft and its branches,
-    with the expected tokens they continue put in front."""
+    with the expected tokens they continue put in front; `drafted`: the tokens the pool drafted."""
 
     context_len: int
     context_last: int
     candidates: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...]
+    drafted: int = 0  # tokens the pool drafted for the call (main draft and branches)
 
 
 @dataclass
@@ -214,8 +214,13 @@ class CoSineProposer:
         pools: remote (or local) drafter pools, distinct names; may be empty (prompt lookup only).
         expertise: declared domains per pool name (the router's prior).
         classify: request domain from its prompt tokens (e.g. decode + `routing.classify_prompt`).
-        clock: monotonic seconds (injected for tests).
+        clock: monotonic seconds (injected: tests, and the simulator's simulated time).
         seed: the router's Thompson-sampling seed.
+        lookup: the prompt-lookup source (`start`, `propose`, `release` as `lookup.SuffixLookup`;
+            default: `SuffixLookup(settings.suffix)`; the simulator injects a modelled one).
+        executor: where pool calls run (default: this proposer's own threads; the simulator's
+            runs them in simulated time, `simulation.cluster.SimExecutor`). A call's round trip is
+            timed from the ask to its future's completion.
 
     Raises:
         ValueError: duplicate pool names, or a pool named like the prompt-lookup source (`LOOKUP`).
@@ -230,6 +235,8 @@ class CoSineProposer:
         classify: Callable[[Sequence[int]], str] = lambda prompt: "chat",
         clock: Callable[[], float] = time.monotonic,
         seed: int = 0,
+        lookup: SuffixLookup | None = None,
+        executor: Executor | None = None,
     ) -> None:
         names = [p.name for p in pools]
         if len(set(names)) != len(names) or LOOKUP in names:
@@ -241,7 +248,7 @@ class CoSineProposer:
         self.clock = clock
         self.router = routing.RouterState()
         self.stats = ProposerStats()
-        self.lookup = SuffixLookup(settings.suffix)
+        self.lookup = lookup if lookup is not None else SuffixLookup(settings.suffix)
         self.curve: sc.PassCurve | None = None
         self._curve_observations = 0
         self.down_until: dict[str, float] = {}
@@ -254,7 +261,8 @@ class CoSineProposer:
         # (accepted, predicted) tokens
         self._failures: dict[str, int] = {}  # pool -> failed calls in a row
         self._warned_s: dict[str, float] = {}  # pool -> when its last warning was logged
-        self._executor = ThreadPoolExecutor(max_workers=max(1, 2 * len(pools)), thread_name_prefix="cosine-pool")
+        self._executor = executor or ThreadPoolExecutor(max_workers=max(1, 2 * len(pools)),
+                                                        thread_name_prefix="cosine-pool")
 
     # ------------------------------------------------------------ engine-facing
 
@@ -342,8 +350,8 @@ class CoSineProposer:
         for name in req.pools:
             if self.down_until.get(name, 0.0) <= now:
                 req.used.add(name)
-                req.inflight[name] = self._executor.submit(self._draft_on_pool, name, request_id, tuple(prompt),
-                                                           self.settings.speculation.max_draft_len + 1, prefill=True)
+                req.inflight[name] = self._ask(name, request_id, tuple(prompt),
+                                               self.settings.speculation.max_draft_len + 1, prefill=True)
 
     def source_of(self, request_id: str) -> str:
         """The source of the draft last proposed for the request ("" for none)."""
@@ -362,9 +370,22 @@ class CoSineProposer:
         self.lookup.release(request_id)
         if req is None:
             return
-        inflight = list(req.inflight.values())
-        for name in req.used:
-            self._executor.submit(self._release_on_pool, name, request_id, inflight)
+        pending = [f for f in req.inflight.values() if not f.done()]
+        left, lock = [len(pending)], threading.Lock()
+
+        def one_returned(_: Future | None = None) -> None:  # pools release once the request's calls returned
+            with lock:
+                left[0] -= 1
+                if left[0] > 0:
+                    return
+            for name in req.used:
+                self._executor.submit(self._release_on_pool, name, request_id)
+
+        if not pending:
+            left[0] = 1
+            one_returned()
+        for f in pending:
+            f.add_done_callback(one_returned)
 
     def num_requests(self) -> int:
         """Requests whose state the proposer keeps (0 once every request finished)."""
@@ -555,14 +576,32 @@ class CoSineProposer:
             k, branches = s.pool.ask(step_s, self.stats.pool_token_s.get(name), self.stats.pool_rtt_s.get(name, 0.0),
                                      s.speculation.max_draft_len, verifying=bool(expected))
             req.used.add(name)
-            req.inflight[name] = self._executor.submit(self._draft_on_pool, name, rid, tuple(ctx), k, tuple(expected),
-                                                       branches)
+            req.inflight[name] = self._ask(name, rid, tuple(ctx), k, tuple(expected), branches)
+
+    def _ask(self, name: str, rid: str, ctx: tuple[int, ...], k: int, expected: tuple[int, ...] = (),
+             branches: int = 0, *, prefill: bool = False) -> Future:
+        """Submit one draft call (Future[_PoolDraft]). When it returns, the pool's round trip
+        (ask to answer) is learnt and, unless the call took in a whole prompt (`prefill`), its
+        seconds per draft token."""
+        asked_s = self.clock()
+        fut = self._executor.submit(self._draft_on_pool, name, rid, ctx, k, expected, branches)
+        fut.add_done_callback(lambda f: self._answered(name, asked_s, f, prefill))
+        return fut
+
+    def _answered(self, name: str, asked_s: float, fut: Future, prefill: bool) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        d: _PoolDraft = fut.result()
+        rtt_s, token_s = PoolPolicy.learn_speed(self.stats.pool_rtt_s.get(name), self.stats.pool_token_s.get(name),
+                                                self.clock() - asked_s, 0 if prefill else d.drafted)
+        self.stats.pool_rtt_s[name] = rtt_s
+        if token_s is not None:
+            self.stats.pool_token_s[name] = token_s
+        self._count_yield(name, call=True)
 
     def _draft_on_pool(self, name: str, rid: str, ctx: tuple[int, ...], k: int, expected: tuple[int, ...] = (),
-                       branches: int = 0, *, prefill: bool = False) -> _PoolDraft:
-        """One draft call (on a pool-call thread). Learns the pool's round trip and, unless the
-        call took in a whole prompt (`prefill`), its seconds per draft token."""
-        t0 = self.clock()
+                       branches: int = 0) -> _PoolDraft:
+        """One draft call (on the executor)."""
         try:
             d = self.pools[name].propose(rid, ctx, k, min_confidence=self.settings.speculation.min_confidence,
                                          expected=expected, max_branches=branches)
@@ -571,17 +610,11 @@ class CoSineProposer:
             raise
         if self._failures.pop(name, 0) >= self.settings.pool_down_after:
             log.info("drafter pool %s answers again", name)
-        drafted = 0 if prefill else len(d.token_ids) + sum(len(b.token_ids) for b in d.branches)
-        rtt_s, token_s = PoolPolicy.learn_speed(self.stats.pool_rtt_s.get(name), self.stats.pool_token_s.get(name),
-                                                self.clock() - t0, drafted)
-        self.stats.pool_rtt_s[name] = rtt_s
-        if token_s is not None:
-            self.stats.pool_token_s[name] = token_s
-        self._count_yield(name, call=True)
         candidates = [(expected[: d.prefix_len] + tuple(d.token_ids), (1.0,) * d.prefix_len + tuple(d.confidences))]
         candidates += [(expected[: b.prefix_len] + tuple(b.token_ids), (1.0,) * b.prefix_len + tuple(b.confidences))
                        for b in d.branches]
-        return _PoolDraft(len(ctx), ctx[-1], tuple(candidates))
+        drafted = len(d.token_ids) + sum(len(b.token_ids) for b in d.branches)
+        return _PoolDraft(len(ctx), ctx[-1], tuple(candidates), drafted)
 
     def _count_yield(self, name: str, *, accepted: int = 0, call: bool = False) -> None:
         """Fold a returned draft call (`call`) or tokens accepted from the pool's drafts into its yield."""
@@ -619,12 +652,9 @@ class CoSineProposer:
                                                req.lookup_hit if self.settings.lookup else 0.0,
                                                self.settings.speculation.max_draft_len)
 
-    def _release_on_pool(self, name: str, rid: str, inflight: Sequence[Future] = ()) -> None:
-        """Release after the request's draft calls return (each has a deadline): a `Release` that
-        overtook a `Propose` would be undone by it."""
-        for fut in inflight:
-            with contextlib.suppress(Exception):
-                fut.exception()  # waits for the call's end, whatever its outcome
+    def _release_on_pool(self, name: str, rid: str) -> None:
+        """Release on one pool; `release` submits it once the request's draft calls have returned
+        (each has a deadline): a `Release` that overtook a `Propose` would be undone by it."""
         try:
             self.pools[name].release(rid)
         except Exception as e:  # noqa: BLE001 - best effort; pools evict old contexts anyway

@@ -178,8 +178,7 @@ def sim_setup(cal: Calibration, domains: tuple[str, ...], max_batch_tokens: int 
     alphas = {LOOKUP: cal.lookup_alpha, **{p.name: p.alpha for p in cal.pools}}
     acceptance = AcceptanceModel({(src, d): a for src, a in alphas.items() for d in domains},
                                  dict.fromkeys(alphas, 8.0))
-    pools = tuple(PoolModel(p.name, (), 1, 1, 1, p.draft_token_s, 0.0, 1, p.rtt_s, use_prob=p.use_prob)
-                  for p in cal.pools)
+    pools = tuple(PoolModel(p.name, (), 1, 1, 1, p.draft_token_s, 0.0, 1, p.rtt_s) for p in cal.pools)
     lookup = LookupModel(cal.lookup_hit_rate, cal.lookup_draft_tokens) if cal.lookup_draft_tokens else None
     return SimSetup(SYSTEM_MODES[cal.system], VerifierModel(cal.pass_s, max_batch_tokens=max_batch_tokens), pools,
                     acceptance, speculation or SpeculationSpec(), lookup=lookup, seed=seed)

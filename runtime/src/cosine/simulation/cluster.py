@@ -7,43 +7,48 @@ What serves, modelled step by step:
   still prefilling with the next chunk of its prompt (chunked prefill), then waiting requests are
   admitted first come, first served, up to `max_requests`, their prompts chunked into what is left.
   The step takes `pass_s(tokens in the step)`;
-- after each step CoSine's proposer drafts for every running decode request from what is available
-  *now*: prompt lookup (found on a share of steps, `LookupModel`) and any pool draft that has
-  arrived and still continues the context (`PoolModel.use_prob`); the chain's length k comes from
-  the product's `speculation_control.next_draft_len` on the pass curve (`BatchedCost`, per request
-  and per source, probes included). Every decision about pools is the serving path's own
-  `pool_policy.PoolPolicy`: whether to ask a pool (where it pays, or on probe steps), how many
-  tokens and branches (sized to the verifier's step from the pool's learnt speed), the on-time
-  and lookup-hit estimates, routing with fusion. A pool's draft, made while the verifier
-  computes, serves a later step: the verifier never waits for a pool;
-- a pool is replicas, each a SimPy container of `slots` behind a network (RTT, bandwidth); a
-  request is assigned to one replica for its lifetime by `pool_policy.assign_replica`, as the
-  proposer's `ReplicaPool` does (a replica added takes new requests; a request whose replica was
-  removed is re-homed and sends its whole context again); `routing.route` picks pools, the
-  operator's `autoscaling.desired_replicas` scales them every `interval_s`.
+- the drafting plane is CoSine's own `proposer.CoSineProposer`, one per verifier replica, called as
+  `vllm_hooks` calls it: `prefetch` when a request is admitted, `observe_step` with each step's
+  time, tokens and per-request outcomes, `propose` for the next step. Its clock is the simulated
+  one and its pool calls run on a `SimExecutor` in simulated time, so routing, fusion, the draft
+  length by path probability against the learnt pass curve, calibration, when and how much a pool
+  is asked (`pool_policy.PoolPolicy`) and late drafts are the serving path's, not a copy;
+- what the proposer cannot tell from a model is simulated: the target's output (`_Sequence.truth`,
+  greedy: a draft is accepted up to its first token that is not the target's); prompt lookup
+  (`_SimLookup`: a draft on a share of steps, `LookupModel`); pools (`_SimPool`: replicas, each
+  `slots` requests at once behind a network (RTT, bandwidth), requests assigned for their lifetime
+  by `pool_policy.assign_replica` as `ReplicaPool` does, drafts past the draft being verified and
+  from its rejection points). Each draft token is the target's at the request's acceptance rate for
+  its source (`AcceptanceModel`), until the first miss;
+- the operator's `autoscaling.desired_replicas` scales pools every `interval_s` on the series it
+  scrapes (the proposers' counters, the pools' busy time).
 
 Modes: `target-only` (vLLM, no speculation); `cosine` (the proposer: prompt lookup if the setup
-has a `LookupModel`, and the pools); `vanilla` (a drafter co-located on the verifier drafts k
-tokens for every request before each step: vLLM's draft-model speculation).
+has a `LookupModel`, and the pools); `vanilla` (a drafter co-located on the verifier drafts
+`max_draft_len` tokens for every request before each step: vLLM's draft-model speculation, whose
+k is fixed).
 """
 
 from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+from typing import Any
 
 import simpy
 
 from cosine import routing, speculation_control
+from cosine.drafter import Draft, DraftBranch
 from cosine.pool_policy import PoolPolicy, assign_replica
-from cosine.simulation.cost_models import AcceptanceModel, accepted_tokens
+from cosine.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
+from cosine.simulation.cost_models import AcceptanceModel
 from cosine_operator import autoscaling
 from cosine_operator.settings import SpeculationSpec
 
 MODES = ("target-only", "vanilla", "cosine")
-LOOKUP = "lookup"  # prompt lookup's source name (its acceptance key in `AcceptanceModel`)
 DRAFT_BYTES_PER_TOKEN = 8  # a draft token on the wire: its id and its confidence (no distribution)
 
 
@@ -51,9 +56,8 @@ DRAFT_BYTES_PER_TOKEN = 8  # a draft token on the wire: its id and its confidenc
 class PoolModel:
     """A drafter pool: `slots` requests drafted at once per replica, `draft_token_s` per token per
     request at that load, `catch_up_token_s` per unseen context token; the link to the verifier.
-    How many tokens a call drafts is the proposer's `PoolPolicy.ask`. use_prob: share of drafts
-    back in time that the verifier can use (the draft still continues the context when it is
-    looked at; 0.5 measured on this machine's 2-core run)."""
+    How many tokens a call drafts is the proposer's `PoolPolicy.ask`; whether a draft back in time
+    still continues the context follows from what the target accepted meanwhile (`_SimPool`)."""
 
     name: str
     expertise: tuple[str, ...]
@@ -66,7 +70,6 @@ class PoolModel:
     rtt_s: float = 0.0
     bandwidth_bytes_per_s: float = 1.25e9
     price_per_hour_usd: float = 0.0
-    use_prob: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -129,26 +132,199 @@ class SimSetup:
     seed: int = 0
 
 
+TRUTH_IDS = 1 << 30  # the target's tokens are drawn from [0, TRUTH_IDS); a missed guess is -1, never the target's
+
+
 @dataclass
-class _Req:
+class _Sequence:
+    """One request as vLLM's scheduler holds it, and what the simulated target will emit: `truth`,
+    its greedy output (drawn as needed), and per draft source the request's per-token acceptance
+    rate (drawn once from the `AcceptanceModel`). `tokens` is what the proposer sees: the prompt
+    (its first id names the request, for the proposer's `classify`) and the output so far."""
+
     rid: str
     spec: RequestSpec
     arrival_s: float
     prefill_left: int
-    emitted: int = 0
-    draft_len: int = 0
-    source: str = ""
-    steps: int = 0
-    pools: tuple[str, ...] = ()
-    first_token_s: float | None = None
-    states: dict[str, speculation_control.SpeculationState] = field(default_factory=dict)
+    tokens: list[int]
+    rng: random.Random
+    truth: list[int] = field(default_factory=list)
     alphas: dict[str, float] = field(default_factory=dict)
-    seen_tokens: dict[str, int] = field(default_factory=dict)
-    replica: dict[str, int] = field(default_factory=dict)  # pool -> the replica holding its context
-    inflight: set[str] = field(default_factory=set)  # pools drafting for it now
-    arrived: set[str] = field(default_factory=set)  # pools whose draft has arrived, not looked at yet
-    lookup_hit: float = 0.5  # EMA of steps on which prompt lookup found a draft (as the proposer keeps it)
+    emitted: int = 0
+    draft: list[int] = field(default_factory=list)  # the draft scheduled with its next step
+    source: str = ""  # the draft's source
+    replica: int = 0  # the verifier replica running it
+    first_token_s: float | None = None
     done: simpy.Event | None = None
+
+    def target_token(self, position: int) -> int:
+        """The target's output token at output `position` (0 = the first generated)."""
+        while len(self.truth) <= position:
+            self.truth.append(self.rng.randrange(TRUTH_IDS))
+        return self.truth[position]
+
+    def guess(self, start: int, n: int, alpha: float, aligned: bool = True) -> list[int]:
+        """A drafter's `n` tokens for output positions `start`, ...: each the target's with
+        probability `alpha` while every one before it was (an `aligned` start: the drafter's context
+        is the target's), after the first miss nothing more is (i.i.d. acceptance, Leviathan et al.
+        2023, arXiv:2211.17192, §3.1)."""
+        out = []
+        for j in range(start, start + n):
+            aligned = aligned and self.rng.random() < alpha
+            out.append(self.target_token(j) if aligned else -1)
+        return out
+
+    def verify(self, draft: Sequence[int]) -> int:
+        """Draft tokens the target accepts: the longest prefix that is its own output (greedy)."""
+        n = 0
+        while n < len(draft) and draft[n] == self.target_token(self.emitted + n):
+            n += 1
+        return n
+
+
+class SimExecutor(Executor):
+    """`CoSineProposer`'s pool-call executor in simulated time. A submitted call runs at once (at
+    the ask: the simulated pool computes its draft from the context it was sent) and registers its
+    simulated work (`defer`); its future resolves when that work has elapsed, so the proposer finds
+    the draft arrived (or still in flight) and learns the round trip as it does over gRPC."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self._work: list[simpy.events.ProcessGenerator] = []
+
+    def defer(self, work: simpy.events.ProcessGenerator) -> None:
+        """Simulated time the running call takes (a SimPy generator), before its future resolves."""
+        self._work.append(work)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        fut: Future = Future()
+        fut.set_running_or_notify_cancel()
+        self._work = []
+        try:
+            result, error = fn(*args, **kwargs), None
+        except Exception as e:  # noqa: BLE001 - delivered through the future, as a thread pool does
+            result, error = None, e
+        self.env.process(self._finish(fut, self._work, result, error))
+        self._work = []
+        return fut
+
+    def _finish(self, fut: Future, work: list, result: Any, error: Exception | None) -> simpy.events.ProcessGenerator:
+        for w in work:
+            yield from w
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+
+class _SimLookup:
+    """Prompt lookup as `lookup.SuffixLookup`'s interface: on a share `hit_rate` of calls it finds a
+    draft of up to `draft_tokens`, each token the target's at the request's lookup acceptance rate;
+    its path probabilities are the domain's mean rate compounded (the tree's counts would be the
+    request's own: the proposer's per-request calibration learns the difference, as it does live)."""
+
+    def __init__(self, model: LookupModel, cluster: _Cluster) -> None:
+        self.model, self.cluster = model, cluster
+
+    def start(self, request_id: str, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(self, request_id: str, context: Sequence[int], max_tokens: int) -> tuple[list[int], list[float]]:
+        seq = self.cluster.seqs[request_id]
+        if max_tokens <= 0 or seq.rng.random() >= self.model.hit_rate:
+            return [], []
+        n = min(max_tokens, self.model.draft_tokens)
+        mean = self.cluster.s.acceptance.mean(LOOKUP, seq.spec.domain)
+        tokens = seq.guess(len(context) - seq.spec.prompt_tokens, n, self.cluster.alpha(seq, LOOKUP))
+        return tokens, [mean ** (i + 1) for i in range(n)]
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+class _SimPool:
+    """A drafter pool as the proposer calls it (`drafter.Drafter`, like `ReplicaPool`): each
+    request assigned to one replica for its lifetime (`pool_policy.assign_replica`; a request whose
+    replica was removed is re-homed and sends its whole context again), a call queued for one of the
+    replica's `slots`, then drafting. Its draft continues the context past `expected` (the draft the
+    verifier checks meanwhile) and branches at `expected`'s rejection points where the pool's own
+    guess differs (PEARL's post-verify drafting); confidences are the pool's mean acceptance on
+    the domain. No replica: `RuntimeError`, as `ReplicaPool` raises."""
+
+    def __init__(self, model: PoolModel, cluster: _Cluster) -> None:
+        self.model, self.name, self.cluster = model, model.name, cluster
+        env = cluster.env
+        self.slots = [simpy.Container(env, capacity=model.slots, init=model.slots) for _ in range(model.replicas)]
+        self.active = list(range(model.replicas))  # the replicas taking requests
+        self.held: dict[str, int] = {}  # replica -> requests assigned to it
+        self.home: dict[str, int] = {}  # request -> its replica
+        self.seen: dict[str, int] = {}  # request -> context tokens its replica holds
+        self.calls: list[int] = []  # draft calls per replica
+
+    def propose(self, request_id: str, context_ids: Sequence[int], max_tokens: int, *, min_confidence: float = 0.0,
+                expected: Sequence[int] = (), max_branches: int = 0) -> Draft:
+        replica = self._replica_of(request_id)
+        seq = self.cluster.seqs[request_id]
+        alpha = self.cluster.alpha(seq, self.name)
+        conf = self.cluster.s.acceptance.mean(self.name, seq.spec.domain)
+        start = len(context_ids) - seq.spec.prompt_tokens  # output position the draft starts at
+        ok = 0  # expected tokens that are the target's
+        while ok < len(expected) and expected[ok] == seq.target_token(start + ok):
+            ok += 1
+        k = max_tokens if conf >= min_confidence else 0
+        main = tuple(seq.guess(start + len(expected), k, alpha, aligned=ok == len(expected)))
+        branches = []
+        for j in range(min(ok + 1, len(expected))):  # where the pool's guess differs from `expected`
+            if len(branches) >= max_branches or not k:
+                break
+            right = seq.rng.random() < alpha
+            if j < ok and right or j == ok and not right:
+                continue  # it agrees with the verified token (or misses the target's as `expected` does)
+            tokens = (seq.target_token(start + j) if right else -1, *seq.guess(start + j + 1, k - 1, alpha, right))
+            branches.append(DraftBranch(j, tokens, (conf,) * k))
+        drafted = len(main) + sum(len(b.token_ids) for b in branches)
+        self.cluster.executor.defer(self._work(request_id, replica, len(context_ids), drafted))
+        return Draft(main, (conf,) * len(main), self.name, 0.0, len(expected), tuple(branches))
+
+    def release(self, request_id: str) -> None:
+        home = self.home.pop(request_id, None)
+        self.seen.pop(request_id, None)
+        if home is not None:
+            self.held[str(home)] -= 1
+
+    def _replica_of(self, rid: str) -> int:
+        home = self.home.get(rid)
+        if home is not None and home in self.active:
+            return home
+        if not self.active:
+            raise RuntimeError(f"pool {self.name!r} has no replica to draft on")
+        if home is not None:
+            self.held[str(home)] -= 1
+            self.seen[rid] = 0
+            self.cluster.out.rehomes += 1
+        new = int(assign_replica(self.held, [str(i) for i in self.active]))  # type: ignore[arg-type]
+        self.held[str(new)] = self.held.get(str(new), 0) + 1
+        self.home[rid] = new
+        return new
+
+    def _work(self, rid: str, replica: int, ctx_len: int, drafted: int) -> simpy.events.ProcessGenerator:
+        p, env, w = self.model, self.cluster.env, self.cluster.window
+        unseen = ctx_len - self.seen.get(rid, 0)
+        yield env.timeout(p.rtt_s / 2 + 4 * unseen / p.bandwidth_bytes_per_s)  # the context delta: token ids
+        slots = self.slots[replica]
+        yield slots.get(1)
+        work_s = unseen * p.catch_up_token_s + drafted * p.draft_token_s
+        yield env.timeout(work_s)
+        yield slots.put(1)
+        w = self.cluster.window
+        w["pool_busy_s"][p.name] += work_s
+        w["rounds"][p.name] += 1
+        w["drafted"][p.name] += drafted
+        self.calls.extend([0] * (replica + 1 - len(self.calls)))
+        self.calls[replica] += 1
+        if rid in self.home:
+            self.seen[rid] = ctx_len
+        yield env.timeout(p.rtt_s / 2 + drafted * DRAFT_BYTES_PER_TOKEN / p.bandwidth_bytes_per_s)
 
 
 @dataclass
@@ -208,50 +384,46 @@ class _Cluster:
         self.env = simpy.Environment()
         self.rng = random.Random(setup.seed)
         self.out = SimResult(verifier_replicas=setup.verifier.replicas)
-        self.waiting: list[_Req] = []  # vLLM's waiting queue, shared by the replicas
-        self.running: list[list[_Req]] = [[] for _ in range(setup.verifier.replicas)]
+        self.waiting: list[_Sequence] = []  # vLLM's waiting queue, shared by the replicas
+        self.running: list[list[_Sequence]] = [[] for _ in range(setup.verifier.replicas)]
+        self.seqs: dict[str, _Sequence] = {}  # request id -> the request, while it runs
         self.in_flight = 0
         self.idle_verifiers: list[simpy.Event] = []  # one wake-up event per idle verifier replica
         self.all_done = self.env.event()
-        self.router = routing.RouterState()
-        self.profiles = [routing.DrafterProfile(p.name, p.expertise) for p in setup.pools]
         self.pools = {p.name: p for p in setup.pools}
         self.replicas = {p.name: p.replicas for p in setup.pools}
         self.pods_ready = dict(self.replicas)  # replicas whose pods have started
-        # per pool, its replicas' slots (index = replica number) and the replicas taking requests
-        self.slots = {p.name: [simpy.Container(self.env, capacity=p.slots, init=p.slots) for _ in range(p.replicas)]
-                      for p in setup.pools}
-        self.active = {p.name: list(range(p.replicas)) for p in setup.pools}
-        self.held = {p.name: dict[str, int]() for p in setup.pools}  # replica -> requests assigned to it
-        self.on_time = dict.fromkeys(self.pools, 1.0)  # the proposer's per-pool on-time EMA
-        self.rtt_s: dict[str, float] = {}  # the proposer's per-pool EMA of a call's round trip
-        self.token_s: dict[str, float] = {}  # ... and of its seconds per draft token
-        # The pass curve the k policy prices drafts on: the verifier's (the runtime measures it).
-        ref_kv = int(statistics.mean(r.prompt_tokens + r.output_tokens // 2 for r in workload.requests))
-        self.curve = speculation_control.PassCurve(tuple(
-            (n, setup.verifier.pass_s(n, ref_kv)) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)))
+        self.executor = SimExecutor(self.env)
+        self.sim_pools = {p.name: _SimPool(p, self) for p in setup.pools}
+        self.proposers: list[CoSineProposer] = []  # one per verifier replica, as each serving replica has its own
+        if setup.mode == "cosine":
+            settings = ProposerSettings(speculation=setup.speculation, control=setup.control,
+                                        routing=setup.routing_settings, lookup=setup.lookup is not None,
+                                        pool=setup.pool_policy)
+            expertise = {p.name: p.expertise for p in setup.pools}
+            self.proposers = [
+                CoSineProposer(settings, list(self.sim_pools.values()), expertise,
+                               classify=lambda prompt: self.w.requests[prompt[0]].domain, clock=lambda: self.env.now,
+                               seed=setup.seed + i, executor=self.executor,
+                               lookup=_SimLookup(setup.lookup, self) if setup.lookup is not None else None)
+                for i in range(setup.verifier.replicas)]
+        self._counted = self._proposer_counts()  # the proposers' counters at the window's start
         self.window = self._new_window(list(self.pools))
         self.scaler = autoscaling.ScalerState()
         for p in setup.pools:
             self.out.replicas_timeline[p.name] = [(0.0, p.replicas)]
 
     # ------------------------------------------------------------------ requests
-    def _start(self, i: int, spec: RequestSpec) -> _Req:
-        r = _Req(f"r{i}", spec, self.env.now, spec.prompt_tokens, done=self.env.event())
-        if self.s.mode == "cosine" and self.pools:
-            # as the proposer routes (`CoSineProposer._route`): the first `max_drafters` pools up,
-            # plus those the router preferred that are down (asked never; skipped as "down": demand)
-            rs = PoolPolicy.routing_settings(self.s.routing_settings, len(self.pools), self.s.speculation.fusion)
-            ranked = routing.route(spec.domain, self.profiles, self.router, replace(rs, max_drafters=len(self.pools)),
-                                   self.rng.betavariate)
-            up = [n for n in ranked if self.active[n]][: rs.max_drafters]
-            r.pools = (*up, *(n for n in ranked[: rs.max_drafters] if n not in up))
+    def _start(self, i: int, spec: RequestSpec) -> _Sequence:
+        seq = _Sequence(f"r{i}", spec, self.env.now, spec.prompt_tokens, [i] + [0] * (spec.prompt_tokens - 1),
+                        random.Random(f"{self.s.seed}/{i}"), done=self.env.event())
+        self.seqs[seq.rid] = seq
         self.in_flight += 1
-        self.waiting.append(r)
+        self.waiting.append(seq)
         for wake in self.idle_verifiers:
             wake.succeed()
         self.idle_verifiers = []
-        return r
+        return seq
 
     def _arrivals(self) -> simpy.events.ProcessGenerator:
         for i, spec in enumerate(self.w.requests):
@@ -261,223 +433,130 @@ class _Cluster:
     def _client(self, queue: list[tuple[int, RequestSpec]]) -> simpy.events.ProcessGenerator:
         while queue:
             i, spec = queue.pop(0)
-            r = self._start(i, spec)
-            assert r.done is not None
-            yield r.done
+            seq = self._start(i, spec)
+            assert seq.done is not None
+            yield seq.done
+
+    def alpha(self, seq: _Sequence, source: str) -> float:
+        """The request's per-token acceptance rate for a draft source (drawn once)."""
+        if source not in seq.alphas:
+            seq.alphas[source] = self.s.acceptance.sample(source, seq.spec.domain, seq.rng)
+        return seq.alphas[source]
 
     # ------------------------------------------------------------------ verifier (vLLM's scheduler)
-    def _schedule(self, running: list[_Req]) -> list[tuple[_Req, int]]:
+    def _schedule(self, running: list[_Sequence], replica: int) -> list[tuple[_Sequence, int]]:
         """One engine step: running requests first (pending token + draft, or the next prefill
         chunk), then waiting ones admitted while the token budget and `max_requests` allow."""
         v = self.s.verifier
         budget, step = v.max_batch_tokens, []
-        for r in running:
-            n = min(r.prefill_left if r.prefill_left > 0 else 1 + r.draft_len, budget)
+        for seq in running:
+            n = min(seq.prefill_left if seq.prefill_left > 0 else 1 + len(seq.draft), budget)
             if n < 1:
                 break
-            step.append((r, n))
+            if seq.prefill_left == 0:
+                del seq.draft[n - 1:]  # a draft clipped to the budget left
+            step.append((seq, n))
             budget -= n
         while self.waiting and budget > 0 and len(running) < v.max_requests:
-            r = self.waiting.pop(0)
-            running.append(r)
-            n = min(r.prefill_left, budget)
-            step.append((r, n))
+            seq = self.waiting.pop(0)
+            seq.replica = replica
+            running.append(seq)
+            if self.proposers:  # as `vllm_hooks` does for a request it starts prefilling
+                self.proposers[replica].prefetch(seq.rid, seq.tokens[: seq.spec.prompt_tokens])
+            n = min(seq.prefill_left, budget)
+            step.append((seq, n))
             budget -= n
         return step
 
     def _verifier(self, replica: int) -> simpy.events.ProcessGenerator:
         s, v = self.s, self.s.verifier
         running = self.running[replica]
+        proposer = self.proposers[replica] if self.proposers else None
         while True:
             if not running and not self.waiting:
                 wake = self.env.event()
                 self.idle_verifiers.append(wake)
                 yield wake
                 continue
-            step = self._schedule(running)
+            step = self._schedule(running, replica)
             tokens = sum(n for _, n in step)
-            kv = sum(r.spec.prompt_tokens - r.prefill_left + r.emitted for r, _ in step)
+            kv = sum(seq.spec.prompt_tokens - seq.prefill_left + seq.emitted for seq, _ in step)
             pass_s = v.pass_s(tokens, kv)
-            decodes = [(r, n) for r, n in step if r.prefill_left == 0]
+            decodes = [seq for seq, _ in step if seq.prefill_left == 0]
             if s.mode == "vanilla" and decodes:  # the co-located drafter drafts before the step
-                pass_s += max(r.draft_len for r, _ in decodes) * v.colocated_draft_s(len(decodes))
+                pass_s += max(len(seq.draft) for seq in decodes) * v.colocated_draft_s(len(decodes))
             yield self.env.timeout(pass_s)
             self.out.verifier_busy_s += pass_s
             self.window["busy_s"] += pass_s
             self.window["steps"] += 1
             self.out.passes += 1
-            if any(n > 1 for _, n in decodes):
+            if any(seq.draft for seq in decodes):
                 self.out.steps_with_draft += 1
-            for r, n in step:
-                self._after_step(r, n, running)
-            contexts = [r for r in running if r.prefill_left == 0]
-            drafted = 0
-            for r in contexts:  # the proposer, for the next step
-                self._propose(r, other_tokens=len(contexts) - 1 + drafted, num_requests=len(contexts))
-                drafted += r.draft_len
+            outcomes = [self._after_step(seq, n, running) for seq, n in step]
+            if proposer is not None:
+                proposer.observe_step(StepRecord(pass_s, tokens, tuple(o for o in outcomes if o is not None),
+                                                 has_prefill=len(decodes) < len(step)))
+            self._draft(running, proposer)
 
-    def _alpha(self, r: _Req, source: str) -> float:
-        if source not in r.alphas:
-            r.alphas[source] = self.s.acceptance.sample(source, r.spec.domain, self.rng)
-        return r.alphas[source]
-
-    def _state(self, r: _Req, source: str) -> speculation_control.SpeculationState:
-        """The request's acceptance estimate for a source; it starts at the source's mean on the
-        domain (what the runtime's router has learned from earlier requests)."""
-        if source not in r.states:
-            r.states[source] = speculation_control.initial_state(
-                self.s.control, self.s.acceptance.mean(source, r.spec.domain))
-        return r.states[source]
-
-    def _after_step(self, r: _Req, n: int, running: list[_Req]) -> None:
-        s = self.s
-        if r.prefill_left > 0:
-            r.prefill_left -= n
-            if r.prefill_left > 0:
-                return
+    def _after_step(self, seq: _Sequence, n: int, running: list[_Sequence]) -> RequestOutcome | None:
+        """The target's side of a step for one request: a prefill chunk, or its draft verified
+        (accepted prefix plus the target's own token)."""
+        outcome = None
+        if seq.prefill_left > 0:
+            seq.prefill_left -= n
+            if seq.prefill_left > 0:
+                return None
             emitted = 1
-            r.first_token_s = self.env.now
+            seq.first_token_s = self.env.now
         else:
-            k = n - 1
-            emitted = 1
-            if k > 0:
-                acc = accepted_tokens(self._alpha(r, r.source), k, self.rng)
-                emitted += acc
+            k = len(seq.draft)
+            acc = seq.verify(seq.draft)
+            emitted = 1 + acc
+            if k:
+                outcome = RequestOutcome(seq.rid, k, acc, seq.source)
                 self.out.draft_tokens += k
                 self.out.accepted += acc
                 self.out.spec_steps += 1
-                counts = self.out.by_source.setdefault(r.source, [0, 0, 0])
+                counts = self.out.by_source.setdefault(seq.source, [0, 0, 0])
                 counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + k, counts[2] + acc
-                r.states[r.source] = speculation_control.observe(self._state(r, r.source), s.control, k, acc)
-                if r.source in self.pools:
-                    self.router = routing.observe(self.router, r.source, r.spec.domain, k, acc,
-                                                  self._alpha(r, r.source), s.routing_settings)
-                    self.window["accepted"][r.source] += acc
-        emitted = min(emitted, r.spec.output_tokens - r.emitted)
-        r.emitted += emitted
+        emitted = min(emitted, seq.spec.output_tokens - seq.emitted)
+        seq.tokens.extend(seq.target_token(seq.emitted + j) for j in range(emitted))
+        seq.emitted += emitted
         self.out.tokens += emitted
         self.window["verified"] += emitted
-        r.draft_len, r.source = 0, ""
-        if r.emitted >= r.spec.output_tokens:
-            running.remove(r)
-            self._finish(r)
+        seq.draft, seq.source = [], ""
+        if seq.emitted >= seq.spec.output_tokens:
+            running.remove(seq)
+            self._finish(seq)
+        return outcome
 
-    def _finish(self, r: _Req) -> None:
+    def _draft(self, running: list[_Sequence], proposer: CoSineProposer | None) -> None:
+        """The next step's drafts: CoSine's proposer itself (cosine), or the co-located drafter's
+        `max_draft_len` tokens for every request (vanilla: vLLM's draft-model speculation)."""
+        decodes = [seq for seq in running if seq.prefill_left == 0]
+        if proposer is not None and decodes:
+            drafts = proposer.propose({seq.rid: seq.tokens for seq in decodes},
+                                      {seq.rid: seq.spec.prompt_tokens for seq in decodes})
+            for seq in decodes:
+                seq.draft, seq.source = drafts[seq.rid], proposer.source_of(seq.rid)
+        elif self.s.mode == "vanilla" and self.pools:
+            name = next(iter(self.pools))
+            for seq in decodes:
+                seq.draft = seq.guess(seq.emitted, self.s.speculation.max_draft_len, self.alpha(seq, name))
+                seq.source = name
+
+    def _finish(self, seq: _Sequence) -> None:
         self.in_flight -= 1
-        self.out.latencies_s.append(self.env.now - r.arrival_s)
-        self.out.ttft_s.append((r.first_token_s or self.env.now) - r.arrival_s)
+        self.out.latencies_s.append(self.env.now - seq.arrival_s)
+        self.out.ttft_s.append((seq.first_token_s or self.env.now) - seq.arrival_s)
         self.out.makespan_s = self.env.now
-        self._release(r)
-        assert r.done is not None
-        r.done.succeed()
+        if self.proposers:
+            self.proposers[seq.replica].release(seq.rid)
+        del self.seqs[seq.rid]
+        assert seq.done is not None
+        seq.done.succeed()
         if len(self.out.latencies_s) == len(self.w.requests):
             self.all_done.succeed()
-
-    # ------------------------------------------------------------------ drafting (CoSine's proposer)
-    def _propose(self, r: _Req, other_tokens: int, num_requests: int) -> None:
-        """The next step's draft for `r` from what is available now, k from goodput; then ask the
-        pools that pay for the request (their drafts serve a later step)."""
-        s = self.s
-        r.draft_len, r.source = 0, ""
-        left = r.spec.output_tokens - r.emitted - 1
-        if s.mode == "target-only" or left <= 0:
-            return
-        candidates: dict[str, int] = {}  # source -> tokens it offers
-        if s.mode == "vanilla" and self.pools:
-            candidates[next(iter(self.pools))] = s.speculation.max_draft_len
-        if s.mode == "cosine" and s.lookup is not None:
-            hit = self.rng.random() < s.lookup.hit_rate
-            r.lookup_hit = PoolPolicy.lookup_hit(r.lookup_hit, hit)
-            if hit:
-                candidates[LOOKUP] = s.lookup.draft_tokens
-        for name in r.pools:
-            if name in r.arrived:
-                r.arrived.discard(name)
-                usable = self.rng.random() < self.pools[name].use_prob
-                self.on_time[name] = PoolPolicy.on_time(self.on_time[name], usable)
-                if usable:
-                    candidates[name] = s.speculation.max_draft_len
-            elif name in r.inflight:
-                self.out.drafts_late += 1
-                self.window["late"][name] += 1
-                self.on_time[name] = PoolPolicy.on_time(self.on_time[name], False)
-        r.steps += 1
-        if candidates:  # fusion by confidence, reduced to its leader: the source trusted most
-            source = max(candidates, key=lambda c: self._state(r, c).acceptance_rate)
-            draft_s = self.pools[source].draft_token_s if s.mode == "vanilla" else 0.0
-            cost = speculation_control.BatchedCost(draft_s, self.curve, max(0, other_tokens), max(1, num_requests))
-            state, k = speculation_control.next_draft_len(self._state(r, source), s.speculation, s.control, cost)
-            r.states[source] = state
-            r.draft_len, r.source = min(k, candidates[source], left), source
-        if s.mode == "cosine":
-            for name in r.pools:
-                if name in r.inflight:
-                    continue
-                skip = self._skip_reason(r, name)
-                if skip:
-                    self.window["skipped"][name][skip] += 1
-                    continue
-                r.inflight.add(name)
-                self.window["asks"][name] += 1
-                self.env.process(self._draft_on_pool(r, self.pools[name], verifying=r.draft_len > 0))
-
-    def _skip_reason(self, r: _Req, name: str) -> str | None:
-        """Why the pool is not asked for the request now (`None`: it is): "down" with no replica
-        ready, else the proposer's rule (`PoolPolicy.skip_reason`) on the request's estimates."""
-        if not self.active[name]:
-            return "down"
-        s = self.s
-        lookup_alpha = self._state(r, LOOKUP).acceptance_rate if s.lookup else 0.0
-        return s.pool_policy.skip_reason(r.steps, self._state(r, name).acceptance_rate, self.on_time[name],
-                                          lookup_alpha, r.lookup_hit if s.lookup else 0.0,
-                                          s.speculation.max_draft_len)
-
-    def _replica_of(self, r: _Req, name: str) -> int:
-        """The request's replica of the pool; a new request, or one whose replica was removed, is
-        assigned one by `assign_replica` (a re-homed one has sent nothing to its new replica)."""
-        home = r.replica.get(name)
-        if home is not None and home in self.active[name]:
-            return home
-        held = self.held[name]
-        if home is not None:
-            held[str(home)] -= 1
-            r.seen_tokens[name] = 0
-            self.out.rehomes += 1
-        new = int(assign_replica(held, [str(i) for i in self.active[name]]))  # type: ignore[arg-type]
-        held[str(new)] = held.get(str(new), 0) + 1
-        r.replica[name] = new
-        return new
-
-    def _release(self, r: _Req) -> None:
-        for name, home in r.replica.items():
-            self.held[name][str(home)] -= 1
-
-    def _draft_on_pool(self, r: _Req, p: PoolModel, verifying: bool) -> simpy.events.ProcessGenerator:
-        s, t0 = self.s, self.env.now
-        replica = self._replica_of(r, p.name)
-        ctx = r.spec.prompt_tokens + r.emitted
-        unseen = ctx - r.seen_tokens.get(p.name, 0)
-        k, branches = s.pool_policy.ask(self.curve.seconds(1), self.token_s.get(p.name),
-                                        self.rtt_s.get(p.name, 0.0), s.speculation.max_draft_len, verifying)
-        drafted = k * (1 + branches)
-        yield self.env.timeout(p.rtt_s / 2 + 4 * unseen / p.bandwidth_bytes_per_s)  # context delta: token ids
-        slots = self.slots[p.name][replica]
-        yield slots.get(1)
-        work_s = unseen * p.catch_up_token_s + drafted * p.draft_token_s
-        yield self.env.timeout(work_s)
-        yield slots.put(1)
-        self.window["pool_busy_s"][p.name] += work_s
-        self.window["rounds"][p.name] += 1
-        self.window["drafted"][p.name] += drafted
-        calls = self.out.replica_calls.setdefault(p.name, [])
-        calls.extend([0] * (replica + 1 - len(calls)))
-        calls[replica] += 1
-        r.seen_tokens[p.name] = ctx
-        yield self.env.timeout(p.rtt_s / 2 + drafted * DRAFT_BYTES_PER_TOKEN / p.bandwidth_bytes_per_s)
-        self.rtt_s[p.name], self.token_s[p.name] = PoolPolicy.learn_speed(
-            self.rtt_s.get(p.name), self.token_s.get(p.name), self.env.now - t0, drafted)
-        r.inflight.discard(p.name)
-        r.arrived.add(p.name)
 
     # ------------------------------------------------------------------ autoscaler
     def _autoscaler(self) -> simpy.events.ProcessGenerator:
@@ -486,6 +565,9 @@ class _Cluster:
         while True:
             yield self.env.timeout(s.interval_s)
             w, iv = self.window, s.interval_s
+            now = self._proposer_counts()  # the proposers' series over the interval, as scraped
+            c = {key: now[key] - self._counted.get(key, 0) for key in now}
+            self._counted = now
             verifier = autoscaling.VerifierObservation(
                 step_s=w["busy_s"] / w["steps"] if w["steps"] else None,
                 tokens_verified_per_s=w["verified"] / iv,
@@ -495,18 +577,18 @@ class _Cluster:
             pools = tuple(
                 autoscaling.PoolObservation(  # what the operator reads from the same series (metrics_scrape)
                     name=n, replicas=self.replicas[n], ready_replicas=self.pods_ready[n],
-                    asks_per_s=w["asks"][n] / iv, late_per_s=w["late"][n] / iv,
-                    skipped_per_s={k: v / iv for k, v in w["skipped"][n].items()},
-                    accepted_tokens_per_s=w["accepted"][n] / iv,
-                    acceptance_rate=w["accepted"][n] / w["drafted"][n] if w["drafted"][n] else None,
+                    asks_per_s=c[("asks", n)] / iv, late_per_s=c[("late", n)] / iv,
+                    skipped_per_s={k: c[("skipped", n, k)] / iv for k in autoscaling.SKIP_REASONS},
+                    accepted_tokens_per_s=c[("accepted", n)] / iv,
+                    acceptance_rate=c[("accepted", n)] / w["drafted"][n] if w["drafted"][n] else None,
                     draft_tokens_per_s=w["drafted"][n] / iv,
                     # a call holds one of a replica's slots for its work: its calls in service at
                     # once (mean occupied slots per replica) are what a batched round holds
                     round_s=w["pool_busy_s"][n] / w["rounds"][n] if w["rounds"][n] else None,
                     batch=(max(1.0, w["pool_busy_s"][n] / (iv * max(1, self.pods_ready[n]))) if w["rounds"][n]
                            else None),
-                    rtt_s=self.rtt_s.get(n),
-                    yield_tokens=w["accepted"][n] / w["asks"][n] if w["asks"][n] else None,
+                    rtt_s=next((p.stats.pool_rtt_s[n] for p in self.proposers if n in p.stats.pool_rtt_s), None),
+                    yield_tokens=c[("accepted", n)] / c[("asks", n)] if c[("asks", n)] else None,
                     # busy slot-seconds over the slots the pool had: its pods' busy fraction
                     utilization=(min(1.0, w["pool_busy_s"][n] / (iv * self.pods_ready[n] * self.pools[n].slots))
                                  if self.pods_ready[n] else None),
@@ -523,11 +605,24 @@ class _Cluster:
 
     @staticmethod
     def _new_window(pools: list[str]) -> dict:
-        """The autoscaler's counters for one interval."""
+        """The verifier's and the pools' own counters for one interval (the proposers' are
+        `_proposer_counts`)."""
         return {"busy_s": 0.0, "steps": 0, "verified": 0, "drafted": dict.fromkeys(pools, 0),
-                "accepted": dict.fromkeys(pools, 0), "pool_busy_s": dict.fromkeys(pools, 0.0),
-                "rounds": dict.fromkeys(pools, 0), "asks": dict.fromkeys(pools, 0), "late": dict.fromkeys(pools, 0),
-                "skipped": {p: dict.fromkeys(autoscaling.SKIP_REASONS, 0) for p in pools}}
+                "pool_busy_s": dict.fromkeys(pools, 0.0), "rounds": dict.fromkeys(pools, 0)}
+
+    def _proposer_counts(self) -> dict[tuple[str, ...], int]:
+        """The proposers' counters the operator scrapes (`cosine.metrics`), summed over verifier
+        replicas, per pool: asks (calls returned or failed), late drafts, asks skipped per reason,
+        accepted draft tokens."""
+        out: dict[tuple[str, ...], int] = {}
+        for n in self.pools:
+            st = [p.stats for p in self.proposers]
+            out[("asks", n)] = sum(x.pool_calls.get(n, 0) + x.pool_errors.get(n, 0) for x in st)
+            out[("late", n)] = sum(x.drafts_late.get(n, 0) for x in st)
+            out[("accepted", n)] = sum(x.accepted_tokens.get(n, 0) for x in st)
+            for k in autoscaling.SKIP_REASONS:
+                out[("skipped", n, k)] = sum(x.pool_skipped.get((n, k), 0) for x in st)
+        return out
 
     def _scale(self, name: str, current: int, desired: int) -> None:
         self.replicas[name] = desired
@@ -537,16 +632,16 @@ class _Cluster:
             self.env.process(self._add_replicas(name, desired - current))
         else:  # the newest replicas leave; their requests are re-homed at their next call
             for _ in range(current - desired):
-                if self.active[name]:
-                    self.active[name].pop()
+                if self.sim_pools[name].active:
+                    self.sim_pools[name].active.pop()
                     self.pods_ready[name] -= 1
 
     def _add_replicas(self, name: str, count: int) -> simpy.events.ProcessGenerator:
         yield self.env.timeout(self.s.pod_start_s)  # a new pod pulls, loads and becomes ready
-        p = self.pools[name]
+        p, pool = self.pools[name], self.sim_pools[name]
         for _ in range(count):  # once ready, the proposer's next re-resolve finds it
-            self.slots[name].append(simpy.Container(self.env, capacity=p.slots, init=p.slots))
-            self.active[name].append(len(self.slots[name]) - 1)
+            pool.slots.append(simpy.Container(self.env, capacity=p.slots, init=p.slots))
+            pool.active.append(len(pool.slots) - 1)
             self.pods_ready[name] += 1
 
     # ------------------------------------------------------------------ run
@@ -568,6 +663,8 @@ class _Cluster:
         self._cost(end)
         for name, tl in self.out.replicas_timeline.items():
             tl.append((end, self.replicas[name]))  # the timeline runs to the end of the run
+        self.out.drafts_late = sum(sum(p.stats.drafts_late.values()) for p in self.proposers)
+        self.out.replica_calls = {n: list(pool.calls) for n, pool in self.sim_pools.items() if pool.calls}
         return self.out
 
     def _cost(self, end_s: float) -> None:
