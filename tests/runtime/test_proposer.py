@@ -203,6 +203,24 @@ def test_release_reaches_every_pool_the_request_used_after_its_calls_end():
     p.close()
 
 
+def test_close_returns_while_released_requests_wait_for_queued_calls():
+    """Shutting down with pool calls queued behind hung ones, for requests already released: the
+    executor cancels the queued calls and runs their callbacks under its own lock, so the release
+    they were waiting for must not be submitted then (it deadlocked `vLLM`'s shutdown once)."""
+    pool = FakePool("a")
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), lookup=False), [pool], seed=0)
+    pool.gate.clear()  # the pool hangs: two calls run (the executor's 2 threads), the rest queue
+    for i in range(4):
+        p.propose({f"r{i}": [1, 2, 3]})
+    assert sum(not f.running() and not f.done() for r in p._requests.values() for f in r.inflight.values()) >= 1
+    p.retain(set())
+    closed = threading.Thread(target=p.close)
+    closed.start()
+    closed.join(timeout=5)
+    assert not closed.is_alive(), "close() deadlocked"
+    pool.gate.set()
+
+
 def test_fusion_picks_the_more_confident_candidate_per_position():
     # lookup proposes 10 11 12 (path probability 0.5: the tail 5..9 is followed by 10 once of its
     # two occurrences); the pool, an expert on the domain, proposes 10 42 43 at confidence 0.99

@@ -54,6 +54,7 @@ module's threads, so a crashed or hung pool costs drafts, never a request.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -261,6 +262,7 @@ class CoSineProposer:
         # (accepted, predicted) tokens
         self._failures: dict[str, int] = {}  # pool -> failed calls in a row
         self._warned_s: dict[str, float] = {}  # pool -> when its last warning was logged
+        self._closed = False
         self._executor = executor or ThreadPoolExecutor(max_workers=max(1, 2 * len(pools)),
                                                         thread_name_prefix="cosine-pool")
 
@@ -376,10 +378,11 @@ class CoSineProposer:
         def one_returned(_: Future | None = None) -> None:  # pools release once the request's calls returned
             with lock:
                 left[0] -= 1
-                if left[0] > 0:
-                    return
+                if left[0] > 0 or self._closed:  # closing: the executor's shutdown cancels calls and runs
+                    return  # this callback under its own lock (a submit would deadlock); pools evict anyway
             for name in req.used:
-                self._executor.submit(self._release_on_pool, name, request_id)
+                with contextlib.suppress(RuntimeError):  # shut down meanwhile
+                    self._executor.submit(self._release_on_pool, name, request_id)
 
         if not pending:
             left[0] = 1
@@ -397,6 +400,7 @@ class CoSineProposer:
 
     def close(self) -> None:
         """Stop the pool-call threads without waiting; queued pool calls are cancelled."""
+        self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ policy glue
