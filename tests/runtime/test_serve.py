@@ -286,15 +286,16 @@ def test_the_autoscaler_closes_the_loop_on_real_processes(tmp_path, reference):
                 p = PROMPTS[i % len(PROMPTS)]
                 outputs.append((p, _chat(client, p)))
 
-        def all_serve() -> bool:  # every replica listed so far, at least two, has served draft calls: one
-            small = _replica_calls(metrics_url).get("small", {})  # added late takes new requests only
-            return len(small) >= 2 and all(c > 0 for c in small.values())
+        def all_serve() -> bool:  # every replica of small listed so far, at least two, has served draft
+            calls = _replica_calls(metrics_url)  # calls (one added late takes new requests only), and the
+            small = calls.get("small", {})  # cold pool, back from zero, has too
+            return len(small) >= 2 and all(c > 0 for c in small.values()) and bool(calls.get("cold"))
 
         with cf.ThreadPoolExecutor(8) as pool:  # the load step: concurrency 8, 20 s at least, 120 s at most
             futures = [pool.submit(load, i) for i in range(8)]
             while time.monotonic() - started < 120 and not (time.monotonic() - started > 20 and all_serve()):
                 time.sleep(2)
-            served = _replica_calls(metrics_url).get("small", {})  # before a replica added later is listed
+            served = _replica_calls(metrics_url)  # before a replica added later is listed
             stop.set()
             for f in futures:
                 f.result(timeout=240)
@@ -302,8 +303,9 @@ def test_the_autoscaler_closes_the_loop_on_real_processes(tmp_path, reference):
         assert outputs and all(out == reference[p] for p, out in outputs)
         text = log_path.read_text()
         assert max(_pool_sizes(log_path).get("small", [1])) >= 2, text[-3000:]
-        assert len(served) >= 2 and all(c > 0 for c in served.values()), (served, calls)
-        assert "pool cold 0 -> 1" in text and calls.get("cold"), (calls, text[-3000:])
+        small = served.get("small", {})
+        assert len(small) >= 2 and all(c > 0 for c in small.values()), (served, calls)
+        assert "pool cold 0 -> 1" in text and served.get("cold"), (served, text[-3000:])
 
         deadline = time.monotonic() + 60  # the load is over: back to minReplicas, one step at a time
         while not re.search(r"autoscaler: pool small \d+ -> 1:", log_path.read_text()):
