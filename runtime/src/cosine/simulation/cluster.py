@@ -308,7 +308,7 @@ class _SimPool:
         return new
 
     def _work(self, rid: str, replica: int, ctx_len: int, drafted: int) -> simpy.events.ProcessGenerator:
-        p, env, w = self.model, self.cluster.env, self.cluster.window
+        p, env = self.model, self.cluster.env
         unseen = ctx_len - self.seen.get(rid, 0)
         yield env.timeout(p.rtt_s / 2 + 4 * unseen / p.bandwidth_bytes_per_s)  # the context delta: token ids
         slots = self.slots[replica]
@@ -316,7 +316,7 @@ class _SimPool:
         work_s = unseen * p.catch_up_token_s + drafted * p.draft_token_s
         yield env.timeout(work_s)
         yield slots.put(1)
-        w = self.cluster.window
+        w = self.cluster.window  # the interval's, when the work ends
         w["pool_busy_s"][p.name] += work_s
         w["rounds"][p.name] += 1
         w["drafted"][p.name] += drafted
