@@ -141,6 +141,18 @@ def test_pass_curve_learns_from_passes_and_stays_monotone():
     assert curve.observe(3, -1.0) is curve and curve.observe(0, 1.0) is curve  # nothing measured: ignored
 
 
+def test_a_curve_seeded_on_a_large_pass_learns_the_small_ones_it_runs():
+    """Seeded flat by a first 11-token pass (0.28 s), then only 4- and 8-token passes are run (as
+    at 4 requests): the 1- and 2-token points, never measured, must come down with the 4-token one,
+    or the curve stays flat from 1 to 8 and prices draft tokens at nothing."""
+    curve = PassCurve(((1, 0.28),)).extended(64)
+    for _ in range(100):
+        curve = curve.observe(4, 0.24, weight=0.2).observe(8, 0.28, weight=0.2)
+    assert curve.seconds(4) == pytest.approx(0.24, rel=0.02) and curve.seconds(8) == pytest.approx(0.28, rel=0.02)
+    assert curve.seconds(1) <= curve.seconds(2) <= 0.241
+    assert all(b[1] >= a[1] for a, b in pairwise(curve.points))
+
+
 def test_pass_curve_extends_to_the_budget_and_learns_large_passes():
     """A start-up curve up to 32 tokens says little about 100-token batched passes (8 long KV
     caches): extended to the budget, the extrapolated points are corrected by what passes take."""

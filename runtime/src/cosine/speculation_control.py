@@ -115,8 +115,10 @@ class PassCurve:
     def observe(self, num_tokens: int, seconds: float, weight: float = 0.1) -> PassCurve:
         """Fold one measured pass into the curve: the two points around `num_tokens` move toward
         the measurement, each by `weight` times its interpolation share (past the last point, the
-        last point moves); seconds stay non-decreasing in tokens. Passes of no positive time or
-        no tokens are ignored."""
+        last point moves); seconds stay non-decreasing in tokens, by lowering the smaller passes'
+        points to a measured one's and raising the larger ones' (a batch that never runs 1 or 2
+        tokens must not keep them at a first guess that flattens the curve where it runs).
+        Passes of no positive time or no tokens are ignored."""
         pts = list(self.points)
         if seconds <= 0 or num_tokens < 1:
             return self
@@ -129,8 +131,12 @@ class PassCurve:
                 pts[i] = (x0, max(1e-6, pts[i][1] + weight * (1 - t) * error))
                 pts[i + 1] = (x1, max(1e-6, pts[i + 1][1] + weight * t * error))
                 break
-        for i in range(1, len(pts)):
-            pts[i] = (pts[i][0], max(pts[i][1], pts[i - 1][1]))
+        if error > 0:  # a measured rise carries up to larger passes
+            for i in range(1, len(pts)):
+                pts[i] = (pts[i][0], max(pts[i][1], pts[i - 1][1]))
+        else:  # a measured drop down to smaller ones, which a busy batch may never run
+            for i in range(len(pts) - 1, 0, -1):
+                pts[i - 1] = (pts[i - 1][0], min(pts[i - 1][1], pts[i][1]))
         return PassCurve(tuple(pts))
 
 
