@@ -12,7 +12,6 @@ from cosine.speculation_control import (
     best_draft_len,
     best_path_len,
     expected_tokens,
-    fair_draft_lens,
     initial_state,
     next_draft_len,
     observe,
@@ -235,25 +234,3 @@ def test_pool_ask_fits_a_pools_draft_into_the_verifier_step_it_overlaps():
     # before the pool's speed is measured: the longest ask, with every branch
     assert ask(0.3, None, 0.0, 8, 2) == (10, 2)
     assert ask(0.3, 0.01, 0.0, 1, 0, lookahead=0) == (1, 0)  # never below one token
-
-
-def test_no_request_decodes_slower_for_the_others_drafts():
-    """Three code requests that each pay for three tokens on their own goodput, in a pass with a
-    chat request that drafts nothing: on a compute-bound CPU pass their tokens would slow the chat
-    request by ~100%, so they are cut until the pass is within 2% of the undrafted one. When every
-    request gains, the pass may grow by what the least gaining one gains; on a GPU's flat curve
-    nothing is cut."""
-    code = [0.95, 0.9, 0.88, 0.3]
-    ks = [best_path_len(code, BatchedCost(0.0, CPU_CURVE, other_tokens=3 + 3 * i, num_requests=4), 8) for i in range(3)]
-    assert ks == [3, 3, 3]
-    mixed = fair_draft_lens([code, code, code, []], [*ks, 0], CPU_CURVE, 0.02)
-    assert CPU_CURVE.seconds(4 + sum(mixed)) <= CPU_CURVE.seconds(4) * 1.02
-    assert fair_draft_lens([code] * 4, [3, 3, 3, 3], CPU_CURVE, 0.02) == [3, 3, 3, 3]  # each gains 2.7 tokens
-    weak = fair_draft_lens([code, code, code, [0.2, 0.1]], [3, 3, 3, 2], CPU_CURVE, 0.02)
-    assert weak[3] < 2 and CPU_CURVE.seconds(4 + sum(weak)) <= (1 + sum([0.2, 0.1][:weak[3]])) * 0.55 * 1.02
-    assert fair_draft_lens([code, code, []], [3, 3, 0], GPU_CURVE, 0.02) == [3, 3, 0]
-    assert fair_draft_lens([code, []], [3, 0], CPU_CURVE, 10) == [3, 0]  # no bound
-    unequal = fair_draft_lens([[0.99, 0.98], [0.5, 0.2], []], [2, 2, 0], PassCurve(((1, 1.0), (5, 1.0), (10, 1.5))), 0.02)
-    assert unequal == [2, 0, 0]  # the least probable tokens go first
-    with pytest.raises(ValueError):
-        fair_draft_lens([code], [5], CPU_CURVE, 0.02)

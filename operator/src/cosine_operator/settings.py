@@ -399,10 +399,6 @@ class SpeculationSpec(_Checked):
     draft at hand by its probability of being accepted with every token before it, from its
     source's own counts or probabilities, calibrated on what the target accepted) or
     ``acceptanceRate`` (the request's measured acceptance rate, the same for every draft).
-    ``max_slowdown``: the most any request may expect to decode slower than the target alone because
-    of the other requests' draft tokens in its verifier pass, as a fraction (0.02: 2%); the pass's
-    drafts are cut to keep it (a request that drafts nothing still waits for the others' tokens).
-    A large value (e.g. 10) leaves k to each request's own goodput.
     Out-of-bounds values raise ``ValueError`` (as for every spec dataclass here).
     """
 
@@ -413,7 +409,6 @@ class SpeculationSpec(_Checked):
     min_confidence: float = spec_field("minConfidence", 0.0, minimum=0, maximum=1)
     branches: int = spec_field("branches", 2, minimum=0, maximum=4)
     draft_length: str = spec_field("draftLength", "pathProbability", enum=DRAFT_LENGTH_RULES)
-    max_slowdown: float = spec_field("maxSlowdown", 0.02, minimum=0)
 
 
 @dataclass(frozen=True)

@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--max-tokens", type=int, default=64)
     be.add_argument("--systems", default="",
                     help="vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine (the default), cosine-nofusion, "
-                         "cosine-nobranch, cosine-acceptance, cosine-goodput")
+                         "cosine-nobranch, cosine-acceptance")
     be.add_argument("--concurrency", default="1,4,8", help="closed-loop concurrency levels, e.g. 1,4,8")
     be.add_argument("--draft-cost", action=argparse.BooleanOptionalAction, default=True,
                     help="after the servers, time each drafter engine (llama.cpp, vLLM) drafting for each drafter "

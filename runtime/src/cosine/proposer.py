@@ -310,8 +310,7 @@ class CoSineProposer:
             request id -> draft token ids, at most `settings.speculation.max_draft_len`.
         """
         base = sum(1 for _ in contexts)  # each request's pending token
-        chosen: list[tuple[str, _Request, Sequence[int], Sequence[int], str, Sequence[float], tuple[float, ...]]] = []
-        ks: list[int] = []
+        drafts: dict[str, list[int]] = {}
         for rid, ctx in contexts.items():
             req = self._requests.get(rid)
             if req is None:
@@ -319,20 +318,19 @@ class CoSineProposer:
                 req = self._new_request(rid, ctx[:plen])
             self._contexts[rid] = ctx
             tokens, source, path = self._fused(rid, req, ctx)
-            calibrated = self._calibrated(req, source, path)
             k = (
-                self._draft_len(req, source, calibrated, other_tokens=base - 1 + sum(ks), num_requests=len(contexts))
+                self._draft_len(
+                    req,
+                    source,
+                    self._calibrated(req, source, path),
+                    other_tokens=base - 1 + sum(len(d) for d in drafts.values()),
+                    num_requests=len(contexts),
+                )
                 if tokens
                 else 0
             )
             if self.settings.max_model_len is not None:
                 k = min(k, max(0, self.settings.max_model_len - len(ctx) - 1))
-            chosen.append((rid, req, ctx, tokens, source, path, calibrated))
-            ks.append(k)
-        if self.curve is not None and self.settings.speculation.adaptive and len(ks) > 1:
-            ks = sc.fair_draft_lens([c[6] for c in chosen], ks, self.curve, self.settings.speculation.max_slowdown)
-        drafts: dict[str, list[int]] = {}
-        for (rid, req, ctx, tokens, source, path, _), k in zip(chosen, ks, strict=True):
             drafts[rid] = list(tokens[:k])
             req.last_source = source if k else ""
             req.last_path = path[:k]

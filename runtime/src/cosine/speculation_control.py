@@ -22,7 +22,6 @@ pays alone is slower than plain decoding at batch 32.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -293,47 +292,6 @@ def best_path_len(path_probs: Sequence[float], cost: Cost, max_k: int, min_path_
         if g > best * 1.0001:
             best_k, best = k, g
     return best_k
-
-
-def fair_draft_lens(paths: Sequence[Sequence[float]], ks: Sequence[int], curve: PassCurve,
-                    max_slowdown: float) -> list[int]:
-    """The draft lengths of one pass, cut so that no request in it expects to decode slower than
-    if nobody drafted, by more than `max_slowdown` (a fraction).
-
-    Each request chose its k on its own goodput (`best_path_len`), which prices its draft tokens
-    at what they add to the shared pass but counts only its own gain: a request that drafts
-    nothing (chat, in a batch with code) gains nothing and waits for the others' tokens all the
-    same. Request i's expected rate is (1 + sum_{t<k_i} paths[i][t]) / curve(n + sum k) tokens per
-    second against 1 / curve(n) with no drafts (n = len(paths)), so the pass must keep
-        curve(n + sum_i k_i) <= (1 + min_i sum_{t<k_i} paths[i][t]) * curve(n) * (1 + max_slowdown).
-    While it does not, the least probable last token of any draft is dropped (path probabilities
-    do not increase along a draft, so what is left of each draft is its likeliest prefix). Alone
-    (n = 1) the goodput choice already keeps this; it binds in mixed batches.
-
-    paths[i]: request i's per-token path probabilities (at least ks[i] of them). ks[i]: its chosen
-    k. Returns the new ks, each <= the old. Raises ValueError for ks and paths of different
-    lengths, a negative k, or a k past its path.
-    """
-    if len(paths) != len(ks) or any(k < 0 or k > len(p) for p, k in zip(paths, ks, strict=False)):
-        raise ValueError(f"need one path of at least k probabilities per k >= 0, got {len(paths)} paths, ks {ks}")
-    ks = list(ks)
-    n, drafted = len(ks), sum(ks)
-    if drafted == 0:
-        return ks
-    gains = [sum(p[:k]) for p, k in zip(paths, ks, strict=True)]
-    least = min(gains)
-    allowed = curve.seconds(n) * (1 + max_slowdown)
-    tails = [(p[k - 1], i) for i, (p, k) in enumerate(zip(paths, ks, strict=True)) if k]
-    heapq.heapify(tails)
-    while tails and curve.seconds(n + drafted) > (1 + least) * allowed:
-        prob, i = heapq.heappop(tails)
-        ks[i] -= 1
-        drafted -= 1
-        gains[i] -= paths[i][ks[i]]
-        least = min(least, gains[i])
-        if ks[i]:
-            heapq.heappush(tails, (paths[i][ks[i] - 1], i))
-    return ks
 
 
 def calibration(accepted: float, predicted: float, prior_tokens: float, prior: float = 1.0) -> float:

@@ -20,9 +20,7 @@ Systems, each a real OpenAI server on this machine, driven through the official 
   (pools draft past the draft being verified, never from its rejection points);
 - `cosine-acceptance` (ablation, not run by default): `cosine` with
   `spec.speculation.draftLength: acceptanceRate` (k from the request's acceptance rate, not from
-  the draft at hand's path probabilities);
-- `cosine-goodput` (ablation, not run by default): `cosine` with `spec.speculation.maxSlowdown: 10`
-  (each request's k on its own goodput; requests that draft nothing wait for the others' tokens).
+  the draft at hand's path probabilities).
 The engine arguments (dtype, batch tokens, eager mode, KV cache size) are the same for all: they
 come from the manifest's verifier spec.
 
@@ -114,8 +112,7 @@ from cosine_operator.settings import SpeculationSpec
 log = logging.getLogger(__name__)
 
 ABLATIONS = {"cosine-nofusion": {"fusion": False}, "cosine-nobranch": {"branches": 0},
-             "cosine-acceptance": {"draftLength": "acceptanceRate"},
-             "cosine-goodput": {"maxSlowdown": 10}}  # spec.speculation overrides
+             "cosine-acceptance": {"draftLength": "acceptanceRate"}}  # spec.speculation overrides
 SYSTEMS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-draft", "cosine-lookup", "cosine", *ABLATIONS)
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ABLATIONS)
 CLUSTERS = ("cosine", *ABLATIONS)  # the systems that run the embedded cluster (`cosine serve`)
