@@ -38,7 +38,7 @@ def test_the_runtimes_metrics_become_the_autoscalers_observations() -> None:
     first = parse(generate_latest(drafter.registry).decode())
     drafter.rounds.inc(40)
     drafter.batched.inc(100)
-    drafter.busy_s.inc(2.0)
+    drafter.busy_seconds = lambda: 2.0
     drafter.draft_tokens.inc(250)
     second = parse(generate_latest(drafter.registry).decode())
     prev = Scrape(0.0, {"v": parse(_verifier_text(before, 0.0))}, {"code": {"d": first}})

@@ -77,6 +77,25 @@ def test_release_racing_a_draft_wins():
     b.close()
 
 
+def test_busy_seconds_count_a_round_while_it_runs():
+    """A scrape in the middle of a long round reads its seconds so far: a round longer than the
+    autoscaler's interval must not read as an idle interval (the rule would shrink a busy pool)."""
+    eng = RecordingEngine()
+    b = DraftBatcher(eng)
+    eng.gate.clear()
+    fut = b.submit(DraftJob("a", (1,), 2))
+    eng.started.wait(2)
+    time.sleep(0.2)
+    during = b.busy_seconds()
+    time.sleep(0.1)
+    later = b.busy_seconds()
+    eng.gate.set()
+    fut.result(2)
+    assert b.rounds == 1
+    assert 0.2 <= during < later <= b.busy_seconds()  # counted as it passes, monotone across the round's end
+    b.close()
+
+
 def test_engine_failure_fails_the_round_not_the_batcher():
     eng = RecordingEngine()
     calls = {"n": 0}

@@ -128,6 +128,9 @@ def test_hung_drafter_is_cut_off_by_the_deadline():
             remote.propose("r", [1, 2], 2)
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert time.perf_counter() - t0 < 1.0
+        sample = servicer.metrics.registry.get_sample_value  # the stuck round shows as busy before it ends
+        assert sample("cosine:drafter_rounds_total", {"pool": "stuck"}) == 0
+        assert sample("cosine:drafter_busy_seconds_total", {"pool": "stuck"}) >= 0.2
     finally:
         server.stop(None)
         servicer.close()

@@ -551,7 +551,9 @@ class DraftBatcher:
         self._releases: list[str] = []
         self._stop = False
         self.rounds = 0
-        self.busy_s = 0.0
+        self.busy_s = 0.0  # finished rounds' seconds (`busy_seconds` adds the running one)
+        self._round_started: float | None = None
+        self._busy_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"draft-{engine.name}", daemon=True)
         self._thread.start()
 
@@ -562,6 +564,13 @@ class DraftBatcher:
             self._queue.append(_Pending(job, fut))
             self._cv.notify()
         return fut
+
+    def busy_seconds(self) -> float:
+        """Seconds spent in draft rounds so far, the running round's elapsed time included
+        (monotone: a round's seconds are counted as they pass, not when it ends)."""
+        with self._busy_lock:
+            running = time.perf_counter() - self._round_started if self._round_started is not None else 0.0
+            return self.busy_s + running
 
     def release(self, request_id: str) -> None:
         """Cancel the request's queued drafts (their Futures get an empty `DraftResult`) and free its
@@ -595,7 +604,8 @@ class DraftBatcher:
                 self.engine.release(rid)
             if not batch:
                 continue
-            t0 = time.perf_counter()
+            with self._busy_lock:
+                t0 = self._round_started = time.perf_counter()
             try:
                 results = self.engine.draft([p.job for p in batch])
             except Exception as e:  # noqa: BLE001 - a failed round fails its drafts, not the pool
@@ -604,7 +614,9 @@ class DraftBatcher:
                     p.future.set_exception(e)
                 continue
             finally:
-                self.busy_s += time.perf_counter() - t0
+                with self._busy_lock:
+                    self.busy_s += time.perf_counter() - t0
+                    self._round_started = None
                 self.rounds += 1
             if self.on_round is not None:
                 self.on_round(time.perf_counter() - t0, results)

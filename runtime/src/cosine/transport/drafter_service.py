@@ -25,6 +25,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily
 
 from cosine.draft_engine import DraftBatcher, DraftEngine, DraftJob, DraftResult
 from cosine.transport import drafter_pb2 as pb
@@ -44,6 +45,10 @@ class DrafterMetrics:
     `rate(cosine:drafter_busy_seconds_total[1m]) / rate(cosine:drafter_draft_tokens_total[1m])`;
     mean requests per batched round `rate(cosine:drafter_batched_requests_total[1m]) /
     rate(cosine:drafter_rounds_total[1m])`.
+
+    Busy seconds are read at scrape time from `busy_seconds` (the servicer sets it to its
+    batcher's `DraftBatcher.busy_seconds`), the running round included: a round longer than the
+    scrape interval would otherwise read as an idle interval, then a busy one.
     """
 
     def __init__(self, pool: str, registry: CollectorRegistry | None = None) -> None:
@@ -54,12 +59,26 @@ class DrafterMetrics:
 
         # names: cosine_operator.metric_names (the operator's autoscaler reads the first two)
         self.draft_tokens = counter(names.DRAFTER_DRAFT_TOKENS, "Draft tokens produced.")
-        self.busy_s = counter(names.DRAFTER_BUSY_SECONDS, "Seconds the engine spent drafting.")
+        self.busy_seconds: Callable[[], float] = lambda: 0.0
+
+        def collect_busy() -> list[CounterMetricFamily]:
+            fam = CounterMetricFamily(names.DRAFTER_BUSY_SECONDS, "Seconds the engine spent drafting.", labels=["pool"])
+            fam.add_metric([pool], self.busy_seconds())
+            return [fam]
+
+        self.registry.register(_Collector(collect_busy))
         self.bytes_sent = counter(names.DRAFTER_BYTES_SENT, "Bytes of draft responses sent.")
         self.rounds = counter(names.DRAFTER_ROUNDS, "Batched draft rounds run.")
         self.batched = counter(names.DRAFTER_BATCHED_REQUESTS, "Requests drafted, summed over rounds.")
         self.contexts = Gauge(names.DRAFTER_CONTEXTS, "Requests whose context the pool keeps.", ["pool"],
                               registry=self.registry).labels(pool=pool)
+
+
+class _Collector:
+    """A prometheus_client custom collector around a function."""
+
+    def __init__(self, collect: Callable[[], list[CounterMetricFamily]]) -> None:
+        self.collect = collect
 
 
 class DrafterServicer(pb_grpc.DrafterServicer):
@@ -96,6 +115,7 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         self.min_confidence = min_confidence
         self.metrics = metrics or DrafterMetrics(pool)
         self.batcher = DraftBatcher(engine, on_round=self._count_round)
+        self.metrics.busy_seconds = self.batcher.busy_seconds
         self._contexts: OrderedDict[str, list[int]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -172,7 +192,6 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         self.batcher.close()
 
     def _count_round(self, seconds: float, results: Sequence[DraftResult]) -> None:
-        self.metrics.busy_s.inc(seconds)
         self.metrics.rounds.inc()
         self.metrics.batched.inc(len(results))
 
