@@ -97,6 +97,8 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
     assert rows[2]["decode_tokens_per_s"] == pytest.approx(19 / 0.9)
     assert rows[2]["decode_speedup_vs_vllm"] == pytest.approx(19 / 9)
     assert rows[2]["decode_speedup_vs_best_vllm_speculation"] == pytest.approx(1.0)  # vllm-ngram decodes as fast
+    per_domain = rows[2]["per_domain_decode_speedup_vs_vllm"]
+    assert per_domain == {"code": pytest.approx(19 / 9), "chat": pytest.approx(19 / 9)}
     assert rows[0]["binding"]["env"] == {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, report["cpus"]))}
     assert report["placement"] == "split" and rows[0]["binding"]["processes"][0]["cpus"] == [0, 1]
     manifests = {system: manifest for system, manifest, _ in commands}

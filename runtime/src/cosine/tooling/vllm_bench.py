@@ -664,6 +664,7 @@ def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: S
         "per_domain_tokens_per_s": {
             d: sum(r.completion_tokens for r in records if r.domain == d)
             / max(1e-9, sum(r.latency_s for r in records if r.domain == d)) for d in domains},
+        "per_domain_decode_tokens_per_s": {d: _decode_rate([r for r in records if r.domain == d]) for d in domains},
     }
 
 
@@ -834,6 +835,10 @@ def _add_ratios(rows: list[dict[str, Any]], records: Sequence[Record]) -> None:
             ref_d = statistics.median(r["per_domain_tokens_per_s"].get(d, 0.0) for r in refs)
             per_domain[d] = v / ref_d if ref_d else None
         row["per_domain_speedup_vs_vllm"] = per_domain
+        decode = row.get("per_domain_decode_tokens_per_s", {})  # after the first token: TTFT left out
+        ref_decode_d = {d: _median([r.get("per_domain_decode_tokens_per_s", {}).get(d) for r in refs]) for d in decode}
+        row["per_domain_decode_speedup_vs_vllm"] = {
+            d: v / ref_decode_d[d] if v and ref_decode_d[d] else None for d, v in decode.items()}
         mine = [r for r in records if r.system == row["system"] and r.run == row["run"] and r.concurrency == c]
         row["identical_to_vllm"] = sum(ref_text.get((c, r.prompt_id)) == r.text for r in mine)
     for c in {r["concurrency"] for r in rows}:
