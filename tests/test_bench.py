@@ -323,3 +323,23 @@ def test_repeats_interleave_and_ratios_come_from_medians_with_their_spread():
     assert cosine["ratio_vs_best_vllm_speculation_spread"] == [0.9, 9 / 8]  # 12/11, 9/8, 9/10
     report = {"rows": [], "summary": list(summary.values()), "repeat": 3}
     assert "medians over 3 runs" in vllm_bench.format_table(report)
+
+
+def test_the_closed_loop_sends_the_next_prompt_when_a_client_is_free(monkeypatch):
+    """Two clients, four prompts of 0.2 s each: two are sent at once, the next two when the first
+    two answers end; each record keeps when it was sent (`start_s`, from the run's start)."""
+    import asyncio
+    import time
+
+    from cosine.tooling import demo
+
+    def slow_ask(client, model, prompt, max_tokens):
+        time.sleep(0.2)
+        return demo.Answer(prompt, prompt.id, 3, 0.05, 0.2)
+
+    monkeypatch.setattr(demo, "ask", slow_ask)
+    prompts = [Prompt(f"p{i}", "chat", "hi") for i in range(4)]
+    records = asyncio.run(vllm_bench._closed_loop("http://127.0.0.1:9", "m", prompts, 2, 8, "vllm", 0))
+    starts = sorted(r.start_s for r in records)
+    assert starts[1] < 0.1 and 0.2 <= starts[2] < 0.35 and starts[3] < 0.35, starts
+    assert sorted(r.text for r in records) == ["p0", "p1", "p2", "p3"]

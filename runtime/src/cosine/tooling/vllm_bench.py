@@ -140,7 +140,8 @@ _OMP_ENV = ("OMP_NUM_THREADS", "KMP_AFFINITY", "VLLM_CPU_OMP_THREADS_BIND", "VLL
 
 @dataclass(frozen=True)
 class Record:
-    """One request: prompt id and domain, output text and tokens, wall times in seconds."""
+    """One request: prompt id and domain, output text and tokens, wall times in seconds (`start_s`:
+    when it was sent, from the start of its run's load)."""
 
     system: str
     run: int
@@ -151,6 +152,7 @@ class Record:
     completion_tokens: int
     ttft_s: float
     latency_s: float
+    start_s: float = 0.0
 
     @property
     def tpot_s(self) -> float | None:
@@ -549,12 +551,15 @@ async def _closed_loop(base: str, model: str, prompts: Sequence[Prompt], concurr
     loop = asyncio.get_running_loop()
     threads = ThreadPoolExecutor(max_workers=concurrency)  # asyncio's default pool would cap the load
 
+    started = time.monotonic()
+
     async def worker() -> None:
         while not queue.empty():
             p = queue.get_nowait()
+            sent = time.monotonic() - started
             a = await loop.run_in_executor(threads, ask, client, model, p, max_tokens)
             records.append(Record(system, run, concurrency, p.id, p.domain, a.text, a.completion_tokens,
-                                  a.ttft_s, a.wall_s))
+                                  a.ttft_s, a.wall_s, sent))
             done()
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
