@@ -81,8 +81,18 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
         return progress[-1]
 
     monkeypatch.setattr(vllm_bench, "_progress", recorded)
-    report = vllm_bench.run_bench(prompts, systems, [1, 2], 16, roles.load_manifest(None), "drafter", placement="split")
+    saved = []  # what each checkpoint would write: a run stopped midway keeps the runs it measured
+
+    def checkpoint(partial):
+        saved.append((partial["complete"], [(r["system"], r["concurrency"]) for r in partial["rows"]],
+                      partial["rows"][-1]["speedup_vs_vllm"]))
+
+    report = vllm_bench.run_bench(prompts, systems, [1, 2], 16, roles.load_manifest(None), "drafter", placement="split",
+                                  checkpoint=checkpoint)
     assert len(servers) == 2 * 5 and all(s.stopped for s in servers)  # one server per (system, level)
+    assert [len(rows) for _, rows, _ in saved] == list(range(1, 11)) and not any(done for done, _, _ in saved)
+    assert saved[6][1][-2:] == [("vllm", 2), ("vllm-ngram", 2)] and saved[6][2] > 1  # ratios so far
+    assert report["complete"] is True
     overall = progress[0].tasks[0]  # prompts done over all runs (the warm-up not counted)
     assert (overall.completed, overall.total) == (2 * 5 * 2, 2 * 5 * 2)
     for s in servers:  # the warm-up first, then the measured prompts, once

@@ -30,6 +30,8 @@ def test_serve_and_demo_place_by_measurement_by_default(tmp_path, monkeypatch):
     vllm_bench.write_report({"rows": []}, tmp_path / "elsewhere" / "bench.json")
     assert vllm_bench.last_bench_path() == tmp_path / "cache" / "bench" / "last.json"
     assert vllm_bench.last_bench_path().read_text() == (tmp_path / "elsewhere" / "bench.json").read_text()
+    vllm_bench.write_report({"rows": [], "complete": False}, tmp_path / "partial.json", evidence=False)  # a checkpoint
+    assert (tmp_path / "partial.json").exists() and "complete" not in vllm_bench.last_bench_path().read_text()
     # no bench run yet: the pool is unmeasured and stays off this CPU verifier's cores
     c = _placement_choice("auto", load_manifest(None), tmp_path / "bench.json")
     assert c.mode == "lookup" and "not measured" in c.reason

@@ -120,6 +120,7 @@ def _bench(args: argparse.Namespace) -> int:
                                   peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload),
                                   placement=args.placement, suffix_k=args.suffix_k, choice=choice,
                                   repeat=args.repeat, profile_dir=args.profile,
+                                  checkpoint=lambda partial: vllm_bench.write_report(partial, args.out, evidence=False),
                                   draft_cost_models=_names(args.draft_cost_models) if args.draft_cost else None)
     vllm_bench.write_report(report, args.out)
     print(vllm_bench.format_table(report))
@@ -287,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="py-spy profiles of every server (all its processes) during each run's timed load, "
                          "into DIR; each row keeps the share in CoSine's code and the top frames")
-    be.add_argument("--out", type=Path, default=Path("results/bench.json"))
+    be.add_argument("--out", type=Path, default=Path("results/bench.json"),
+                    help="the report (JSON), rewritten after every run (\"complete\": false) and at the end")
     be.add_argument("--plot", type=Path, default=None)
     be.set_defaults(func=_bench)
 

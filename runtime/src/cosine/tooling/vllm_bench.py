@@ -677,14 +677,17 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
               manifest: roles.Manifest, drafter_model: str, peer_k: int = 4, quiet: bool = True,
               workload: str = "", placement: str = DEFAULT, suffix_k: int | None = None,
               draft_cost_models: Sequence[str] | None = None, draft_k: int = 8,
-              choice: Choice | None = None, repeat: int = 1, profile_dir: Path | None = None) -> dict[str, Any]:
+              choice: Choice | None = None, repeat: int = 1, profile_dir: Path | None = None,
+              checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Every system at every level on a fresh server (see the module docstring); then, given
     `draft_cost_models` (empty: the manifest's pool models and `drafter_model`), the draft cost of
     each drafter engine on each of them (`draft_cost`), `draft_k` tokens a draft, on a pool's share
     of the cores (the last N//2), alone and batched to the highest concurrency level (at most one
     request per prompt). `profile_dir`: py-spy profiles of each run's timed load there (see the module
     docstring). `choice`: what `auto` resolved to for the embedded clusters
-    (`placement.choose`; default: `lookup`), recorded in the report.
+    (`placement.choose`; default: `lookup`), recorded in the report. `checkpoint`: called with the
+    report so far (`complete` False) after every run, so a long run stopped or crashed midway keeps
+    the levels it measured.
 
     A drafter engine that fails or times out leaves an `error` row in `draft_cost`.
 
@@ -706,6 +709,16 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     cpus = sorted(os.sched_getaffinity(0))
     rows: list[dict[str, Any]] = []
     records: list[Record] = []
+
+    def report(costs: list[dict[str, Any]], complete: bool) -> dict[str, Any]:
+        _add_ratios(rows, records)
+        return {"workload": workload, "max_tokens": max_tokens, "systems": list(systems),
+                "concurrency": list(concurrencies), "model": model, "placement": placement, "cpus": cpus,
+                "placement_choice": asdict(choice) if choice else {"mode": auto_mode, "reason": "default"},
+                "peer_k": peer_k, "suffix_k": suffix_k, "warmup_prompt": WARMUP.prompt, "repeat": repeat,
+                "complete": complete, "rows": rows, "summary": summarize_repeats(rows),
+                "draft_cost": costs, "records": [asdict(r) for r in records]}
+
     with tempfile.TemporaryDirectory(prefix="cosine-bench-") as tmp, _progress() as progress:
         overall = progress.add_task("all runs", total=len(runs) * len(prompts))
         current = progress.add_task("", total=len(prompts))
@@ -751,7 +764,8 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
             rows.append(row)
             records.extend(recs)
             log.info("bench: %s c=%d: %.2f tok/s", run.system, run.concurrency, row["output_tokens_per_s"] or 0)
-    _add_ratios(rows, records)
+            if checkpoint is not None:
+                checkpoint(report([], complete=False))
     costs: list[dict[str, Any]] = []
     if draft_cost_models is not None:
         from cosine.tooling.draft_cost import ENGINES, measure_in_child
@@ -770,12 +784,7 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
                 except (RuntimeError, subprocess.TimeoutExpired) as e:  # the servers' rows are kept
                     log.warning("bench: draft cost of %s on %s failed: %s", engine, m, e)
                     costs.append({"engine": engine, "model": m, "error": str(e)})
-    return {"workload": workload, "max_tokens": max_tokens, "systems": list(systems),
-            "concurrency": list(concurrencies), "model": model, "placement": placement, "cpus": cpus,
-            "placement_choice": asdict(choice) if choice else {"mode": auto_mode, "reason": "default"},
-            "peer_k": peer_k, "suffix_k": suffix_k, "warmup_prompt": WARMUP.prompt, "repeat": repeat, "rows": rows,
-            "summary": summarize_repeats(rows),
-            "draft_cost": costs, "records": [asdict(r) for r in records]}
+    return report(costs, complete=True)
 
 
 def _manifest_note(variant: Variant) -> str:
@@ -910,10 +919,11 @@ def last_bench_path() -> Path:
     return cache_root() / "bench" / "last.json"
 
 
-def write_report(report: dict[str, Any], out: Path) -> None:
-    """Write the report as indented JSON to `out` and to `last_bench_path()`, creating their directories."""
+def write_report(report: dict[str, Any], out: Path, *, evidence: bool = True) -> None:
+    """Write the report as indented JSON to `out` and, with `evidence`, to `last_bench_path()`
+    (what `auto` placement reads: a finished run's, not a checkpoint's), creating their directories."""
     text = json.dumps(report, indent=1)
-    for path in (out, last_bench_path()):
+    for path in (out, last_bench_path()) if evidence else (out,):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
