@@ -56,7 +56,7 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
         def scrape(self):
             return {}
 
-    async def fake_loop(base, model, prompts, concurrency, max_tokens, system, run, done=lambda: None):
+    async def fake_loop(base, model, prompts, concurrency, max_tokens, system, run, done=lambda: None, rate=None):
         server = next(s for s in servers if s.base == base)
         server.sent.append([p.id for p in prompts])
         for _ in prompts:
@@ -69,7 +69,7 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
         return [system], {}
 
     monkeypatch.setattr(vllm_bench, "_Server", FakeServer)
-    monkeypatch.setattr(vllm_bench, "_closed_loop", fake_loop)
+    monkeypatch.setattr(vllm_bench, "_load", fake_loop)
     monkeypatch.setattr(vllm_bench, "_server_command", fake_command)
     prompts = [Prompt("a", "code", "def f():"), Prompt("b", "chat", "hi")]
     systems = ["vllm", "vllm-ngram", "cosine", "cosine-nofusion"]
@@ -349,7 +349,39 @@ def test_the_closed_loop_sends_the_next_prompt_when_a_client_is_free(monkeypatch
 
     monkeypatch.setattr(demo, "ask", slow_ask)
     prompts = [Prompt(f"p{i}", "chat", "hi") for i in range(4)]
-    records = asyncio.run(vllm_bench._closed_loop("http://127.0.0.1:9", "m", prompts, 2, 8, "vllm", 0))
+    records = asyncio.run(vllm_bench._load("http://127.0.0.1:9", "m", prompts, 2, 8, "vllm", 0))
     starts = sorted(r.start_s for r in records)
     assert starts[1] < 0.1 and 0.2 <= starts[2] < 0.35 and starts[3] < 0.35, starts
     assert sorted(r.text for r in records) == ["p0", "p1", "p2", "p3"]
+
+
+def test_the_open_loop_sends_at_vllms_poisson_times_the_same_for_every_run(monkeypatch):
+    """`--request-rate`: prompts arrive at vLLM's own Poisson times (`get_request`), the same in
+    every run, whatever the answers take; the level caps the requests in flight, and a request that
+    arrives with the cap reached is sent when a slot frees."""
+    import asyncio
+    import time
+
+    from cosine.tooling import demo
+
+    def slow_ask(client, model, prompt, max_tokens):
+        time.sleep(0.3)
+        return demo.Answer(prompt, prompt.id, 3, 0.05, 0.3)
+
+    monkeypatch.setattr(demo, "ask", slow_ask)
+    prompts = [Prompt(f"p{i}", "chat", "hi") for i in range(6)]
+
+    def starts(concurrency):
+        records = asyncio.run(vllm_bench._load("http://127.0.0.1:9", "m", prompts, concurrency, 8, "vllm", 0,
+                                               request_rate=10.0))
+        return [r.start_s for r in sorted(records, key=lambda r: r.prompt_id)]
+
+    first, again = starts(8), starts(8)
+    assert all(abs(a - b) < 0.05 for a, b in zip(first, again, strict=True)), (first, again)  # seeded
+    assert first == sorted(first) and first[-1] == pytest.approx(len(prompts) / 10.0, abs=0.05)  # vLLM normalises
+    capped = starts(2)  # two in flight: the third waits for the first answer, the rest for theirs
+    assert capped[:2] == pytest.approx(first[:2], abs=0.05)
+    assert all(c >= a - 0.01 for c, a in zip(capped, first, strict=True))
+    assert capped[2] >= capped[0] + 0.3 - 0.01 and capped[-1] >= 2 * 0.3 - 0.01, (capped, first)
+    with pytest.raises(ValueError, match="--request-rate must be > 0"):
+        asyncio.run(vllm_bench._load("http://127.0.0.1:9", "m", prompts, 2, 8, "vllm", 0, request_rate=0.0))

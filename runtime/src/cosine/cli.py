@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from dataclasses import replace
@@ -119,7 +120,7 @@ def _bench(args: argparse.Namespace) -> int:
     report = vllm_bench.run_bench(prompts, systems, levels, args.max_tokens, manifest, args.drafter,
                                   peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload),
                                   placement=args.placement, suffix_k=args.suffix_k, choice=choice,
-                                  repeat=args.repeat, profile_dir=args.profile,
+                                  repeat=args.repeat, profile_dir=args.profile, request_rate=args.request_rate,
                                   checkpoint=lambda partial: vllm_bench.write_report(partial, args.out, evidence=False),
                                   draft_cost_models=_names(args.draft_cost_models) if args.draft_cost else None)
     vllm_bench.write_report(report, args.out)
@@ -278,7 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--systems", default="",
                     help="vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine (the default), cosine-nofusion, "
                          "cosine-nobranch, cosine-acceptance")
-    be.add_argument("--concurrency", default="1,4,8", help="closed-loop concurrency levels, e.g. 1,4,8")
+    be.add_argument("--concurrency", default="1,4,8",
+                    help="concurrency levels, e.g. 1,4,8: closed-loop clients, or with --request-rate the most "
+                         "requests in flight")
+    be.add_argument("--request-rate", type=float, default=math.inf, metavar="R",
+                    help="open loop: Poisson arrivals at R requests per second, the same times for every system "
+                         "(vLLM's `vllm bench serve --request-rate`; default inf: the closed loop)")
     be.add_argument("--draft-cost", action=argparse.BooleanOptionalAction, default=True,
                     help="after the servers, time each drafter engine (llama.cpp, vLLM) drafting for each drafter "
                          "model on a pool's share of the cores (default: on)")

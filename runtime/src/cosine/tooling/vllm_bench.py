@@ -2,7 +2,11 @@
 
 Systems, each a real OpenAI server on this machine, driven through the official `openai` client
 (streaming chat, greedy, the same prompts and `max_tokens`), closed loop at each concurrency level
-(every client sends its next prompt when its last one finished):
+(every client sends its next prompt when its last one finished), or with `--request-rate R` open loop
+(Poisson arrivals at R requests per second, the same times for every system, the level capping the
+requests in flight, as vLLM's `vllm bench serve --request-rate R --max-concurrency C`): a closed loop
+lets a faster system send more, so a request shares the server with more prefills of others; at an
+open loop's equal offered load, per-request (per-domain) latency is what a user of each system sees:
 - `vllm`: vLLM serving the target alone (the reference: ratios are to it);
 - `vllm-ngram`: vLLM's prompt lookup (`method: ngram`, k = `--peer-k`);
 - `vllm-suffix`: vLLM's SuffixDecoding (Oliaro et al., arXiv:2411.04975; `method: suffix`, Arctic
@@ -88,6 +92,7 @@ import copy
 import importlib.util
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -121,6 +126,7 @@ PEERS = ("vllm-ngram", "vllm-suffix", "vllm-draft")  # vLLM's own speculation me
 PLACEMENTS = MODES  # cosine.placement.Mode
 WARMUP = Prompt("warmup", "warmup", "Say hello in one word.")  # never a measured prompt
 WARMUP_TOKENS = 8
+ARRIVAL_SEED = 0  # the open loop's arrival times (`--request-rate`): the same for every system and run
 
 Scrape = dict[tuple[str, str], float]  # (sample name, pool label or "") -> value, summed over other labels
 _POOL_GAUGES = {"rtt_s": m.POOL_RTT_SECONDS, "token_s": m.POOL_TOKEN_SECONDS, "yield_tokens": m.POOL_YIELD_TOKENS,
@@ -532,37 +538,55 @@ def profile_top(collapsed: str, match: str = "cosine/", top: int = 12) -> dict[s
 # ---------------------------------------------------------------- load and figures
 
 
-async def _closed_loop(base: str, model: str, prompts: Sequence[Prompt], concurrency: int, max_tokens: int,
-                       system: str, run: int, done: Callable[[], None] = lambda: None) -> list[Record]:
-    """`concurrency` clients, each sending the next prompt when its previous answer ended (streamed,
-    greedy: `demo.ask`, one thread per client; the OpenAI client is thread-safe). `done` is called
-    after each answer (progress)."""
+async def _load(base: str, model: str, prompts: Sequence[Prompt], concurrency: int, max_tokens: int,
+                system: str, run: int, done: Callable[[], None] = lambda: None,
+                request_rate: float = math.inf) -> list[Record]:
+    """Send `prompts` in order (streamed, greedy: `demo.ask`, one thread per request in flight; the
+    OpenAI client is thread-safe), at most `concurrency` in flight. `request_rate` inf (the default)
+    is the closed loop: `concurrency` clients, each sending the next prompt when its previous answer
+    ended. A finite `request_rate` (requests per second) is the open loop of vLLM's own
+    `vllm bench serve --request-rate R --max-concurrency C`: prompts arrive at Poisson times from
+    vLLM's `get_request` (vllm/benchmarks/serve.py, its interval normalisation included), the
+    same times for every system and run (numpy seeded with `ARRIVAL_SEED` first), and one that
+    arrives with `concurrency` in flight waits for a slot. A record's `start_s` is when it was sent,
+    from the start of the load; its latency counts from there (as vLLM's benchmark does). `done` is
+    called after each answer (progress).
+
+    Raises:
+        ValueError: `request_rate` not positive.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     from openai import OpenAI
 
     from cosine.tooling.demo import ask
 
+    if not request_rate > 0:
+        raise ValueError(f"--request-rate must be > 0 requests per second, got {request_rate}")
+    if not math.isinf(request_rate):  # imported before the load's clock starts (vLLM's import takes seconds)
+        import numpy as np
+        from vllm.benchmarks.serve import get_request
     client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=1800)
-    queue: asyncio.Queue[Prompt] = asyncio.Queue()
-    for p in prompts:
-        queue.put_nowait(p)
     records: list[Record] = []
     loop = asyncio.get_running_loop()
     threads = ThreadPoolExecutor(max_workers=concurrency)  # asyncio's default pool would cap the load
-
+    slots = asyncio.Semaphore(concurrency)  # wakes its waiters first come, first served
     started = time.monotonic()
 
-    async def worker() -> None:
-        while not queue.empty():
-            p = queue.get_nowait()
+    async def send(p: Prompt) -> None:
+        async with slots:
             sent = time.monotonic() - started
             a = await loop.run_in_executor(threads, ask, client, model, p, max_tokens)
             records.append(Record(system, run, concurrency, p.id, p.domain, a.text, a.completion_tokens,
                                   a.ttft_s, a.wall_s, sent))
             done()
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    if math.isinf(request_rate):
+        await asyncio.gather(*(send(p) for p in prompts))
+    else:
+        np.random.seed(ARRIVAL_SEED)  # get_request draws its intervals from numpy's global generator
+        sending = [asyncio.create_task(send(p)) async for p, _ in get_request(list(prompts), request_rate)]
+        await asyncio.gather(*sending)
     threads.shutdown()
     client.close()
     return records
@@ -678,7 +702,8 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
               workload: str = "", placement: str = DEFAULT, suffix_k: int | None = None,
               draft_cost_models: Sequence[str] | None = None, draft_k: int = 8,
               choice: Choice | None = None, repeat: int = 1, profile_dir: Path | None = None,
-              checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+              checkpoint: Callable[[dict[str, Any]], None] | None = None,
+              request_rate: float = math.inf) -> dict[str, Any]:
     """Every system at every level on a fresh server (see the module docstring); then, given
     `draft_cost_models` (empty: the manifest's pool models and `drafter_model`), the draft cost of
     each drafter engine on each of them (`draft_cost`), `draft_k` tokens a draft, on a pool's share
@@ -687,17 +712,20 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     docstring). `choice`: what `auto` resolved to for the embedded clusters
     (`placement.choose`; default: `lookup`), recorded in the report. `checkpoint`: called with the
     report so far (`complete` False) after every run, so a long run stopped or crashed midway keeps
-    the levels it measured.
+    the levels it measured. `request_rate`: requests per second of an open-loop load at every level,
+    the level then capping the requests in flight (`_load`; inf: the closed loop).
 
     A drafter engine that fails or times out leaves an `error` row in `draft_cost`.
 
     Raises:
-        ValueError: an unknown system or placement.
+        ValueError: an unknown system or placement, or `request_rate` not positive.
         RuntimeError: `vllm-suffix` without Arctic Inference installed; a server that does not start.
     """
     runs = plan_runs(systems, concurrencies, repeat) if repeat > 1 else plan_runs(systems, concurrencies)
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; choose among {list(PLACEMENTS)}")
+    if not request_rate > 0:
+        raise ValueError(f"--request-rate must be > 0 requests per second, got {request_rate}")
     auto_mode = choice.mode if choice else "lookup"
     for system in systems:
         system_placement(system, placement, auto_mode)
@@ -716,6 +744,7 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
                 "concurrency": list(concurrencies), "model": model, "placement": placement, "cpus": cpus,
                 "placement_choice": asdict(choice) if choice else {"mode": auto_mode, "reason": "default"},
                 "peer_k": peer_k, "suffix_k": suffix_k, "warmup_prompt": WARMUP.prompt, "repeat": repeat,
+                "request_rate": None if math.isinf(request_rate) else request_rate,
                 "complete": complete, "rows": rows, "summary": summarize_repeats(rows),
                 "draft_cost": costs, "records": [asdict(r) for r in records]}
 
@@ -739,7 +768,7 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
             log.info("bench: starting %s for c=%d", run.system, run.concurrency)
             progress.reset(current, description=f"{run.system} c={run.concurrency}: starting", total=len(prompts))
             with _Server(argv, env, port, metrics_port, quiet) as server:
-                asyncio.run(_closed_loop(server.base, model, [WARMUP], 1, WARMUP_TOKENS, run.system, -1))
+                asyncio.run(_load(server.base, model, [WARMUP], 1, WARMUP_TOKENS, run.system, -1))
                 binding = {"env": extra_env, "manifest": _manifest_note(variant), "processes": server.bindings()}
                 drafters = server.drafters()
                 before, drafters_before = server.scrape(), [_scrape(url) for _, url in drafters]
@@ -752,8 +781,8 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
                 profile = (profile_dir / f"{run.system}-c{run.concurrency}-r{run.run}.txt") if profile_dir else None
                 t0 = time.perf_counter()
                 with _profiled(server.proc.pid, profile) if profile else contextlib.nullcontext():
-                    recs = asyncio.run(_closed_loop(server.base, model, prompts, run.concurrency, max_tokens,
-                                                    run.system, run.run, done))
+                    recs = asyncio.run(_load(server.base, model, prompts, run.concurrency, max_tokens,
+                                             run.system, run.run, done, request_rate))
                 wall = time.perf_counter() - t0
                 after = server.scrape()
                 windows = [(pool, b, _scrape(url)) for (pool, url), b in zip(drafters, drafters_before, strict=True)]
@@ -890,7 +919,8 @@ def format_table(report: dict[str, Any]) -> str:
         def spread(v: Any) -> str:
             return f"[{v[0]:.3g}-{v[1]:.3g}]" if v else ""
 
-        lines += ["", f"medians over {report['repeat']} runs each (spread: min-max of the per-repeat ratios)",
+        lines += ["", f"medians over {report['repeat']} runs each (spread: min-max of the per-repeat ratios)"
+                      + (f"; open loop at {report['request_rate']:g} requests/s" if report.get("request_rate") else ""),
                   f"{'system':>15} {'c':>2} {'runs':>4} {'tok/s':>6} {'x vllm':>16} {'x best spec':>16} "
                   f"{'TPOT ms':>7} {'acc.len':>7} {'w/draft':>7}"]
         for e in report["summary"]:
@@ -943,14 +973,15 @@ def plot(report: dict[str, Any], out: Path) -> None:
         ratio = [statistics.mean(r["speedup_vs_vllm"] for r in rows if r["concurrency"] == c) for c in levels]
         a.plot(levels, tps, marker="o", label=system)
         b.plot(levels, ratio, marker="o", label=system)
-    a.set_xlabel("concurrency")
+    a.set_xlabel("concurrency" if not report.get("request_rate") else "most requests in flight")
     a.set_ylabel("output tokens/s")
     b.set_xlabel("concurrency")
     b.set_ylabel("x vLLM target-only")
     b.axhline(1.0, color="grey", lw=0.8)
     a.legend()
+    load = f", open loop at {report['request_rate']:g} req/s" if report.get("request_rate") else ""
     fig.suptitle(f"{report['model']} on {report['workload']}, max_tokens {report['max_tokens']}, "
-                 f"placement {report.get('placement', 'shared')}")
+                 f"placement {report.get('placement', 'shared')}{load}")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
