@@ -335,6 +335,31 @@ def test_repeats_interleave_and_ratios_come_from_medians_with_their_spread():
     assert "medians over 3 runs" in vllm_bench.format_table(report)
 
 
+def test_the_summary_gives_each_domain_and_its_slowest_prompt_against_vllm():
+    """Catches: a domain's loss hidden in the level's total, per-domain ratios not paired run by run
+    with the reference's, or a prompt's slowdown hidden in its domain's mean."""
+    runs = vllm_bench.plan_runs(["vllm", "cosine"], [4], repeat=2)  # vllm cosine cosine vllm
+    chat = {"vllm": [10.0, 8.0], "cosine": [9.0, 8.0]}
+    rows = [{"system": r.system, "run": r.run, "concurrency": 4, "output_tokens_per_s": 10.0,
+             "per_domain_tokens_per_s": {"chat": chat[r.system].pop(0), "code": 10.0 if r.system == "vllm" else 30.0}}
+            for r in runs]
+
+    def rec(system: str, run: int, prompt: str, domain: str, latency: float) -> vllm_bench.Record:
+        return vllm_bench.Record(system, run, 4, prompt, domain, "", 48, 1.0, latency)
+
+    records = [rec("vllm", 0, "chat-a", "chat", 4.0), rec("vllm", 3, "chat-a", "chat", 4.0),
+               rec("vllm", 0, "chat-b", "chat", 4.0), rec("vllm", 3, "chat-b", "chat", 4.0),
+               rec("cosine", 1, "chat-a", "chat", 3.0), rec("cosine", 2, "chat-a", "chat", 3.0),
+               rec("cosine", 1, "chat-b", "chat", 5.0), rec("cosine", 2, "chat-b", "chat", 5.0)]
+    cosine = {e["system"]: e for e in vllm_bench.summarize_repeats(rows, records)}["cosine"]
+    # i-th run against the i-th: 9/10 and 8/8
+    assert cosine["ratio_vs_vllm_per_domain"] == {"chat": [0.95, 0.9, 1.0], "code": [3.0, 3.0, 3.0]}
+    prompt, ratio = cosine["slowest_prompt_vs_vllm"]["chat"]
+    assert prompt == "chat-b" and ratio == pytest.approx(4.0 / 5.0)
+    table = vllm_bench.format_table({"rows": [], "summary": [cosine], "repeat": 2})
+    assert "chat 0.95 [0.9-1] (slowest 0.8)" in table
+
+
 def test_the_closed_loop_sends_the_next_prompt_when_a_client_is_free(monkeypatch):
     """Two clients, four prompts of 0.2 s each: two are sent at once, the next two when the first
     two answers end; each record keeps when it was sent (`start_s`, from the run's start)."""

@@ -745,7 +745,7 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
                 "placement_choice": asdict(choice) if choice else {"mode": auto_mode, "reason": "default"},
                 "peer_k": peer_k, "suffix_k": suffix_k, "warmup_prompt": WARMUP.prompt, "repeat": repeat,
                 "request_rate": None if math.isinf(request_rate) else request_rate,
-                "complete": complete, "rows": rows, "summary": summarize_repeats(rows),
+                "complete": complete, "rows": rows, "summary": summarize_repeats(rows, records),
                 "draft_cost": costs, "records": [asdict(r) for r in records]}
 
     with tempfile.TemporaryDirectory(prefix="cosine-bench-") as tmp, _progress() as progress:
@@ -828,11 +828,28 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def summarize_repeats(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _prompt_speeds(records: Sequence[Record], system: str, c: int) -> dict[str, tuple[str, float]]:
+    """Per prompt id: its domain and its mean per-request speed (output tokens over latency) over
+    `system`'s runs at level `c`."""
+    speeds: dict[str, list[float]] = {}
+    domain: dict[str, str] = {}
+    for r in records:
+        if r.system == system and r.concurrency == c and r.latency_s > 0:
+            speeds.setdefault(r.prompt_id, []).append(r.completion_tokens / r.latency_s)
+            domain[r.prompt_id] = r.domain
+    return {p: (domain[p], statistics.mean(v)) for p, v in speeds.items()}
+
+
+def summarize_repeats(rows: Sequence[Mapping[str, Any]], records: Sequence[Record] = ()) -> list[dict[str, Any]]:
     """Per (system, level): its runs, medians of output tokens/s, TPOT, acceptance length and the
     share of steps with a draft, and its ratio to `vllm` and to the best of vLLM's speculation
     methods as the median of the per-repeat ratios, with their spread [min, max] (the i-th run of
-    a system against the i-th of the other; a single run has no spread to give)."""
+    a system against the i-th of the other; a single run has no spread to give). Per domain
+    (`ratio_vs_vllm_per_domain`): the median [min, max] of the same per-repeat ratios of the
+    domain's tokens over its requests' latency. Given the `records`, per domain the slowest prompt
+    against `vllm` (`slowest_prompt_vs_vllm`: the prompt id and its mean per-request speed over
+    the system's runs over that under `vllm`'s): "never slower on any prompt" read prompt by
+    prompt, the same prompt under both."""
     out = []
     for c in sorted({r["concurrency"] for r in rows}):
         level = [r for r in rows if r["concurrency"] == c]
@@ -858,6 +875,20 @@ def summarize_repeats(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
                           if b["output_tokens_per_s"]]
                 entry[f"ratio_{key}"] = _median(ratios)
                 entry[f"ratio_{key}_spread"] = [min(ratios), max(ratios)] if len(ratios) > 1 else None
+            per_domain: dict[str, list[float]] = {}
+            for a, b in zip(mine, against["vs_vllm"], strict=False):
+                for d, v in a.get("per_domain_tokens_per_s", {}).items():
+                    if b.get("per_domain_tokens_per_s", {}).get(d):
+                        per_domain.setdefault(d, []).append(v / b["per_domain_tokens_per_s"][d])
+            entry["ratio_vs_vllm_per_domain"] = {d: [statistics.median(v), min(v), max(v)]
+                                                 for d, v in sorted(per_domain.items())}
+            ref = _prompt_speeds(records, REFERENCE, c)
+            slowest: dict[str, tuple[str, float]] = {}
+            for prompt, (d, v) in _prompt_speeds(records, system, c).items():
+                if prompt in ref and (d not in slowest or v / ref[prompt][1] < slowest[d][1]):
+                    slowest[d] = (prompt, v / ref[prompt][1])
+            if slowest:
+                entry["slowest_prompt_vs_vllm"] = {d: list(v) for d, v in sorted(slowest.items())}
             out.append(entry)
     return out
 
@@ -930,6 +961,15 @@ def format_table(report: dict[str, Any]) -> str:
             lines.append(f"{e['system']:>15} {e['concurrency']:>2} {e['runs']:>4} {f(e['output_tokens_per_s']):>6} "
                          f"{vs_v:>16} {vs_s:>16} {f(e['tpot_ms_p50']):>7} {f(e['mean_acceptance_length']):>7} "
                          f"{f(e['steps_with_draft_fraction']):>7}")
+        lines += ["", "per domain x vllm: median [min-max] of the per-repeat ratios; the slowest prompt "
+                      "(its mean speed over the runs x vllm's on it)"]
+        for e in report["summary"]:
+            if e["system"] == REFERENCE or not e.get("ratio_vs_vllm_per_domain"):
+                continue
+            slowest = e.get("slowest_prompt_vs_vllm", {})
+            cells = [f"{d} {f(m)} [{f(lo)}-{f(hi)}]" + (f" (slowest {f(slowest[d][1])})" if d in slowest else "")
+                     for d, (m, lo, hi) in e["ratio_vs_vllm_per_domain"].items()]
+            lines.append(f"{e['system']:>15} {e['concurrency']:>2}  " + ", ".join(cells))
     if report.get("draft_cost"):
         lines += ["", f"{'draft engine':>12} {'model':>28} {'threads':>7} {'batch':>5} {'prefill tok/s':>13} "
                       f"{'step ms':>7} {'ms/draft token':>14}"]
