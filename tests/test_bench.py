@@ -358,6 +358,8 @@ def test_the_summary_gives_each_domain_and_its_slowest_prompt_against_vllm():
     assert prompt == "chat-b" and ratio == pytest.approx(4.0 / 5.0)
     table = vllm_bench.format_table({"rows": [], "summary": [cosine], "repeat": 2})
     assert "chat 0.95 [0.9-1] (slowest 0.8)" in table
+    open_loop = vllm_bench.format_table({"rows": [], "summary": [cosine], "repeat": 2, "request_rate": 0.2})
+    assert "open loop at 0.2 requests/s: tok/s follows the arrival rate" in open_loop
 
 
 def test_the_closed_loop_sends_the_next_prompt_when_a_client_is_free(monkeypatch):

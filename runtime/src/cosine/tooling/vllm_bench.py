@@ -951,7 +951,8 @@ def format_table(report: dict[str, Any]) -> str:
             return f"[{v[0]:.3g}-{v[1]:.3g}]" if v else ""
 
         lines += ["", f"medians over {report['repeat']} runs each (spread: min-max of the per-repeat ratios)"
-                      + (f"; open loop at {report['request_rate']:g} requests/s" if report.get("request_rate") else ""),
+                      + (f"; open loop at {report['request_rate']:g} requests/s: tok/s follows the arrival rate, "
+                         "so read TPOT and the per-domain ratios (latency)" if report.get("request_rate") else ""),
                   f"{'system':>15} {'c':>2} {'runs':>4} {'tok/s':>6} {'x vllm':>16} {'x best spec':>16} "
                   f"{'TPOT ms':>7} {'acc.len':>7} {'w/draft':>7}"]
         for e in report["summary"]:
