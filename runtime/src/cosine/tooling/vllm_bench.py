@@ -857,6 +857,7 @@ def summarize_repeats(rows: Sequence[Mapping[str, Any]], records: Sequence[Recor
         for r in sorted(level, key=lambda r: r["run"]):
             by_system.setdefault(r["system"], []).append(r)
         peers = {s: rs for s, rs in by_system.items() if s.partition("@")[0] in PEERS}
+        ref = _prompt_speeds(records, REFERENCE, c)
         for system, mine in by_system.items():
             tps = [r["output_tokens_per_s"] for r in mine]
             entry: dict[str, Any] = {
@@ -882,11 +883,11 @@ def summarize_repeats(rows: Sequence[Mapping[str, Any]], records: Sequence[Recor
                         per_domain.setdefault(d, []).append(v / b["per_domain_tokens_per_s"][d])
             entry["ratio_vs_vllm_per_domain"] = {d: [statistics.median(v), min(v), max(v)]
                                                  for d, v in sorted(per_domain.items())}
-            ref = _prompt_speeds(records, REFERENCE, c)
             slowest: dict[str, tuple[str, float]] = {}
             for prompt, (d, v) in _prompt_speeds(records, system, c).items():
-                if prompt in ref and (d not in slowest or v / ref[prompt][1] < slowest[d][1]):
-                    slowest[d] = (prompt, v / ref[prompt][1])
+                ratio = v / ref[prompt][1] if prompt in ref else None
+                if ratio is not None and (d not in slowest or ratio < slowest[d][1]):
+                    slowest[d] = (prompt, ratio)
             if slowest:
                 entry["slowest_prompt_vs_vllm"] = {d: list(v) for d, v in sorted(slowest.items())}
             out.append(entry)
