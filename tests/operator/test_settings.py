@@ -182,3 +182,42 @@ def test_network_policy_and_drafter_tls_parse() -> None:
     )
     assert (config.namespace, dict(config.pod_labels)) == ("ops", {"a": "1", "b": "two"})
     assert s.OperatorConfig.from_env({}).pod_labels == {}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"speculation": {"maxDraftLenn": 4}},
+         r"^spec\.speculation\.maxDraftLenn: unknown field; did you mean 'maxDraftLen'\?"),
+        ({"speculation": {"maxDraftLen": 3.9}},
+         r"^spec\.speculation\.maxDraftLen: expected an integer, got number 3\.9"),
+        ({"drafterPools": [{"name": "p", "replicas": True}]},
+         r"^spec\.drafterPools\[0\]\.replicas: expected an integer, got boolean"),
+        ({"drafterPools": [{"name": "p", "maxReplica": 9}]},
+         r"^spec\.drafterPools\[0\]\.maxReplica: unknown field; did you mean 'maxReplicas'\?"),
+        ({"verifier": {"model": 123}}, r"^spec\.verifier\.model: expected a string, got integer 123"),
+        ({"verifier": {"model": "m", "image": {"tagg": "x"}}}, r"^spec\.verifier\.image\.tagg: unknown field"),
+        ({"drafterPools": [{"name": "p", "resources": []}]},
+         r"^spec\.drafterPools\[0\]\.resources: expected an object, got array"),
+        ({"drafterPools": [{"name": "p", "expertise": ["code", 1]}]},
+         r"^spec\.drafterPools\[0\]\.expertise: expected a string, got integer 1"),
+        ({"gateway": {"apiKeySecretRef": {"name": "a", "key": "b", "keys": "c"}}},
+         r"^spec\.gateway\.apiKeySecretRef\.keys: unknown field"),
+        ({"drafterPool": []}, r"^spec\.drafterPool: unknown field; did you mean 'drafterPools'\?"),
+    ],
+)
+def test_a_typo_or_a_wrong_type_is_refused_naming_the_field(spec: dict[str, Any], message: str) -> None:
+    """Catches: a misspelt key silently left at its default (``maxDraftLenn: 4`` leaving 8), a value
+    coerced into another (``3.9`` → 3, ``true`` → 1, ``123`` → ``"123"``): the API server's strict
+    field validation refuses both, so ``cosine serve``, ``cosine simulate`` and the webhook must."""
+    full = {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}], **spec}
+    with pytest.raises(ValueError, match=message):
+        s.parse_cluster_spec(full)
+
+
+def test_integral_numbers_and_ints_for_numbers_are_read_as_the_server_reads_them() -> None:
+    """Catches: strictness refusing what JSON decoding gives the API server (``3.0`` for an integer,
+    ``1`` for a number)."""
+    got = _cluster({"name": "p", "kind": "ngram", "pricePerHourUsd": 1}, speculation={"maxDraftLen": 3.0})
+    assert got.speculation.max_draft_len == 3 and isinstance(got.speculation.max_draft_len, int)
+    assert got.drafter_pools[0].price_per_hour_usd == 1.0

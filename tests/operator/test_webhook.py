@@ -137,3 +137,17 @@ def test_a_llamacpp_pool_needs_a_gguf_source() -> None:
     assert problems({"model": "/models/mine/model.gguf"}) == []
     gpu = {"resources": {"limits": {"nvidia.com/gpu": 1}}}
     assert problems({"model": "Qwen/Qwen2.5-Coder-3B-Instruct", **gpu}) == []  # vLLM on a GPU pod
+
+
+@pytest.mark.parametrize(
+    ("pool", "speculation", "field"),
+    [
+        ({}, {"maxDraftLenn": 4}, "spec.speculation.maxDraftLenn"),
+        ({"replicas": True}, {}, "spec.drafterPools[0].replicas"),
+        ({"model": 123}, {}, "spec.drafterPools[0].model"),
+    ],
+)
+def test_a_typo_or_a_coercible_value_is_refused_at_admission(pool, speculation, field) -> None:
+    body = {**spec({"name": "code", "model": "qwen2.5-coder-0.5b-instruct", **pool}), "speculation": speculation}
+    (problem,) = validate_cluster("demo", body)
+    assert problem.startswith(field + ":")

@@ -10,6 +10,7 @@ Parse a spec once and pass the :class:`ClusterSpec` around.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import types
@@ -163,27 +164,84 @@ class _Checked:
                 raise ValueError(f"{where} must be <= {hi}, got {value}")
 
 
+def _type_name(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+            dict: "object"}.get(type(value), type(value).__name__)
+
+
 def _coerce(value: Any, hint: Any) -> Any:
+    """``value`` as the field type ``hint``, strictly as the API server's schema types read it: an
+    ``integer`` is an int (a float only when integral, as JSON decoding gives), never a bool; a
+    ``number`` is an int or a float; a ``string`` a str; a ``boolean`` a bool; arrays and objects are
+    lists and mappings. Raises ``ValueError`` saying what was expected and what came."""
     if isinstance(hint, types.UnionType):  # `X | None`: the value is not None here
         (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
     origin = typing.get_origin(hint) or hint
     if origin is tuple:
-        return tuple(value)
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"expected an array, got {_type_name(value)} {value!r}")
+        item = typing.get_args(hint)[0]
+        return tuple(_coerce(v, item) for v in value) if item in (str, int, float, bool) else tuple(value)
     if origin in (Mapping, dict):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"expected an object, got {_type_name(value)} {value!r}")
         return json.loads(json.dumps(dict(value)))  # a plain deep copy (kopf bodies are views)
-    if origin is bool and not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")
+    if origin is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value
+    if origin is int:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"expected an integer, got {_type_name(value)} {value!r}")
+        return value
+    if origin is float:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ValueError(f"expected a number, got {_type_name(value)} {value!r}")
+        return float(value)
+    if origin is str:
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, got {_type_name(value)} {value!r}")
+        return value
     return origin(value)
+
+
+def spec_keys(cls: type) -> frozenset[str]:
+    """The spec keys a mapping read into ``cls`` may hold: its fields' keys and those of its
+    key-less nested dataclasses (``pod``: :class:`PodOverrides`, read from the same mapping)."""
+    hints = typing.get_type_hints(cls)
+    keys: set[str] = set()
+    for f in fields(cls):
+        key = f.metadata.get("key")
+        if key is not None:
+            keys.add(key)
+        elif isinstance(hints[f.name], type) and is_dataclass(hints[f.name]):
+            keys |= spec_keys(hints[f.name])
+    return frozenset(keys)
+
+
+def refuse_unknown(path: str, raw: Mapping[str, Any], known: frozenset[str]) -> None:
+    """Raise ``ValueError`` naming ``path.<key>`` for the first key of ``raw`` not in ``known``, with
+    the closest known key as a suggestion: what the API server's strict field validation
+    (``kubectl apply``'s default since Kubernetes 1.27) answers for a field the schema lacks."""
+    for key in raw:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known fields: {', '.join(sorted(known))}"
+            raise ValueError(f"{path}.{key}: unknown field{hint}")
 
 
 def read_fields(cls: type, raw: Mapping[str, Any], **given: Any) -> Any:
     """``cls`` (a dataclass of :func:`spec_field` fields) from the spec mapping ``raw``: each field
-    from its key (absent or null: the field's default), converted to the field's type; ``given``
-    sets fields directly. Raises ``ValueError`` naming the field on a missing required key, a
-    value of the wrong type or one out of bounds."""
+    from its key (absent or null: the field's default), of the field's type; ``given`` sets fields
+    directly. Raises ``ValueError`` naming the field on an unknown key, a missing required key, a
+    value of the wrong type (no coercion: ``3.9`` is no integer, ``true`` no count, ``123`` no
+    string) or one out of bounds."""
     path = getattr(cls, "SPEC_PATH", "spec")
     if not isinstance(raw, Mapping):
         raise ValueError(f"{path} must be a mapping, got {type(raw).__name__}")
+    refuse_unknown(path, raw, spec_keys(cls))
     hints = typing.get_type_hints(cls)
     kwargs = dict(given)
     for f in fields(cls):
@@ -250,6 +308,7 @@ class PodOverrides:
     """Scheduling, identity and environment of a role's pods, copied verbatim into its pod template
     (Kubernetes' own types)."""
 
+    SPEC_PATH: ClassVar[str] = "spec.<role>"
     resources: Mapping[str, Any] = spec_field("resources", default_factory=dict, verbatim=True)
     node_selector: Mapping[str, str] = spec_field("nodeSelector", default_factory=dict, verbatim=True)
     tolerations: tuple[Mapping[str, Any], ...] = spec_field("tolerations", (), verbatim=True)
@@ -536,11 +595,14 @@ class ClusterSpec:
 
 
 def _with_pod(cls: type, raw: Mapping[str, Any]) -> Any:
+    role = getattr(cls, "SPEC_PATH", "spec")
+    pod_keys = spec_keys(PodOverrides)
     try:
         image = read_fields(RoleImage, raw.get("image") or {})
-    except ValueError as e:
-        raise ValueError(str(e).replace(RoleImage.SPEC_PATH, f"{getattr(cls, 'SPEC_PATH', 'spec')}.image", 1)) from None
-    return read_fields(cls, raw, pod=read_fields(PodOverrides, raw), image=image)
+        pod = read_fields(PodOverrides, {k: v for k, v in raw.items() if k in pod_keys})
+    except ValueError as e:  # name the role: spec.verifier.image.tag, spec.drafterPools[].resources
+        raise ValueError(str(e).replace("spec.<role>", role, 1)) from None
+    return read_fields(cls, raw, pod=pod, image=image)
 
 
 def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
@@ -553,6 +615,7 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
     if not isinstance(spec, Mapping):
         raise ValueError(f"spec must be a mapping, got {type(spec).__name__}")
     raw = json.loads(json.dumps(dict(spec)))  # plain deep copy
+    refuse_unknown("spec", raw, spec_keys(ClusterSpec))
     if not isinstance(raw.get("verifier"), Mapping):
         raise ValueError("spec.verifier is required")
     verifier = _with_pod(VerifierSpec, raw["verifier"])
