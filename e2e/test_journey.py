@@ -70,7 +70,7 @@ class EmulatedControlPlane:
     def _serve(self, namespace: str, cluster: str) -> int:
         """Start ``cosine serve`` on the cluster's ConfigMap (what the verifier pod mounts); its port."""
         from cosine.model_store import pull
-        from cosine.roles import free_port
+        from cosine.processes import free_port
 
         config = self.kube.get("v1/configmaps", namespace, f"{cluster}-config")
         assert config is not None, "no ConfigMap"

@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from cosine import roles
+from cosine.manifest import load_manifest, parse_spec
 from cosine.tooling import vllm_bench, workloads
 from cosine.tooling.vllm_bench import Record
 from cosine.tooling.workloads import Prompt
@@ -87,7 +87,7 @@ def test_run_bench_starts_a_fresh_server_per_level_and_warms_it_up_off_the_measu
         saved.append((partial["complete"], [(r["system"], r["concurrency"]) for r in partial["rows"]],
                       partial["rows"][-1]["speedup_vs_vllm"]))
 
-    report = vllm_bench.run_bench(prompts, systems, [1, 2], 16, roles.load_manifest(None), "drafter", placement="split",
+    report = vllm_bench.run_bench(prompts, systems, [1, 2], 16, load_manifest(None), "drafter", placement="split",
                                   checkpoint=checkpoint)
     assert len(servers) == 2 * 5 and all(s.stopped for s in servers)  # one server per (system, level)
     assert [len(rows) for _, rows, _ in saved] == list(range(1, 11)) and not any(done for done, _, _ in saved)
@@ -133,16 +133,16 @@ def test_run_bench_times_every_drafter_engine_on_the_pools_models_on_a_pools_cor
     monkeypatch.setattr(draft_cost, "measure_in_child", fake_child)
     monkeypatch.setattr(vllm_bench.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     prompts = [Prompt(str(i), "code", f"def f{i}():") for i in range(9)]
-    report = vllm_bench.run_bench(prompts, [], [1, 8], 16, roles.load_manifest(None), "smollm2-135m-instruct",
+    report = vllm_bench.run_bench(prompts, [], [1, 8], 16, load_manifest(None), "smollm2-135m-instruct",
                                   draft_cost_models=[])
-    pool_model = roles.load_manifest(None).spec.drafter_pools[0].model
+    pool_model = load_manifest(None).spec.drafter_pools[0].model
     assert [a[:2] for a in asked] == [("llamacpp", pool_model), ("vllm", pool_model),
                                       ("llamacpp", "smollm2-135m-instruct"), ("vllm", "smollm2-135m-instruct")]
     assert {a[2:] for a in asked} == {(8, (1, 8), (2, 3), 9)}  # k 8; alone and at c=8; a pool's half of 4 cores
     assert len(report["draft_cost"]) == 8 and report["draft_cost"][1]["batch"] == 8
     table = vllm_bench.format_table(report)
     assert "ms/draft token" in table and "smollm2-135m-instruct" in table and " 40 " in table
-    vllm_bench.run_bench(prompts[:3], [], [1, 8], 16, roles.load_manifest(None), "x", draft_cost_models=["y"])
+    vllm_bench.run_bench(prompts[:3], [], [1, 8], 16, load_manifest(None), "x", draft_cost_models=["y"])
     assert asked[-1][:4] == ("vllm", "y", 8, (1, 3))  # batched at most as many requests as there are prompts
 
 
@@ -156,14 +156,14 @@ def test_a_failing_drafter_engine_leaves_an_error_row_and_the_bench_its_rows(mon
 
     monkeypatch.setattr(vllm_bench, "plan_runs", lambda systems, levels: [])
     monkeypatch.setattr(draft_cost, "measure_in_child", failing)
-    report = vllm_bench.run_bench([Prompt("a", "code", "x")], [], [1], 16, roles.load_manifest(None), "y",
+    report = vllm_bench.run_bench([Prompt("a", "code", "x")], [], [1], 16, load_manifest(None), "y",
                                   draft_cost_models=["y"])
     assert [("error" in c, c["engine"]) for c in report["draft_cost"]] == [(False, "llamacpp"), (True, "vllm")]
     assert "failed: draft cost of vllm on y failed" in vllm_bench.format_table(report)
 
 
 def test_derived_manifest_ablations_and_split_threads():
-    source = roles.load_manifest(None).obj
+    source = load_manifest(None).obj
     kept = copy.deepcopy(source)
     off = vllm_bench.derived_manifest(source, speculation={"fusion": False})
     assert off["spec"]["speculation"]["fusion"] is False
@@ -177,7 +177,7 @@ def test_derived_manifest_ablations_and_split_threads():
     overlap = vllm_bench.derived_manifest(source, threads=vllm_bench.placement_threads("overlap", 2))
     assert overlap["spec"]["verifier"]["threads"] == 2 and overlap["spec"]["drafterPools"][0]["threads"] == 1
     assert vllm_bench.placement_threads("shared", 2) is None
-    spec = roles.parse_spec(yaml.safe_load(yaml.safe_dump(off)))  # still a valid CoSineCluster spec
+    spec = parse_spec(yaml.safe_load(yaml.safe_dump(off)))  # still a valid CoSineCluster spec
     assert spec.verifier.model == source["spec"]["verifier"]["model"]
     assert vllm_bench._manifest_variant("cosine-nofusion", "shared", [0, 1]) == ((("fusion", False),), None)
     assert vllm_bench._manifest_variant("cosine-nobranch", "split", [0, 1]) == ((("branches", 0),), (1, 1))
@@ -185,9 +185,9 @@ def test_derived_manifest_ablations_and_split_threads():
     assert vllm_bench._manifest_variant("cosine", "overlap", [0, 1]) == ((), (2, 1))
     assert vllm_bench._manifest_variant("vllm-draft", "split", [0, 1]) == ((), None)
     nobranch = vllm_bench.derived_manifest(source, speculation=dict(vllm_bench.ABLATIONS["cosine-nobranch"]))
-    assert roles.parse_spec(nobranch).speculation.branches == 0  # the ablation is a valid spec the runtime reads
+    assert parse_spec(nobranch).speculation.branches == 0  # the ablation is a valid spec the runtime reads
     by_rate = vllm_bench.derived_manifest(source, speculation=dict(vllm_bench.ABLATIONS["cosine-acceptance"]))
-    assert roles.parse_spec(by_rate).speculation.draft_length == "acceptanceRate"
+    assert parse_spec(by_rate).speculation.draft_length == "acceptanceRate"
 
 
 def test_profile_top_sums_a_py_spy_collapsed_profile():
@@ -310,7 +310,7 @@ def test_peer_command_runs_vllm_alone_or_with_its_own_method(monkeypatch, tmp_pa
 
     monkeypatch.setattr(model_store, "resolve", lambda name: tmp_path / name)
     for system, method in (("vllm", None), ("vllm-ngram", "ngram"), ("vllm-suffix", "suffix")):
-        argv, _ = vllm_bench.peer_command(system, roles.load_manifest(None), 8000, "drafter", 4, 4, {})
+        argv, _ = vllm_bench.peer_command(system, load_manifest(None), 8000, "drafter", 4, 4, {})
         text = " ".join(argv)
         assert "CoSineScheduler" not in text and "cosine.vllm_hooks" not in text, system
         assert (f'"method":"{method}"' in text) == (method is not None), (system, text)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from cosine import roles
+from cosine.manifest import load_manifest
 from cosine_operator.settings import SpeculationSpec, parse_cluster_spec
 
 
@@ -64,9 +65,9 @@ def test_cli_flags():
 
 def test_verifier_command_rejects_a_drafter_not_in_the_manifest():
     with pytest.raises(ValueError, match="POOL=ADDRESS"):
-        roles.verifier_command(roles.load_manifest(None), 8000, "127.0.0.1", ["nope"], None)
+        roles.verifier_command(load_manifest(None), 8000, "127.0.0.1", ["nope"], None)
     with pytest.raises(ValueError, match="no drafter pool 'other'"):
-        roles.verifier_command(roles.load_manifest(None), 8000, "127.0.0.1", ["other=1.2.3.4:5"], None)
+        roles.verifier_command(load_manifest(None), 8000, "127.0.0.1", ["other=1.2.3.4:5"], None)
 
 
 def test_verifier_command_gathers_a_pools_replicas(monkeypatch, tmp_path):
@@ -79,7 +80,7 @@ def test_verifier_command_gathers_a_pools_replicas(monkeypatch, tmp_path):
     manifest.write_text(json.dumps({
         "apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": "t"},
         "spec": {"verifier": {"model": "m"}, "drafterPools": [{"name": "coder", "model": "d", "replicas": 2}]}}))
-    argv, _ = roles.verifier_command(roles.load_manifest(manifest), 8000, "127.0.0.1",
+    argv, _ = roles.verifier_command(load_manifest(manifest), 8000, "127.0.0.1",
                                      ["coder=127.0.0.1:1", "coder=127.0.0.1:2"], None)
     config = json.loads(argv[argv.index("--additional-config") + 1])["cosine"]
     assert [(p["name"], p["addresses"]) for p in config["pools"]] == [("coder", ["127.0.0.1:1", "127.0.0.1:2"])]

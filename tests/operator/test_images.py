@@ -30,7 +30,7 @@ from test_crds_real import apply_crds, kubectl
 from test_handlers import cluster_body
 
 from cosine.model_store import cache_root
-from cosine.roles import free_port
+from cosine.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_apiserver, pytest.mark.timeout(5400)]
 

@@ -218,7 +218,7 @@ def _cluster(pool: dict) -> dict:
 def test_manifest_needs_translate_tokenizer_for_another_family(tmp_path):
     import yaml
 
-    from cosine.roles import load_manifest, parse_spec, tokenizer_problems
+    from cosine.manifest import load_manifest, parse_spec, tokenizer_problems
 
     def problems(pool: dict) -> list[str]:
         return tokenizer_problems(parse_spec({"spec": _cluster(pool)}))

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from cosine.model_store import pull
-from cosine.roles import free_port
+from cosine.processes import free_port
 
 from .test_serve import _start, _stop
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from cosine.manifest import load_manifest
 from cosine.placement import cpu_list, place
 
 
@@ -96,7 +97,7 @@ def test_serve_modes_bind_the_verifier_and_start_pools_as_chosen(monkeypatch):
     from cosine import roles
 
     monkeypatch.setattr(roles.os, "sched_getaffinity", lambda pid: {0, 1})
-    spec = roles.load_manifest(None).spec  # the shipped cluster: verifier 1 thread, one 1-thread pool
+    spec = load_manifest(None).spec  # the shipped cluster: verifier 1 thread, one 1-thread pool
     assert roles.local_pool_cores(spec) == 1
     split = roles.placement(spec, "split")
     assert split.verifier == (0,) and split.drafters == ((1,),) and not split.shared

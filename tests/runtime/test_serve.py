@@ -28,7 +28,8 @@ import pytest
 import yaml
 
 from cosine.model_store import pull
-from cosine.roles import free_port
+from cosine.processes import free_port
+from tests.runtime.test_processes import assert_all_gone, descendants
 
 pytestmark = pytest.mark.real_model
 
@@ -70,6 +71,8 @@ def _start(cmd: list[str], base: str, env: dict[str, str]) -> subprocess.Popen:
 
 
 def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:  # SIGKILLed by a test: its children are gone with it (test_processes)
+        return
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(60)
@@ -221,6 +224,18 @@ class TestFixedCluster:
         p50, p99 = statistics.median(lat), lat[int(0.99 * (len(lat) - 1))]
         print(f"\n50 requests at concurrency 8: p50 {p50:.2f} s, p99 {p99:.2f} s")
         assert httpx.get(f"{base}/health").status_code == 200
+
+    def test_sigkill_while_serving_leaves_no_child(self, cluster):
+        """Last of the class (it ends the cluster). Catches: vLLM's server, engine core and
+        workers, or a drafter replica, left running after `cosine serve` dies without running any
+        code of its own."""
+        _, proc, _ = cluster
+        below = descendants(proc.pid)
+        names = [" ".join(p.cmdline()) for p in below]
+        assert any("EngineCore" in n for n in names) and sum("cosine drafter" in n for n in names) == 2, names
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert_all_gone(below)
 
 
 def _replica_calls(metrics_url: str) -> dict[str, dict[str, float]]:

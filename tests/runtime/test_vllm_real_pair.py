@@ -43,7 +43,7 @@ def test_real_pair_identical_to_vllm_target_only(tmp_path):
     from importlib import resources
 
     from cosine.model_store import pull
-    from cosine.roles import free_port
+    from cosine.processes import free_port
 
     manifest = yaml.safe_load(resources.files("cosine").joinpath("default_cluster.yaml").read_text())
     model = manifest["spec"]["verifier"]["model"]

@@ -15,12 +15,38 @@ def test_scaling_figures_count_flaps():
     assert figs["convergence_intervals_max"] == 2.0
 
 
+def _autoscale_shared_pools(profiles=None, duration_s: float = 360.0, rate: float = 2.0,
+                            start_replicas: int = 6, min_replicas: int = 2, seed: int = 0):
+    """The scenario of the test below (no study runs it). Pools that keep up (Qwen2.5-0.5B on
+    L4s, 4 requests drafted at once per replica) started over-provisioned at `start_replicas`
+    behind 2 DeepSeek-R1-Distill-Qwen-32B verifiers, under a light steady load: the autoscaler
+    takes each pool down to `min_replicas` in steps of at most `maxScaleDownStep`, while the
+    proposer spreads each pool's requests over its replicas (least held first) and re-homes those
+    of a replica that leaves. Reports the replica timelines, the draft calls each replica served,
+    re-homes, and `_scaling_figures`."""
+    profiles = profiles or scenarios.load_profiles()
+    m = scenarios._pair_manifest("qwen-32b", "cosine")
+    for p in m["spec"]["drafterPools"]:
+        p.update(replicas=start_replicas, minReplicas=min_replicas, maxReplicas=4 * start_replicas)
+    m["spec"]["verifier"]["replicas"] = 2
+    m["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 30, "stabilizationSeconds": 60,
+                                "maxScaleDownStep": 2}
+    for p in m["simulation"]["pools"].values():
+        p.update(hardware="l4", slots=4)
+    setup, _ = scenarios.config.build_setup(m, profiles, seed=seed)
+    assert setup.scaling is not None
+    trace = scenarios._rate_trace(lambda t: rate, duration_s, 256, 64, seed)
+    res = scenarios.simulate(setup, scenarios.Workload(trace), duration_s=duration_s)
+    return (scenarios._scaling_figures(res, setup.scaling, setup.interval_s, duration_s, 1) | res.summary()
+            | {"timeline": res.replicas_timeline, "replica_calls": res.replica_calls})
+
+
 def test_over_provisioned_pools_shrink_while_replicas_share_the_load():
     """The operator's policy, in simulation, on pools whose replicas share load the way the
     proposer spreads it (`pool_policy.assign_replica`): pools started at 6 replicas under light
     load shrink to their minimum of 2, at most 2 replicas a step, without reversing; while they
     had several replicas, several of them served draft calls."""
-    out = scenarios.autoscale_shared_pools(duration_s=300, rate=2.0, start_replicas=6, min_replicas=2)
+    out = _autoscale_shared_pools(duration_s=300, rate=2.0, start_replicas=6, min_replicas=2)
     assert out["flaps"] == 0 and out["bound_violations"] == 0
     for name, tl in out["timeline"].items():
         assert tl[0][1] == 6 and tl[-1][1] == 2, (name, tl)

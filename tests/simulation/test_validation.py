@@ -85,9 +85,10 @@ def test_placement_evidence_from_a_split_bench_keeps_pools_off_two_cores(tmp_pat
     the verifier's step on both cores (vllm's), on the one it keeps beside the pool (cosine's), the
     pool's and prompt lookup's acceptance. There the pool paid less than its core cost."""
     from cosine.placement import Evidence, choose
+    from cosine.tooling.vllm_bench import CLUSTERS
 
     bench = calibration.load_bench(BENCH)
-    ev = calibration.placement_evidence(bench, Evidence(cores=2, pool_cores=1, source="session 8"))
+    ev = calibration.placement_evidence(bench, Evidence(cores=2, pool_cores=1, source="session 8"), CLUSTERS)
     assert ev.pass_s == pytest.approx(calibration.calibrate(bench, "vllm", 1).decode_pass_s)
     assert ev.kept_pass_s == pytest.approx(calibration.calibrate(bench, "cosine", 1).decode_pass_s)
     assert ev.kept_pass_s > ev.pass_s and 0 < ev.pool_alpha < 1 and 0 < ev.pool_use <= 1
@@ -96,8 +97,8 @@ def test_placement_evidence_from_a_split_bench_keeps_pools_off_two_cores(tmp_pat
     # `cosine bench` writes no meta file (prompt lengths): the decode figures are read all the same
     bare = tmp_path / "bench.json"
     bare.write_text(BENCH.read_text())
-    ev_bare = calibration.placement_evidence(calibration.load_bench(bare), Evidence(cores=2, pool_cores=1))
+    ev_bare = calibration.placement_evidence(calibration.load_bench(bare), Evidence(cores=2, pool_cores=1), CLUSTERS)
     assert (ev_bare.pass_s, ev_bare.kept_pass_s, ev_bare.pool_alpha) == (ev.pass_s, ev.kept_pass_s, ev.pool_alpha)
     # a bench without a split CoSine row measures no pool: the pools stay off, unmeasured
     only_lookup = {**bench, "rows": [r for r in bench["rows"] if r["system"] != "cosine"]}
-    assert calibration.placement_evidence(only_lookup, Evidence(cores=2, pool_cores=1)).pool_alpha is None
+    assert calibration.placement_evidence(only_lookup, Evidence(cores=2, pool_cores=1), CLUSTERS).pool_alpha is None

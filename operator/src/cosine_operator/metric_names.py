@@ -44,6 +44,19 @@ DRAFTER_ROUNDS = "cosine:drafter_rounds"  # counter{pool}: batched draft rounds
 DRAFTER_BATCHED_REQUESTS = "cosine:drafter_batched_requests"  # counter{pool}: requests, summed over rounds
 DRAFTER_CONTEXTS = "cosine:drafter_contexts"  # gauge{pool}: requests whose context the replica keeps
 
+# vLLM's own series, on the verifier's OpenAI server (port 8000), as vLLM 0.32 names them
+# (`vllm/v1/metrics/loggers.py`, `vllm/v1/spec_decode/metrics.py`; `tests/test_metric_contract.py`
+# checks each against the installed vLLM). Read, never exported, by CoSine.
+VLLM_DRAFTS = "vllm:spec_decode_num_drafts"  # counter: verifications that had a draft
+VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"  # counter: draft tokens verified
+VLLM_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"  # counter: draft tokens accepted
+VLLM_TTFT_SECONDS = "vllm:time_to_first_token_seconds"  # histogram: TTFT
+VLLM_ITL_SECONDS = "vllm:inter_token_latency_seconds"  # histogram: time between output tokens (TPOT)
+VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"  # gauge
+VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"  # gauge
+VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # gauge: share of the KV cache's blocks in use, 0..1
+VLLM_SPEC_DECODE_PREFIX = "vllm:spec_decode_"  # the bench scrapes every series under it
+
 
 def total(name: str) -> str:
     """The sample name of counter ``name`` in the text exposition format (``<name>_total``)."""

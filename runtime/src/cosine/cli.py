@@ -6,6 +6,7 @@ Entry point only: parses flags and wires library calls together.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -18,8 +19,8 @@ from cosine.placement import DEFAULT, MODES
 from cosine_operator.settings import SpeculationSpec, read_fields
 
 if TYPE_CHECKING:
+    from cosine.manifest import Manifest
     from cosine.placement import Choice
-    from cosine.roles import Manifest
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
@@ -81,6 +82,7 @@ def _generate(args: argparse.Namespace) -> int:
     from vllm import SamplingParams
 
     from cosine import vllm_hooks
+    from cosine_operator import metric_names
 
     speculation = read_fields(SpeculationSpec, {"maxDraftLen": args.max_draft_len})
     llm = vllm_hooks.cosine_llm(path, speculation if speculation.max_draft_len > 0 else None, {"model": path},
@@ -93,8 +95,8 @@ def _generate(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     print(out.outputs[0].text)
     counters = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
-    drafts = counters.get("vllm:spec_decode_num_drafts", 0)
-    accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0)
+    drafts = counters.get(metric_names.VLLM_DRAFTS, 0)
+    accepted = counters.get(metric_names.VLLM_ACCEPTED_TOKENS, 0)
     spec = f"mean acceptance length {1 + accepted / drafts:.2f}" if drafts else "no speculation"
     n = len(out.outputs[0].token_ids)
     print(f"[{n} tokens in {wall:.2f} s: {n / wall:.2f} tok/s, {spec}]", file=sys.stderr)
@@ -102,7 +104,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from cosine.roles import load_manifest
+    from cosine.manifest import load_manifest
     from cosine.tooling import vllm_bench
     from cosine.tooling.workloads import load, resolve_workload
 
@@ -133,14 +135,16 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _drafter(args: argparse.Namespace) -> int:
-    from cosine.roles import load_manifest, run_drafter
+    from cosine.manifest import load_manifest
+    from cosine.roles import run_drafter
 
     return run_drafter(load_manifest(args.cluster), args.pool, args.grpc_port, args.metrics_port, args.host,
                        args.tls_dir)
 
 
 def _verifier(args: argparse.Namespace) -> int:
-    from cosine.roles import load_manifest, run_verifier
+    from cosine.manifest import load_manifest
+    from cosine.roles import run_verifier
 
     return run_verifier(load_manifest(args.cluster), args.http_port, args.host, args.drafter,
                         os.environ.get("COSINE_API_KEY"), args.metrics_port, args.drafter_tls_dir,
@@ -150,7 +154,8 @@ def _verifier(args: argparse.Namespace) -> int:
 def _placement_choice(mode: str, manifest: Manifest, evidence: Path | None) -> Choice:
     """`mode` as asked, or for `auto` what `placement.choose` makes of this machine's cores, the
     manifest's local pools and the measurements of the bench run at `evidence` (if it exists)."""
-    from cosine.placement import Choice, Evidence, choose
+    from cosine.model_store import last_bench_path
+    from cosine.placement import EVIDENCE_KEY, Choice, Evidence, choose, read_evidence
     from cosine.roles import local_pool_cores
 
     if mode != "auto":
@@ -160,24 +165,23 @@ def _placement_choice(mode: str, manifest: Manifest, evidence: Path | None) -> C
                     verifier_on_gpu=bool(spec.verifier.pod.gpu_count),
                     max_draft_len=spec.speculation.max_draft_len)
     if evidence is None:
-        from cosine.tooling.vllm_bench import last_bench_path
-
         evidence = last_bench_path()
     if not evidence.exists():
         log.info("placement evidence: none (no bench at %s)", evidence)
     else:
-        from cosine.simulation.calibration import load_bench, placement_evidence
-
         log.info("placement evidence: %s", evidence)
         try:
-            base = placement_evidence(load_bench(evidence), replace(base, source=str(evidence)))
-        except (KeyError, ValueError, ZeroDivisionError, StopIteration) as e:
+            report = json.loads(evidence.read_text())
+            base = read_evidence(report.get(EVIDENCE_KEY) if isinstance(report, dict) else None,
+                                 replace(base, source=str(evidence)))
+        except ValueError as e:  # json.JSONDecodeError included
             log.warning("placement: %s has no usable measurements (%s); deciding without them", evidence, e)
     return choose(base)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from cosine.roles import load_manifest, run_serve
+    from cosine.manifest import load_manifest
+    from cosine.roles import run_serve
 
     manifest = load_manifest(args.cluster)
     choice = _placement_choice(args.placement, manifest, args.evidence)
@@ -187,7 +191,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from cosine.roles import load_manifest
+    from cosine.manifest import load_manifest
     from cosine.tooling.demo import run_demo
     from cosine.tooling.workloads import load, resolve_workload
 
@@ -355,10 +359,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _simulate(args: argparse.Namespace) -> int:
     import json
 
+    from cosine.simulation.cluster import MODES as SIM_MODES
     from cosine.simulation.plots import plot
-    from cosine.simulation.run import run_simulate
+    from cosine.simulation.run import STUDIES, run_simulate
 
-    studies = tuple(s for s in (args.studies or "").split(",") if s)
+    studies = tuple(s for s in args.studies.split(",") if s)
+    unknown = [s for s in studies if s not in STUDIES]
+    if unknown:
+        raise ValueError(f"--studies: unknown {', '.join(unknown)}; choose from {','.join(STUDIES)}")
+    if args.mode is not None and args.mode not in SIM_MODES:
+        raise ValueError(f"--mode: unknown {args.mode!r}; choose from {', '.join(SIM_MODES)}")
     out = run_simulate(args.cluster, args.workload, args.trace, args.duration, args.request_rate, args.concurrency,
                        args.mode, studies, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -373,7 +383,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _add_simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from cosine.simulation.cluster import MODES
+    # Checked in `_simulate`, not here: building the parser (every command, `cosine serve`'s
+    # included) imports nothing of the simulator.
 
     si = sub.add_parser("simulate", help="discrete-event simulation of a CoSineCluster on GPU cost models; JSON + plot")
     si.add_argument("--cluster", type=Path, help="CoSineCluster manifest with a simulation: section "
@@ -385,7 +396,7 @@ def _add_simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     load = si.add_mutually_exclusive_group()
     load.add_argument("--request-rate", type=float, help="Poisson arrivals per second")
     load.add_argument("--concurrency", type=int, help="closed loop with this many clients")
-    si.add_argument("--mode", choices=MODES, help="override the manifest")
+    si.add_argument("--mode", help="override the manifest's simulation.mode (cosine, cosine-pools, lookup, ...)")
     si.add_argument("--studies", default="", help="comma list of validation,paper,rtt,autoscale (minutes)")
     si.add_argument("--seed", type=int, default=0)
     si.add_argument("--out", type=Path, default=Path("results/sim.json"))

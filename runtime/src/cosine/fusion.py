@@ -89,10 +89,6 @@ class TokenTree:
         kids = [i for i, n in enumerate(self.nodes) if n.parent == index]
         return sorted(kids, key=lambda i: -self.nodes[i].priority)
 
-    def is_chain(self) -> bool:
-        """Whether every node's parent is the node before it (a single path, as vLLM verifies)."""
-        return all(n.parent == i - 1 for i, n in enumerate(self.nodes))
-
     def path_of(self, drafter: str) -> list[int]:
         """The node indices of `drafter`'s draft, root to leaf."""
         return [i for i, n in enumerate(self.nodes) if any(p.drafter == drafter for p in n.proposals)]

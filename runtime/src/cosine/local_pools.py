@@ -23,7 +23,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cosine.roles import Child, Manifest, start_replica, stop_children, wait_healthy
+from cosine.manifest import Manifest
+from cosine.processes import Child, start_replica, stop_children, wait_healthy
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class LocalPools:
     """The drafter replicas of every pool of a manifest's spec on this machine.
 
     Args:
-        manifest: the cluster (`roles.Manifest`: its spec, and its file the replicas read).
+        manifest: the cluster (`manifest.Manifest`: its spec, and its file the replicas read).
         directory: where the address files go (one `<pool>.addresses` per pool).
         cores: cores for the first replicas, in pool order (`roles.placement`); replicas added
             later run on any core.

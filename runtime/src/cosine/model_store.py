@@ -112,6 +112,13 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "cosine"
 
 
+def last_bench_path() -> Path:
+    """Where the last finished `cosine bench` report is kept, `<cache>/bench/last.json`, whatever
+    the working directory: the placement evidence `cosine serve --placement auto` reads
+    (`placement.read_evidence` of its `placement.EVIDENCE_KEY`)."""
+    return cache_root() / "bench" / "last.json"
+
+
 def _models_dir() -> Path:
     return cache_root() / "models"
 

@@ -19,9 +19,10 @@ Pure: cores and measurements in, an assignment out.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
+from typing import Any
 
 from cosine.speculation_control import expected_tokens
 
@@ -130,6 +131,46 @@ class Evidence:
     lookup_tokens: int = 0
     max_draft_len: int = 8
     source: str = ""
+
+
+# The placement evidence a `cosine bench` run records (its report's `placement_evidence` key) and
+# `cosine serve --placement auto` reads: this format is the whole contract between the two, so
+# neither imports the other.
+EVIDENCE_KEY = "placement_evidence"
+EVIDENCE_FORMAT = "cosine.dev/placement-evidence/v1"
+MEASURED = ("pass_s", "kept_pass_s", "draft_token_s", "pool_alpha", "pool_use", "lookup_hit", "lookup_alpha",
+            "lookup_tokens")  # the fields of `Evidence` a bench measures; the rest are this machine's
+
+
+def evidence_document(e: Evidence) -> dict[str, Any]:
+    """The measured part of `e` as a JSON-able document (`EVIDENCE_FORMAT`), for a bench report."""
+    return {"format": EVIDENCE_FORMAT, "source": e.source, "measured": {f: getattr(e, f) for f in MEASURED}}
+
+
+def read_evidence(doc: Any, base: Evidence) -> Evidence:
+    """`base` (this machine's cores and pools) completed with a document of `evidence_document`'s.
+
+    Raises:
+        ValueError: not such a document, or a measured field of the wrong type (the message names it).
+    """
+    if not isinstance(doc, Mapping) or doc.get("format") != EVIDENCE_FORMAT:
+        got = doc.get("format") if isinstance(doc, Mapping) else type(doc).__name__
+        raise ValueError(f"{EVIDENCE_KEY}: not a {EVIDENCE_FORMAT} document (format {got!r})")
+    measured = doc.get("measured")
+    if not isinstance(measured, Mapping):
+        raise ValueError(f"{EVIDENCE_KEY}.measured: expected an object")
+    types = {f.name: f.type for f in fields(Evidence)}
+    values: dict[str, Any] = {}
+    for name in MEASURED:
+        value = measured.get(name)
+        optional = "None" in str(types[name])
+        if value is None and optional:
+            values[name] = None
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{EVIDENCE_KEY}.measured.{name}: expected a number, got {value!r}")
+        else:
+            values[name] = int(value) if "int" in str(types[name]) else float(value)
+    return replace(base, **values, source=str(doc.get("source") or base.source))
 
 
 @dataclass(frozen=True)

@@ -9,91 +9,26 @@ reconciles; in a pod it is the ConfigMap's `cluster.yaml`), loads its model and 
   per-pool `cosine:` series on `--metrics-port`;
 - serve: a supervisor that starts one `cosine drafter` process per drafter replica on loopback
   ports, waits for their health checks, then runs the verifier as a child and stops every
-  child on Ctrl-C / SIGTERM (children also die with it: PR_SET_PDEATHSIG).
+  child on Ctrl-C / SIGTERM; every child dies with it however it dies (`cosine.processes`).
+Manifests are read by `cosine.manifest`; child processes are `cosine.processes`'.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from cosine_operator.settings import ClusterSpec
-
-import yaml
+from cosine.manifest import Manifest
+from cosine.processes import die_with_parent, free_port, start_reaper, stop_group, stop_reaper, wait_for_signal
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CLUSTER = "default_cluster.yaml"
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """A CoSineCluster manifest, read and checked once per process (`load_manifest`).
-
-    path: the file (None: the cluster shipped with cosine), which child processes (drafters, a
-    `cosine serve`) are given to read themselves. obj: the object as written (copies are derived
-    from it, e.g. the bench's ablations). spec: its `spec`, parsed (`ClusterSpec`)."""
-
-    path: Path | None
-    obj: dict[str, Any]
-    spec: ClusterSpec
-
-
-def load_manifest(path: Path | None) -> Manifest:
-    """Read a CoSineCluster manifest (default: the one shipped for this machine) and check it:
-    its spec parsed and its pools' tokenizers checked against the target's (`tokenizer_problems`).
-
-    Raises:
-        ValueError: not a CoSineCluster, or an invalid spec (the message names the field).
-    """
-    text = path.read_text() if path else resources.files("cosine").joinpath(DEFAULT_CLUSTER).read_text()
-    obj = yaml.safe_load(text)
-    if not isinstance(obj, dict) or obj.get("kind") != "CoSineCluster":
-        kind = obj.get("kind") if isinstance(obj, dict) else None
-        raise ValueError(f"{path or DEFAULT_CLUSTER}: not a CoSineCluster manifest (kind is {kind!r})")
-    spec = parse_spec(obj)
-    problems = tokenizer_problems(spec)
-    if problems:
-        raise ValueError(f"{path or DEFAULT_CLUSTER}: " + "; ".join(problems))
-    return Manifest(path, obj, spec)
-
-
-def parse_spec(obj: dict[str, Any]) -> ClusterSpec:
-    """The manifest's `spec` as an `operator.settings.ClusterSpec`.
-
-    Raises:
-        ValueError: an invalid spec (a missing or ill-typed field; the message names it).
-    """
-    from cosine_operator.settings import parse_cluster_spec
-
-    try:
-        return parse_cluster_spec(obj.get("spec") or {})
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"invalid CoSineCluster spec: {e}") from e
-
-
-def tokenizer_problems(spec) -> list[str]:
-    """`cosine_operator.settings.tokenizer_problems` (the admission webhook's check, for manifests
-    no webhook saw), with families from the model store (it also knows directories it wrote)."""
-    from cosine.model_store import tokenizer_family
-    from cosine_operator.settings import tokenizer_problems as problems
-
-    return problems(spec, tokenizer_family)
-
 
 # ---------------------------------------------------------------- drafter
 
@@ -114,7 +49,7 @@ def run_drafter(manifest: Manifest, pool: str, grpc_port: int, metrics_port: int
     server = serve(servicer, grpc_port, host=host, tls_dir=tls_dir)
     if metrics_port:
         start_http_server(metrics_port, addr=host, registry=metrics.registry)
-    _wait_for_signal()
+    wait_for_signal()
     server.stop(grace=2).wait()
     servicer.close()
     return 0
@@ -319,49 +254,6 @@ def cli_flags(args: dict[str, Any]) -> list[str]:
 # ---------------------------------------------------------------- serve (embedded cluster)
 
 
-@dataclass
-class Child:
-    """A drafter replica process of `cosine serve`: its command, environment, gRPC port, the cores it
-    is pinned to (() = any) and how many times `supervise` restarted it."""
-
-    name: str
-    process: subprocess.Popen
-    grpc_port: int
-    cmd: list[str]
-    env: dict[str, str]
-    restarts: int = 0
-
-    cores: tuple[int, ...] = ()
-    metrics_port: int = 0  # its `cosine:drafter_*` series (the embedded autoscaler scrapes them)
-
-    def start(self) -> None:
-        """(Re)start the process with the same command, environment and cores."""
-        self.process = subprocess.Popen(self.cmd, env=self.env, preexec_fn=_child_setup(self.cores))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (the OS's pick; another process may take it before use)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:  # runs in the child before exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _child_setup(cores: Sequence[int]):
-    """A `preexec_fn`: die with the parent and, given cores, run only on them."""
-
-    def setup() -> None:
-        _die_with_parent()
-        if cores:
-            os.sched_setaffinity(0, cores)
-
-    return setup
-
-
 def placement(spec, mode: str):
     """Where `cosine serve` runs each role (`runtime.placement`): `split` puts the verifier's
     engine threads and each drafter replica on disjoint cores of this process's affinity (sharing
@@ -393,70 +285,6 @@ def local_pool_cores(spec) -> int:
     return sum(p.threads * max(1, p.replicas) for p in spec.drafter_pools)
 
 
-def start_drafters(manifest: Manifest, host: str = "127.0.0.1",
-                   cores: Sequence[Sequence[int]] = ()) -> list[Child]:
-    """One `cosine drafter` process per replica of every pool, on free loopback ports; replica i
-    pinned to `cores[i]` when given."""
-    children: list[Child] = []
-    for pool in manifest.spec.drafter_pools:
-        for replica in range(max(1, pool.replicas)):
-            mine = tuple(cores[len(children)]) if len(children) < len(cores) else ()
-            children.append(start_replica(manifest, pool, f"{pool.name}-{replica}", host, mine))
-    return children
-
-
-def start_replica(manifest: Manifest, pool, name: str, host: str = "127.0.0.1",
-                  cores: Sequence[int] = ()) -> Child:
-    """One `cosine drafter` process of `pool` (a `DrafterPoolSpec`) on free loopback ports, its
-    engine threads `pool.threads`, pinned to `cores` when given; named `name`."""
-    port, metrics_port = free_port(host), free_port(host)
-    cmd = [sys.executable, "-m", "cosine", "drafter", "--pool", pool.name, "--grpc-port", str(port),
-           "--metrics-port", str(metrics_port), "--host", host]
-    if manifest.path:
-        cmd += ["--cluster", str(manifest.path)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(pool.threads)}
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=_child_setup(cores))
-    log.info("started drafter %s (pid %d) on %s:%d, cores %s", name, proc.pid, host, port, list(cores) or "any")
-    return Child(name, proc, port, cmd, env, cores=tuple(cores), metrics_port=metrics_port)
-
-
-def wait_healthy(children: list[Child], host: str = "127.0.0.1", timeout_s: float = 600) -> None:
-    """Block until every child answers its gRPC health check. Raises RuntimeError on exit/timeout."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    deadline = time.monotonic() + timeout_s
-    for c in children:
-        with grpc.insecure_channel(f"{host}:{c.grpc_port}") as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-            while True:
-                if c.process.poll() is not None:
-                    raise RuntimeError(f"drafter {c.name} exited with code {c.process.returncode}")
-                try:
-                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                    if status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"drafter {c.name} not healthy after {timeout_s:.0f} s")
-                time.sleep(0.5)
-
-
-def stop_children(children: list[Child], timeout_s: float = 10) -> None:
-    """SIGTERM every running child, then SIGKILL those still running after `timeout_s` seconds in all."""
-    for c in children:
-        if c.process.poll() is None:
-            c.process.terminate()
-    end = time.monotonic() + timeout_s
-    for c in children:
-        try:
-            c.process.wait(max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            c.process.kill()
-            c.process.wait()
-
-
 def run_serve(manifest: Manifest, port: int, host: str, api_key: str | None, metrics_port: int,
               placement_mode: str) -> int:
     """Drafter processes (none for `lookup`; `local_pools.LocalPools`, scaled by the operator's
@@ -477,6 +305,7 @@ def run_serve(manifest: Manifest, port: int, host: str, api_key: str | None, met
         metrics_port = free_port()  # the autoscaler reads the proposer's series
     stop = threading.Event()
     verifier: subprocess.Popen | None = None
+    reaper: subprocess.Popen | None = None
     pools = None
     with tempfile.TemporaryDirectory(prefix="cosine-pools-") as directory:
         try:
@@ -486,7 +315,8 @@ def run_serve(manifest: Manifest, port: int, host: str, api_key: str | None, met
                 threading.Thread(target=pools.supervise, args=(stop,), name="cosine-supervisor", daemon=True).start()
             argv, env = verifier_command(manifest, port, host, pools.drafter_flags() if pools else [], api_key,
                                          metrics_port, where.verifier)
-            verifier = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent, start_new_session=True)
+            verifier = subprocess.Popen(argv, env=env, preexec_fn=die_with_parent, start_new_session=True)
+            reaper = start_reaper([verifier.pid])  # its group dies with this process, however it dies
             log.info("verifier (pid %d): vLLM OpenAI server on http://%s:%d/v1, engine threads on cores %s",
                      verifier.pid, host, port, list(where.verifier) or "(vLLM's binding)")
             if pools is not None and autoscaled:
@@ -502,80 +332,7 @@ def run_serve(manifest: Manifest, port: int, host: str, api_key: str | None, met
             stop.set()
             if verifier is not None:
                 stop_group(verifier)
+            if reaper is not None:
+                stop_reaper(reaper)
             if pools is not None:
                 pools.stop()
-
-
-def stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
-    """Stop a child and its process group (vLLM's engine-core and worker processes)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def _wait_for_signal() -> None:
-    stop = {"now": False}
-
-    def handler(signum, frame):
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    while not stop["now"]:
-        time.sleep(0.2)
-
-
-# ---------------------------------------------------------------- a cluster as a subprocess (demo, bench)
-
-
-def start_cluster(manifest: Manifest, port: int, *, quiet: bool = True, metrics_port: int = 0,
-                  log_path: Path | None = None, placement: str = "auto") -> subprocess.Popen:
-    """Start `cosine serve --placement placement` in a child process (its own drafter processes
-    under it). Its output
-    (vLLM's and the drafters' logs) goes to `log_path` (appended) if given, else nowhere when
-    `quiet`, else to this process's terminal."""
-    cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
-           "--placement", placement]
-    if manifest.path:
-        cmd += ["--cluster", str(manifest.path)]
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:  # the child keeps its own descriptor
-            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-    out = subprocess.DEVNULL if quiet else None
-    return subprocess.Popen(cmd, stdout=out, stderr=out, preexec_fn=_die_with_parent)
-
-
-def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float = 900) -> None:
-    """Poll `GET /health` until 200. Raises RuntimeError if the server exits or times out."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"cosine serve exited with code {proc.returncode} during start-up")
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"cluster at {base_url} not ready after {timeout_s:.0f} s")
-        time.sleep(1)
-
-
-def stop_cluster(proc: subprocess.Popen, timeout_s: float = 60) -> None:
-    """SIGTERM a `start_cluster` process (it stops its children), SIGKILL after `timeout_s` seconds."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosine.speculation_control import PassCurve, expected_tokens
+from cosine.placement import Evidence
+from cosine.speculation_control import expected_tokens
 from cosine_operator.settings import SpeculationSpec
 
 LOOKUP = "lookup"  # the proposer's name of its prompt-lookup source (runtime/src/cosine/proposer.py)
@@ -65,14 +66,6 @@ class Calibration:
     def pass_s(self, num_tokens: int, kv_tokens: int = 0) -> float:
         """Seconds of one engine step computing `num_tokens` tokens (KV length ignored)."""
         return max(self.decode_pass_s, self.prefill_base_s + self.prefill_token_s * num_tokens)
-
-    def pass_curve(self, max_tokens: int = 4096) -> PassCurve:
-        """The same as a `PassCurve` (what the proposer's k policy prices drafts on)."""
-        pts, n = [(1, self.pass_s(1))], 2
-        while n <= max_tokens:
-            pts.append((n, self.pass_s(n)))
-            n *= 2
-        return PassCurve(tuple(pts))
 
 
 # The bench this simulator is validated against, shipped in the package (``data/``: its
@@ -184,14 +177,14 @@ def sim_setup(cal: Calibration, domains: tuple[str, ...], max_batch_tokens: int 
                     acceptance, speculation or SpeculationSpec(), lookup=lookup, seed=seed)
 
 
-def placement_evidence(bench: dict[str, Any], base: Any) -> Any:
+def placement_evidence(bench: dict[str, Any], base: Evidence, pooled: tuple[str, ...]) -> Evidence:
     """`base` (a `placement.Evidence` with this machine's cores and pools) completed with what a
     `cosine bench` run measured at concurrency 1: the verifier's decode step on every core (the
     reference `vllm`'s), on the cores it keeps beside the pools and each pool's acceptance, on-time
-    share and seconds per draft token (the first CoSine system with pools run in `split`: the
-    first pool's figures), and prompt lookup's hit rate and acceptance (`cosine-lookup`, else that
-    system's lookup). A run in `shared` placement, or one missing a row, leaves the missing figures
-    unmeasured; `base.source` names the run."""
+    share and seconds per draft token (the first of the bench's systems with pools, `pooled`, run in
+    `split`: the first pool's figures), and prompt lookup's hit rate and acceptance
+    (`cosine-lookup`, else that system's lookup). A run in `shared` placement, or one missing a
+    row, leaves the missing figures unmeasured; `base.source` names the run."""
     from dataclasses import replace
 
     level = [r for r in bench.get("rows", []) if r.get("concurrency") == 1]
@@ -208,14 +201,14 @@ def placement_evidence(bench: dict[str, Any], base: Any) -> Any:
     reference = first(lambda name, where: name == "vllm" and where != "shared")
     if reference is not None:
         ev = replace(ev, pass_s=calibrate(bench, reference).decode_pass_s)
-    pooled = first(lambda name, where: name in ("cosine", "cosine-nobranch", "cosine-nofusion") and where == "split")
-    if pooled is not None:
-        cal = calibrate(bench, pooled)
+    with_pools = first(lambda name, where: name in pooled and where == "split")
+    if with_pools is not None:
+        cal = calibrate(bench, with_pools)
         if cal.pools:
             pool = cal.pools[0]
             ev = replace(ev, kept_pass_s=cal.decode_pass_s, draft_token_s=pool.draft_token_s or None,
                          pool_alpha=pool.alpha, pool_use=pool.use_prob)
-    lookup = first(lambda name, where: name == "cosine-lookup" and where != "shared") or pooled
+    lookup = first(lambda name, where: name == "cosine-lookup" and where != "shared") or with_pools
     if lookup is not None:
         cal = calibrate(bench, lookup)
         ev = replace(ev, lookup_hit=cal.lookup_hit_rate, lookup_alpha=cal.lookup_alpha,

@@ -26,7 +26,7 @@ def read_trace(path: Path) -> tuple[RequestSpec, ...]:
     return tuple(sorted(out, key=lambda r: r.arrival_s))
 
 
-def read_workload(path: Path, output_tokens: int) -> list[tuple[int, str]]:
+def read_workload(path: Path) -> list[tuple[int, str]]:
     """A workload JSONL ({"domain", "prompt"}): (prompt tokens ~ chars / 3.5, domain) per prompt."""
     rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
     return [(max(1, int(len(json.dumps(r["prompt"]) if not isinstance(r["prompt"], str) else r["prompt"]) / 3.5)),
@@ -43,7 +43,7 @@ def run_simulate(cluster: Path | None, workload: Path | None = None, trace: Path
     if trace is not None:
         reqs = read_trace(trace)
     elif workload is not None:
-        prompts = read_workload(workload, w.output_tokens)
+        prompts = read_workload(workload)
         rng = random.Random(seed)
         base = poisson_requests(request_rate or w.request_rate, duration, 1, 1, DOMAINS, seed)
         reqs = tuple(RequestSpec(r.arrival_s, n, w.output_tokens, dom)

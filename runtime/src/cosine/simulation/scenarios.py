@@ -280,30 +280,6 @@ def autoscale_step(profiles: Profiles | None = None, phase_s: float = 240.0, rat
             "timeline": res.replicas_timeline, **figures}
 
 
-def autoscale_shared_pools(profiles: Profiles | None = None, duration_s: float = 360.0, rate: float = 2.0,
-                           start_replicas: int = 6, min_replicas: int = 2, seed: int = 0) -> dict[str, Any]:
-    """Pools that keep up (Qwen2.5-0.5B on L4s, 4 requests drafted at once per replica) started
-    over-provisioned at `start_replicas` behind 2 DeepSeek-R1-Distill-Qwen-32B verifiers, under a
-    light steady load: the autoscaler takes each pool down to `min_replicas` in steps of at most
-    `maxScaleDownStep`, while the proposer spreads each pool's requests over its replicas (least
-    held first) and re-homes those of a replica that leaves. Reports the replica timelines, the
-    draft calls each replica served, re-homes, and `_scaling_figures`."""
-    profiles = profiles or load_profiles()
-    m = _pair_manifest("qwen-32b", "cosine")
-    for p in m["spec"]["drafterPools"]:
-        p.update(replicas=start_replicas, minReplicas=min_replicas, maxReplicas=4 * start_replicas)
-    m["spec"]["verifier"]["replicas"] = 2
-    m["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 30, "stabilizationSeconds": 60,
-                                "maxScaleDownStep": 2}
-    for p in m["simulation"]["pools"].values():
-        p.update(hardware="l4", slots=4)
-    setup, _ = config.build_setup(m, profiles, seed=seed)
-    assert setup.scaling is not None
-    res = simulate(setup, Workload(_rate_trace(lambda t: rate, duration_s, 256, 64, seed)), duration_s=duration_s)
-    return (_scaling_figures(res, setup.scaling, setup.interval_s, duration_s, 1) | res.summary()
-            | {"timeline": res.replicas_timeline, "replica_calls": res.replica_calls})
-
-
 def _scaling_figures(res: SimResult, policy: ScalingPolicy, interval_s: float, phase_s: float,
                      phases: int) -> dict[str, Any]:
     limits = {p.name: p for p in policy.pools}

@@ -108,8 +108,10 @@ from typing import Any
 
 import yaml
 
-from cosine import roles
-from cosine.placement import DEFAULT, MODES, Choice
+from cosine import processes, roles
+from cosine.manifest import Manifest, load_manifest
+from cosine.model_store import last_bench_path
+from cosine.placement import DEFAULT, EVIDENCE_KEY, MODES, Choice, Evidence, evidence_document
 from cosine.tooling.workloads import Prompt
 from cosine_operator import metric_names as m
 from cosine_operator.settings import SpeculationSpec
@@ -305,7 +307,7 @@ def _manifest_variant(system: str, placement: str, cpus: Sequence[int]) -> Varia
     return tuple(sorted(ABLATIONS.get(system, {}).items())), placement_threads(placement, len(cpus))
 
 
-def peer_command(system: str, manifest: roles.Manifest, port: int, drafter_model: str, peer_k: int, suffix_k: int,
+def peer_command(system: str, manifest: Manifest, port: int, drafter_model: str, peer_k: int, suffix_k: int,
                  extra_env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of a vLLM-only system's server, with the manifest's verifier engine arguments."""
     from cosine.model_store import resolve
@@ -322,7 +324,7 @@ def peer_command(system: str, manifest: roles.Manifest, port: int, drafter_model
     return argv, {**os.environ, **roles.vllm_cpu_env(spec.verifier), **extra_env}
 
 
-def _server_command(system: str, manifest: roles.Manifest, port: int, metrics_port: int, drafter_model: str,
+def _server_command(system: str, manifest: Manifest, port: int, metrics_port: int, drafter_model: str,
                     peer_k: int, suffix_k: int, placement: str, extra_env: dict[str, str]
                     ) -> tuple[list[str], dict[str, str]]:
     if system in CLUSTERS:
@@ -430,7 +432,7 @@ def _drafter_metrics(pids: Sequence[int]) -> list[tuple[str, str]]:
     return out
 
 
-def _scrape(url: str, prefixes: tuple[str, ...] = ("vllm:spec_decode_", "cosine:")) -> Scrape:
+def _scrape(url: str, prefixes: tuple[str, ...] = (m.VLLM_SPEC_DECODE_PREFIX, "cosine:")) -> Scrape:
     """Counters and gauges named `prefixes*` at a Prometheus endpoint, per `pool` label ({} if unreachable)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
@@ -459,14 +461,14 @@ class _Server:
 
     def __enter__(self) -> _Server:
         try:
-            roles.wait_ready(self.base, self.proc)
+            processes.wait_ready(self.base, self.proc)
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        roles.stop_group(self.proc)
+        processes.stop_group(self.proc)
 
     def bindings(self) -> list[dict[str, Any]]:
         return [b for pid in _process_tree(self.proc.pid) if (b := process_binding(pid)) is not None]
@@ -667,9 +669,9 @@ def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: S
 
     tokens = sum(r.completion_tokens for r in records)
     tpots = [t for r in records if (t := r.tpot_s) is not None]
-    drafts = total("vllm:spec_decode_num_drafts_total")
-    drafted = total("vllm:spec_decode_num_draft_tokens_total")
-    accepted = total("vllm:spec_decode_num_accepted_tokens_total")
+    drafts = total(m.total(m.VLLM_DRAFTS))
+    drafted = total(m.total(m.VLLM_DRAFT_TOKENS))
+    accepted = total(m.total(m.VLLM_ACCEPTED_TOKENS))
     steps = total(m.total(m.VERIFIER_STEPS))
     domains = sorted({r.domain for r in records})
     return {
@@ -698,7 +700,7 @@ def summarize(records: Sequence[Record], wall_s: float, before: Scrape, after: S
 
 
 def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: Sequence[int], max_tokens: int,
-              manifest: roles.Manifest, drafter_model: str, peer_k: int = 4, quiet: bool = True,
+              manifest: Manifest, drafter_model: str, peer_k: int = 4, quiet: bool = True,
               workload: str = "", placement: str = DEFAULT, suffix_k: int | None = None,
               draft_cost_models: Sequence[str] | None = None, draft_k: int = 8,
               choice: Choice | None = None, repeat: int = 1, profile_dir: Path | None = None,
@@ -751,7 +753,7 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     with tempfile.TemporaryDirectory(prefix="cosine-bench-") as tmp, _progress() as progress:
         overall = progress.add_task("all runs", total=len(runs) * len(prompts))
         current = progress.add_task("", total=len(prompts))
-        manifests: dict[Variant, roles.Manifest] = {((), None): manifest}
+        manifests: dict[Variant, Manifest] = {((), None): manifest}
         for run in runs:
             system, run_placement = system_placement(run.system, placement, auto_mode)
             variant = _manifest_variant(system, run_placement, cpus)
@@ -759,10 +761,10 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
                 path = Path(tmp) / f"cluster-{len(manifests)}.yaml"
                 path.write_text(yaml.safe_dump(derived_manifest(manifest.obj, speculation=dict(variant[0]),
                                                                 threads=variant[1])))
-                manifests[variant] = roles.load_manifest(path)
+                manifests[variant] = load_manifest(path)
             extra_env = placement_env(system, run_placement, cpus)
-            port = roles.free_port()
-            metrics_port = roles.free_port() if run.system.startswith("cosine") else 0
+            port = processes.free_port()
+            metrics_port = processes.free_port() if run.system.startswith("cosine") else 0
             argv, env = _server_command(system, manifests[variant], port, metrics_port, drafter_model, peer_k,
                                         suffix_k, run_placement, extra_env)
             log.info("bench: starting %s for c=%d", run.system, run.concurrency)
@@ -983,17 +985,25 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def last_bench_path() -> Path:
-    """Where the last bench run is kept: `<cache>/bench/last.json` (`model_store.cache_root`), the
-    evidence `auto` placement reads whatever the working directory."""
-    from cosine.model_store import cache_root
+def placement_evidence_of(report: dict[str, Any]) -> dict[str, Any]:
+    """What `report` measured for `cosine serve --placement auto`, as `placement.evidence_document`:
+    the figures of this bench's own systems (`calibration.placement_evidence`), empty where unmeasured."""
+    from cosine.simulation.calibration import placement_evidence
 
-    return cache_root() / "bench" / "last.json"
+    base = Evidence(cores=1, pool_cores=0, source=str(report.get("workload", "")) or "cosine bench")
+    try:
+        measured = placement_evidence(report, base, pooled=CLUSTERS)
+    except (KeyError, ValueError, ZeroDivisionError, StopIteration):  # a report without the rows it needs
+        measured = base
+    return evidence_document(measured)
 
 
 def write_report(report: dict[str, Any], out: Path, *, evidence: bool = True) -> None:
     """Write the report as indented JSON to `out` and, with `evidence`, to `last_bench_path()`
-    (what `auto` placement reads: a finished run's, not a checkpoint's), creating their directories."""
+    (what `auto` placement reads: a finished run's, not a checkpoint's), creating their directories.
+    A finished report carries its placement evidence (`placement.EVIDENCE_KEY`)."""
+    if evidence:
+        report = {**report, EVIDENCE_KEY: placement_evidence_of(report)}
     text = json.dumps(report, indent=1)
     for path in (out, last_bench_path()) if evidence else (out,):
         path.parent.mkdir(parents=True, exist_ok=True)
