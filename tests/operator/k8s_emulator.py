@@ -5,9 +5,14 @@ kopf and our operator rely on: ``uid``/``resourceVersion``/``generation``/``crea
 resourceVersion bumped on every write, 422 on a failed JSON-patch ``test``, 409 on a stale
 resourceVersion in a merge patch, ``status`` subresource semantics, ``kind`` in lists, equality
 label selectors, cascading deletion through ``ownerReferences`` (the garbage collector), and
-server-side apply for one applier per object: an apply creates a missing object; on an existing
-one, the fields the manager applied last time and leaves out now are removed, the rest merged
-(lists replaced whole; ownership moved by other writers is not tracked).
+server-side apply with field ownership, as the real server's field manager keeps it (Kubernetes'
+"Server-Side Apply" docs, "Field Management" and "Merge strategy"; structured-merge-diff): each
+write records which manager (``fieldManager``, ``Apply`` or ``Update``) owns which leaf fields
+(lists are atomic here, as ``x-kubernetes-list-type: atomic``); an apply creates a missing object,
+and on an existing one removes the fields its manager applied last time, leaves out now, and no
+other manager owns; an ``Update`` (create, merge or JSON patch, ``/scale``) that changes a field
+takes it from every other owner; a forced apply takes the fields whose values it changes, and
+shares those it sets to the value they have. ``metadata.managedFields`` shows it in ``FieldsV1``.
 No built-in controllers: tests play the Deployment controller by patching ``status``.
 
 :class:`EmulatorThread` runs it on loopback in a thread of its own (the operator runs in
@@ -80,7 +85,8 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.patches: list[tuple[str, str | None, str | None, Any]] = []
-        self._applied: dict[tuple[str, str | None, str | None, str], Any] = {}  # last apply per manager
+        # (resource, namespace, name) -> (manager, operation) -> the leaf paths it owns
+        self._owners: dict[tuple[str, str | None, str], dict[tuple[str, str], set[tuple[str, ...]]]] = {}
 
     def _server_side_apply(self, request: rendering.Request) -> None:
         """Rewrite an apply patch, in place (kmock follows the request object), into the create or
@@ -89,20 +95,78 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         if not manager:
             raise kmock.KubernetesError(status=422, reason="Invalid", message="fieldManager is required for apply")
         applied = copy.deepcopy(request.data)
-        key = (self._key(request), request.namespace, request.name, manager)
         found = self._find(request)
-        previous = self._applied.get(key)
-        self._applied[key] = applied
         if found is None or found[1].deleted:
             applied.setdefault("metadata", {}).setdefault("namespace", request.namespace)
             changes = {"method": enums.method.POST, "action": enums.action.CREATE, "name": None,
                        "data": copy.deepcopy(applied)}
         else:
             current = copy.deepcopy(found[1].raw)
-            target = _merge(_without(current, previous, applied) if previous else current, applied, replace_lists=True)
-            changes = {"data": _merge_patch(current, target)}
+            owners = self._owners.get(self._object_key(request, current), {})
+            mine = owners.get((manager, "Apply"), set())
+            others = set().union(*(paths for who, paths in owners.items() if who != (manager, "Apply")))
+            dropped = mine - set(_leaves(applied)) - others
+            if str(request.params.get("force", "")).lower() != "true":  # an unforced apply may not take a field
+                live = _leaves(current)
+                conflicts = sorted(".".join(p) for p, v in _leaves(applied).items()
+                                   if p in others and live.get(p, _ABSENT) != v)
+                if conflicts:
+                    raise kmock.KubernetesError(status=409, reason="Conflict",
+                                                message=f"Apply failed with conflicts: {', '.join(conflicts)}")
+            changes = {"data": _merge_patch(current, _merge(_drop(current, dropped), applied, replace_lists=True))}
         for field, value in changes.items():
             object.__setattr__(request, field, value)  # attrs-frozen
+
+    @staticmethod
+    def _object_key(request: rendering.Request, body: dict[str, Any]) -> tuple[str, str | None, str]:
+        meta = body.get("metadata") or {}
+        return RealisticEmulator._key(request), request.namespace or meta.get("namespace"), request.name or meta["name"]
+
+    def _stamp_owners(self, request: rendering.Request, before: dict[str, Any] | None,
+                      apply: dict[str, Any] | None, manager: str) -> None:
+        """Move field ownership for the write about to be stored (see the module docstring) and
+        write it into the request as ``metadata.managedFields``, so the stored object and the
+        response both carry it, as the real server's do."""
+        data = request.data
+        if isinstance(data, list):  # JSON patch
+            after = jsonpatch.apply_patch(before or {}, data)
+        elif before is None:  # a create
+            after = copy.deepcopy(data)
+        else:
+            after = _merge(before, data)
+        try:
+            key = self._object_key(request, after)
+        except KeyError:
+            return
+        if before is None:  # a new object: no owners yet (a deleted one's are gone with it)
+            self._owners[key] = {}
+        owners = self._owners.setdefault(key, {})
+        old, new = _leaves(before), _leaves(after)
+        changed = {p for p in set(old) | set(new) if old.get(p, _ABSENT) != new.get(p, _ABSENT)}
+        if apply is not None:
+            who, mine = (manager, "Apply"), set(_leaves(apply))
+            for other, paths in owners.items():
+                if other != who:
+                    paths -= changed & mine
+            owners[who] = mine
+        else:
+            who = (manager, "Update")
+            for other, paths in owners.items():
+                if other != who:
+                    paths -= changed
+            owners[who] = (owners.get(who, set()) | changed) & set(new)
+        fields = [{"manager": m, "operation": op, "apiVersion": after.get("apiVersion"), "fieldsType": "FieldsV1",
+                   "fieldsV1": _fields_v1(paths)} for (m, op), paths in owners.items() if paths]
+        if isinstance(data, list):
+            data.append({"op": "add", "path": "/metadata/managedFields", "value": fields})
+        else:
+            data.setdefault("metadata", {})["managedFields"] = fields
+
+    def _find_named(self, request: rendering.Request, namespace: str | None, name: str) -> Any:
+        for (resource, ns, n), obj in self.objects.items():
+            if resource == request.resource and ns == namespace and n == name:
+                return obj
+        return None
 
     def _find(self, request: rendering.Request) -> tuple[Any, Any] | None:
         for key, obj in self.objects.items():
@@ -117,9 +181,19 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         del self._requests[:-1]
         if request.resource is None:
             return await super()._handle(request)
+        writes = request.action in (enums.action.CREATE, enums.action.UPDATE)
+        manager = request.params.get("fieldManager") or "unknown"
+        found = self._find(request) if request.name is not None else None
+        before = copy.deepcopy(found[1].raw) if found is not None and not found[1].deleted else None
         content_type = request.headers.get("Content-Type", "")
+        apply = None
         if request.action == enums.action.UPDATE and content_type.startswith("application/apply-patch"):
+            apply = copy.deepcopy(request.data)
             self._server_side_apply(request)
+        return await self._write(request, before, apply, manager if writes else None)
+
+    async def _write(self, request: rendering.Request, before: dict[str, Any] | None, apply: dict[str, Any] | None,
+                     manager: str | None) -> Any:
         rv = str(next(self._counter))
         if request.action == enums.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
@@ -134,6 +208,8 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             )
             if request.data.get("kind") == "Deployment":
                 request.data.setdefault("status", {})
+            if manager is not None:
+                self._stamp_owners(request, None, apply, manager)
         elif request.action in (enums.action.UPDATE, enums.action.DELETE) and request.name is not None:
             found = self._find(request)
             if found is None or found[1].deleted:
@@ -144,6 +220,8 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                     (self._key(request), request.name, request.subresource, copy.deepcopy(request.data))
                 )
                 self._rewrite_patch(request, copy.deepcopy(found[1].raw), rv)
+                if manager is not None:
+                    self._stamp_owners(request, copy.deepcopy(found[1].raw), apply, manager)
             response = await super()._handle(request)
             if found[1].deleted and uid:  # gone now (no finalizers left): collect its dependents
                 await self._collect_garbage(uid)
@@ -318,16 +396,54 @@ def _merge(base: dict[str, Any], patch: dict[str, Any], replace_lists: bool = Fa
     return out
 
 
-def _without(current: dict[str, Any], previous: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
-    """``current`` minus the keys ``previous`` (a manager's last apply) set and ``applied`` (its new
-    one) does not."""
-    out = copy.deepcopy(current)
-    for key, value in previous.items():
-        if key not in applied:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(applied[key], dict) and isinstance(out.get(key), dict):
-            out[key] = _without(out[key], value, applied[key])
+_ABSENT = object()
+# Set by the server, never owned by a manager (the real server tracks none of these in managedFields).
+_SERVER_FIELDS = {("apiVersion",), ("kind",), ("metadata", "name"), ("metadata", "namespace"),
+                  ("metadata", "uid"), ("metadata", "resourceVersion"), ("metadata", "generation"),
+                  ("metadata", "creationTimestamp"), ("metadata", "managedFields")}
+
+
+def _leaves(obj: dict[str, Any] | None, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Every leaf field of ``obj`` by path: a non-empty map is descended into, anything else (a
+    scalar, a list: atomic here, an empty map) is a leaf."""
+    out: dict[tuple[str, ...], Any] = {}
+    for key, value in (obj or {}).items():
+        path = (*prefix, key)
+        if path in _SERVER_FIELDS:
+            continue
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, path))
+        else:
+            out[path] = value
     return out
+
+
+def _drop(obj: dict[str, Any], paths: set[tuple[str, ...]]) -> dict[str, Any]:
+    """``obj`` without the leaves at ``paths``, and without maps those removals left empty."""
+    out = copy.deepcopy(obj)
+    for path in paths:
+        parents = [out]
+        for key in path[:-1]:
+            child = parents[-1].get(key)
+            if not isinstance(child, dict):
+                break
+            parents.append(child)
+        else:
+            parents[-1].pop(path[-1], None)
+            for depth in range(len(parents) - 1, 0, -1):
+                if not parents[depth]:
+                    parents[depth - 1].pop(path[depth - 1], None)
+    return out
+
+
+def _fields_v1(paths: set[tuple[str, ...]]) -> dict[str, Any]:
+    """Leaf paths as the server's ``FieldsV1`` tree: ``{"f:spec": {"f:replicas": {}}}``."""
+    tree: dict[str, Any] = {}
+    for path in sorted(paths):
+        node = tree
+        for key in path:
+            node = node.setdefault(f"f:{key}", {})
+    return tree
 
 
 def _merge_patch(current: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:

@@ -164,15 +164,11 @@ def test_pods_pull_their_models_before_the_runtime_starts() -> None:
     assert init(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "ngram", replicas=1)) == []
 
 
-def test_reconcile_applies_leave_the_pools_scale_alone() -> None:
-    """Catches: a reconcile apply that carries a pool's replicas (a second writer of the pool's
-    scale), or a drafter Deployment applied with other replicas than its pool's."""
+def test_children_carry_their_scale_for_creation() -> None:
+    """Catches: a drafter Deployment created with other replicas than its pool's, or the scale
+    target created before the Deployment it resizes (the operator applies both without replicas
+    after creation: kube.apply_scale_free)."""
     for child in builders.build_children("demo", "ns", CLUSTER, {"code": 5}):
-        applied = builders.scale_free(child)
-        if child["kind"] == "CoSineDrafterPool":
-            assert "replicas" in child["spec"] and "replicas" not in applied["spec"]
-        else:
-            assert applied == child
         if (child["kind"], child["metadata"]["name"]) == ("Deployment", "demo-drafter-code"):
             assert child["spec"]["replicas"] == 5  # the pool's current scale
     kinds = [c["kind"] for c in builders.build_children("demo", "ns", CLUSTER, {})]

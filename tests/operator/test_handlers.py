@@ -74,6 +74,13 @@ def replica_writes(emulator: EmulatorThread, resource: str, name: str, start: in
     ]
 
 
+def operator_applies_replicas(obj: dict[str, Any]) -> bool:
+    """Whether the operator's server-side apply owns ``spec.replicas`` (``managedFields``)."""
+    from cosine_operator import kube as k
+
+    return k.applies(obj, ("spec", "replicas"))
+
+
 def condition(kube: Kube, cluster: str, type_: str) -> dict[str, Any] | None:
     conds = (kube.get(CLUSTERS, NS, cluster) or {}).get("status", {}).get("conditions") or []
     return next((c for c in conds if c["type"] == type_), None)
@@ -267,6 +274,10 @@ def test_drift_is_repaired_and_what_others_own_stays(operator: Any, kube: Kube) 
              timeout_s=3 * RESYNC_S + 5, what="hand edit undone")
     time.sleep(2 * RESYNC_S)
     assert replicas(kube, "drift-verifier") == 4  # not the spec's 1: not the operator's to set
+    # reconcile never reads-then-writes the scale: its applies own no replicas (an HPA write landing
+    # between a read and an apply could not be reverted, as there is no such read or apply)
+    for deployment in ("drift-verifier", "drift-drafter-code"):
+        assert not operator_applies_replicas(kube.get(DEPLOYMENTS, NS, deployment)), deployment
     # a spec edit elsewhere keeps it too; a changed spec.verifier.replicas (kubectl scale csc) is applied
     kube.patch(CLUSTERS, NS, "drift", {"spec": {"speculation": {"maxDraftLen": 4}}})
     wait_for(lambda: kube.get(CLUSTERS, NS, "drift")["status"].get("observedGeneration") == 2, what="reconciled")
@@ -502,3 +513,4 @@ def test_delete_cluster_removes_children(operator: Any, kube: Kube) -> None:
         (POOLS, "zeta-code"),
     ]:
         assert kube.get(resource, NS, name) is None, name
+

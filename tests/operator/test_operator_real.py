@@ -224,3 +224,56 @@ def test_router_discovery_merges_both_servers(router: ApiRouter) -> None:
     groups = {g["name"] for g in httpx.get(router.url + "/apis").json()["groups"]}
     assert {"apps", "cosine.dev", "apiextensions.k8s.io"} <= groups
     assert Path(router.kubeconfig).exists()
+
+
+def test_the_scale_handover_keeps_what_an_older_apply_owned(router: ApiRouter) -> None:
+    """On Kubernetes' own server (managedFields are its code): an object whose ``spec.replicas``
+    the operator's apply owns (what operators before the scale handover did) keeps its replicas
+    through ``kube.apply_scale_free``, and afterwards the operator's apply owns them no more.
+    The control shows why: the same apply without replicas and without the handover removes the
+    field (here the schema requires it, so the server refuses; a Deployment would fall back to 1)."""
+    import asyncio
+    import os
+
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from cosine_operator import kube as k
+
+    def pool(name: str, replicas: int) -> dict[str, Any]:
+        return {"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineDrafterPool",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"clusterName": name, "pool": "p", "replicas": replicas, "minReplicas": 0, "maxReplicas": 8}}
+
+    def without_replicas(body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "spec": {k: v for k, v in body["spec"].items() if k != "replicas"}}
+
+    async def run() -> tuple[dict[str, Any], int | None]:
+        api = await k.connect()
+        try:
+            for name in ("handover", "control"):
+                await k.apply(api, pool(name, 3))  # an older operator: its apply carries the scale
+                assert k.applies(await k.get(api, k.s.POOL_KIND, NS, name), ("spec", "replicas"))
+            await k.apply_scale_free(api, pool("handover", 1))
+            try:
+                await k.apply(api, without_replicas(pool("control", 1)))
+                control: int | None = (await k.get(api, k.s.POOL_KIND, NS, "control"))["spec"].get("replicas")
+            except ApiException as e:
+                assert e.status == 422 and "replicas" in (e.body or ""), e
+                control = None
+            return await k.get(api, k.s.POOL_KIND, NS, "handover"), control
+        finally:
+            await api.close()
+
+    saved = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(router.kubeconfig)
+    try:
+        handed, control = asyncio.run(run())
+    finally:
+        if saved is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = saved
+    assert handed["spec"]["replicas"] == 3  # not the 1 of the apply, not removed
+    assert not k.applies(handed, ("spec", "replicas"))
+    assert k.applies(handed, ("spec", "replicas"), k.SCALE_HANDOVER_MANAGER)
+    assert control != 3  # the field went with the apply that owned it

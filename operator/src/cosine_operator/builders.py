@@ -9,9 +9,9 @@ For a cluster ``N`` in namespace ``NS`` (the runtime contract):
 * per drafter pool ``P``: Deployment ``N-drafter-P``, headless Service ``N-drafter-P`` (grpc 50052,
   metrics 9090) and the scale target ``CoSineDrafterPool`` ``N-P``. The pool's ``spec.replicas``
   (its ``scale`` subresource: the operator's autoscaler, HPA/KEDA or ``kubectl scale`` write it) is
-  the one value the Deployment's replicas follow: reconcile applies the Deployment with the pool's
-  current ``spec.replicas`` and the pool itself without them (:func:`scale_free`), so it never
-  changes a pool's scale after creation.
+  the one value the Deployment's replicas follow. Every builder gives ``replicas`` for creation
+  only: the operator applies an existing Deployment or pool without them
+  (``kube.apply_scale_free``), so it never changes a scale after creation.
 * NetworkPolicies (``spec.networkPolicy.enabled``): ``N-verifier`` (http from anywhere, metrics from
   the metrics sources) and per pool ``N-drafter-P`` (gRPC from the cluster's verifier pods only,
   metrics from the metrics sources): :func:`build_network_policies`;
@@ -373,14 +373,11 @@ def _probes(check: dict[str, Any], startup_timeout_s: int) -> dict[str, Any]:
     }
 
 
-def build_verifier_deployment(
-    name: str, namespace: str, cluster: s.ClusterSpec, replicas: int | None = None
-) -> Manifest:
+def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
     """Deployment ``N-verifier``: vLLM's OpenAI server with CoSine's proposer, one ``--drafter`` per pool;
     Prometheus scrapes CoSine's series on the metrics port (vLLM's are on the http port).
-    ``replicas``: the Deployment's current ones, so that whoever scales it (an HPA on it, or on the
-    CoSineCluster's scale subresource through ``spec.verifier.replicas``) is never reverted;
-    ``None``: ``spec.verifier.replicas`` (a new Deployment, or a changed ``spec.verifier.replicas``)."""
+    ``replicas``: ``spec.verifier.replicas``, at creation only (then whoever scales it writes them:
+    an HPA on it, or ``cosinecluster_scale_verifier`` following ``spec.verifier.replicas``)."""
     v = cluster.verifier
     args = [
         "verifier",
@@ -427,7 +424,7 @@ def build_verifier_deployment(
         verifier_name(name),
         "verifier",
         None,
-        v.replicas if replicas is None else replicas,
+        v.replicas,
         pod_spec,
         s.VERIFIER_METRICS_PORT,
         config_hash(cluster),
@@ -727,13 +724,12 @@ def build_children(
     cluster: s.ClusterSpec,
     pool_replicas: Mapping[str, int],
     operator: Mapping[str, Any] | None = None,
-    verifier_replicas: int | None = None,
 ) -> list[Manifest]:
     """Every child, in creation order (the NetworkPolicies first, so no pod starts unprotected; a
     pool's Deployment before its scale target, so the scale target always has a Deployment to
     resize); ``pool_replicas`` gives each pool's replicas at creation (default: the spec's, within
-    its bounds); ``operator``: the operator's pods as a NetworkPolicy peer (:func:`operator_peer`);
-    ``verifier_replicas``: see :func:`build_verifier_deployment`."""
+    its bounds); ``operator``: the operator's pods as a NetworkPolicy peer (:func:`operator_peer`).
+    Replicas are for creation only (see the module docstring)."""
     claim, job = build_model_claim(name, namespace, cluster), build_model_job(name, namespace, cluster)
     children = [
         *build_network_policies(name, namespace, cluster, operator),
@@ -751,16 +747,5 @@ def build_children(
             build_drafter_deployment(name, namespace, cluster, pool.name, replicas),
             build_pool_scaler(name, namespace, cluster, pool.name, replicas),
         ]
-    children.append(build_verifier_deployment(name, namespace, cluster, verifier_replicas))
+    children.append(build_verifier_deployment(name, namespace, cluster))
     return children
-
-
-def scale_free(manifest: Manifest) -> Manifest:
-    """What reconcile applies to an existing ``CoSineDrafterPool``: ``manifest`` without
-    ``spec.replicas`` (the pool's scale is written only through it, by updates); other children
-    unchanged."""
-    if manifest["kind"] != s.POOL_KIND:
-        return manifest
-    out = copy.deepcopy(manifest)
-    out["spec"].pop("replicas", None)
-    return out

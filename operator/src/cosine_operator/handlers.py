@@ -8,19 +8,30 @@ dropped from the spec leaves the child), then writes status with conditions. kop
 finalizer on each CoSineCluster while the cluster's autoscaler daemon runs, so that it can stop
 the daemon before the object goes.
 
-A drafter pool's size has one writer chain: whatever scales the pool (the autoscaler daemon, an
-HPA or KEDA through the ``CoSineDrafterPool``'s scale subresource, ``kubectl scale``, or a changed
-``spec.drafterPools[].replicas``) writes the pool's ``spec.replicas``; :func:`cosinedrafterpool_follow`
-alone resizes the pool's Deployment to it. Reconcile sets neither after creation.
+One writer per field:
+- **Replicas.** A Deployment is created with the spec's replicas (a pool's: its
+  ``CoSineDrafterPool``'s) and from then on applied without them (:func:`kube.apply_scale_free`):
+  whoever owns its scale writes them, and reconcile never reads-then-writes them back. A drafter
+  pool's size has one writer chain: whatever scales the pool (the autoscaler daemon, an HPA or
+  KEDA through the ``CoSineDrafterPool``'s scale subresource, ``kubectl scale``, or a changed
+  ``spec.drafterPools[].replicas``) writes the pool's ``spec.replicas``;
+  :func:`cosinedrafterpool_follow` alone resizes the pool's Deployment to it. The verifier's is
+  written by an HPA on its Deployment, or through the CoSineCluster's scale subresource
+  (``spec.verifier.replicas``), which :func:`cosinecluster_scale_verifier` alone follows.
+- **Status.** Each writer (reconcile and its resync, the Deployment watch, the autoscaler)
+  computes its part against the live object and writes it once, with the live
+  ``resourceVersion`` as a precondition, retried on conflict (:func:`_write_status`): conditions
+  are merged by type, so no writer's update is lost to another's.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import datetime
 import logging
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -29,9 +40,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from cosine_operator import builders, kube, status
 from cosine_operator import settings as s
-from cosine_operator.autoscaling import ScalerState, desired_replicas, policy_from_spec
+from cosine_operator.autoscaling import Observations, ScaleDecision, policy_from_spec
 from cosine_operator.metrics_scrape import Rates, Scrape, ScrapeTarget, rates, scrape_pods, scrape_prometheus
 from cosine_operator.metrics_scrape import observations as observations_of
+from cosine_operator.scaling_loop import ScalingLoop
 from cosine_operator.telemetry import OperatorMetrics
 
 CLUSTER = (s.GROUP, s.VERSION, s.CLUSTER_PLURAL)
@@ -56,7 +68,6 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, log
     memo.config = config
     memo.api = await kube.connect()
     memo.metrics = OperatorMetrics.create()
-    memo.locks = {}  # (namespace, cluster) -> asyncio.Lock: see _lock
     # Handler progress in annotations only: status stays ours (and schema-valid).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="cosine.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -90,9 +101,8 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 async def _creation_replicas(api: Any, name: str, namespace: str, cluster: s.ClusterSpec,
                              hand_scaled: set[str]) -> dict[str, int]:
     """Each pool's replicas for a child created now: its ``CoSineDrafterPool``'s ``spec.replicas``
-    if the pool exists and was not just scaled by hand, else the spec's; within its bounds.
-    A drafter Deployment is applied with it on every reconcile (it follows the pool); the pool
-    object only when created (afterwards applied with :func:`builders.scale_free`)."""
+    if the pool exists and was not just scaled by hand, else the spec's; within its bounds. Only a
+    Deployment or pool object created by this pass takes them (:func:`kube.apply_scale_free`)."""
     out: dict[str, int] = {}
     for pool in cluster.drafter_pools:
         current = None
@@ -101,24 +111,6 @@ async def _creation_replicas(api: Any, name: str, namespace: str, cluster: s.Clu
         replicas = pool.replicas if current is None else int(current["spec"].get("replicas", pool.replicas))
         out[pool.name] = pool.clamp(replicas)
     return out
-
-
-async def _verifier_replicas(api: Any, name: str, namespace: str, cluster: s.ClusterSpec,
-                             old_spec: Any) -> int | None:
-    """The verifier Deployment's replicas to apply: its own current ones (an HPA or KEDA scaling it
-    directly is never reverted), unless this update changed ``spec.verifier.replicas`` (``kubectl
-    scale csc``, an HPA on the CoSineCluster's scale subresource, an edit); ``None`` (the spec's)
-    for a new Deployment."""
-    if old_spec:
-        try:
-            if s.parse_cluster_spec(old_spec).verifier.replicas != cluster.verifier.replicas:
-                return None
-        except ValueError:
-            pass
-    current = await kube.get(api, "Deployment", namespace, builders.verifier_name(name))
-    if current is None:
-        return None
-    return int((current.get("spec") or {}).get("replicas", cluster.verifier.replicas))
 
 
 def _hand_scaled(cluster: s.ClusterSpec, old_spec: Any) -> set[str]:
@@ -153,22 +145,39 @@ async def _drop_network_policies(api: Any, name: str, namespace: str, logger: An
         logger.info(f"deleted NetworkPolicy {obj['metadata']['name']} (spec.networkPolicy.enabled is false)")
 
 
-async def _refresh_status(
-    api: Any, name: str, namespace: str, generation: int | None, cluster: s.ClusterSpec, previous: Any
-) -> dict[str, Any]:
+async def _children_status(
+    api: Any, name: str, namespace: str, generation: int | None, cluster: s.ClusterSpec
+) -> Any:
+    """The status's part that comes from the children's Deployments, as a function of the live
+    status (``status.build_status``: the autoscaler's fields and conditions are kept)."""
     names = [builders.verifier_name(name)] + [
         builders.drafter_name(name, p.name) for p in cluster.drafter_pools
     ]
     deployments = {n: await kube.get(api, "Deployment", namespace, n) for n in names}
-    return status.build_status(name, namespace, generation, cluster, deployments, previous, _now())
+    now = _now()
+    return lambda live: status.build_status(name, namespace, generation, cluster, deployments, live, now)
 
 
-def _lock(memo: kopf.Memo, namespace: str, cluster: str) -> asyncio.Lock:
-    """One lock per cluster. Reconciles (the handlers, the resync) read replicas and apply them, and
-    the pool follower writes them: serialised, a resync never applies a value it read before a
-    concurrent write landed."""
-    lock: asyncio.Lock = memo.locks.setdefault((namespace, cluster), asyncio.Lock())
-    return lock
+async def _write_status(api: Any, name: str, namespace: str, update: Any, attempts: int = 5) -> None:
+    """Write ``update(live status)`` onto the live CoSineCluster once, with its ``resourceVersion``
+    as a precondition; on a conflict (another writer landed first) read it again and retry, as
+    controller-runtime's ``RetryOnConflict`` does. Conditions merge by type in ``update``
+    (``status.merge_conditions``), so concurrent writers each keep their own. Gone: nothing to do.
+    Raises ``kopf.TemporaryError`` after ``attempts`` conflicts in a row, ``ApiException`` on
+    any other failure."""
+    for _ in range(attempts):
+        live = await kube.get(api, s.CLUSTER_KIND, namespace, name)
+        if live is None or live["metadata"].get("deletionTimestamp"):
+            return
+        body = {"metadata": {"resourceVersion": live["metadata"]["resourceVersion"]},
+                "status": update(dict(live.get("status") or {}))}
+        try:
+            await kube.patch(api, s.CLUSTER_KIND, namespace, name, body, subresource="status")
+            return
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    raise kopf.TemporaryError(f"status of {namespace}/{name}: {attempts} conflicts in a row", delay=1)
 
 
 async def _reconcile(
@@ -179,72 +188,67 @@ async def _reconcile(
     namespace: str,
     old_spec: Any,
     memo: kopf.Memo,
-    patch: kopf.Patch,
     logger: Any,
 ) -> None:
-    async with _lock(memo, namespace, name):  # see _lock
-        try:
-            cluster = s.parse_cluster_spec(spec)
-        except ValueError as e:
-            memo.metrics.reconciles.labels(event, "invalid").inc()
-            raise kopf.PermanentError(f"invalid spec: {e}") from e
-        api = memo.api
-        hand_scaled = _hand_scaled(cluster, old_spec)
-        created = await _creation_replicas(api, name, namespace, cluster, hand_scaled)
-        drafters: dict[str, dict[str, Any]] = {}  # pool -> its Deployment as applied
-        operator = builders.operator_peer(memo.config.namespace, memo.config.pod_labels)
-        generation = body.metadata.get("generation")
-        models: dict[str, Any] | None = None  # ModelsReady, with spec.modelCache
-        claim: dict[str, Any] | None = None  # ModelCacheReady, with a claim the operator makes
-        verifier_replicas = await _verifier_replicas(api, name, namespace, cluster, old_spec)
-        children = builders.build_children(name, namespace, cluster, created, operator, verifier_replicas)
-        for child in children:
-            kopf.adopt(child, owner=body)
-            kind, pool = child["kind"], child["metadata"]["labels"].get(builders.POOL_LABEL)
-            if kind in ("Deployment", s.POOL_KIND) and models is not None and models["status"] != "True":
-                continue  # no pod that loads a model before the cache holds it
-            if kind == s.POOL_KIND:
-                applied = await kube.create(api, child)  # its scale is written by an update, never applied
-                if applied is None:
-                    applied = await kube.apply(api, builders.scale_free(child))
-                if pool in hand_scaled:
-                    applied = await kube.patch(api, kind, namespace, child["metadata"]["name"],
-                                               {"spec": {"replicas": child["spec"]["replicas"]}}) or applied
-                # the pool may have been scaled since its replicas were read: its Deployment follows it
-                want = int(applied["spec"].get("replicas", child["spec"]["replicas"]))
-                if pool in drafters and int(drafters[pool]["spec"].get("replicas", want)) != want:
-                    drafters[pool] = await kube.patch(api, "Deployment", namespace, drafters[pool]["metadata"]["name"],
-                                                      {"spec": {"replicas": want}}) or drafters[pool]
-                # the selector from the start (HPA needs it before any pod)
-                await kube.patch(api, s.POOL_KIND, namespace, applied["metadata"]["name"],
-                                 {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
-                continue
-            if kind == "PersistentVolumeClaim":
-                claim = await _apply_claim(api, child, generation)
-                continue
-            applied = await kube.apply(api, child)
-            if kind == "Deployment" and pool:
-                drafters[pool] = applied
-            elif kind == "Job":
-                models = status.models_condition(applied, generation, _now())
-        removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
-        await _prune_replaced(api, name, namespace, children, logger)
-        if not cluster.network_policy.enabled:
-            await _drop_network_policies(api, name, namespace, logger)
-        if removed:
-            kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
-        new_status = await _refresh_status(api, name, namespace, generation, cluster, body.status)
-        extra = [c for c in (models, claim) if c is not None]
-        if extra:
-            new_status["conditions"] = status.merge_conditions(new_status["conditions"], extra)
-        patch.status.update(new_status)
-        if models is not None and models["status"] != "True":
-            memo.metrics.reconciles.labels(event, "waiting").inc()
-            # looked at again every 10 s: a running Job finishing, a failed one deleted (and re-created)
-            raise kopf.TemporaryError(f"models not in the cache yet: {models['message']}", delay=10)
-        memo.metrics.reconciles.labels(event, "ok").inc()
-        log = logger.debug if event == "resync" else logger.info
-        log(f"reconciled: {len(cluster.drafter_pools)} pool(s), hand-scaled {sorted(hand_scaled)}")
+    """One pass: every child applied (scale-free: see the module docstring), the status written once."""
+    try:
+        cluster = s.parse_cluster_spec(spec)
+    except ValueError as e:
+        memo.metrics.reconciles.labels(event, "invalid").inc()
+        raise kopf.PermanentError(f"invalid spec: {e}") from e
+    api = memo.api
+    hand_scaled = _hand_scaled(cluster, old_spec)
+    created = await _creation_replicas(api, name, namespace, cluster, hand_scaled)
+    drafters: dict[str, dict[str, Any]] = {}  # pool -> its Deployment as applied
+    operator = builders.operator_peer(memo.config.namespace, memo.config.pod_labels)
+    generation = body.metadata.get("generation")
+    models: dict[str, Any] | None = None  # ModelsReady, with spec.modelCache
+    claim: dict[str, Any] | None = None  # ModelCacheReady, with a claim the operator makes
+    children = builders.build_children(name, namespace, cluster, created, operator)
+    for child in children:
+        kopf.adopt(child, owner=body)
+        kind, pool = child["kind"], child["metadata"]["labels"].get(builders.POOL_LABEL)
+        if kind in ("Deployment", s.POOL_KIND) and models is not None and models["status"] != "True":
+            continue  # no pod that loads a model before the cache holds it
+        if kind == s.POOL_KIND:
+            applied = await kube.apply_scale_free(api, child)  # its scale: its scaler's after creation
+            if pool in hand_scaled:  # spec.drafterPools[].replicas changed: the pool's new scale
+                await kube.patch(api, kind, namespace, child["metadata"]["name"],
+                                 {"spec": {"replicas": child["spec"]["replicas"]}})
+            # the selector from the start (HPA needs it before any pod)
+            await kube.patch(api, s.POOL_KIND, namespace, applied["metadata"]["name"],
+                             {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
+            continue
+        if kind == "PersistentVolumeClaim":
+            claim = await _apply_claim(api, child, generation)
+            continue
+        applied = await (kube.apply_scale_free(api, child) if kind == "Deployment" else kube.apply(api, child))
+        if kind == "Deployment" and pool:
+            drafters[pool] = applied
+        elif kind == "Job":
+            models = status.models_condition(applied, generation, _now())
+    removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
+    await _prune_replaced(api, name, namespace, children, logger)
+    if not cluster.network_policy.enabled:
+        await _drop_network_policies(api, name, namespace, logger)
+    if removed:
+        kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
+    children_status = await _children_status(api, name, namespace, generation, cluster)
+    extra = [c for c in (models, claim) if c is not None]
+
+    def update(live: dict[str, Any]) -> dict[str, Any]:
+        new = children_status(live)
+        new["conditions"] = status.merge_conditions(new["conditions"], extra)
+        return new
+
+    await _write_status(api, name, namespace, update)
+    if models is not None and models["status"] != "True":
+        memo.metrics.reconciles.labels(event, "waiting").inc()
+        # looked at again every 10 s: a running Job finishing, a failed one deleted (and re-created)
+        raise kopf.TemporaryError(f"models not in the cache yet: {models['message']}", delay=10)
+    memo.metrics.reconciles.labels(event, "ok").inc()
+    log = logger.debug if event == "resync" else logger.info
+    log(f"reconciled: {len(cluster.drafter_pools)} pool(s), hand-scaled {sorted(hand_scaled)}")
 
 
 async def _apply_claim(api: Any, claim: dict[str, Any], generation: int | None) -> dict[str, Any]:
@@ -287,12 +291,11 @@ async def cosinecluster_create(
     name: str,
     namespace: str,
     memo: kopf.Memo,
-    patch: kopf.Patch,
     logger: Any,
     **_: Any,
 ) -> None:
     """Create the children of a new CoSineCluster."""
-    await _reconcile("create", body, spec, name, namespace, None, memo, patch, logger)
+    await _reconcile("create", body, spec, name, namespace, None, memo, logger)
 
 
 @kopf.on.update(*CLUSTER, field="spec")
@@ -303,12 +306,11 @@ async def cosinecluster_update(
     name: str,
     namespace: str,
     memo: kopf.Memo,
-    patch: kopf.Patch,
     logger: Any,
     **_: Any,
 ) -> None:
     """Roll out a changed spec (new pod templates, pools scaled by hand or removed)."""
-    await _reconcile("update", body, spec, name, namespace, old, memo, patch, logger)
+    await _reconcile("update", body, spec, name, namespace, old, memo, logger)
 
 
 @kopf.on.resume(*CLUSTER)
@@ -318,12 +320,34 @@ async def cosinecluster_resume(
     name: str,
     namespace: str,
     memo: kopf.Memo,
-    patch: kopf.Patch,
     logger: Any,
     **_: Any,
 ) -> None:
     """Re-apply the children when the operator restarts (drift repair; scales are the pools')."""
-    await _reconcile("resume", body, spec, name, namespace, None, memo, patch, logger)
+    await _reconcile("resume", body, spec, name, namespace, None, memo, logger)
+
+
+@kopf.on.update(*CLUSTER, field="spec.verifier.replicas")
+async def cosinecluster_scale_verifier(
+    new: Any, name: str, namespace: str, memo: kopf.Memo, logger: Any, **_: Any
+) -> None:
+    """``spec.verifier.replicas`` changed (``kubectl scale csc``, an HPA or KEDA on the
+    CoSineCluster's scale subresource, an edit): the verifier Deployment follows. The operator's
+    only write of that Deployment's replicas after creation; retried while it is absent."""
+    replicas = int(new) if new is not None else 1
+    deployment = builders.verifier_name(name)
+    if await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}}) is None:
+        raise kopf.TemporaryError(f"Deployment {deployment} does not exist (yet)", delay=2)
+    logger.info(f"verifier: Deployment {deployment} scaled to {replicas} (spec.verifier.replicas)")
+
+
+@kopf.on.delete(*CLUSTER, optional=True)
+async def cosinecluster_delete(spec: Any, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """Forget the cluster's own series (the children go with it: owner references). ``optional``:
+    no finalizer of its own; kopf's, held for the daemons, is what lets this run."""
+    for pool in (spec or {}).get("drafterPools") or ():
+        with contextlib.suppress(KeyError):
+            memo.metrics.desired_replicas.remove(namespace, name, pool.get("name"))
 
 
 @kopf.daemon(*CLUSTER, initial_delay=5.0, cancellation_polling=1.0, cancellation_timeout=10.0)
@@ -347,17 +371,13 @@ async def cosinecluster_resync(
         await stopped.wait(memo.config.resync_s)
         if stopped or body.metadata.get("deletionTimestamp"):
             break
-        patch = kopf.Patch()
         try:
-            await _reconcile("resync", body, body.spec, name, namespace, None, memo, patch, logger)
+            await _reconcile("resync", body, body.spec, name, namespace, None, memo, logger)
         except (kopf.TemporaryError, kopf.PermanentError) as e:
             logger.info(f"resync: {e}")
         except Exception as e:  # noqa: BLE001 - one failed pass must not end the cluster's resync
             memo.metrics.reconciles.labels("resync", "error").inc()
             logger.warning(f"resync failed: {e!r}")
-        if patch.status:
-            await kube.patch(memo.api, s.CLUSTER_KIND, namespace, name, {"status": dict(patch.status)},
-                             subresource="status")
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
@@ -375,10 +395,8 @@ async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, log
         cluster = s.parse_cluster_spec(owner.get("spec") or {})
     except ValueError:
         return
-    new = await _refresh_status(
-        api, cluster_name, namespace, owner["metadata"].get("generation"), cluster, owner.get("status")
-    )
-    await kube.patch(api, s.CLUSTER_KIND, namespace, cluster_name, {"status": new}, subresource="status")
+    update = await _children_status(api, cluster_name, namespace, owner["metadata"].get("generation"), cluster)
+    await _write_status(api, cluster_name, namespace, update)
     pool = labels.get(builders.POOL_LABEL)
     if pool:
         await kube.patch(
@@ -403,8 +421,7 @@ async def cosinedrafterpool_follow(
     lo, hi = int(spec.get("minReplicas", 0)), int(spec.get("maxReplicas", 1 << 20))
     replicas = s.clamp_replicas(int(spec.get("replicas", lo)), lo, hi)
     deployment = builders.drafter_name(spec["clusterName"], spec["pool"])
-    async with _lock(memo, namespace, spec["clusterName"]):
-        done = await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}})
+    done = await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}})
     if done is None:
         raise kopf.TemporaryError(f"Deployment {deployment} does not exist (yet)", delay=2)
     logger.info(f"pool {spec['pool']}: Deployment {deployment} scaled to {replicas}")
@@ -457,65 +474,69 @@ async def _measure(
     return (rates(previous, scrape) if previous is not None else None), scrape
 
 
-async def _autoscale_once(
-    api: Any,
-    body: kopf.Body,
-    name: str,
-    namespace: str,
-    cluster: s.ClusterSpec,
-    previous: Scrape | None,
-    state: ScalerState,
-    memo: kopf.Memo,
-    logger: Any,
-) -> tuple[Scrape | None, ScalerState]:
-    """One measurement and, with rates, one decision: each changed pool's ``spec.replicas`` is
-    written (nothing else: the pool handler resizes the Deployment), the ``ScalingActive``
-    condition and each pool's ``PoolTooSlow``/``MetricsMissing`` conditions. Returns the scrape to
-    take the next rates against and the new scaler state."""
-    now_s = time.monotonic()
-    measured_rates, scrape = await _measure(api, name, namespace, cluster, previous, memo, logger)
-    if measured_rates is None:
-        return scrape, state  # rates need two scrapes
-    pool_replicas: dict[str, tuple[int, int]] = {}
-    for pool in cluster.drafter_pools:
-        scaler = await kube.get(api, s.POOL_KIND, namespace, builders.pool_object_name(name, pool.name))
-        deployment = await kube.get(api, "Deployment", namespace, builders.drafter_name(name, pool.name))
-        if scaler is None:
-            continue
-        ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
-        pool_replicas[pool.name] = (int(scaler["spec"].get("replicas", pool.replicas)), ready)
-    observations = observations_of(measured_rates, pool_replicas)
-    decisions, state = desired_replicas(observations, policy_from_spec(cluster), state, now_s)
-    for d in decisions:
-        memo.metrics.desired_replicas.labels(namespace, name, d.pool).set(d.desired)
-        if d.condition:
-            logger.info(f"pool {d.pool}: {d.condition}: {d.reason}")
-        if not d.changed:
-            continue
+class _ClusterScaling:
+    """One CoSineCluster's autoscaling: the operator's observe, actuate and report around the one
+    loop (:class:`~cosine_operator.scaling_loop.ScalingLoop`). Observe scrapes (rates need two
+    scrapes, so the first observes nothing); actuate writes a pool's ``spec.replicas`` (nothing
+    else: the pool handler resizes the Deployment) with an Event; report writes the
+    ``ScalingActive`` condition, each pool's ``PoolTooSlow``/``MetricsMissing`` and its desired
+    replicas."""
+
+    def __init__(self, api: Any, body: kopf.Body, name: str, namespace: str, cluster: s.ClusterSpec,
+                 memo: kopf.Memo, logger: Any) -> None:
+        self.api, self.body, self.name, self.namespace = api, body, name, namespace
+        self.memo, self.logger, self.cluster = memo, logger, cluster
+        self.previous: Scrape | None = None
+        self.loop = ScalingLoop(policy_from_spec(cluster), self.observe, self.actuate, self.report,
+                                on_error=lambda stage, _: memo.metrics.autoscaler_errors.labels(stage).inc(),
+                                log=logger)
+
+    def follow(self, cluster: s.ClusterSpec) -> None:
+        """The live spec for the next pass (bounds, prices, interval may have changed)."""
+        self.cluster, self.loop.policy = cluster, policy_from_spec(cluster)
+
+    async def observe(self) -> Observations | None:
+        measured_rates, self.previous = await _measure(self.api, self.name, self.namespace, self.cluster,
+                                                       self.previous, self.memo, self.logger)
+        if measured_rates is None:
+            return None  # rates need two scrapes
+        pool_replicas: dict[str, tuple[int, int]] = {}
+        api, ns, name = self.api, self.namespace, self.name
+        for pool in self.cluster.drafter_pools:
+            scaler = await kube.get(api, s.POOL_KIND, ns, builders.pool_object_name(name, pool.name))
+            deployment = await kube.get(api, "Deployment", ns, builders.drafter_name(name, pool.name))
+            if scaler is None:
+                continue
+            ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+            pool_replicas[pool.name] = (int(scaler["spec"].get("replicas", pool.replicas)), ready)
+        return observations_of(measured_rates, pool_replicas)
+
+    async def actuate(self, d: ScaleDecision) -> None:
         direction = "up" if d.desired > d.current else "down"
-        memo.metrics.scale_decisions.labels(d.pool, direction).inc()
-        await kube.patch(
-            api, s.POOL_KIND, namespace, builders.pool_object_name(name, d.pool), {"spec": {"replicas": d.desired}}
-        )
-        kopf.info(
-            body,
-            reason=f"Scaled{direction.capitalize()}",
-            message=f"drafter pool {d.pool}: {d.current} → {d.desired} replicas: {d.reason}",
-        )
-        logger.info(f"pool {d.pool}: {d.current} -> {d.desired}: {d.reason}")
-    measured = observations.verifier is not None
-    new_status = status.autoscaler_status(
-        dict(body.status),
-        observations,
-        decisions,
-        measured,
-        "Measuring" if measured else "MetricsMissing",
-        "sizing drafter pools to the verifier's demand" if measured else "no verifier metrics: every pool holds",
-        body.metadata.get("generation"),
-        _now(),
-    )
-    await kube.patch(api, s.CLUSTER_KIND, namespace, name, {"status": new_status}, subresource="status")
-    return scrape, state
+        await kube.patch(self.api, s.POOL_KIND, self.namespace, builders.pool_object_name(self.name, d.pool),
+                         {"spec": {"replicas": d.desired}})
+        self.memo.metrics.scale_decisions.labels(d.pool, direction).inc()
+        kopf.info(self.body, reason=f"Scaled{direction.capitalize()}",
+                  message=f"drafter pool {d.pool}: {d.current} → {d.desired} replicas: {d.reason}")
+        self.logger.info(f"pool {d.pool}: {d.current} -> {d.desired}: {d.reason}")
+
+    async def report(self, observations: Observations, decisions: Sequence[ScaleDecision]) -> None:
+        for d in decisions:
+            self.memo.metrics.desired_replicas.labels(self.namespace, self.name, d.pool).set(d.desired)
+            if d.condition:
+                self.logger.info(f"pool {d.pool}: {d.condition}: {d.reason}")
+        measured = observations.verifier is not None
+        generation, now = self.body.metadata.get("generation"), _now()
+        await _write_status(self.api, self.name, self.namespace, lambda live: status.autoscaler_status(
+            live,
+            observations,
+            decisions,
+            measured,
+            "Measuring" if measured else "MetricsMissing",
+            "sizing drafter pools to the verifier's demand" if measured else "no verifier metrics: every pool holds",
+            generation,
+            now,
+        ))
 
 
 async def _report_disabled(api: Any, body: kopf.Body, name: str, namespace: str) -> None:
@@ -524,17 +545,17 @@ async def _report_disabled(api: Any, body: kopf.Body, name: str, namespace: str)
     conds = {c.get("type"): c for c in previous.get("conditions") or ()}
     if (conds.get("ScalingActive") or {}).get("reason") == "Disabled":
         return
-    new_status = status.autoscaler_status(
-        previous,
+    generation, now = body.metadata.get("generation"), _now()
+    await _write_status(api, name, namespace, lambda live: status.autoscaler_status(
+        live,
         None,
         (),
         False,
         "Disabled",
         "spec.autoscaling.enabled is false: replicas come from the spec or the pools' scale subresource",
-        body.metadata.get("generation"),
-        _now(),
-    )
-    await kube.patch(api, s.CLUSTER_KIND, namespace, name, {"status": new_status}, subresource="status")
+        generation,
+        now,
+    ))
 
 
 @kopf.daemon(*CLUSTER, initial_delay=1.0, cancellation_polling=1.0, cancellation_timeout=10.0)
@@ -553,12 +574,13 @@ async def cosinecluster_autoscaler(
     Wakes every ``OperatorConfig.tick_s`` seconds to read the (live) spec, so a changed interval,
     ``enabled: false`` or a deletion is noticed within a tick. Its memory (the previous scrape, the
     stabilization window) is local: it goes when the cluster does, and is reset while disabled.
-    A failed pass (API or scrape error) is logged and the next one tried; kopf cancels a pass still
-    running ``cancellation_timeout`` s after the cluster's deletion.
+    The pass is the one scaling loop's (:class:`_ClusterScaling`): a failed stage (a scrape, an API
+    call) is counted (``cosine_operator_autoscaler_errors{stage}``) and logged with its cause, and
+    the next interval tries again; kopf cancels a pass still running ``cancellation_timeout`` s
+    after the cluster's deletion.
     """
     api, config = memo.api, memo.config
-    previous: Scrape | None = None
-    state = ScalerState()
+    scaling: _ClusterScaling | None = None  # None while disabled: its memory goes with it
     last_scrape_s = float("-inf")
     while not stopped:
         try:
@@ -567,13 +589,14 @@ async def cosinecluster_autoscaler(
             cluster = None  # reconcile reports an invalid spec
         try:
             if cluster is not None and not cluster.autoscaling.enabled:
-                previous, state, last_scrape_s = None, ScalerState(), float("-inf")
+                scaling, last_scrape_s = None, float("-inf")
                 await _report_disabled(api, body, name, namespace)
             elif cluster is not None and time.monotonic() - last_scrape_s >= cluster.autoscaling.interval_s:
                 last_scrape_s = time.monotonic()
-                previous, state = await _autoscale_once(
-                    api, body, name, namespace, cluster, previous, state, memo, logger
-                )
-        except Exception as e:  # noqa: BLE001 - one failed pass must not end the cluster's autoscaler
+                if scaling is None:
+                    scaling = _ClusterScaling(api, body, name, namespace, cluster, memo, logger)
+                scaling.follow(cluster)
+                await scaling.loop.tick(time.monotonic())
+        except Exception as e:  # noqa: BLE001 - reporting "disabled" failed: try again next tick
             logger.warning(f"autoscaler pass failed: {e!r}")
         await stopped.wait(config.tick_s)

@@ -55,6 +55,12 @@ APPLY_PATCH = "application/apply-patch+yaml"
 # Server-side apply's field manager: the fields the operator last applied are its own, so a field
 # dropped from the spec is dropped from the child (what a merge patch cannot do).
 FIELD_MANAGER = "cosine-operator"
+# The field manager a child's scale is handed over to after creation (Kubernetes' Server-Side Apply
+# docs, "Transferring ownership": apply the field alone under a manager that never writes it again,
+# then leave it out of the main configuration). It owns ``spec.replicas`` until a scaler (an HPA,
+# KEDA, the pool follower, ``kubectl scale``) writes it and takes it; the operator's applies never
+# carry it again, so they can neither revert a scaler nor remove the field.
+SCALE_HANDOVER_MANAGER = "cosine-operator-scale-handover"
 
 
 async def connect() -> client.ApiClient:
@@ -139,24 +145,71 @@ async def patch(
     body: Mapping[str, Any],
     subresource: str | None = None,
 ) -> Body | None:
-    """JSON merge-patch; ``None`` if the object is gone."""
+    """JSON merge-patch as :data:`FIELD_MANAGER` (an ``Update``: it takes the fields it changes);
+    ``None`` if the object is gone. A ``metadata.resourceVersion`` in ``body`` is a precondition
+    (HTTP 409 if the object changed since). Raises ``ApiException`` on any other failure."""
     try:
-        return await _call(api, "PATCH", _path(kind, namespace, name, subresource), dict(body), MERGE_PATCH)
+        return await _call(api, "PATCH", _path(kind, namespace, name, subresource), dict(body), MERGE_PATCH,
+                           [("fieldManager", FIELD_MANAGER)])
     except ApiException as e:
         if e.status == 404:
             return None
         raise
 
 
-async def apply(api: client.ApiClient, body: Mapping[str, Any]) -> Body:
-    """Server-side apply of ``body`` as :data:`FIELD_MANAGER`, forcing conflicts (the operator owns
-    its children's fields): creates the object, or makes its fields the operator manages exactly
+async def apply(api: client.ApiClient, body: Mapping[str, Any], manager: str = FIELD_MANAGER,
+                force: bool = True) -> Body:
+    """Server-side apply of ``body`` as ``manager``, forcing conflicts by default (the operator owns
+    its children's fields): creates the object, or makes its fields the manager manages exactly
     ``body``'s (a field the last apply had and ``body`` has not is removed; fields other managers
-    own, such as an HPA's replicas, stay). Returns the object. Raises ``ApiException``."""
+    own, such as an HPA's replicas, stay). Returns the object. Raises ``ApiException`` (409 on a
+    conflict with another manager's field when not ``force``)."""
     meta = body["metadata"]
-    query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+    query = [("fieldManager", manager), ("force", "true" if force else "false")]
     return await _call(api, "PATCH", _path(body["kind"], meta["namespace"], meta["name"]), dict(body),
                        APPLY_PATCH, query)
+
+
+def applies(body: Mapping[str, Any], path: tuple[str, ...], manager: str = FIELD_MANAGER) -> bool:
+    """Whether ``manager``'s apply owns the field at ``path`` of the live object ``body``
+    (``metadata.managedFields``, FieldsV1: ``{"f:spec": {"f:replicas": {}}}``)."""
+    for entry in (body.get("metadata") or {}).get("managedFields") or ():
+        if entry.get("manager") != manager or entry.get("operation") != "Apply":
+            continue
+        node: Any = entry.get("fieldsV1") or {}
+        for key in path:
+            node = node.get(f"f:{key}") if isinstance(node, dict) else None
+        if node is not None:
+            return True
+    return False
+
+
+async def apply_scale_free(api: client.ApiClient, body: Mapping[str, Any]) -> Body:
+    """Apply a child whose ``spec.replicas`` others write after its creation (a Deployment, a
+    ``CoSineDrafterPool``): a new object is created with ``body``'s replicas; from then on the
+    operator's applies leave ``spec.replicas`` out, and it stays whatever its scaler last wrote.
+
+    An object whose replicas the operator's apply still owns (just created, or created by an
+    operator before this one) first hands them over (:data:`SCALE_HANDOVER_MANAGER`, unforced: if
+    a scaler wrote them meanwhile, it owns them already and the 409 says so); without that, leaving
+    the field out would remove it and the Deployment would fall back to 1 replica. Returns the
+    object as applied. Raises ``ApiException``."""
+    meta, kind = body["metadata"], body["kind"]
+    live = await get(api, kind, meta["namespace"], meta["name"])
+    if live is None:
+        live = await apply(api, body)
+    if applies(live, ("spec", "replicas")):
+        replicas = (live.get("spec") or {}).get("replicas")
+        handover = {"apiVersion": body["apiVersion"], "kind": kind,
+                    "metadata": {"name": meta["name"], "namespace": meta["namespace"]}, "spec": {"replicas": replicas}}
+        try:
+            await apply(api, handover, SCALE_HANDOVER_MANAGER, force=False)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    free = dict(body)
+    free["spec"] = {k: v for k, v in (body.get("spec") or {}).items() if k != "replicas"}
+    return await apply(api, free)
 
 
 async def create(api: client.ApiClient, body: Mapping[str, Any]) -> Body | None:

@@ -20,6 +20,7 @@ class OperatorMetrics:
     scale_decisions: Counter  # labels: pool, direction (up/down)
     scrape_failures: Counter  # labels: role
     desired_replicas: Gauge  # labels: namespace, cluster, pool
+    autoscaler_errors: Counter  # labels: stage (observe/actuate/report): passes that failed and went on
 
     @classmethod
     def create(cls) -> OperatorMetrics:
@@ -49,6 +50,12 @@ class OperatorMetrics:
                 "cosine_operator_desired_replicas",
                 "The autoscaler's latest desired replicas per pool.",
                 ["namespace", "cluster", "pool"],
+                registry=registry,
+            ),
+            autoscaler_errors=Counter(
+                "cosine_operator_autoscaler_errors",
+                "Autoscaler stages that failed (the loop goes on to the next interval).",
+                ["stage"],
                 registry=registry,
             ),
         )

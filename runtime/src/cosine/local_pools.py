@@ -22,9 +22,13 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cosine.manifest import Manifest
 from cosine.processes import Child, start_replica, stop_children, wait_healthy
+
+if TYPE_CHECKING:
+    from cosine_operator.scaling_loop import ScalingLoop
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,7 @@ class LocalPools:
         self.listed: dict[str, set[str]] = {p.name: set() for p in spec.drafter_pools}
         self._lock = threading.RLock()
         self._serial = 0
+        self.scaling: ScalingLoop | None = None  # the autoscaling loop, while `autoscale` runs
         directory.mkdir(parents=True, exist_ok=True)
         cores = list(cores)
         first: list[Child] = []
@@ -150,30 +155,47 @@ class LocalPools:
     # ------------------------------------------------------------------ autoscaler
 
     def autoscale(self, verifier_metrics_url: str, stop: threading.Event) -> None:
-        """The operator's rule on this machine's scrape, every `spec.autoscaling.intervalSeconds`
-        (see the module docstring); returns when `stop` is set."""
-        from cosine_operator.autoscaling import ScalerState, desired_replicas, policy_from_spec
-        from cosine_operator.metrics_scrape import Scrape, ScrapeTarget, observe, scrape_pods
+        """The one scaling loop (`cosine_operator.scaling_loop`) with the operator's rule on this
+        machine's scrape, every `spec.autoscaling.intervalSeconds` (see the module docstring), in
+        an event loop of its own for the thread's life; returns when `stop` is set. A failed
+        scrape or resize is counted in `self.scaling.errors`, logged with its cause and survived."""
+        asyncio.run(self._autoscale(verifier_metrics_url, stop))
 
-        policy, state = policy_from_spec(self.spec), ScalerState()
-        interval_s = float(self.spec.autoscaling.interval_s)
+    async def _autoscale(self, verifier_metrics_url: str, stop: threading.Event) -> None:
+        from cosine_operator.autoscaling import policy_from_spec
+        from cosine_operator.metrics_scrape import Scrape, ScrapeTarget, observe, scrape_pods
+        from cosine_operator.scaling_loop import ScalingLoop  # noqa: F811 - at run time
+
         previous: Scrape | None = None
+        counts: dict[str, tuple[int, int]] = {}
         held: dict[str, str | None] = {}  # the condition last logged per pool: a hold is logged once
-        while not stop.wait(interval_s if previous is not None else 1.0):
+
+        async def observed():  # noqa: ANN202
+            nonlocal previous, counts
             with self._lock:
                 targets = [ScrapeTarget("verifier", "verifier", None, verifier_metrics_url)]
                 targets += [ScrapeTarget(c.name, "drafter", pool, f"http://{self.host}:{c.metrics_port}/metrics")
                             for pool, children in self.replicas.items() for c in children
                             if c.name in self.listed[pool]]
                 counts = {pool: (len(children), len(self.listed[pool])) for pool, children in self.replicas.items()}
-            scrape = asyncio.run(scrape_pods(targets, timeout_s=2.0, time_s=time.monotonic()))
-            if previous is not None:
-                decisions, state = desired_replicas(observe(previous, scrape, counts), policy, state, scrape.time_s)
-                for d in decisions:
-                    if d.changed:
-                        log.info("autoscaler: pool %s %d -> %d: %s", d.pool, d.current, d.desired, d.reason)
-                        self.scale(d.pool, d.desired)
-                    elif d.condition and held.get(d.pool) != d.condition:
-                        log.info("autoscaler: pool %s holds at %d (%s): %s", d.pool, d.current, d.condition, d.reason)
-                    held[d.pool] = d.condition
-            previous = scrape
+            scrape = await scrape_pods(targets, timeout_s=2.0, time_s=time.monotonic())
+            for target, why in scrape.failures:
+                log.warning("autoscaler: could not read %s %s's metrics at %s: %s", target.role, target.pod,
+                            target.url, why)
+            before, previous = previous, scrape
+            return observe(before, scrape, counts) if before is not None else None
+
+        def resize(d) -> None:  # noqa: ANN001
+            log.info("autoscaler: pool %s %d -> %d: %s", d.pool, d.current, d.desired, d.reason)
+            self.scale(d.pool, d.desired)
+
+        def report(_, decisions) -> None:  # noqa: ANN001
+            for d in decisions:
+                if not d.changed and d.condition and held.get(d.pool) != d.condition:
+                    log.info("autoscaler: pool %s holds at %d (%s): %s", d.pool, d.current, d.condition, d.reason)
+                held[d.pool] = d.condition
+
+        self.scaling = ScalingLoop(policy_from_spec(self.spec), observed, resize, report, log=log)
+        interval_s = float(self.spec.autoscaling.interval_s)
+        while not await asyncio.to_thread(stop.wait, interval_s if previous is not None else 1.0):
+            await self.scaling.tick(time.monotonic())

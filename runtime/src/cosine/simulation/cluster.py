@@ -46,6 +46,7 @@ from cosine.pool_policy import PoolPolicy, assign_replica
 from cosine.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 from cosine.simulation.cost_models import AcceptanceModel
 from cosine_operator import autoscaling
+from cosine_operator.scaling_loop import ScalingLoop
 from cosine_operator.settings import SpeculationSpec
 
 MODES = ("target-only", "vanilla", "cosine")
@@ -409,7 +410,6 @@ class _Cluster:
                 for i in range(setup.verifier.replicas)]
         self._counted = self._proposer_counts()  # the proposers' counters at the window's start
         self.window = self._new_window(list(self.pools))
-        self.scaler = autoscaling.ScalerState()
         for p in setup.pools:
             self.out.replicas_timeline[p.name] = [(0.0, p.replicas)]
 
@@ -560,48 +560,57 @@ class _Cluster:
 
     # ------------------------------------------------------------------ autoscaler
     def _autoscaler(self) -> simpy.events.ProcessGenerator:
+        """The one scaling loop (`cosine_operator.scaling_loop`) every `interval_s` of simulated
+        time, observing the simulated counters as the operator reads the same series."""
         s = self.s
         assert s.scaling is not None
+
+        def resize(d: autoscaling.ScaleDecision) -> None:
+            self._scale(d.pool, d.current, d.desired)
+
+        def report(_: autoscaling.Observations, decisions: Sequence[autoscaling.ScaleDecision]) -> None:
+            self.out.conditions.extend((self.env.now, d.pool, d.condition, d.reason) for d in decisions if d.condition)
+
+        loop = ScalingLoop(s.scaling, self._observe_interval, resize, report)
         while True:
             yield self.env.timeout(s.interval_s)
-            w, iv = self.window, s.interval_s
-            now = self._proposer_counts()  # the proposers' series over the interval, as scraped
-            c = {key: now[key] - self._counted.get(key, 0) for key in now}
-            self._counted = now
-            verifier = autoscaling.VerifierObservation(
-                step_s=w["busy_s"] / w["steps"] if w["steps"] else None,
-                tokens_verified_per_s=w["verified"] / iv,
-                requests_running=float(self.in_flight - len(self.waiting)),
-                requests_waiting=float(len(self.waiting)),
-            )
-            pools = tuple(
-                autoscaling.PoolObservation(  # what the operator reads from the same series (metrics_scrape)
-                    name=n, replicas=self.replicas[n], ready_replicas=self.pods_ready[n],
-                    asks_per_s=c[("asks", n)] / iv, late_per_s=c[("late", n)] / iv,
-                    skipped_per_s={k: c[("skipped", n, k)] / iv for k in autoscaling.SKIP_REASONS},
-                    accepted_tokens_per_s=c[("accepted", n)] / iv,
-                    acceptance_rate=c[("accepted", n)] / w["drafted"][n] if w["drafted"][n] else None,
-                    draft_tokens_per_s=w["drafted"][n] / iv,
-                    # a call holds one of a replica's slots for its work: its calls in service at
-                    # once (mean occupied slots per replica) are what a batched round holds
-                    round_s=w["pool_busy_s"][n] / w["rounds"][n] if w["rounds"][n] else None,
-                    batch=(max(1.0, w["pool_busy_s"][n] / (iv * max(1, self.pods_ready[n]))) if w["rounds"][n]
-                           else None),
-                    rtt_s=next((p.stats.pool_rtt_s[n] for p in self.proposers if n in p.stats.pool_rtt_s), None),
-                    yield_tokens=c[("accepted", n)] / c[("asks", n)] if c[("asks", n)] else None,
-                    # busy slot-seconds over the slots the pool had: its pods' busy fraction
-                    utilization=(min(1.0, w["pool_busy_s"][n] / (iv * self.pods_ready[n] * self.pools[n].slots))
-                                 if self.pods_ready[n] else None),
-                    drafter_samples=self.pods_ready[n] > 0,
-                ) for n in self.pools)
-            decisions, self.scaler = autoscaling.desired_replicas(
-                autoscaling.Observations(verifier, pools), s.scaling, self.scaler, self.env.now)
-            for d in decisions:
-                if d.changed:
-                    self._scale(d.pool, d.current, d.desired)
-                if d.condition:
-                    self.out.conditions.append((self.env.now, d.pool, d.condition, d.reason))
+            loop.tick_now(self.env.now)
             self.window = self._new_window(list(self.pools))
+
+    def _observe_interval(self) -> autoscaling.Observations:
+        """The last interval's observations: the verifier's and the pools' counters of the window,
+        and the proposers' series over it (what the operator reads through `metrics_scrape`)."""
+        w, iv = self.window, self.s.interval_s
+        now = self._proposer_counts()  # the proposers' series over the interval, as scraped
+        c = {key: now[key] - self._counted.get(key, 0) for key in now}
+        self._counted = now
+        verifier = autoscaling.VerifierObservation(
+            step_s=w["busy_s"] / w["steps"] if w["steps"] else None,
+            tokens_verified_per_s=w["verified"] / iv,
+            requests_running=float(self.in_flight - len(self.waiting)),
+            requests_waiting=float(len(self.waiting)),
+        )
+        pools = tuple(
+            autoscaling.PoolObservation(  # what the operator reads from the same series (metrics_scrape)
+                name=n, replicas=self.replicas[n], ready_replicas=self.pods_ready[n],
+                asks_per_s=c[("asks", n)] / iv, late_per_s=c[("late", n)] / iv,
+                skipped_per_s={k: c[("skipped", n, k)] / iv for k in autoscaling.SKIP_REASONS},
+                accepted_tokens_per_s=c[("accepted", n)] / iv,
+                acceptance_rate=c[("accepted", n)] / w["drafted"][n] if w["drafted"][n] else None,
+                draft_tokens_per_s=w["drafted"][n] / iv,
+                # a call holds one of a replica's slots for its work: its calls in service at
+                # once (mean occupied slots per replica) are what a batched round holds
+                round_s=w["pool_busy_s"][n] / w["rounds"][n] if w["rounds"][n] else None,
+                batch=(max(1.0, w["pool_busy_s"][n] / (iv * max(1, self.pods_ready[n]))) if w["rounds"][n]
+                       else None),
+                rtt_s=next((p.stats.pool_rtt_s[n] for p in self.proposers if n in p.stats.pool_rtt_s), None),
+                yield_tokens=c[("accepted", n)] / c[("asks", n)] if c[("asks", n)] else None,
+                # busy slot-seconds over the slots the pool had: its pods' busy fraction
+                utilization=(min(1.0, w["pool_busy_s"][n] / (iv * self.pods_ready[n] * self.pools[n].slots))
+                             if self.pods_ready[n] else None),
+                drafter_samples=self.pods_ready[n] > 0,
+            ) for n in self.pools)
+        return autoscaling.Observations(verifier, pools)
 
     @staticmethod
     def _new_window(pools: list[str]) -> dict:

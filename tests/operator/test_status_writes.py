@@ -1,0 +1,52 @@
+"""Status has one write per writer per pass, and concurrent writers both land (``handlers._write_status``)
+against the API emulator's resourceVersion preconditions. No operator runs in this module: the
+two writers below are the only ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from k8s_emulator import CLUSTERS, EmulatorThread, Kube
+from test_handlers import NS, cluster_body, condition
+
+
+def test_concurrent_status_writers_both_land(emulator: EmulatorThread, kube: Kube) -> None:
+    """Reconcile (children conditions) and the autoscaler (``ScalingActive``) write status at once,
+    each from the status it read: both land, one after the other's conflict (HTTP 409 on the
+    resourceVersion it read) and a retry. Catches: a status patch without the precondition, which
+    keeps the last writer's conditions list and loses the other's."""
+    import asyncio
+    import os
+
+    from cosine_operator import handlers, status
+    from cosine_operator import kube as k
+
+    kube.create(CLUSTERS, NS, cluster_body("kappa"))  # no operator runs here: only the two writers
+    start = len(emulator.emulator.patches)  # type: ignore[union-attr]
+
+    def writer(type_: str):  # noqa: ANN202
+        def update(live: dict[str, Any]) -> dict[str, Any]:
+            mine = status.condition(type_, True, "Test", type_, 1, "2026-01-01T00:00:00Z")
+            return {"conditions": status.merge_conditions(live.get("conditions"), [mine])}
+        return update
+
+    async def both() -> None:
+        os.environ["KUBECONFIG"] = str(emulator.kubeconfig)
+        api = await k.connect()
+        try:
+            await asyncio.gather(handlers._write_status(api, "kappa", NS, writer("Ready")),
+                                 handlers._write_status(api, "kappa", NS, writer("ScalingActive")))
+        finally:
+            await api.close()
+
+    saved = os.environ.get("KUBECONFIG")
+    try:
+        asyncio.run(both())
+    finally:
+        if saved is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = saved
+    assert condition(kube, "kappa", "Ready") and condition(kube, "kappa", "ScalingActive")
+    status_patches = [p for p in emulator.emulator.patches[start:] if p[1] == "kappa" and p[2] == "status"]
+    assert len(status_patches) == 3, "the second writer conflicted once, then landed"
