@@ -4,10 +4,11 @@
 #            images-cuda`, tag <version>-cuda) on PyPI's vllm==0.32.0 and the CUDA torch it pins:
 #       --build-arg VLLM_SPEC="vllm==0.32.0" --build-arg TORCH_INDEX_URL=https://pypi.org/simple
 #            The GPU driver comes from the node (NVIDIA device plugin); the CUDA runtime ships in the torch wheel.
-#   operator (--target operator): `cosine-operator` (kopf): the operator distribution (operator/) alone,
+#   operator (--target operator): `cosine-operator` (kopf): the operator (operator/) and the API it
+#            stands on (spec/, `cosine-spec`),
 #            no torch, transformers or vLLM (`cosine_operator` imports nothing of `cosine`: .importlinter).
-#   The runtime image installs both distributions: runtime/ (`cosine-inference`) reads the cluster spec
-#   types from operator/ (`cosine-operator`).
+#   The runtime image installs spec/ and runtime/ (`cosine-inference`): the cluster spec types come from
+#   `cosine-spec`; no kopf, no operator.
 # Both non-root (uid 10001). BASE_IMAGE: python:3.11-slim-bookworm, or any Debian bookworm (one without
 # Python, e.g. an mmdebstrap minbase, gets Debian's python3.11).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
@@ -23,6 +24,7 @@ ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 FROM base AS source
 WORKDIR /src
+COPY spec ./spec
 COPY operator ./operator
 COPY runtime ./runtime
 COPY crds ./crds
@@ -31,7 +33,7 @@ COPY crds ./crds
 FROM source AS operator-build
 RUN python3.11 -m venv /opt/cosine
 ENV PATH=/opt/cosine/bin:$PATH
-RUN pip install ./operator \
+RUN pip install ./spec ./operator \
     && python -c "import cosine_operator.handlers, cosine_operator.webhook" \
     && cosine-operator --help >/dev/null
 
@@ -77,8 +79,9 @@ RUN pip install 'setuptools>=77' nanobind==3.1.0 cmake==4.4.4 ninja==1.13.2 grpc
        pip install --no-build-isolation --no-deps arctic-inference==0.3.0
 COPY --from=source /src /src
 WORKDIR /src
-RUN CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install -c runtime/constraints.txt ./operator ./runtime \
-    && python -c "import cosine_operator.handlers, cosine.vllm_hooks, cosine.lookup, llama_cpp"
+RUN CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install -c runtime/constraints.txt ./spec ./runtime \
+    && python -c "import cosine_spec.settings, cosine.vllm_hooks, cosine.lookup, llama_cpp" \
+    && ! python -c "import kopf" 2>/dev/null
 
 FROM base AS runtime
 LABEL org.opencontainers.image.title="cosine" \

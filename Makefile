@@ -22,7 +22,7 @@ RUN_ARGS ?=
 INSTALL_LOG := $(VENV)/install.log
 LOGGED = >>$(INSTALL_LOG) 2>&1 || { tail -n 40 $(INSTALL_LOG); echo "failed: see $(INSTALL_LOG)"; exit 1; }
 
-$(STAMP): operator/pyproject.toml runtime/pyproject.toml runtime/constraints.txt
+$(STAMP): spec/pyproject.toml operator/pyproject.toml runtime/pyproject.toml runtime/constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing into $(VENV) (about 5 minutes the first time; pip's output: $(INSTALL_LOG))"
 	@$(BIN)/pip install --upgrade pip $(LOGGED)
@@ -44,10 +44,11 @@ $(STAMP): operator/pyproject.toml runtime/pyproject.toml runtime/constraints.txt
 	@include=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])') && \
 		CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN))/python3 -DPython_INCLUDE_DIR=$$include" \
 		$(BIN)/pip install --no-build-isolation --no-deps arctic-inference==0.3.0 $(LOGGED)
-# The two distributions, editable, in one command so pip finds `cosine-operator` (runtime's
-# dependency) here rather than on PyPI: operator/ (import `cosine_operator`), runtime/ (`cosine`).
-	@echo "  cosine, cosine-operator"
-	@$(BIN)/pip install -c runtime/constraints.txt -e ./operator -e './runtime[dev]' $(LOGGED)
+# The three distributions, editable, in one command so pip finds `cosine-spec` and
+# `cosine-operator` here rather than on PyPI: spec/ (import `cosine_spec`: the API both sides
+# stand on), operator/ (`cosine_operator`), runtime/ (`cosine`; its dev extra needs the operator).
+	@echo "  cosine-spec, cosine-operator, cosine"
+	@$(BIN)/pip install -c runtime/constraints.txt -e ./spec -e ./operator -e './runtime[dev]' $(LOGGED)
 	@touch $(STAMP)
 
 install: $(STAMP)

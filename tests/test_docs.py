@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cosine_spec import metric_names
+from cosine_spec.settings import parse_cluster_spec
 
 from cosine.cli import build_parser
-from cosine_operator import metric_names
-from cosine_operator.settings import parse_cluster_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

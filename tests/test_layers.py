@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / ".importlinter"
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 SOURCES = {"cosine": ROOT / "runtime" / "src" / "cosine",
-           "cosine_operator": ROOT / "operator" / "src" / "cosine_operator"}
+           "cosine_operator": ROOT / "operator" / "src" / "cosine_operator",
+           "cosine_spec": ROOT / "spec" / "src" / "cosine_spec"}
 
 
 def _lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -42,32 +43,35 @@ def _status(report: str, contract: str) -> str:
 def test_import_contracts_hold(tmp_path: Path) -> None:
     out = _lint_imports(tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "5 kept, 0 broken" in out.stdout, out.stdout
+    assert "6 kept, 0 broken" in out.stdout, out.stdout
 
 
 POLICY = "Policy modules are pure"
 OPERATOR = "The operator imports nothing of the runtime"
-NO_KOPF = "The runtime imports no kopf"
+NO_OPERATOR = "The runtime imports no operator"
+SPEC = "The spec imports neither side"
 VLLM = "Only the vLLM adapter"
 SERVING = "The serving path imports no tooling"
 
 
 @pytest.mark.parametrize(("module", "line", "contracts", "chain"), [
     ("cosine/routing.py", "import torch", [POLICY], "cosine.routing -> torch"),
-    # the spec types are imported by the runtime: kopf there breaks both layers
-    ("cosine_operator/settings.py", "import kopf", [POLICY, NO_KOPF], "cosine_operator.settings -> kopf"),
+    # the spec is imported by both sides: kopf or the operator there reaches the runtime through it
+    ("cosine_spec/settings.py", "import kopf", [POLICY, SPEC, NO_OPERATOR], "cosine_spec.settings -> kopf"),
+    ("cosine_spec/autoscaling.py", "from cosine_operator import status", [SPEC, NO_OPERATOR],
+     "cosine_spec.autoscaling -> cosine_operator.status"),
     ("cosine_operator/builders.py", "from cosine import proposer", [OPERATOR],
      "cosine_operator.builders -> cosine.proposer"),
-    ("cosine/model_store.py", "from cosine_operator import handlers", [NO_KOPF],
-     "cosine.model_store -> cosine_operator.handlers"),
+    ("cosine/model_store.py", "from cosine_operator import builders", [NO_OPERATOR],
+     "cosine.model_store -> cosine_operator.builders"),
     ("cosine/roles.py", "import vllm", [VLLM], "cosine.roles -> vllm"),
     ("cosine/proposer.py", "from cosine.tooling import workloads", [SERVING],
      "cosine.proposer -> cosine.tooling.workloads"),
-], ids=["policy-torch", "spec-kopf", "operator-runtime", "runtime-kopf", "vllm-outside-adapter",
-        "serving-path-tooling"])
+], ids=["policy-torch", "spec-kopf", "spec-operator", "operator-runtime", "runtime-operator",
+        "vllm-outside-adapter", "serving-path-tooling"])
 def test_import_contracts_fail_on_a_broken_layer(tmp_path: Path, module: str, line: str, contracts: list[str],
                                                  chain: str) -> None:
-    """A copy of both packages with one forbidden import added, linted with the same configuration:
+    """A copy of the three packages with one forbidden import added, linted with the same configuration:
     lint-imports exits non-zero and names the broken contracts and the import; the others hold."""
     src = tmp_path / "src"
     for name, path in SOURCES.items():
@@ -76,7 +80,7 @@ def test_import_contracts_fail_on_a_broken_layer(tmp_path: Path, module: str, li
     target.write_text(target.read_text() + f"\n{line}  # the layer this test breaks\n")
     out = _lint_imports(tmp_path, pythonpath=src)
     assert out.returncode != 0, out.stdout + out.stderr
-    for contract in (POLICY, OPERATOR, NO_KOPF, VLLM, SERVING):
+    for contract in (POLICY, OPERATOR, NO_OPERATOR, SPEC, VLLM, SERVING):
         assert _status(out.stdout, contract) == ("BROKEN" if contract in contracts else "KEPT"), contract
     assert chain in out.stdout, out.stdout
 
@@ -94,3 +98,16 @@ def test_operator_loads_no_model_code() -> None:
     assert "kopf" in loaded  # the import really happened
     heavy = {"torch", "transformers", "gguf", "grpc", "numpy", "vllm", "llama_cpp", "cosine"}
     assert not {m for m in loaded if m.split(".")[0] in heavy}
+
+
+def test_the_runtime_loads_no_operator_and_depends_on_none() -> None:
+    """Catches: the inference image pulling kopf and the Kubernetes clients back in, by an import
+    of the serving path or by a dependency of the runtime's distribution (or the spec's)."""
+    import tomllib
+
+    loaded = _modules_after_import("cosine.roles, cosine.local_pools, cosine.vllm_hooks, cosine.cli")
+    assert not {m for m in loaded if m.split(".")[0] in ("kopf", "kubernetes_asyncio", "cosine_operator")}
+    for dist in ("runtime", "spec"):
+        project = tomllib.loads((ROOT / dist / "pyproject.toml").read_text())["project"]
+        names = {re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+        assert not names & {"kopf", "kubernetes-asyncio", "cosine-operator"}, (dist, names)

@@ -4,19 +4,19 @@ The producer is real (the verifier's `ProposerCollector` over a `ProposerStats`,
 replica's `DrafterMetrics`), rendered to the Prometheus text format as their `/metrics` endpoints
 serve it; the consumer is the operator's own parser (`metrics_scrape.parse`,
 `observe`). A series renamed on one side only reads as 0 on the other, which would blind
-the autoscaler silently; here it fails. The names live in `cosine_operator.metric_names`.
+the autoscaler silently; here it fails. The names live in `cosine_spec.metric_names`.
 """
 
 from __future__ import annotations
 
+from cosine_spec import metric_names
+from cosine_spec.metrics_scrape import Scrape, observe, parse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cosine.metrics import ProposerCollector
 from cosine.proposer import ProposerStats
 from cosine.transport.drafter_service import DrafterMetrics
-from cosine_operator import metric_names
-from cosine_operator.metrics_scrape import Scrape, observe, parse
 
 
 def _verifier_text(stats: ProposerStats, now_s: float) -> str:

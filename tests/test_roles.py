@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from cosine_spec.settings import SpeculationSpec, parse_cluster_spec
 
 from cosine import roles
 from cosine.manifest import load_manifest
-from cosine_operator.settings import SpeculationSpec, parse_cluster_spec
 
 
 def _verifier(**fields):

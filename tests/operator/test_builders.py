@@ -6,9 +6,9 @@ import copy
 from typing import Any
 
 import yaml
+from cosine_spec.settings import parse_cluster_spec
 
 from cosine_operator import builders
-from cosine_operator.settings import parse_cluster_spec
 
 SPEC: dict[str, Any] = {
     "verifier": {
@@ -356,7 +356,7 @@ def test_lifecycle_probes_strategy_grace_and_disruption_budgets() -> None:
     # vLLM finishes its in-flight requests within what the grace period leaves, refusing new ones
     assert c["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "10"]}}
     assert cluster.verifier.shutdown_timeout_s == 120 - 10 - 5
-    from cosine_operator.settings import VerifierSpec
+    from cosine_spec.settings import VerifierSpec
     assert (VerifierSpec(model="m", termination_grace_s=8).pre_stop_s,
             VerifierSpec(model="m", termination_grace_s=8).shutdown_timeout_s) == (2, 1)
     # probes sized for a loaded server, not the kubelet's 1 s

@@ -12,8 +12,9 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+from cosine_spec import settings
 
-from cosine_operator import kube, settings
+from cosine_operator import kube
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cosine-operator"

@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
+from cosine_spec import settings as s
 from k8s_emulator import DEPLOYMENTS, JOBS, PVCS, SERVICES, Kube
 
 from cosine_operator import builders
-from cosine_operator import settings as s
 
 NS = "default"
 

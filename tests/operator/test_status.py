@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from cosine_operator.autoscaling import Observations, PoolObservation, ScaleDecision, VerifierObservation
-from cosine_operator.settings import parse_cluster_spec
+from cosine_spec.autoscaling import Observations, PoolObservation, ScaleDecision, VerifierObservation
+from cosine_spec.settings import parse_cluster_spec
+
 from cosine_operator.status import autoscaler_status, build_status
 
 SPEC = parse_cluster_spec({"verifier": {"model": "m"}, "drafterPools": [{"name": "code", "model": "m"}]})

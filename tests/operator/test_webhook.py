@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from cosine_spec.settings import tokenizer_family
 
-from cosine_operator.settings import tokenizer_family
 from cosine_operator.webhook import validate_cluster
 
 

@@ -9,11 +9,11 @@ import threading
 import time
 
 import yaml
+from cosine_spec import metrics_scrape
+from cosine_spec.metrics_scrape import Scrape
 
 from cosine.local_pools import LocalPools
 from cosine.manifest import load_manifest
-from cosine_operator import metrics_scrape
-from cosine_operator.metrics_scrape import Scrape
 
 
 def test_a_scrape_that_raises_does_not_end_embedded_autoscaling(tmp_path, monkeypatch):

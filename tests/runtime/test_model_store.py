@@ -232,7 +232,7 @@ def test_a_gguf_repo_on_the_hub_gives_a_llamacpp_pool_its_file(store, monkeypatc
 def test_the_operators_gguf_table_is_the_registry():
     """The webhook (operator side, no runtime import) refuses llama.cpp pools without a GGUF
     source by a table of the models the registry fetches from PyPI: the same models."""
-    from cosine_operator.settings import GGUF_ON_PYPI
+    from cosine_spec.settings import GGUF_ON_PYPI
 
     assert GGUF_ON_PYPI == {n for s in KNOWN_MODELS.values() for n in (s.name, s.hf_repo.lower())}
 

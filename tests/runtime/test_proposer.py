@@ -6,11 +6,11 @@ import threading
 import time
 
 import pytest
+from cosine_spec.settings import SpeculationSpec
 
 from cosine.drafter import Draft, DraftBranch
 from cosine.pool_policy import PoolPolicy
 from cosine.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
-from cosine_operator.settings import SpeculationSpec
 
 
 def _k(max_draft_len: int, **speculation) -> SpeculationSpec:

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 import pytest
+from cosine_spec.settings import SpeculationSpec
 
 from cosine.speculation_control import (
     BatchedCost,
@@ -16,7 +17,6 @@ from cosine.speculation_control import (
     next_draft_len,
     observe,
 )
-from cosine_operator.settings import SpeculationSpec
 
 
 @dataclass(frozen=True)
@@ -90,10 +90,11 @@ def test_one_speculation_config_with_the_crds_defaults_and_bounds():
     runtime default is its default. Catches: a default written twice and drifting apart."""
     import dataclasses
 
+    from cosine_spec.settings import MAX_DRAFT_LEN
+
     from cosine import vllm_hooks
     from cosine.pool_policy import PoolPolicy
     from cosine.proposer import ProposerSettings
-    from cosine_operator.settings import MAX_DRAFT_LEN
 
     crd = SpeculationSpec()
     assert ProposerSettings().speculation == crd and PoolPolicy().branches == crd.branches

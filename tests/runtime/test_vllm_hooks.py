@@ -36,7 +36,7 @@ def test_seam_problems_names_a_changed_seam(monkeypatch):
 
 
 def test_engine_kwargs():
-    from cosine_operator.settings import SpeculationSpec
+    from cosine_spec.settings import SpeculationSpec
 
     kw = vllm_hooks.engine_kwargs(SpeculationSpec(max_draft_len=5))
     assert kw["speculative_config"] == {"method": "custom_class", "model": vllm_hooks.NO_DRAFT_PROPOSER,

@@ -43,7 +43,7 @@ _SCRIPT = textwrap.dedent('''
         from vllm import SamplingParams
         from cosine import vllm_hooks
         from cosine.model_store import resolve
-        from cosine_operator.settings import SpeculationSpec
+        from cosine_spec.settings import SpeculationSpec
         system, prompt, samples, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         model = str(resolve("MODEL"))
         speculation, proposer = None, {}

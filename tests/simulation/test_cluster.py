@@ -45,9 +45,10 @@ def test_autoscaler_respects_bounds_and_step():
 
 def _flat_setup(mode="target-only", budget=512, pools=(), lookup=None):
     """A verifier whose every step takes 1 s whatever its tokens, vLLM's budget `budget`."""
+    from cosine_spec.settings import SpeculationSpec
+
     from cosine.simulation.cluster import SimSetup, VerifierModel
     from cosine.simulation.cost_models import AcceptanceModel
-    from cosine_operator.settings import SpeculationSpec
 
     return SimSetup(mode, VerifierModel(lambda n, kv: 1.0, max_batch_tokens=budget), pools,
                     AcceptanceModel({}, {}, default_mean=0.9), SpeculationSpec(), lookup=lookup)

@@ -6,8 +6,9 @@ from cosine.simulation import scenarios
 
 
 def test_scaling_figures_count_flaps():
+    from cosine_spec.autoscaling import PoolLimits, ScalingPolicy
+
     from cosine.simulation.cluster import SimResult
-    from cosine_operator.autoscaling import PoolLimits, ScalingPolicy
 
     res = SimResult(replicas_timeline={"a": [(0.0, 3), (30.0, 5), (60.0, 4), (90.0, 6), (700.0, 6)]})
     figs = scenarios._scaling_figures(res, ScalingPolicy((PoolLimits("a", 3, 8),)), 30.0, 600.0, 2)

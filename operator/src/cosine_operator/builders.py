@@ -17,7 +17,7 @@ For a cluster ``N`` in namespace ``NS`` (the runtime contract):
   metrics from the metrics sources): :func:`build_network_policies`;
 * with ``spec.drafterTLS``, its Secret mounted read-only at ``TLS_DIR`` in drafter and verifier pods.
 
-Every builder takes the spec parsed once (:class:`~cosine_operator.settings.ClusterSpec`).
+Every builder takes the spec parsed once (:class:`~cosine_spec.settings.ClusterSpec`).
 Owner references are not set here; the handlers ``kopf.adopt()`` every child.
 """
 
@@ -32,8 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-
-from cosine_operator import settings as s
+from cosine_spec import settings as s
 
 CONFIG_DIR = "/etc/cosine"
 CONFIG_FILE = f"{CONFIG_DIR}/cluster.yaml"

@@ -36,14 +36,14 @@ from typing import Any
 
 import aiohttp
 import kopf
+from cosine_spec import settings as s
+from cosine_spec.autoscaling import Observations, ScaleDecision, policy_from_spec
+from cosine_spec.metrics_scrape import Rates, Scrape, ScrapeTarget, rates, scrape_pods, scrape_prometheus
+from cosine_spec.metrics_scrape import observations as observations_of
+from cosine_spec.scaling_loop import ScalingLoop
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from cosine_operator import builders, kube, status
-from cosine_operator import settings as s
-from cosine_operator.autoscaling import Observations, ScaleDecision, policy_from_spec
-from cosine_operator.metrics_scrape import Rates, Scrape, ScrapeTarget, rates, scrape_pods, scrape_prometheus
-from cosine_operator.metrics_scrape import observations as observations_of
-from cosine_operator.scaling_loop import ScalingLoop
 from cosine_operator.telemetry import OperatorMetrics
 
 CLUSTER = (s.GROUP, s.VERSION, s.CLUSTER_PLURAL)
@@ -476,7 +476,7 @@ async def _measure(
 
 class _ClusterScaling:
     """One CoSineCluster's autoscaling: the operator's observe, actuate and report around the one
-    loop (:class:`~cosine_operator.scaling_loop.ScalingLoop`). Observe scrapes (rates need two
+    loop (:class:`~cosine_spec.scaling_loop.ScalingLoop`). Observe scrapes (rates need two
     scrapes, so the first observes nothing); actuate writes a pool's ``spec.replicas`` (nothing
     else: the pool handler resizes the Deployment) with an Event; report writes the
     ``ScalingActive`` condition, each pool's ``PoolTooSlow``/``MetricsMissing`` and its desired

@@ -12,10 +12,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from cosine_spec import settings as s
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
-
-from cosine_operator import settings as s
 
 Body = dict[str, Any]
 

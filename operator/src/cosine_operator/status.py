@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from cosine_spec import settings as s
+from cosine_spec.autoscaling import Observations, ScaleDecision
+
 from cosine_operator import builders
-from cosine_operator import settings as s
-from cosine_operator.autoscaling import Observations, ScaleDecision
 
 Status = dict[str, Any]
 

@@ -4,7 +4,7 @@ CEL (in ``crds/``) covers bounds, ``minReplicas <= maxReplicas``, at least one p
 names and model/ngram consistency (an ngram pool takes no model and no engine). Here: pass-through
 pod fields Pod Security ``restricted`` would refuse (hostPath volumes, host mount propagation), tokenizer
 compatibility between each model drafter and the verifier (CEL cannot know model families; the
-table is :data:`cosine_operator.settings.TOKENIZER_FAMILIES`), and
+table is :data:`cosine_spec.settings.TOKENIZER_FAMILIES`), and
 the length of child names built from the object's name (CEL on ``spec`` cannot see
 ``metadata.name``).
 """
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from cosine_spec import settings as s
 
 from cosine_operator import builders
-from cosine_operator import settings as s
 
 MAX_NAME_LENGTH = 63  # DNS-1035 label: Services and Deployments of the children
 # The volume types Pod Security's `restricted` profile admits ("Volume Types" control,

@@ -15,8 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cosine_spec.settings import SpeculationSpec, read_fields
+
 from cosine.placement import DEFAULT, MODES
-from cosine_operator.settings import SpeculationSpec, read_fields
 
 if TYPE_CHECKING:
     from cosine.manifest import Manifest
@@ -79,10 +80,10 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     path = str(resolve(args.target))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on a CPU (vLLM's CPU backend)
+    from cosine_spec import metric_names
     from vllm import SamplingParams
 
     from cosine import vllm_hooks
-    from cosine_operator import metric_names
 
     speculation = read_fields(SpeculationSpec, {"maxDraftLen": args.max_draft_len})
     llm = vllm_hooks.cosine_llm(path, speculation if speculation.max_draft_len > 0 else None, {"model": path},

@@ -10,7 +10,7 @@ machine:
 - a replica that exits is restarted on the same ports (`supervise`);
 - every `spec.autoscaling.intervalSeconds` the autoscaler reads the verifier's and each replica's
   `/metrics` (the operator's `metrics_scrape.scrape_pods`), takes rates (`metrics_scrape.rates`)
-  and runs `cosine_operator.autoscaling.desired_replicas` with the policy the operator builds
+  and runs `cosine_spec.autoscaling.desired_replicas` with the policy the operator builds
   from the same spec (`policy_from_spec`): imported, not copied. Each decision is logged.
 """
 
@@ -28,7 +28,7 @@ from cosine.manifest import Manifest
 from cosine.processes import Child, start_replica, stop_children, wait_healthy
 
 if TYPE_CHECKING:
-    from cosine_operator.scaling_loop import ScalingLoop
+    from cosine_spec.scaling_loop import ScalingLoop
 
 log = logging.getLogger(__name__)
 
@@ -155,16 +155,16 @@ class LocalPools:
     # ------------------------------------------------------------------ autoscaler
 
     def autoscale(self, verifier_metrics_url: str, stop: threading.Event) -> None:
-        """The one scaling loop (`cosine_operator.scaling_loop`) with the operator's rule on this
+        """The one scaling loop (`cosine_spec.scaling_loop`) with the operator's rule on this
         machine's scrape, every `spec.autoscaling.intervalSeconds` (see the module docstring), in
         an event loop of its own for the thread's life; returns when `stop` is set. A failed
         scrape or resize is counted in `self.scaling.errors`, logged with its cause and survived."""
         asyncio.run(self._autoscale(verifier_metrics_url, stop))
 
     async def _autoscale(self, verifier_metrics_url: str, stop: threading.Event) -> None:
-        from cosine_operator.autoscaling import policy_from_spec
-        from cosine_operator.metrics_scrape import Scrape, ScrapeTarget, observe, scrape_pods
-        from cosine_operator.scaling_loop import ScalingLoop  # noqa: F811 - at run time
+        from cosine_spec.autoscaling import policy_from_spec
+        from cosine_spec.metrics_scrape import Scrape, ScrapeTarget, observe, scrape_pods
+        from cosine_spec.scaling_loop import ScalingLoop  # noqa: F811 - at run time
 
         previous: Scrape | None = None
         counts: dict[str, tuple[int, int]] = {}

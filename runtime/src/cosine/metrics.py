@@ -22,9 +22,8 @@ Latency (TTFT, inter-token latency) is vLLM's own: its `vllm:` histograms on the
 
 from __future__ import annotations
 
+from cosine_spec import metric_names as names
 from prometheus_client import CollectorRegistry
-
-from cosine_operator import metric_names as names
 
 
 class ProposerCollector:
@@ -118,7 +117,7 @@ class ProposerCollector:
                                          labels=["model_name"])
         with_draft.add_metric([self.model_name], s.steps_with_draft)
         yield with_draft
-        # the operator's autoscaler reads these (cosine_operator.metric_names): busy/idle, tokens, queue
+        # the operator's autoscaler reads these (cosine_spec.metric_names): busy/idle, tokens, queue
         busy = CounterMetricFamily(names.VERIFIER_BUSY_SECONDS, "Seconds in engine steps.", labels=["model_name"])
         busy.add_metric([self.model_name], s.busy_s)
         yield busy

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosine_operator.settings import tokenizer_family as family_of_name  # stdlib only: no kopf, no torch
+from cosine_spec.settings import tokenizer_family as family_of_name  # stdlib only: no kopf, no torch
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class ModelSource:
     gguf_sha256: str  # of the whole assembled GGUF
     gguf_size_bytes: int
     # equal families <=> same vocabulary, so drafts transfer token for token; default: the one
-    # table's (cosine_operator.settings.TOKENIZER_FAMILIES) for hf_repo
+    # table's (cosine_spec.settings.TOKENIZER_FAMILIES) for hf_repo
     tokenizer_family: str = ""
 
     def __post_init__(self) -> None:
@@ -180,7 +180,7 @@ def resolve_gguf(name_or_path: str) -> Path:
 
 def tokenizer_family(name_or_path: str) -> str | None:
     """The tokenizer family of a known model, of a directory this store wrote, or of a model name
-    the family table knows (``cosine_operator.settings.TOKENIZER_FAMILIES``, the admission
+    the family table knows (``cosine_spec.settings.TOKENIZER_FAMILIES``, the admission
     webhook's); else None."""
     source = _known(name_or_path)
     if source is not None:

@@ -31,9 +31,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from cosine_spec.settings import MAX_DRAFT_LEN, SpeculationSpec
+
 from cosine import routing
 from cosine import speculation_control as sc
-from cosine_operator.settings import MAX_DRAFT_LEN, SpeculationSpec
 
 SPEED_DECAY = 0.8  # weight kept by a pool's round-trip and per-token estimates per call
 ON_TIME_DECAY = 0.95  # weight kept by a pool's on-time share per look at one of its drafts

@@ -65,13 +65,14 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from cosine_spec.settings import SpeculationSpec
+
 from cosine import routing
 from cosine import speculation_control as sc
 from cosine.drafter import Drafter
 from cosine.fusion import DraftPath, fuse
 from cosine.lookup import SuffixLookup, SuffixSettings
 from cosine.pool_policy import PoolPolicy
-from cosine_operator.settings import SpeculationSpec
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cosine_spec.settings import SpeculationSpec, read_fields, to_spec
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
 from cosine import proposer as prop
-from cosine_operator.settings import SpeculationSpec, read_fields, to_spec
 
 log = logging.getLogger(__name__)
 

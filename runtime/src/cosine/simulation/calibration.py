@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cosine_spec.settings import SpeculationSpec
+
 from cosine.placement import Evidence
 from cosine.speculation_control import expected_tokens
-from cosine_operator.settings import SpeculationSpec
 
 LOOKUP = "lookup"  # the proposer's name of its prompt-lookup source (runtime/src/cosine/proposer.py)
 

@@ -39,15 +39,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import simpy
+from cosine_spec import autoscaling
+from cosine_spec.scaling_loop import ScalingLoop
+from cosine_spec.settings import SpeculationSpec
 
 from cosine import routing, speculation_control
 from cosine.drafter import Draft, DraftBranch
 from cosine.pool_policy import PoolPolicy, assign_replica
 from cosine.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 from cosine.simulation.cost_models import AcceptanceModel
-from cosine_operator import autoscaling
-from cosine_operator.scaling_loop import ScalingLoop
-from cosine_operator.settings import SpeculationSpec
 
 MODES = ("target-only", "vanilla", "cosine")
 DRAFT_BYTES_PER_TOKEN = 8  # a draft token on the wire: its id and its confidence (no distribution)
@@ -560,7 +560,7 @@ class _Cluster:
 
     # ------------------------------------------------------------------ autoscaler
     def _autoscaler(self) -> simpy.events.ProcessGenerator:
-        """The one scaling loop (`cosine_operator.scaling_loop`) every `interval_s` of simulated
+        """The one scaling loop (`cosine_spec.scaling_loop`) every `interval_s` of simulated
         time, observing the simulated counters as the operator reads the same series."""
         s = self.s
         assert s.scaling is not None

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cosine_spec.autoscaling import policy_from_spec
+from cosine_spec.settings import parse_cluster_spec
 
 from cosine.pool_policy import PoolPolicy
 from cosine.routing import DOMAINS, RoutingSettings
 from cosine.simulation.cluster import PoolModel, SimSetup, VerifierModel
 from cosine.simulation.cost_models import Profiles, load_profiles
-from cosine_operator.autoscaling import policy_from_spec
-from cosine_operator.settings import parse_cluster_spec
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from cosine_spec.autoscaling import PoolLimits, ScalingPolicy
+
 from cosine.routing import DOMAINS
 from cosine.simulation import calibration, config
 from cosine.simulation.cluster import (
@@ -23,7 +25,6 @@ from cosine.simulation.cluster import (
     simulate,
 )
 from cosine.simulation.cost_models import Profiles, load_profiles
-from cosine_operator.autoscaling import PoolLimits, ScalingPolicy
 
 # The paper's headline figures (Gao et al., arXiv:2503.10325, abstract and §6).
 PAPER = {"latency_reduction": 0.232, "throughput_gain": 0.325}
@@ -248,7 +249,7 @@ def autoscale_step(profiles: Profiles | None = None, phase_s: float = 240.0, rat
 
     A GPU verifier with a GPU pool that starts at zero (`minReplicas` 0) and a CPU pool (see
     `_step_manifest`); Poisson load stepping through `rates` (req/s, `phase_s` each). The rule
-    (`cosine_operator.autoscaling.desired_replicas`, prices from `profiles.yaml`, accepted tokens
+    (`cosine_spec.autoscaling.desired_replicas`, prices from `profiles.yaml`, accepted tokens
     valued at `token_value_per_million_usd`) against every fixed size of the GPU pool in
     `fixed_gpu` (the CPU pool at 1), all on the same requests. Reports goodput per dollar (output
     tokens per USD of GPU and node time), the rule's ratio to the best fixed size, decisions to

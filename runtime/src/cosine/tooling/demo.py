@@ -9,12 +9,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cosine_spec import metric_names as m
+from cosine_spec.metric_names import total
+
 from cosine.manifest import Manifest
 from cosine.placement import Choice
 from cosine.processes import free_port, start_cluster, stop_cluster, wait_ready
 from cosine.tooling.workloads import Prompt
-from cosine_operator import metric_names as m
-from cosine_operator.metric_names import total
 
 
 @dataclass(frozen=True)

@@ -107,14 +107,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cosine_spec import metric_names as m
+from cosine_spec.settings import SpeculationSpec
 
 from cosine import processes, roles
 from cosine.manifest import Manifest, load_manifest
 from cosine.model_store import last_bench_path
 from cosine.placement import DEFAULT, EVIDENCE_KEY, MODES, Choice, Evidence, evidence_document
 from cosine.tooling.workloads import Prompt
-from cosine_operator import metric_names as m
-from cosine_operator.settings import SpeculationSpec
 
 log = logging.getLogger(__name__)
 

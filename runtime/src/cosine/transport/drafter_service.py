@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent import futures
 
 import grpc
+from cosine_spec import metric_names as names
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
@@ -31,7 +32,6 @@ from cosine.draft_engine import DraftBatcher, DraftEngine, DraftJob, DraftResult
 from cosine.transport import drafter_pb2 as pb
 from cosine.transport import drafter_pb2_grpc as pb_grpc
 from cosine.transport import tls
-from cosine_operator import metric_names as names
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class DrafterMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, ["pool"], registry=self.registry).labels(pool=pool)
 
-        # names: cosine_operator.metric_names (the operator's autoscaler reads the first two)
+        # names: cosine_spec.metric_names (the operator's autoscaler reads the first two)
         self.draft_tokens = counter(names.DRAFTER_DRAFT_TOKENS, "Draft tokens produced.")
         self.busy_seconds: Callable[[], float] = lambda: 0.0
 

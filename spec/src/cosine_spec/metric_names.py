@@ -2,7 +2,7 @@
 
 The runtime produces them (``cosine.metrics.ProposerCollector`` on the verifier,
 ``cosine.transport.drafter_service.DrafterMetrics`` on each drafter replica); the operator's
-autoscaler (:mod:`cosine_operator.metrics_scrape`) and the runtime's own tooling (``cosine demo``,
+autoscaler (:mod:`cosine_spec.metrics_scrape`) and the runtime's own tooling (``cosine demo``,
 ``cosine bench``) read them. All import these names; nothing spells them twice.
 ``tests/test_metric_contract.py`` feeds the runtime's real ``/metrics`` text to the operator's
 parsers, so a name changed on one side only fails there, not silently in a cluster's autoscaler.

@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from cosine_spec.autoscaling import Observations
+from cosine_spec.scaling_loop import ScalingLoop
 from test_autoscaling import POLICY, pool, verifier
-
-from cosine_operator.autoscaling import Observations
-from cosine_operator.scaling_loop import ScalingLoop
 
 LATE = Observations(verifier(), (pool(1, asks=20, late=40, skipped={"late": 20}, u=0.9),))  # grows to 2
 

@@ -52,8 +52,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from cosine_operator import metric_names as names
-from cosine_operator.settings import ClusterSpec, clamp_replicas
+from cosine_spec import metric_names as names
+from cosine_spec.settings import ClusterSpec, clamp_replicas
 
 SKIP_REASONS = ("late", "yield", "down")  # cosine:drafter_asks_skipped_total{reason}
 DEMAND_SKIPS = ("late", "down")  # skips that are demand: more replicas would have served them

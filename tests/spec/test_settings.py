@@ -1,4 +1,4 @@
-"""Typed spec views (operator/src/cosine_operator/settings.py) against the CRDs in crds/ (defaults, enums and bounds,
+"""Typed spec views (spec/src/cosine_spec/settings.py) against the CRDs in crds/ (defaults, enums and bounds,
 read from the files), the drafter engine's default rule, the one tokenizer-family table."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from cosine_operator import settings as s
+from cosine_spec import settings as s
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))

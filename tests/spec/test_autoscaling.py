@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-from cosine_operator.autoscaling import (
+from cosine_spec.autoscaling import (
     Observations,
     PoolLimits,
     PoolObservation,

@@ -4,7 +4,7 @@ The operator (per ``CoSineCluster``, on its pods' ``/metrics`` or Prometheus), `
 (its local drafter replicas) and the simulator (its simulated counters) run this loop; each supplies
 its own ``observe`` (what the pools did over the last interval), ``actuate`` (make one pool the
 size decided) and ``report`` (status, events, conditions). The decision is
-:func:`~cosine_operator.autoscaling.desired_replicas`, pure (STYLE #12: the timer gathers, the
+:func:`~cosine_spec.autoscaling.desired_replicas`, pure (STYLE #12: the timer gathers, the
 rule decides, the timer patches; dask-kubernetes' scaling inside a timer full of API calls is what
 this avoids).
 
@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from cosine_operator.autoscaling import Observations, ScaleDecision, ScalerState, ScalingPolicy, desired_replicas
+from cosine_spec.autoscaling import Observations, ScaleDecision, ScalerState, ScalingPolicy, desired_replicas
 
 T = TypeVar("T")
 Observe = Callable[[], "Observations | None | Awaitable[Observations | None]"]

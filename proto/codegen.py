@@ -1,6 +1,7 @@
-"""Generate the Python gRPC stubs from `proto/` with grpcio-tools.
+"""Generate the Python gRPC stubs from `proto/` with grpcio-tools (a development script: the
+runtime ships the generated stubs, not this, and grpcio-tools is a development dependency).
 
-    python -m cosine.transport.codegen          # rewrite runtime/src/cosine/transport/*_pb2*.py
+    python proto/codegen.py          # rewrite runtime/src/cosine/transport/*_pb2*.py
 The stubs are committed; `tests/runtime/test_transport.py` regenerates into a temp dir and checks
 they are identical, so the `.proto` stays the single source of the wire protocol.
 """
@@ -12,10 +13,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[4]  # runtime/src/cosine/transport/ -> the repository
-PROTO_ROOT = REPO / "proto"
+PROTO_ROOT = Path(__file__).resolve().parent  # proto/, in the repository
 PROTO = PROTO_ROOT / "cosine" / "transport" / "drafter.proto"
-OUT = Path(__file__).resolve().parent
+OUT = PROTO_ROOT.parent / "runtime" / "src" / "cosine" / "transport"
 GENERATED = ("drafter_pb2.py", "drafter_pb2.pyi", "drafter_pb2_grpc.py")
 
 

@@ -1,10 +1,10 @@
 """Gather the autoscaler's observations: scrape the pods' ``/metrics`` (or ask Prometheus).
 
 Three layers: :func:`parse` (Prometheus text → one pod's samples, pure), :func:`observe` (two
-scrapes ``dt`` seconds apart → rates → :class:`~cosine_operator.autoscaling.Observations`, pure;
+scrapes ``dt`` seconds apart → rates → :class:`~cosine_spec.autoscaling.Observations`, pure;
 Prometheus mode computes the rates itself, with ``rate()``), and the async fetchers
 :func:`scrape_pods` / :func:`scrape_prometheus` (HTTP only). Series names:
-:mod:`cosine_operator.metric_names`.
+:mod:`cosine_spec.metric_names`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from cosine_operator import metric_names as names
-from cosine_operator.autoscaling import SKIP_REASONS, Observations, PoolObservation, VerifierObservation
-from cosine_operator.metric_names import total
+from cosine_spec import metric_names as names
+from cosine_spec.autoscaling import SKIP_REASONS, Observations, PoolObservation, VerifierObservation
+from cosine_spec.metric_names import total
 
 # A pod's samples: (sample name, pool label or "", reason label or "") -> value, summed over the
 # other labels (model_name, replica).
