@@ -14,13 +14,13 @@ import pytest
 import yaml
 
 from cosine.manifest import load_manifest, parse_spec
-from cosine.tooling import vllm_bench, workloads
-from cosine.tooling.vllm_bench import Record
+from cosine.tooling import bench_results, vllm_bench, workloads
+from cosine.tooling.bench_results import Record
 from cosine.tooling.workloads import Prompt
 
 
 def test_plan_runs_fresh_server_per_level_reference_first_and_last():
-    runs = vllm_bench.plan_runs(vllm_bench.DEFAULT_SYSTEMS, [1, 4])
+    runs = vllm_bench.plan_runs(bench_results.DEFAULT_SYSTEMS, [1, 4])
     middle = ["vllm-ngram", "vllm-suffix", "vllm-draft", "cosine-lookup", "cosine"]
     for c in (1, 4):
         level = [r for r in runs if r.concurrency == c]
@@ -28,7 +28,7 @@ def test_plan_runs_fresh_server_per_level_reference_first_and_last():
         assert [r.run for r in level] == list(range(len(middle) + 2))
     assert [r.concurrency for r in runs] == [1] * 7 + [4] * 7  # level by level: each level bracketed
     for ablation in ("cosine-nofusion", "cosine-nobranch"):
-        assert ablation not in vllm_bench.DEFAULT_SYSTEMS and ablation in vllm_bench.SYSTEMS
+        assert ablation not in bench_results.DEFAULT_SYSTEMS and ablation in bench_results.SYSTEMS
     with pytest.raises(ValueError, match="unknown systems"):
         vllm_bench.plan_runs(["vllm", "sglang"], [1])
 
@@ -140,7 +140,7 @@ def test_run_bench_times_every_drafter_engine_on_the_pools_models_on_a_pools_cor
                                       ("llamacpp", "smollm2-135m-instruct"), ("vllm", "smollm2-135m-instruct")]
     assert {a[2:] for a in asked} == {(8, (1, 8), (2, 3), 9)}  # k 8; alone and at c=8; a pool's half of 4 cores
     assert len(report["draft_cost"]) == 8 and report["draft_cost"][1]["batch"] == 8
-    table = vllm_bench.format_table(report)
+    table = bench_results.format_table(report)
     assert "ms/draft token" in table and "smollm2-135m-instruct" in table and " 40 " in table
     vllm_bench.run_bench(prompts[:3], [], [1, 8], 16, load_manifest(None), "x", draft_cost_models=["y"])
     assert asked[-1][:4] == ("vllm", "y", 8, (1, 3))  # batched at most as many requests as there are prompts
@@ -159,7 +159,7 @@ def test_a_failing_drafter_engine_leaves_an_error_row_and_the_bench_its_rows(mon
     report = vllm_bench.run_bench([Prompt("a", "code", "x")], [], [1], 16, load_manifest(None), "y",
                                   draft_cost_models=["y"])
     assert [("error" in c, c["engine"]) for c in report["draft_cost"]] == [(False, "llamacpp"), (True, "vllm")]
-    assert "failed: draft cost of vllm on y failed" in vllm_bench.format_table(report)
+    assert "failed: draft cost of vllm on y failed" in bench_results.format_table(report)
 
 
 def test_derived_manifest_ablations_and_split_threads():
@@ -184,9 +184,9 @@ def test_derived_manifest_ablations_and_split_threads():
     assert vllm_bench._manifest_variant("cosine-lookup", "split", [0, 1]) == ((), (1, 1))
     assert vllm_bench._manifest_variant("cosine", "overlap", [0, 1]) == ((), (2, 1))
     assert vllm_bench._manifest_variant("vllm-draft", "split", [0, 1]) == ((), None)
-    nobranch = vllm_bench.derived_manifest(source, speculation=dict(vllm_bench.ABLATIONS["cosine-nobranch"]))
+    nobranch = vllm_bench.derived_manifest(source, speculation=dict(bench_results.ABLATIONS["cosine-nobranch"]))
     assert parse_spec(nobranch).speculation.branches == 0  # the ablation is a valid spec the runtime reads
-    by_rate = vllm_bench.derived_manifest(source, speculation=dict(vllm_bench.ABLATIONS["cosine-acceptance"]))
+    by_rate = vllm_bench.derived_manifest(source, speculation=dict(bench_results.ABLATIONS["cosine-acceptance"]))
     assert parse_spec(by_rate).speculation.draft_length == "acceptanceRate"
 
 
@@ -249,7 +249,7 @@ def test_summarize_pool_and_drafter_figures():
                 {("cosine:drafter_busy_seconds_total", "coder"): 5.0,
                  ("cosine:drafter_draft_tokens_total", "coder"): 40.0}),
                ("coder", {}, {})]  # a second replica whose /metrics did not answer
-    row = vllm_bench.summarize([Record("cosine", 1, 1, "a", "code", "x", 9, 0.5, 2.5)], 8.0, before, after, drafter)
+    row = bench_results.summarize([Record("cosine", 1, 1, "a", "code", "x", 9, 0.5, 2.5)], 8.0, before, after, drafter)
     assert row["pools"]["coder"]["draft_tokens"] == 20 and row["pools"]["coder"]["acceptance_rate"] == 0.75
     assert row["pools"]["coder"]["rtt_s"] == 0.25 and row["pools"]["lookup"]["draft_tokens"] == 4
     assert row["drafts_late"] == 3 and row["steps_with_draft_fraction"] == 0.5
@@ -325,14 +325,14 @@ def test_repeats_interleave_and_ratios_come_from_medians_with_their_spread():
     tps = {"vllm": [10.0, 8.0, 9.0], "vllm-suffix": [11.0, 8.0, 10.0], "cosine": [12.0, 9.0, 9.0]}
     rows = [{"system": r.system, "run": r.run, "concurrency": 1, "tpot_ms_p50": 50.0, "mean_acceptance_length": 1.4,
              "steps_with_draft_fraction": 0.4, "output_tokens_per_s": tps[r.system].pop(0)} for r in runs]
-    summary = {e["system"]: e for e in vllm_bench.summarize_repeats(rows)}
+    summary = {e["system"]: e for e in bench_results.summarize_repeats(rows)}
     cosine = summary["cosine"]
     assert cosine["runs"] == 3 and cosine["output_tokens_per_s"] == 9.0
     assert cosine["ratio_vs_vllm"] == 9.0 / 8.0 and cosine["ratio_vs_vllm_spread"] == [1.0, 1.2]  # 12/10, 9/8, 9/9
     assert cosine["best_vllm_speculation"] == "vllm-suffix"
     assert cosine["ratio_vs_best_vllm_speculation_spread"] == [0.9, 9 / 8]  # 12/11, 9/8, 9/10
     report = {"rows": [], "summary": list(summary.values()), "repeat": 3}
-    assert "medians over 3 runs" in vllm_bench.format_table(report)
+    assert "medians over 3 runs" in bench_results.format_table(report)
 
 
 def test_the_summary_gives_each_domain_and_its_slowest_prompt_against_vllm():
@@ -344,21 +344,21 @@ def test_the_summary_gives_each_domain_and_its_slowest_prompt_against_vllm():
              "per_domain_tokens_per_s": {"chat": chat[r.system].pop(0), "code": 10.0 if r.system == "vllm" else 30.0}}
             for r in runs]
 
-    def rec(system: str, run: int, prompt: str, domain: str, latency: float) -> vllm_bench.Record:
-        return vllm_bench.Record(system, run, 4, prompt, domain, "", 48, 1.0, latency)
+    def rec(system: str, run: int, prompt: str, domain: str, latency: float) -> bench_results.Record:
+        return bench_results.Record(system, run, 4, prompt, domain, "", 48, 1.0, latency)
 
     records = [rec("vllm", 0, "chat-a", "chat", 4.0), rec("vllm", 3, "chat-a", "chat", 4.0),
                rec("vllm", 0, "chat-b", "chat", 4.0), rec("vllm", 3, "chat-b", "chat", 4.0),
                rec("cosine", 1, "chat-a", "chat", 3.0), rec("cosine", 2, "chat-a", "chat", 3.0),
                rec("cosine", 1, "chat-b", "chat", 5.0), rec("cosine", 2, "chat-b", "chat", 5.0)]
-    cosine = {e["system"]: e for e in vllm_bench.summarize_repeats(rows, records)}["cosine"]
+    cosine = {e["system"]: e for e in bench_results.summarize_repeats(rows, records)}["cosine"]
     # i-th run against the i-th: 9/10 and 8/8
     assert cosine["ratio_vs_vllm_per_domain"] == {"chat": [0.95, 0.9, 1.0], "code": [3.0, 3.0, 3.0]}
     prompt, ratio = cosine["slowest_prompt_vs_vllm"]["chat"]
     assert prompt == "chat-b" and ratio == pytest.approx(4.0 / 5.0)
-    table = vllm_bench.format_table({"rows": [], "summary": [cosine], "repeat": 2})
+    table = bench_results.format_table({"rows": [], "summary": [cosine], "repeat": 2})
     assert "chat 0.95 [0.9-1] (slowest 0.8)" in table
-    open_loop = vllm_bench.format_table({"rows": [], "summary": [cosine], "repeat": 2, "request_rate": 0.2})
+    open_loop = bench_results.format_table({"rows": [], "summary": [cosine], "repeat": 2, "request_rate": 0.2})
     assert "open loop at 0.2 requests/s: tok/s follows the arrival rate" in open_loop
 
 

@@ -24,18 +24,18 @@ def test_serve_and_demo_place_by_measurement_by_default(tmp_path, monkeypatch):
     from cosine.manifest import load_manifest
     from cosine.model_store import last_bench_path
     from cosine.placement import EVIDENCE_KEY
-    from cosine.tooling import vllm_bench
+    from cosine.tooling import bench_results
 
     for command in (["serve"], ["demo"]):
         args = build_parser().parse_args(command)
         assert args.placement == "auto" and args.evidence is None  # the last bench, in the cache
     # the evidence is the last bench kept in the cache, wherever the command runs
     monkeypatch.setenv("COSINE_CACHE", str(tmp_path / "cache"))
-    vllm_bench.write_report({"rows": []}, tmp_path / "elsewhere" / "bench.json")
+    bench_results.write_report({"rows": []}, tmp_path / "elsewhere" / "bench.json")
     assert last_bench_path() == tmp_path / "cache" / "bench" / "last.json"
     assert last_bench_path().read_text() == (tmp_path / "elsewhere" / "bench.json").read_text()
     assert EVIDENCE_KEY in json.loads(last_bench_path().read_text())  # a finished run carries its evidence
-    vllm_bench.write_report({"rows": [], "complete": False}, tmp_path / "partial.json", evidence=False)  # a checkpoint
+    bench_results.write_report({"rows": [], "complete": False}, tmp_path / "partial.json", evidence=False)  # a checkpoint
     assert (tmp_path / "partial.json").exists() and "complete" not in last_bench_path().read_text()
     # a bench that measured no pool: the pool is unmeasured and stays off this CPU verifier's cores
     c = _placement_choice("auto", load_manifest(None), None)

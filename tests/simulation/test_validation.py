@@ -85,7 +85,7 @@ def test_placement_evidence_from_a_split_bench_keeps_pools_off_two_cores(tmp_pat
     the verifier's step on both cores (vllm's), on the one it keeps beside the pool (cosine's), the
     pool's and prompt lookup's acceptance. There the pool paid less than its core cost."""
     from cosine.placement import Evidence, choose
-    from cosine.tooling.vllm_bench import CLUSTERS
+    from cosine.tooling.bench_results import CLUSTERS
 
     bench = calibration.load_bench(BENCH)
     ev = calibration.placement_evidence(bench, Evidence(cores=2, pool_cores=1, source="session 8"), CLUSTERS)

