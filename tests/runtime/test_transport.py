@@ -117,10 +117,10 @@ def test_dead_drafter_raises_quickly():
     assert remote.propose("x", [1, 2], 2).token_ids == (3, 4)
     server.stop(None)
     servicer.close()
-    t0 = time.perf_counter()
-    with pytest.raises(grpc.RpcError):
+    with pytest.raises(grpc.RpcError) as err:
         remote.propose("x", [1, 2, 3], 2)
-    assert time.perf_counter() - t0 < 3
+    # refused at once, not left to run out its deadline
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
 
 
 def test_hung_drafter_is_cut_off_by_the_deadline():
@@ -129,11 +129,9 @@ def test_hung_drafter_is_cut_off_by_the_deadline():
     try:
         remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "stuck", base_timeout_s=0.2,
                                per_token_timeout_s=0.01)
-        t0 = time.perf_counter()
         with pytest.raises(grpc.RpcError) as err:
             remote.propose("r", [1, 2], 2)
-        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert time.perf_counter() - t0 < 1.0
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # cut off, not the 3 s hang's answer
         sample = servicer.metrics.registry.get_sample_value  # the stuck round shows as busy before it ends
         assert sample("cosine:drafter_rounds_total", {"pool": "stuck"}) == 0
         assert sample("cosine:drafter_busy_seconds_total", {"pool": "stuck"}) >= 0.2
