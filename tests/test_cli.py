@@ -35,7 +35,8 @@ def test_serve_and_demo_place_by_measurement_by_default(tmp_path, monkeypatch):
     assert last_bench_path() == tmp_path / "cache" / "bench" / "last.json"
     assert last_bench_path().read_text() == (tmp_path / "elsewhere" / "bench.json").read_text()
     assert EVIDENCE_KEY in json.loads(last_bench_path().read_text())  # a finished run carries its evidence
-    bench_results.write_report({"rows": [], "complete": False}, tmp_path / "partial.json", evidence=False)  # a checkpoint
+    # a checkpoint
+    bench_results.write_report({"rows": [], "complete": False}, tmp_path / "partial.json", evidence=False)
     assert (tmp_path / "partial.json").exists() and "complete" not in last_bench_path().read_text()
     # a bench that measured no pool: the pool is unmeasured and stays off this CPU verifier's cores
     c = _placement_choice("auto", load_manifest(None), None)

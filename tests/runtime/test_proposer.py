@@ -130,7 +130,7 @@ def test_failed_pool_costs_drafts_not_the_request():
         assert "r" in drafts
         time.sleep(0.02)
     assert p.stats.pool_errors["coder"] >= 3
-    assert p.down_until["coder"] > time.monotonic()
+    assert not p.breakers["coder"].allows(time.monotonic())
 
 
 def test_a_down_pool_still_shows_its_demand():
@@ -143,7 +143,7 @@ def test_a_down_pool_still_shows_its_demand():
     for i in range(6):
         p.propose({"r": [1, 2, 3 + i]})
         _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
-    assert p.down_until["coder"] > time.monotonic()
+    assert not p.breakers["coder"].allows(time.monotonic())
     calls, down = pool.calls, p.stats.pool_skipped.get(("coder", "down"), 0)
     assert down >= 2
     for i in range(4):  # a request that arrives while the pool is down: routed nowhere, demand still
@@ -180,7 +180,7 @@ def test_single_late_call_is_a_metric_not_a_warning(caplog):
             _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
     assert p.stats.pool_errors["coder"] == 1
     assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
-    assert p.down_until.get("coder", 0.0) == 0.0
+    assert p.breakers["coder"].allows(0.0) and p.breakers["coder"].down_until_s == 0.0
     p.close()
 
 
@@ -494,3 +494,23 @@ def test_a_request_whose_own_drafts_fail_stops_while_its_domain_goes_on():
     assert lens["bad"][-3:] == [0, 0, 0] and lens["good"][-3:] == [4, 4, 4]
     assert p.calibration(LOOKUP, "chat", "bad") < 0.25 < p.calibration(LOOKUP, "chat") < p.calibration(
         LOOKUP, "chat", "good")
+
+
+def test_stats_writes_from_many_threads_all_count():
+    """Catches: unlocked read-modify-writes of the stats from the pool calls' threads (lost
+    increments), and a scrape that reads while they write."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cosine.proposer import ProposerStats
+
+    stats = ProposerStats()
+
+    def work(i: int) -> None:
+        for _ in range(2000):
+            stats.add(stats.pool_calls, f"p{i % 2}")
+            stats.observe_step(0.001, 1, i % 2 == 0)
+            stats.snapshot()
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(work, range(4)))
+    assert stats.pool_calls == {"p0": 4000, "p1": 4000} and stats.steps == 8000 and stats.steps_with_draft == 4000

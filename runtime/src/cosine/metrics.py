@@ -63,7 +63,7 @@ class ProposerCollector:
         """Yield the metric families above from the stats' current values (called per scrape)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        s = self.stats
+        s = self.stats.snapshot()  # one consistent reading: pool calls' threads go on writing
         per_pool = (
             (names.DRAFTS, "Verifications that had a draft.", s.drafts),
             (names.DRAFT_TOKENS, "Draft tokens verified.", s.draft_tokens),

@@ -62,13 +62,14 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from cosine_spec.settings import SpeculationSpec
 
 from cosine import routing
 from cosine import speculation_control as sc
+from cosine.breaker import Breaker
 from cosine.drafter import Drafter
 from cosine.fusion import DraftPath, fuse
 from cosine.lookup import SuffixLookup, SuffixSettings
@@ -182,7 +183,13 @@ class _Request:
 
 @dataclass
 class ProposerStats:
-    """Counters since start (the metrics layer turns them into `cosine:` series)."""
+    """Counters since start (the metrics layer turns them into `cosine:` series).
+
+    Written from the engine's thread (steps, the queue) and the pool calls' threads (calls,
+    errors, speeds), read at scrape time from the metrics server's: every write goes through a
+    method here, under one lock, and readers take a `snapshot`. (vLLM's spec-decode stats keep
+    the same three layers: these counters, an aggregator, the exporter, `metrics.ProposerCollector`.)
+    """
 
     steps: int = 0
     steps_with_draft: int = 0
@@ -203,9 +210,36 @@ class ProposerStats:
     requests_running: int = 0
     requests_waiting: int = 0
 
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
     def add(self, counter: dict[Any, int], key: Any, n: int = 1) -> None:
         """Add `n` to `counter[key]` (one of this object's per-source counters)."""
-        counter[key] = counter.get(key, 0) + n
+        with self._lock:
+            counter[key] = counter.get(key, 0) + n
+
+    def set(self, gauge: dict[Any, float], key: Any, value: float) -> None:
+        """Set `gauge[key]` (one of this object's per-pool estimates) to `value`."""
+        with self._lock:
+            gauge[key] = value
+
+    def observe_step(self, step_s: float, num_tokens: int, with_draft: bool) -> None:
+        """One engine step: `step_s` seconds computing `num_tokens` tokens; `with_draft`: it verified a draft."""
+        with self._lock:
+            self.steps += 1
+            self.busy_s += max(0.0, step_s)
+            self.tokens_verified += num_tokens
+            self.steps_with_draft += int(with_draft)
+
+    def observe_queue(self, running: int, waiting: int) -> None:
+        """The engine's requests running and waiting now (the scheduler's queues)."""
+        with self._lock:
+            self.requests_running, self.requests_waiting = running, waiting
+
+    def snapshot(self) -> ProposerStats:
+        """A consistent copy to read (the counters go on changing under the original)."""
+        with self._lock:
+            values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
+            return ProposerStats(**{k: dict(v) if isinstance(v, dict) else v for k, v in values.items()})
 
 
 class CoSineProposer:
@@ -253,15 +287,13 @@ class CoSineProposer:
         self.lookup = lookup if lookup is not None else SuffixLookup(settings.suffix)
         self.curve: sc.PassCurve | None = None
         self._curve_observations = 0
-        self.down_until: dict[str, float] = {}
+        self.breakers = {n: Breaker(settings.pool_down_after, settings.pool_retry_s) for n in names}
         self._rng = random.Random(seed)
         self._requests: dict[str, _Request] = {}
-        self._contexts: dict[str, Sequence[int]] = {}
         self._lock = threading.Lock()
         self._yield_counts: dict[str, tuple[float, float]] = {}  # pool -> decayed (accepted, calls)
         self._calibration: dict[tuple[str, str], tuple[float, float]] = {}  # (source, domain) -> decayed
         # (accepted, predicted) tokens
-        self._failures: dict[str, int] = {}  # pool -> failed calls in a row
         self._warned_s: dict[str, float] = {}  # pool -> when its last warning was logged
         self._closed = False
         self._executor = executor or ThreadPoolExecutor(max_workers=max(1, 2 * len(pools)),
@@ -274,11 +306,7 @@ class CoSineProposer:
         its request's acceptance estimate for the source and the router's (pool, domain) arm."""
         if not step.has_prefill:
             self._observe_curve(step.num_tokens, step.step_s)
-        self.stats.steps += 1
-        self.stats.busy_s += max(0.0, step.step_s)
-        self.stats.tokens_verified += step.num_tokens
-        if any(o.num_draft_tokens for o in step.outcomes):
-            self.stats.steps_with_draft += 1
+        self.stats.observe_step(step.step_s, step.num_tokens, any(o.num_draft_tokens for o in step.outcomes))
         for o in step.outcomes:
             req = self._requests.get(o.request_id)
             if req is None or o.num_draft_tokens <= 0 or not o.source:
@@ -317,7 +345,6 @@ class CoSineProposer:
             if req is None:
                 plen = (prompt_lens or {}).get(rid, len(ctx))
                 req = self._new_request(rid, ctx[:plen])
-            self._contexts[rid] = ctx
             tokens, source, path = self._fused(rid, req, ctx)
             k = (
                 self._draft_len(
@@ -348,10 +375,9 @@ class CoSineProposer:
         if request_id in self._requests or not prompt or not self.pools:
             return
         req = self._new_request(request_id, prompt)
-        self._contexts[request_id] = prompt
         now = self.clock()
         for name in req.pools:
-            if self.down_until.get(name, 0.0) <= now:
+            if self.breakers[name].allows(now):
                 req.used.add(name)
                 req.inflight[name] = self._ask(name, request_id, tuple(prompt),
                                                self.settings.speculation.max_draft_len + 1, prefill=True)
@@ -369,7 +395,6 @@ class CoSineProposer:
     def release(self, request_id: str) -> None:
         """Forget a finished request: its output stays in the suffix trees; pools release it."""
         req = self._requests.pop(request_id, None)
-        self._contexts.pop(request_id, None)
         self.lookup.release(request_id)
         if req is None:
             return
@@ -489,7 +514,7 @@ class CoSineProposer:
         with self._lock:
             ranked = routing.route(domain, self.profiles, self.router, replace(rs, max_drafters=len(self.profiles)),
                                    self._rng.betavariate)
-        up = [n for n in ranked if self.down_until.get(n, 0.0) <= now]
+        up = [n for n in ranked if self.breakers[n].allows(now)]
         return up[: rs.max_drafters], [n for n in ranked[: rs.max_drafters] if n not in up]
 
     # ------------------------------------------------------------ candidates and fusion
@@ -557,7 +582,8 @@ class CoSineProposer:
 
     def _on_time(self, name: str, usable: bool) -> None:
         """Fold one look at a pool's draft into its on-time share (EMA over looks, all requests)."""
-        self.stats.pool_on_time[name] = PoolPolicy.on_time(self.stats.pool_on_time.get(name, 1.0), usable)
+        share = PoolPolicy.on_time(self.stats.pool_on_time.get(name, 1.0), usable)
+        self.stats.set(self.stats.pool_on_time, name, share)
 
     def _request_pool_drafts(self, rid: str, req: _Request, ctx: Sequence[int], expected: Sequence[int]) -> None:
         """Ask each routed pool that is idle for this request to draft ahead from `ctx`, past the
@@ -570,7 +596,7 @@ class CoSineProposer:
         step_s = self.curve.seconds(1) if self.curve else s.initial_step_s
         for name in (*req.pools, *req.down):
             reason = self._skip_reason(name, req)
-            if reason is None and (name in req.down or self.down_until.get(name, 0.0) > now):
+            if reason is None and (name in req.down or not self.breakers[name].allows(now)):
                 reason = "down"  # it would have been asked: demand the autoscaler sees (a pool at zero)
             if reason is not None:
                 self.stats.add(self.stats.pool_skipped, (name, reason))
@@ -599,9 +625,9 @@ class CoSineProposer:
         d: _PoolDraft = fut.result()
         rtt_s, token_s = PoolPolicy.learn_speed(self.stats.pool_rtt_s.get(name), self.stats.pool_token_s.get(name),
                                                 self.clock() - asked_s, 0 if prefill else d.drafted)
-        self.stats.pool_rtt_s[name] = rtt_s
+        self.stats.set(self.stats.pool_rtt_s, name, rtt_s)
         if token_s is not None:
-            self.stats.pool_token_s[name] = token_s
+            self.stats.set(self.stats.pool_token_s, name, token_s)
         self._count_yield(name, call=True)
 
     def _draft_on_pool(self, name: str, rid: str, ctx: tuple[int, ...], k: int, expected: tuple[int, ...] = (),
@@ -613,7 +639,9 @@ class CoSineProposer:
         except Exception as e:
             self._pool_failed(name, e)
             raise
-        if self._failures.pop(name, 0) >= self.settings.pool_down_after:
+        with self._lock:
+            recovered = self.breakers[name].succeeded()
+        if recovered:
             log.info("drafter pool %s answers again", name)
         candidates = [(expected[: d.prefix_len] + tuple(d.token_ids), (1.0,) * d.prefix_len + tuple(d.confidences))]
         candidates += [(expected[: b.prefix_len] + tuple(b.token_ids), (1.0,) * b.prefix_len + tuple(b.confidences))
@@ -632,18 +660,18 @@ class CoSineProposer:
             acc += accepted
             self._yield_counts[name] = (acc, calls)
             if calls > 0:
-                self.stats.pool_yield[name] = acc / calls
+                self.stats.set(self.stats.pool_yield, name, acc / calls)
 
     def _pool_failed(self, name: str, e: Exception) -> None:
         """Count a failed draft call; after `pool_down_after` in a row the pool is left out for
         `pool_retry_s`, with one warning per `pool_warn_every_s` at most."""
-        s = self.settings
+        s, now = self.settings, self.clock()
         self.stats.add(self.stats.pool_errors, name)
-        n = self._failures[name] = self._failures.get(name, 0) + 1
-        if n < s.pool_down_after:
-            return
-        now = self.clock()
-        self.down_until[name] = now + s.pool_retry_s
+        with self._lock:
+            breaker = self.breakers[name]
+            if not breaker.failed(now):
+                return
+            n = breaker.failures
         if now - self._warned_s.get(name, -math.inf) >= s.pool_warn_every_s:
             self._warned_s[name] = now
             log.warning("drafter pool %s failed %d calls in a row (%s); left out for %.0f s at a time",

@@ -315,8 +315,7 @@ class CoSineScheduler(Scheduler):
         has_prefill = bool(scheduler_output.scheduled_new_reqs) or any(
             n > 1 + len(spec_tokens.get(rid, ())) for rid, n in scheduler_output.num_scheduled_tokens.items())
         out = super().update_from_output(scheduler_output, model_runner_output)
-        self.cosine.stats.requests_running = len(self.running)
-        self.cosine.stats.requests_waiting = len(self.waiting)
+        self.cosine.stats.observe_queue(len(self.running), len(self.waiting))
         if scheduler_output.total_num_scheduled_tokens > 0:
             self.cosine.observe_step(prop.StepRecord(step_s, scheduler_output.total_num_scheduled_tokens,
                                                      tuple(outcomes), has_prefill))

@@ -36,7 +36,7 @@ STAGES = ("observe", "actuate", "report")
 
 
 async def _settle(value: T | Awaitable[T]) -> T:
-    return await value if inspect.isawaitable(value) else value  # type: ignore[no-any-return]
+    return await value if inspect.isawaitable(value) else value
 
 
 class ScalingLoop:

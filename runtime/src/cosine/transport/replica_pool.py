@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from cosine.breaker import Breaker
 from cosine.drafter import Draft
 from cosine.pool_policy import assign_replica
 from cosine.transport.remote_drafter import RemoteDrafter
@@ -73,13 +74,12 @@ class ReplicaStats:
 
 
 class _Replica:
-    def __init__(self, drafter: RemoteDrafter) -> None:
+    def __init__(self, drafter: RemoteDrafter, breaker: Breaker) -> None:
         self.drafter = drafter
         self.stats = ReplicaStats()
         self.in_flight = 0
         self.busy_since = 0.0
-        self.failures = 0  # failed calls in a row
-        self.down_until = 0.0
+        self.breaker = breaker  # failed calls in a row, and until when it takes no request
         self.retired = False  # left the address list; kept while it holds contexts
 
 
@@ -223,7 +223,7 @@ class ReplicaPool:
         with self._lock:
             for address in current:
                 if address not in self._replicas:
-                    self._replicas[address] = _Replica(self._connect(address))
+                    self._replicas[address] = _Replica(self._connect(address), Breaker(self.down_after, self.retry_s))
                     log.info("pool %s: replica %s joined", self.name, address)
                 self._replicas[address].retired = False
             for address, r in self._replicas.items():
@@ -240,10 +240,10 @@ class ReplicaPool:
         with self._lock:
             address = self._home.get(request_id)
             r = self._replicas.get(address) if address else None
-            if r is not None and not r.retired and r.down_until <= now and address not in exclude:
+            if r is not None and not r.retired and r.breaker.allows(now) and address not in exclude:
                 return address, r  # type: ignore[return-value]
             healthy = [a for a, x in self._replicas.items()
-                       if not x.retired and x.down_until <= now and a not in exclude]
+                       if not x.retired and x.breaker.allows(now) and a not in exclude]
             candidates = healthy or [a for a, x in self._replicas.items() if not x.retired and a not in exclude]
             held: dict[str, int] = {}
             for a in self._home.values():
@@ -276,7 +276,7 @@ class ReplicaPool:
                                       expected=expected, max_branches=max_branches)
             with self._lock:
                 r.stats.calls += 1
-                r.failures = 0
+                r.breaker.succeeded()
             return draft
         finally:
             with self._lock:
@@ -290,10 +290,8 @@ class ReplicaPool:
         code = e.code() if callable(getattr(e, "code", None)) else None
         with self._lock:
             r.stats.errors += 1
-            r.failures += 1
-            down = r.failures >= self.down_after or code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-            if down:
-                r.down_until = self.clock() + self.retry_s
+            gone = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+            down = r.breaker.failed(self.clock(), fatal=gone)
             others = any(not x.retired and a != address for a, x in self._replicas.items())
         return (down or r.retired) and others
 
