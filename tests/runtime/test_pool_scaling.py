@@ -71,7 +71,7 @@ _SCRIPT = textwrap.dedent('''
         import dataclasses
         from cosine.pool_policy import PoolPolicy
         proposer.settings = dataclasses.replace(proposer.settings, pool=PoolPolicy(probe_every=1))
-        pool = proposer.pools["small"]
+        pool = proposer.pools.pools["small"]
         current = [r0]
         pool.resolve, pool.resolve_every_s = (lambda: list(current)), args["resolve_every_s"]
         calls, lock = [], threading.Lock()  # (start seconds, request id, replica) per draft call that returned

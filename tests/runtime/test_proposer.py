@@ -130,7 +130,7 @@ def test_failed_pool_costs_drafts_not_the_request():
         assert "r" in drafts
         time.sleep(0.02)
     assert p.stats.pool_errors["coder"] >= 3
-    assert not p.breakers["coder"].allows(time.monotonic())
+    assert not p.pools.breakers["coder"].allows(time.monotonic())
 
 
 def test_a_down_pool_still_shows_its_demand():
@@ -143,7 +143,7 @@ def test_a_down_pool_still_shows_its_demand():
     for i in range(6):
         p.propose({"r": [1, 2, 3 + i]})
         _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
-    assert not p.breakers["coder"].allows(time.monotonic())
+    assert not p.pools.breakers["coder"].allows(time.monotonic())
     calls, down = pool.calls, p.stats.pool_skipped.get(("coder", "down"), 0)
     assert down >= 2
     for i in range(4):  # a request that arrives while the pool is down: routed nowhere, demand still
@@ -180,7 +180,7 @@ def test_single_late_call_is_a_metric_not_a_warning(caplog):
             _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
     assert p.stats.pool_errors["coder"] == 1
     assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
-    assert p.breakers["coder"].allows(0.0) and p.breakers["coder"].down_until_s == 0.0
+    assert p.pools.breakers["coder"].allows(0.0) and p.pools.breakers["coder"].down_until_s == 0.0
     p.close()
 
 
@@ -193,7 +193,7 @@ def test_release_reaches_every_pool_the_request_used_after_its_calls_end():
         _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
     assert a.calls and b.calls
     b.gate.clear()  # b's last call hangs while the request finishes
-    p._requests["r"].inflight["b"] = p._executor.submit(b.propose, "r", [1], 3)
+    p._requests["r"].inflight["b"] = p.pools._executor.submit(b.propose, "r", [1], 3)
     p.retain(set())
     time.sleep(0.1)
     assert "r" in a.released or "r" not in b.released  # b's release waits for b's call
@@ -427,8 +427,8 @@ def test_pool_asks_are_sized_from_the_pools_measured_speed_to_come_back_within_a
     p = CoSineProposer(s, [pool])
     p.observe_step(StepRecord(1.0, 1))  # a verifier step takes 1 s
     asks = []
-    real = p._draft_on_pool
-    p._draft_on_pool = lambda name, rid, ctx, k, expected=(), branches=0, **kw: (
+    real = p.pools._draft_on_pool
+    p.pools._draft_on_pool = lambda name, rid, ctx, k, expected=(), branches=0, **kw: (
         asks.append((k, branches)), real(name, rid, ctx, k, expected, branches, **kw))[1]
     ctx = [1, 2, 3]
     # 0.8 s of a 1 s step: 20, 8, 4 draft tokens in all; a pool slower than the step (0.5 s a token,

@@ -105,4 +105,4 @@ def test_the_verifiers_proposer_dials_tls_from_its_config(tls_pool):
     port, secret, _ = tls_pool
     pools = [{"name": "code", "addresses": [f"127.0.0.1:{port}"], "tls_dir": str(secret), "tls_server_name": SERVICE}]
     proposer = vllm_hooks.build_proposer(vllm_hooks.proposer_config(pools=pools))
-    assert proposer.pools["code"].info().pool == "code"
+    assert proposer.pools.pools["code"].info().pool == "code"

@@ -54,14 +54,12 @@ module's threads, so a crashed or hung pool costs drafts, never a request.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import random
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -69,10 +67,11 @@ from cosine_spec.settings import SpeculationSpec
 
 from cosine import routing
 from cosine import speculation_control as sc
-from cosine.breaker import Breaker
+from cosine.draft_chooser import DraftChooser, conditional
 from cosine.drafter import Drafter
-from cosine.fusion import DraftPath, fuse
+from cosine.fusion import DraftPath
 from cosine.lookup import SuffixLookup, SuffixSettings
+from cosine.pool_clients import PoolClients, PoolDraft, continuation
 from cosine.pool_policy import PoolPolicy
 
 log = logging.getLogger(__name__)
@@ -151,18 +150,6 @@ class ProposerSettings:
             raise ValueError(f"need calibration_prior_tokens >= 0, got {self.calibration_prior_tokens}")
 
 
-@dataclass(frozen=True)
-class _PoolDraft:
-    """A pool's drafts for the context it was asked about (its length and its last token): each
-    candidate is (tokens after that context, their confidences): the main draft and its branches,
-    with the expected tokens they continue put in front; `drafted`: the tokens the pool drafted."""
-
-    context_len: int
-    context_last: int
-    candidates: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...]
-    drafted: int = 0  # tokens the pool drafted for the call (main draft and branches)
-
-
 @dataclass
 class _Request:
     domain: str
@@ -175,8 +162,8 @@ class _Request:
     last_path: tuple[float, ...] = ()  # the last draft's path probabilities, uncalibrated (what was predicted)
     calibration: dict[str, tuple[float, float]] = field(default_factory=dict)  # source -> this request's
     # decayed (accepted, predicted) tokens (`CoSineProposer.calibration`)
-    inflight: dict[str, Future] = field(default_factory=dict)  # pool -> Future[_PoolDraft]
-    arrived: dict[str, _PoolDraft] = field(default_factory=dict)
+    inflight: dict[str, Future] = field(default_factory=dict)  # pool -> Future[PoolDraft]
+    arrived: dict[str, PoolDraft] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)  # every pool ever asked for this request (all are released)
     lookup_hit: float = 0.5  # EMA of steps on which prompt lookup found a draft
 
@@ -243,7 +230,9 @@ class ProposerStats:
 
 
 class CoSineProposer:
-    """The drafting plane for one verifier (see the module docstring).
+    """The drafting plane for one verifier, facing the engine (see the module docstring): request
+    state and routing here; the pools' calls are `pool_clients.PoolClients`', the choice of draft
+    tokens `draft_chooser.DraftChooser`'s.
 
     Args:
         settings: `ProposerSettings`.
@@ -254,9 +243,9 @@ class CoSineProposer:
         seed: the router's Thompson-sampling seed.
         lookup: the prompt-lookup source (`start`, `propose`, `release` as `lookup.SuffixLookup`;
             default: `SuffixLookup(settings.suffix)`; the simulator injects a modelled one).
-        executor: where pool calls run (default: this proposer's own threads; the simulator's
-            runs them in simulated time, `simulation.cluster.SimExecutor`). A call's round trip is
-            timed from the ask to its future's completion.
+        executor: where pool calls run (default: the pools' own threads; the simulator's runs them
+            in simulated time, `simulation.cluster.SimExecutor`). A call's round trip is timed from
+            the ask to its future's completion.
 
     Raises:
         ValueError: duplicate pool names, or a pool named like the prompt-lookup source (`LOOKUP`).
@@ -277,27 +266,22 @@ class CoSineProposer:
         names = [p.name for p in pools]
         if len(set(names)) != len(names) or LOOKUP in names:
             raise ValueError(f"pool names must be distinct and not {LOOKUP!r}, got {names}")
-        self.settings = settings
-        self.pools = {p.name: p for p in pools}
+        s = settings
+        self.settings = s
         self.profiles = [routing.DrafterProfile(n, tuple((expertise or {}).get(n, ()))) for n in names]
         self.classify = classify
         self.clock = clock
         self.router = routing.RouterState()
         self.stats = ProposerStats()
-        self.lookup = lookup if lookup is not None else SuffixLookup(settings.suffix)
-        self.curve: sc.PassCurve | None = None
-        self._curve_observations = 0
-        self.breakers = {n: Breaker(settings.pool_down_after, settings.pool_retry_s) for n in names}
+        self.lookup = lookup if lookup is not None else SuffixLookup(s.suffix)
+        self.pools = PoolClients(pools, self.stats, clock, min_confidence=s.speculation.min_confidence,
+                                 down_after=s.pool_down_after, retry_s=s.pool_retry_s,
+                                 warn_every_s=s.pool_warn_every_s, yield_decay=s.pool_yield_decay, executor=executor)
+        self.chooser = DraftChooser(s.speculation, s.control, s.initial_step_s, s.calibration_decay,
+                                    s.calibration_prior_tokens)
         self._rng = random.Random(seed)
         self._requests: dict[str, _Request] = {}
-        self._lock = threading.Lock()
-        self._yield_counts: dict[str, tuple[float, float]] = {}  # pool -> decayed (accepted, calls)
-        self._calibration: dict[tuple[str, str], tuple[float, float]] = {}  # (source, domain) -> decayed
-        # (accepted, predicted) tokens
-        self._warned_s: dict[str, float] = {}  # pool -> when its last warning was logged
-        self._closed = False
-        self._executor = executor or ThreadPoolExecutor(max_workers=max(1, 2 * len(pools)),
-                                                        thread_name_prefix="cosine-pool")
+        self._lock = threading.Lock()  # the router: routed from the engine's thread, observed from it too
 
     # ------------------------------------------------------------ engine-facing
 
@@ -305,7 +289,7 @@ class CoSineProposer:
         """Fold one engine step in: the pass curve learns (tokens, seconds); each outcome updates
         its request's acceptance estimate for the source and the router's (pool, domain) arm."""
         if not step.has_prefill:
-            self._observe_curve(step.num_tokens, step.step_s)
+            self.chooser.observe_pass(step.num_tokens, step.step_s)
         self.stats.observe_step(step.step_s, step.num_tokens, any(o.num_draft_tokens for o in step.outcomes))
         for o in step.outcomes:
             req = self._requests.get(o.request_id)
@@ -314,12 +298,13 @@ class CoSineProposer:
             st = req.states.get(o.source) or self._initial_state(o.source, req.domain)
             req.states[o.source] = sc.observe(st, self.settings.control, o.num_draft_tokens, o.num_accepted)
             if o.source == req.last_source and req.last_path:
-                self._calibrate(req, o.source, o.num_accepted, sum(req.last_path[: o.num_draft_tokens]))
+                self.chooser.calibrate(o.source, req.domain, req.calibration, o.num_accepted,
+                                       sum(req.last_path[: o.num_draft_tokens]))
             self.stats.add(self.stats.draft_tokens, o.source, o.num_draft_tokens)
             self.stats.add(self.stats.accepted_tokens, o.source, o.num_accepted)
             self.stats.add(self.stats.drafts, o.source)
             if o.source in self.pools:
-                self._count_yield(o.source, accepted=o.num_accepted)
+                self.pools.accepted(o.source, o.num_accepted)
             # every source's per-domain acceptance is learned across requests (prompt lookup's too:
             # it is the prior of the next request of the domain); pools' arms also route
             with self._lock:
@@ -346,17 +331,12 @@ class CoSineProposer:
                 plen = (prompt_lens or {}).get(rid, len(ctx))
                 req = self._new_request(rid, ctx[:plen])
             tokens, source, path = self._fused(rid, req, ctx)
-            k = (
-                self._draft_len(
-                    req,
-                    source,
-                    self._calibrated(req, source, path),
-                    other_tokens=base - 1 + sum(len(d) for d in drafts.values()),
-                    num_requests=len(contexts),
-                )
-                if tokens
-                else 0
-            )
+            k = 0
+            if tokens:
+                state = req.states.get(source) or self._initial_state(source, req.domain)
+                req.states[source], k = self.chooser.draft_len(
+                    state, self.chooser.calibrated(source, req.domain, req.calibration, path),
+                    other_tokens=base - 1 + sum(len(d) for d in drafts.values()), num_requests=len(contexts))
             if self.settings.max_model_len is not None:
                 k = min(k, max(0, self.settings.max_model_len - len(ctx) - 1))
             drafts[rid] = list(tokens[:k])
@@ -377,10 +357,10 @@ class CoSineProposer:
         req = self._new_request(request_id, prompt)
         now = self.clock()
         for name in req.pools:
-            if self.breakers[name].allows(now):
+            if self.pools.allows(name, now):
                 req.used.add(name)
-                req.inflight[name] = self._ask(name, request_id, tuple(prompt),
-                                               self.settings.speculation.max_draft_len + 1, prefill=True)
+                req.inflight[name] = self.pools.ask(name, request_id, tuple(prompt),
+                                                    self.settings.speculation.max_draft_len + 1, prefill=True)
 
     def source_of(self, request_id: str) -> str:
         """The source of the draft last proposed for the request ("" for none)."""
@@ -393,28 +373,12 @@ class CoSineProposer:
             self.release(gone)
 
     def release(self, request_id: str) -> None:
-        """Forget a finished request: its output stays in the suffix trees; pools release it."""
+        """Forget a finished request: its output stays in the suffix trees; pools release it once
+        its calls returned."""
         req = self._requests.pop(request_id, None)
         self.lookup.release(request_id)
-        if req is None:
-            return
-        pending = [f for f in req.inflight.values() if not f.done()]
-        left, lock = [len(pending)], threading.Lock()
-
-        def one_returned(_: Future | None = None) -> None:  # pools release once the request's calls returned
-            with lock:
-                left[0] -= 1
-                if left[0] > 0 or self._closed:  # closing: the executor's shutdown cancels calls and runs
-                    return  # this callback under its own lock (a submit would deadlock); pools evict anyway
-            for name in req.used:
-                with contextlib.suppress(RuntimeError):  # shut down meanwhile
-                    self._executor.submit(self._release_on_pool, name, request_id)
-
-        if not pending:
-            left[0] = 1
-            one_returned()
-        for f in pending:
-            f.add_done_callback(one_returned)
+        if req is not None:
+            self.pools.release(request_id, set(req.used), [f for f in req.inflight.values() if not f.done()])
 
     def num_requests(self) -> int:
         """Requests whose state the proposer keeps (0 once every request finished)."""
@@ -422,25 +386,19 @@ class CoSineProposer:
 
     def replica_stats(self) -> dict[str, dict]:
         """Per pool with replicas (`ReplicaPool`), its per-replica counters (`replica_stats()`)."""
-        return {name: pool.replica_stats() for name, pool in self.pools.items() if hasattr(pool, "replica_stats")}
+        return self.pools.replica_stats()
 
     def close(self) -> None:
         """Stop the pool-call threads without waiting; queued pool calls are cancelled."""
-        self._closed = True
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.pools.close()
 
-    # ------------------------------------------------------------ policy glue
+    def calibration(self, source: str, domain: str, request_id: str | None = None) -> float:
+        """What the target accepted of a source's drafts over what their path probabilities
+        predicted, for requests of `domain` or for one running request (`DraftChooser.calibration`)."""
+        req = self._requests.get(request_id) if request_id is not None else None
+        return self.chooser.calibration(source, domain, req.calibration if req else None)
 
-    def _observe_curve(self, num_tokens: int, step_s: float) -> None:
-        if num_tokens < 1 or step_s <= 0:
-            return
-        if self.curve is None:  # flat until measured: drafts look cheap and get tried, then priced
-            budget = max(2, 8 * (self.settings.speculation.max_draft_len + 1))
-            self.curve = sc.PassCurve(((1, step_s),)).extended(budget)
-        self._curve_observations += 1
-        # learn fast at first (the flat start is a guess), then follow the machine's drift
-        weight = 0.5 if self._curve_observations <= 20 else 0.2
-        self.curve = self.curve.observe(num_tokens, step_s, weight=weight)
+    # ------------------------------------------------------------ requests and routing
 
     def _initial_state(self, source: str, domain: str) -> sc.SpeculationState:
         """A request's starting acceptance estimate for a source: the source's measured per-domain
@@ -450,49 +408,6 @@ class CoSineProposer:
         with self._lock:
             alpha = routing.expected_acceptance(self.router, profile, domain, self.settings.routing)
         return sc.initial_state(self.settings.control, alpha)
-
-    def _draft_len(self, req: _Request, source: str, path: Sequence[float], other_tokens: int,
-                   num_requests: int) -> int:
-        """k for the draft at hand: each token's (calibrated) path probability against what it adds
-        to this batch's pass (`speculation_control.next_draft_len`), probes included."""
-        state = req.states.get(source) or self._initial_state(source, req.domain)
-        curve = self.curve or sc.PassCurve(((1, self.settings.initial_step_s),))
-        cost = sc.BatchedCost(
-            draft_token_s=0.0, curve=curve, other_tokens=max(0, other_tokens), num_requests=max(1, num_requests)
-        )
-        by_path = self.settings.speculation.draft_length == "pathProbability"
-        state, k = sc.next_draft_len(state, self.settings.speculation, self.settings.control, cost,
-                                     path if by_path else None)
-        req.states[source] = state
-        return min(k, len(path))
-
-    def calibration(self, source: str, domain: str, request_id: str | None = None) -> float:
-        """What the target accepted of a source's drafts over what their path probabilities
-        predicted: the factor its path probabilities are scaled by. For requests of `domain`, from
-        every step of every such request as they run (decayed by `calibration_decay`, with
-        `calibration_prior_tokens` at ratio 1); for one running request, its own steps (decayed
-        alike), with the domain's as their prior (worth `calibration_prior_tokens`): requests of
-        one domain differ in how well their own text predicts them."""
-        req = self._requests.get(request_id) if request_id is not None else None
-        return self._calibration_of(source, domain, req)
-
-    def _calibration_of(self, source: str, domain: str, req: _Request | None) -> float:
-        prior = self.settings.calibration_prior_tokens
-        domain_c = sc.calibration(*self._calibration.get((source, domain), (0.0, 0.0)), prior)
-        if req is None or source not in req.calibration:
-            return domain_c
-        return sc.calibration(*req.calibration[source], prior, domain_c)
-
-    def _calibrate(self, req: _Request, source: str, accepted: int, predicted: float) -> None:
-        d = self.settings.calibration_decay
-        acc, pred = self._calibration.get((source, req.domain), (0.0, 0.0))
-        self._calibration[(source, req.domain)] = (acc * d + accepted, pred * d + predicted)
-        acc, pred = req.calibration.get(source, (0.0, 0.0))
-        req.calibration[source] = (acc * d + accepted, pred * d + predicted)
-
-    def _calibrated(self, req: _Request, source: str, path: Sequence[float]) -> tuple[float, ...]:
-        c = self._calibration_of(source, req.domain, req)
-        return tuple(min(1.0, c * p) for p in path)
 
     def _new_request(self, rid: str, prompt: Sequence[int]) -> _Request:
         domain = self.classify(prompt)
@@ -514,49 +429,31 @@ class CoSineProposer:
         with self._lock:
             ranked = routing.route(domain, self.profiles, self.router, replace(rs, max_drafters=len(self.profiles)),
                                    self._rng.betavariate)
-        up = [n for n in ranked if self.breakers[n].allows(now)]
+        up = [n for n in ranked if self.pools.allows(n, now)]
         return up[: rs.max_drafters], [n for n in ranked[: rs.max_drafters] if n not in up]
 
-    # ------------------------------------------------------------ candidates and fusion
+    # ------------------------------------------------------------ candidates and asks
 
     def _fused(self, rid: str, req: _Request, ctx: Sequence[int]) -> tuple[tuple[int, ...], str, tuple[float, ...]]:
-        """The fused chain of every candidate available now, the source of its first token and
-        each token's path probability: the product, down the chain, of each position's winning
-        candidate's probability of the token given the ones before it (a pool's top-1
-        probability; the suffix tree's count over its parent's)."""
+        """Every candidate available now (prompt lookup's, each routed pool's that arrived and
+        continues `ctx`), fused (`DraftChooser.fuse`): the chain, its first token's source and
+        each token's path probability."""
         s, k_max = self.settings, self.settings.speculation.max_draft_len
         paths: list[DraftPath] = []
         if s.lookup and k_max > 0:
             tokens, probs = self.lookup.propose(rid, ctx, k_max)
             if tokens:  # the tree gives path probabilities: per token, each over the one before
-                paths.append(DraftPath(LOOKUP, tuple(tokens), _conditional(probs)))
+                paths.append(DraftPath(LOOKUP, tuple(tokens), conditional(probs)))
             req.lookup_hit = PoolPolicy.lookup_hit(req.lookup_hit, bool(tokens))
         for name in req.pools:
             usable = self._arrived(req, name, ctx)
             if usable:
                 paths.append(DraftPath(name, usable[0], usable[1]))
-        if not paths:
-            return (), "", ()
-        if len(paths) == 1:
-            return paths[0].token_ids[:k_max], paths[0].drafter, _path(paths[0].confidences[:k_max])
         weights = {
             p.drafter: (req.states.get(p.drafter) or self._initial_state(p.drafter, req.domain)).acceptance_rate
             for p in paths
-        }
-        tree = fuse(paths, budget=k_max * len(paths), weights=weights)
-        by_source = {p.drafter: p for p in paths}
-        chain, confs, node, source = [], [], -1, ""
-        while len(chain) < k_max:
-            children = tree.children(node)
-            if not children:
-                break
-            node = children[0]  # the first child is the most confident candidate at this position
-            if not chain:
-                source = tree.nodes[node].proposals[0].drafter
-            chain.append(tree.nodes[node].token_id)
-            winner = tree.nodes[node]
-            confs.append(by_source[winner.proposals[0].drafter].confidences[winner.depth - 1])
-        return tuple(chain), source, _path(confs)
+        } if len(paths) > 1 else {}
+        return self.chooser.fuse(paths, weights)
 
     def _arrived(
         self, req: _Request, name: str, ctx: Sequence[int]
@@ -576,7 +473,7 @@ class CoSineProposer:
                 self.stats.add(self.stats.drafts_late, name)
                 self._on_time(name, False)
             return None
-        best = _continuation(d, ctx)
+        best = continuation(d, ctx)
         self._on_time(name, best is not None)
         return best
 
@@ -593,10 +490,10 @@ class CoSineProposer:
             req.pools, req.down = self._route(req.domain)
         now = self.clock()
         s = self.settings
-        step_s = self.curve.seconds(1) if self.curve else s.initial_step_s
+        step_s = self.chooser.step_s()
         for name in (*req.pools, *req.down):
             reason = self._skip_reason(name, req)
-            if reason is None and (name in req.down or not self.breakers[name].allows(now)):
+            if reason is None and (name in req.down or not self.pools.allows(name, now)):
                 reason = "down"  # it would have been asked: demand the autoscaler sees (a pool at zero)
             if reason is not None:
                 self.stats.add(self.stats.pool_skipped, (name, reason))
@@ -607,75 +504,7 @@ class CoSineProposer:
             k, branches = s.pool.ask(step_s, self.stats.pool_token_s.get(name), self.stats.pool_rtt_s.get(name, 0.0),
                                      s.speculation.max_draft_len, verifying=bool(expected))
             req.used.add(name)
-            req.inflight[name] = self._ask(name, rid, tuple(ctx), k, tuple(expected), branches)
-
-    def _ask(self, name: str, rid: str, ctx: tuple[int, ...], k: int, expected: tuple[int, ...] = (),
-             branches: int = 0, *, prefill: bool = False) -> Future:
-        """Submit one draft call (Future[_PoolDraft]). When it returns, the pool's round trip
-        (ask to answer) is learnt and, unless the call took in a whole prompt (`prefill`), its
-        seconds per draft token."""
-        asked_s = self.clock()
-        fut = self._executor.submit(self._draft_on_pool, name, rid, ctx, k, expected, branches)
-        fut.add_done_callback(lambda f: self._answered(name, asked_s, f, prefill))
-        return fut
-
-    def _answered(self, name: str, asked_s: float, fut: Future, prefill: bool) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            return
-        d: _PoolDraft = fut.result()
-        rtt_s, token_s = PoolPolicy.learn_speed(self.stats.pool_rtt_s.get(name), self.stats.pool_token_s.get(name),
-                                                self.clock() - asked_s, 0 if prefill else d.drafted)
-        self.stats.set(self.stats.pool_rtt_s, name, rtt_s)
-        if token_s is not None:
-            self.stats.set(self.stats.pool_token_s, name, token_s)
-        self._count_yield(name, call=True)
-
-    def _draft_on_pool(self, name: str, rid: str, ctx: tuple[int, ...], k: int, expected: tuple[int, ...] = (),
-                       branches: int = 0) -> _PoolDraft:
-        """One draft call (on the executor)."""
-        try:
-            d = self.pools[name].propose(rid, ctx, k, min_confidence=self.settings.speculation.min_confidence,
-                                         expected=expected, max_branches=branches)
-        except Exception as e:
-            self._pool_failed(name, e)
-            raise
-        with self._lock:
-            recovered = self.breakers[name].succeeded()
-        if recovered:
-            log.info("drafter pool %s answers again", name)
-        candidates = [(expected[: d.prefix_len] + tuple(d.token_ids), (1.0,) * d.prefix_len + tuple(d.confidences))]
-        candidates += [(expected[: b.prefix_len] + tuple(b.token_ids), (1.0,) * b.prefix_len + tuple(b.confidences))
-                       for b in d.branches]
-        drafted = len(d.token_ids) + sum(len(b.token_ids) for b in d.branches)
-        return _PoolDraft(len(ctx), ctx[-1], tuple(candidates), drafted)
-
-    def _count_yield(self, name: str, *, accepted: int = 0, call: bool = False) -> None:
-        """Fold a returned draft call (`call`) or tokens accepted from the pool's drafts into its yield."""
-        with self._lock:
-            acc, calls = self._yield_counts.get(name, (0.0, 0.0))
-            if call:
-                d = self.settings.pool_yield_decay
-                acc, calls = acc * d, calls * d + 1.0
-                self.stats.add(self.stats.pool_calls, name)
-            acc += accepted
-            self._yield_counts[name] = (acc, calls)
-            if calls > 0:
-                self.stats.set(self.stats.pool_yield, name, acc / calls)
-
-    def _pool_failed(self, name: str, e: Exception) -> None:
-        """Count a failed draft call; after `pool_down_after` in a row the pool is left out for
-        `pool_retry_s`, with one warning per `pool_warn_every_s` at most."""
-        s, now = self.settings, self.clock()
-        self.stats.add(self.stats.pool_errors, name)
-        with self._lock:
-            breaker = self.breakers[name]
-            if not breaker.failed(now):
-                return
-            n = breaker.failures
-        if now - self._warned_s.get(name, -math.inf) >= s.pool_warn_every_s:
-            self._warned_s[name] = now
-            log.warning("drafter pool %s failed %d calls in a row (%s); left out for %.0f s at a time",
-                        name, n, _reason(e), s.pool_retry_s)
+            req.inflight[name] = self.pools.ask(name, rid, tuple(ctx), k, tuple(expected), branches)
 
     def _skip_reason(self, name: str, req: _Request) -> str | None:
         """Why not to ask the pool this step for the request (`PoolPolicy.skip_reason`; `None`: ask)."""
@@ -684,55 +513,3 @@ class CoSineProposer:
         return self.settings.pool.skip_reason(req.steps, pool, self.stats.pool_on_time.get(name, 1.0), lookup,
                                                req.lookup_hit if self.settings.lookup else 0.0,
                                                self.settings.speculation.max_draft_len)
-
-    def _release_on_pool(self, name: str, rid: str) -> None:
-        """Release on one pool; `release` submits it once the request's draft calls have returned
-        (each has a deadline): a `Release` that overtook a `Propose` would be undone by it."""
-        try:
-            self.pools[name].release(rid)
-        except Exception as e:  # noqa: BLE001 - best effort; pools evict old contexts anyway
-            log.debug("release %s on %s failed: %s", rid, name, e)
-
-
-def _continuation(d: _PoolDraft, ctx: Sequence[int]) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
-    """The longest rest of a candidate of `d` that continues `ctx`: the context `d` was asked for
-    is a prefix of `ctx` and the tokens emitted since are the candidate's own first tokens."""
-    skip = len(ctx) - d.context_len
-    if skip < 0 or ctx[d.context_len - 1] != d.context_last:
-        return None
-    emitted = list(ctx[d.context_len :])
-    best = None
-    for tokens, confs in d.candidates:
-        longer = best is None or len(tokens) - skip > len(best[0])
-        if skip < len(tokens) and longer and list(tokens[:skip]) == emitted:
-            best = (tokens[skip:], confs[skip:])
-    return best
-
-
-def _conditional(path: Sequence[float]) -> tuple[float, ...]:
-    """Per-token probabilities from path probabilities (each over the one before; 0 after a 0)."""
-    out, prev = [], 1.0
-    for p in path:
-        out.append(min(1.0, p / prev) if prev > 0 else 0.0)
-        prev = p
-    return tuple(out)
-
-
-def _path(conditional: Sequence[float]) -> tuple[float, ...]:
-    """Path probabilities from per-token ones: their running product."""
-    out, acc = [], 1.0
-    for q in conditional:
-        acc *= q
-        out.append(acc)
-    return tuple(out)
-
-
-def _reason(e: Exception) -> str:
-    """One line for a failed draft call: a gRPC status (``DEADLINE_EXCEEDED: ...``) or the exception."""
-    code = getattr(e, "code", None)
-    if callable(code):
-        try:
-            return f"{code().name}: {e.details()}"  # type: ignore[attr-defined]
-        except Exception:
-            pass
-    return repr(e)

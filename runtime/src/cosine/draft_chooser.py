@@ -1,0 +1,144 @@
+"""Which draft tokens a request sends to the verifier this step, from the candidates at hand.
+
+`DraftChooser` holds what the choice learns across requests and steps:
+- the **pass curve**: seconds of one engine pass by the tokens in it, refined by every decode step
+  the engine ran (`speculation_control.PassCurve`; SmartSpec, arXiv:2406.14066);
+- **calibration**: per source and domain (and per request, with the domain's as its prior), what
+  the target accepted of a source's drafts over what their path probabilities predicted
+  (EAGLE-2, arXiv:2406.16858, §4, uses the draft model's confidence as the acceptance estimate;
+  here it is scaled by how well it has predicted).
+
+It chooses in two steps: `fuse` merges several candidates by confidence per position into one chain
+(Gao et al. 2025, arXiv:2503.10325, "confidence-based token fusion"; a chain, since vLLM 0.32
+verifies no trees) with each token's path probability; `draft_len` picks k for that chain from
+goodput on the measured pass curve (`speculation_control.next_draft_len`), down to 0 with probes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from cosine_spec.settings import SpeculationSpec
+
+from cosine import speculation_control as sc
+from cosine.fusion import DraftPath, fuse
+
+Counts = dict[str, tuple[float, float]]  # source -> decayed (accepted, predicted) tokens
+
+
+class DraftChooser:
+    """The fused chain and its k for one request's step (see the module docstring).
+
+    Args:
+        speculation: `spec.speculation` (k's bound `max_draft_len`, `draftLength`'s rule).
+        control: the k controller's tuning. initial_step_s: the pass time assumed before any
+            step was measured (seconds). calibration_decay / calibration_prior_tokens: per-step
+            decay of the (accepted, predicted) counts and the pseudo-tokens at ratio 1.
+    """
+
+    def __init__(self, speculation: SpeculationSpec, control: sc.SpeculationSettings, initial_step_s: float,
+                 calibration_decay: float, calibration_prior_tokens: float) -> None:
+        self.speculation, self.control = speculation, control
+        self.initial_step_s = initial_step_s
+        self.curve: sc.PassCurve | None = None
+        self._curve_observations = 0
+        self._decay, self._prior = calibration_decay, calibration_prior_tokens
+        self._calibration: dict[tuple[str, str], tuple[float, float]] = {}  # (source, domain) -> decayed counts
+
+    # ------------------------------------------------------------ the pass curve
+
+    def observe_pass(self, num_tokens: int, step_s: float) -> None:
+        """A decode pass of `num_tokens` tokens took `step_s` seconds."""
+        if num_tokens < 1 or step_s <= 0:
+            return
+        if self.curve is None:  # flat until measured: drafts look cheap and get tried, then priced
+            budget = max(2, 8 * (self.speculation.max_draft_len + 1))
+            self.curve = sc.PassCurve(((1, step_s),)).extended(budget)
+        self._curve_observations += 1
+        # learn fast at first (the flat start is a guess), then follow the machine's drift
+        weight = 0.5 if self._curve_observations <= 20 else 0.2
+        self.curve = self.curve.observe(num_tokens, step_s, weight=weight)
+
+    def step_s(self) -> float:
+        """Seconds of a one-token pass (measured, else the initial guess)."""
+        return self.curve.seconds(1) if self.curve else self.initial_step_s
+
+    # ------------------------------------------------------------ calibration
+
+    def calibration(self, source: str, domain: str, request: Counts | None = None) -> float:
+        """The factor a source's path probabilities are scaled by: for `domain`, from every step of
+        every such request (decayed); with a request's own counts, those, the domain's as their prior."""
+        domain_c = sc.calibration(*self._calibration.get((source, domain), (0.0, 0.0)), self._prior)
+        if request is None or source not in request:
+            return domain_c
+        return sc.calibration(*request[source], self._prior, domain_c)
+
+    def calibrate(self, source: str, domain: str, request: Counts, accepted: int, predicted: float) -> None:
+        """The target accepted `accepted` tokens of a draft whose path probabilities summed to `predicted`."""
+        acc, pred = self._calibration.get((source, domain), (0.0, 0.0))
+        self._calibration[(source, domain)] = (acc * self._decay + accepted, pred * self._decay + predicted)
+        acc, pred = request.get(source, (0.0, 0.0))
+        request[source] = (acc * self._decay + accepted, pred * self._decay + predicted)
+
+    def calibrated(self, source: str, domain: str, request: Counts, path: Sequence[float]) -> tuple[float, ...]:
+        """`path` scaled by the source's calibration, at most 1."""
+        c = self.calibration(source, domain, request)
+        return tuple(min(1.0, c * p) for p in path)
+
+    # ------------------------------------------------------------ the choice
+
+    def fuse(self, paths: Sequence[DraftPath], weights: Mapping[str, float]) -> tuple[tuple[int, ...], str,
+                                                                                     tuple[float, ...]]:
+        """The chain of `paths` (candidates, each token's probability given the ones before it),
+        at most `max_draft_len` long, the source of its first token and each token's path
+        probability: one candidate as it is; several fused by confidence, `weights` (each
+        source's acceptance rate for the request) breaking ties (`fusion.fuse`)."""
+        k_max = self.speculation.max_draft_len
+        if not paths:
+            return (), "", ()
+        if len(paths) == 1:
+            return paths[0].token_ids[:k_max], paths[0].drafter, path_of(paths[0].confidences[:k_max])
+        tree = fuse(paths, budget=k_max * len(paths), weights=weights)
+        by_source = {p.drafter: p for p in paths}
+        chain, confs, node, source = [], [], -1, ""
+        while len(chain) < k_max:
+            children = tree.children(node)
+            if not children:
+                break
+            node = children[0]  # the first child is the most confident candidate at this position
+            if not chain:
+                source = tree.nodes[node].proposals[0].drafter
+            chain.append(tree.nodes[node].token_id)
+            winner = tree.nodes[node]
+            confs.append(by_source[winner.proposals[0].drafter].confidences[winner.depth - 1])
+        return tuple(chain), source, path_of(confs)
+
+    def draft_len(self, state: sc.SpeculationState, path: Sequence[float], other_tokens: int,
+                  num_requests: int) -> tuple[sc.SpeculationState, int]:
+        """(the request's new state for the source, k) for a draft of calibrated path
+        probabilities `path`: each token against what it adds to this batch's pass, whose other
+        requests carry `other_tokens` tokens (`speculation_control.next_draft_len`, probes included)."""
+        curve = self.curve or sc.PassCurve(((1, self.initial_step_s),))
+        cost = sc.BatchedCost(draft_token_s=0.0, curve=curve, other_tokens=max(0, other_tokens),
+                              num_requests=max(1, num_requests))
+        by_path = self.speculation.draft_length == "pathProbability"
+        state, k = sc.next_draft_len(state, self.speculation, self.control, cost, path if by_path else None)
+        return state, min(k, len(path))
+
+
+def conditional(path: Sequence[float]) -> tuple[float, ...]:
+    """Per-token probabilities from path probabilities (each over the one before; 0 after a 0)."""
+    out, prev = [], 1.0
+    for p in path:
+        out.append(min(1.0, p / prev) if prev > 0 else 0.0)
+        prev = p
+    return tuple(out)
+
+
+def path_of(conditional: Sequence[float]) -> tuple[float, ...]:
+    """Path probabilities from per-token ones: their running product."""
+    out, acc = [], 1.0
+    for q in conditional:
+        acc *= q
+        out.append(acc)
+    return tuple(out)
