@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -95,18 +95,27 @@ def wait_healthy(children: list[Child], host: str = "127.0.0.1", timeout_s: floa
     for c in children:
         with grpc.insecure_channel(f"{host}:{c.grpc_port}") as ch:
             stub = health_pb2_grpc.HealthStub(ch)
-            while True:
-                if c.process.poll() is not None:
-                    raise RuntimeError(f"drafter {c.name} exited with code {c.process.returncode}")
+
+            def serving() -> bool:
                 try:
-                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                    if status == health_pb2.HealthCheckResponse.SERVING:
-                        break
+                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status  # noqa: B023
                 except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"drafter {c.name} not healthy after {timeout_s:.0f} s")
-                time.sleep(0.5)
+                    return False
+                return bool(status == health_pb2.HealthCheckResponse.SERVING)
+
+            _poll(serving, c.process, deadline, 0.5, f"drafter {c.name}", f"not healthy after {timeout_s:.0f} s")
+
+
+def _poll(ready: Callable[[], bool], proc: subprocess.Popen, deadline: float, period_s: float, what: str,
+          late: str) -> None:
+    """Until `ready()`, every `period_s` seconds. Raises RuntimeError naming `what` when `proc`
+    exits first, or with `late` at the monotonic `deadline`."""
+    while not ready():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} {late}")
+        time.sleep(period_s)
 
 
 def stop_children(children: list[Child], timeout_s: float = 10) -> None:
@@ -196,18 +205,14 @@ def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float = 900) ->
     """Poll `GET /health` until 200. Raises RuntimeError if the server exits or times out."""
     import httpx
 
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"cosine serve exited with code {proc.returncode} during start-up")
+    def healthy() -> bool:
         try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return
+            return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
         except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"cluster at {base_url} not ready after {timeout_s:.0f} s")
-        time.sleep(1)
+            return False
+
+    _poll(healthy, proc, time.monotonic() + timeout_s, 1.0, "cosine serve (during start-up)",
+          f"at {base_url} not ready after {timeout_s:.0f} s")
 
 
 def stop_cluster(proc: subprocess.Popen, timeout_s: float = 60) -> None:
