@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cosine.metrics import ProposerCollector
-from cosine.proposer import ProposerStats
+from cosine.proposer_stats import ProposerStats
 from cosine.transport.drafter_service import DrafterMetrics
 
 

@@ -501,7 +501,7 @@ def test_stats_writes_from_many_threads_all_count():
     increments), and a scrape that reads while they write."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from cosine.proposer import ProposerStats
+    from cosine.proposer_stats import ProposerStats
 
     stats = ProposerStats()
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of the serving runtime, named after vLLM's under a `cosine:` prefix.
 
-The proposer counts (`proposer.ProposerStats`); `ProposerCollector` turns the counts into series
+The proposer counts (`proposer_stats.ProposerStats`); `ProposerCollector` turns the counts into series
 at scrape time; `ProposerExporter` serves them. The operator's autoscaler reads the same series
 (its contract: the names below).
 
@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 
 class ProposerCollector:
-    """Prometheus collector over a `proposer.ProposerStats` (read at scrape time), for the
+    """Prometheus collector over a `proposer_stats.ProposerStats` (read at scrape time), for the
     drafting plane running inside vLLM's engine-core process. vLLM's own `vllm:` series (its
     `vllm:spec_decode_*` counters included) stay on the OpenAI server's `/metrics`; these are the
     per-pool series vLLM lacks, on the proposer's own port (`ProposerExporter`):

@@ -19,14 +19,11 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from cosine.breaker import Breaker
 from cosine.drafter import Drafter
 from cosine.pool_policy import PoolPolicy
-
-if TYPE_CHECKING:
-    from cosine.proposer import ProposerStats
+from cosine.proposer_stats import ProposerStats
 
 log = logging.getLogger(__name__)
 

@@ -60,8 +60,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from cosine_spec.settings import SpeculationSpec
 
@@ -73,6 +72,7 @@ from cosine.fusion import DraftPath
 from cosine.lookup import SuffixLookup, SuffixSettings
 from cosine.pool_clients import PoolClients, PoolDraft, continuation
 from cosine.pool_policy import PoolPolicy
+from cosine.proposer_stats import ProposerStats
 
 log = logging.getLogger(__name__)
 
@@ -166,67 +166,6 @@ class _Request:
     arrived: dict[str, PoolDraft] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)  # every pool ever asked for this request (all are released)
     lookup_hit: float = 0.5  # EMA of steps on which prompt lookup found a draft
-
-
-@dataclass
-class ProposerStats:
-    """Counters since start (the metrics layer turns them into `cosine:` series).
-
-    Written from the engine's thread (steps, the queue) and the pool calls' threads (calls,
-    errors, speeds), read at scrape time from the metrics server's: every write goes through a
-    method here, under one lock, and readers take a `snapshot`. (vLLM's spec-decode stats keep
-    the same three layers: these counters, an aggregator, the exporter, `metrics.ProposerCollector`.)
-    """
-
-    steps: int = 0
-    steps_with_draft: int = 0
-    draft_tokens: dict[str, int] = field(default_factory=dict)
-    accepted_tokens: dict[str, int] = field(default_factory=dict)
-    drafts: dict[str, int] = field(default_factory=dict)
-    drafts_late: dict[str, int] = field(default_factory=dict)
-    pool_errors: dict[str, int] = field(default_factory=dict)
-    pool_rtt_s: dict[str, float] = field(default_factory=dict)  # EMA of a pool call's wall time
-    pool_token_s: dict[str, float] = field(default_factory=dict)  # EMA of a call's wall time per draft token
-    pool_calls: dict[str, int] = field(default_factory=dict)  # draft calls that returned
-    pool_yield: dict[str, float] = field(default_factory=dict)  # accepted tokens per draft call (recent)
-    pool_on_time: dict[str, float] = field(default_factory=dict)  # EMA: a pool draft continued the context in time
-    # asks not made, by (pool, reason): "late"/"yield" (`PoolPolicy.skip_reason`), "down" (no replica answers)
-    pool_skipped: dict[tuple[str, str], int] = field(default_factory=dict)
-    busy_s: float = 0.0  # seconds in engine steps
-    tokens_verified: int = 0  # tokens computed by the steps (pending + draft + prefill)
-    requests_running: int = 0
-    requests_waiting: int = 0
-
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, counter: dict[Any, int], key: Any, n: int = 1) -> None:
-        """Add `n` to `counter[key]` (one of this object's per-source counters)."""
-        with self._lock:
-            counter[key] = counter.get(key, 0) + n
-
-    def set(self, gauge: dict[Any, float], key: Any, value: float) -> None:
-        """Set `gauge[key]` (one of this object's per-pool estimates) to `value`."""
-        with self._lock:
-            gauge[key] = value
-
-    def observe_step(self, step_s: float, num_tokens: int, with_draft: bool) -> None:
-        """One engine step: `step_s` seconds computing `num_tokens` tokens; `with_draft`: it verified a draft."""
-        with self._lock:
-            self.steps += 1
-            self.busy_s += max(0.0, step_s)
-            self.tokens_verified += num_tokens
-            self.steps_with_draft += int(with_draft)
-
-    def observe_queue(self, running: int, waiting: int) -> None:
-        """The engine's requests running and waiting now (the scheduler's queues)."""
-        with self._lock:
-            self.requests_running, self.requests_waiting = running, waiting
-
-    def snapshot(self) -> ProposerStats:
-        """A consistent copy to read (the counters go on changing under the original)."""
-        with self._lock:
-            values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
-            return ProposerStats(**{k: dict(v) if isinstance(v, dict) else v for k, v in values.items()})
 
 
 class CoSineProposer:
