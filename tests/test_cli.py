@@ -20,10 +20,10 @@ def test_generate_and_bench_flags():
 
 
 def test_serve_and_demo_place_by_measurement_by_default(tmp_path, monkeypatch):
-    from cosine.cli import _placement_choice
     from cosine.manifest import load_manifest
     from cosine.model_store import last_bench_path
     from cosine.placement import EVIDENCE_KEY
+    from cosine.roles import placement_choice
     from cosine.tooling import bench_results
 
     for command in (["serve"], ["demo"]):
@@ -39,13 +39,13 @@ def test_serve_and_demo_place_by_measurement_by_default(tmp_path, monkeypatch):
     bench_results.write_report({"rows": [], "complete": False}, tmp_path / "partial.json", evidence=False)
     assert (tmp_path / "partial.json").exists() and "complete" not in last_bench_path().read_text()
     # a bench that measured no pool: the pool is unmeasured and stays off this CPU verifier's cores
-    c = _placement_choice("auto", load_manifest(None), None)
+    c = placement_choice("auto", load_manifest(None).spec, None)
     assert c.mode == "lookup" and "not measured" in c.reason
     # no bench run at all, or one from before the evidence format: the same, with the reason
-    assert _placement_choice("auto", load_manifest(None), tmp_path / "none.json").mode == "lookup"
+    assert placement_choice("auto", load_manifest(None).spec, tmp_path / "none.json").mode == "lookup"
     (tmp_path / "old.json").write_text(json.dumps({"rows": []}))
-    assert "not measured" in _placement_choice("auto", load_manifest(None), tmp_path / "old.json").reason
-    assert _placement_choice("split", load_manifest(None), None).mode == "split"
+    assert "not measured" in placement_choice("auto", load_manifest(None).spec, tmp_path / "old.json").reason
+    assert placement_choice("split", load_manifest(None).spec, None).mode == "split"
 
 
 def test_the_placement_evidence_round_trips_and_refuses_a_wrong_type():
@@ -104,8 +104,9 @@ def test_serve_reads_its_placement_without_the_bench_or_the_simulator():
     import subprocess
     import sys
 
-    code = ("import sys; from cosine.cli import build_parser, _placement_choice; from cosine.manifest import "
-            "load_manifest; build_parser(); _placement_choice('auto', load_manifest(None), None); "
+    code = ("import sys; from cosine.cli import build_parser; from cosine.roles import placement_choice; "
+            "from cosine.manifest import load_manifest; import cosine.embedded; build_parser(); "
+            "placement_choice('auto', load_manifest(None).spec, None); "
             "print(sorted(m for m in sys.modules if m.startswith(('cosine.tooling', 'cosine.simulation'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -105,7 +105,7 @@ def test_the_runtime_loads_no_operator_and_depends_on_none() -> None:
     of the serving path or by a dependency of the runtime's distribution (or the spec's)."""
     import tomllib
 
-    loaded = _modules_after_import("cosine.roles, cosine.local_pools, cosine.vllm_hooks, cosine.cli")
+    loaded = _modules_after_import("cosine.roles, cosine.embedded, cosine.vllm_hooks, cosine.cli")
     assert not {m for m in loaded if m.split(".")[0] in ("kopf", "kubernetes_asyncio", "cosine_operator")}
     for dist in ("runtime", "spec"):
         project = tomllib.loads((ROOT / dist / "pyproject.toml").read_text())["project"]

@@ -47,7 +47,7 @@ def test_cpu_list():
 
 # ---- auto: pools get cores only where their measured gain beats what the verifier loses
 
-from cosine.placement import Evidence, choose  # noqa: E402
+from cosine.placement import Choice, Evidence, choose  # noqa: E402
 
 # figures of the same shape as a 2-core bench: verifier step 0.61 s on both cores, 1.36 s on one
 # beside the pool; the pool drafts at 0.14 s/token, accepted at 0.74/token, half its drafts in time
@@ -93,17 +93,47 @@ def test_bad_evidence_raises(cores, pool_cores):
         choose(Evidence(cores=cores, pool_cores=pool_cores))
 
 
-def test_serve_modes_bind_the_verifier_and_start_pools_as_chosen(monkeypatch):
-    from cosine import roles
+def test_serve_modes_bind_the_verifier_and_start_pools_as_chosen():
+    from cosine.placement import assign, local_pool_cores, plan
 
-    monkeypatch.setattr(roles.os, "sched_getaffinity", lambda pid: {0, 1})
     spec = load_manifest(None).spec  # the shipped cluster: verifier 1 thread, one 1-thread pool
-    assert roles.local_pool_cores(spec) == 1
-    split = roles.placement(spec, "split")
+    assert local_pool_cores(spec) == 1
+    split = assign(spec, "split", [1, 0])
     assert split.verifier == (0,) and split.drafters == ((1,),) and not split.shared
-    lookup = roles.placement(spec, "lookup")
+    lookup = assign(spec, "lookup", [0, 1])
     assert lookup.verifier == (0, 1) and lookup.drafters == ()  # no pool started
-    overlap = roles.placement(spec, "overlap")
+    overlap = assign(spec, "overlap", [0, 1])
     assert overlap.verifier == (0, 1) and overlap.drafters == ((0,),) and overlap.shared
     with pytest.raises(ValueError, match="placement must be"):
-        roles.placement(spec, "auto")  # resolved before serving
+        assign(spec, "auto", [0, 1])  # resolved before serving
+    # auto without a bench: the unmeasured pool stays off, and the verifier gets every core
+    choice, where = plan("auto", spec, [0, 1])
+    assert choice.mode == "lookup" and where == lookup
+    assert plan("split", spec, [0, 1]) == (Choice("split", "asked for"), split)
+
+
+def test_a_cpu_list_reads_back_as_its_cores():
+    from cosine.placement import parse_cpu_list
+
+    for cores in ((0,), (0, 1), (0, 2, 3, 7), tuple(range(16))):
+        assert parse_cpu_list(cpu_list(cores)) == cores
+    for bad in ("", "a", "3-1", "0,,1", "1-"):
+        with pytest.raises(ValueError, match="not a CPU list"):
+            parse_cpu_list(bad)
+
+
+def test_the_embedded_verifier_runs_the_verifier_pods_command(tmp_path):
+    """Catches: `cosine serve` starting its verifier with flags `cosine verifier` does not take,
+    or without its cores or its pools' address files."""
+    from cosine.cli import build_parser
+    from cosine.embedded import LocalPools, verifier_command
+
+    manifest = load_manifest(None)
+    pools = LocalPools.__new__(LocalPools)  # no replica started: only its address files are asked for
+    pools.directory, pools.replicas = tmp_path, {p.name: [] for p in manifest.spec.drafter_pools}
+    cmd = verifier_command(manifest, 8123, "0.0.0.0", 9100, (1, 2, 3), pools)
+    assert cmd[1:4] == ["-m", "cosine", "verifier"]
+    args = build_parser().parse_args(cmd[3:])
+    assert (args.http_port, args.host, args.metrics_port, args.cores) == (8123, "0.0.0.0", 9100, (1, 2, 3))
+    assert args.drafter == [f"{p.name}=file://{tmp_path / p.name}.addresses" for p in manifest.spec.drafter_pools]
+    assert build_parser().parse_args(verifier_command(manifest, 8123, "h", 0, (), None)[3:]).cores == ()

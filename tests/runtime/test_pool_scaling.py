@@ -148,7 +148,7 @@ def _contexts(metrics_port: int) -> float:
 
 
 def test_pool_scales_out_and_in_under_load(tmp_path):
-    from cosine import processes
+    from cosine import embedded
     from cosine.manifest import load_manifest
     from cosine.model_store import pull
 
@@ -161,16 +161,16 @@ def test_pool_scales_out_and_in_under_load(tmp_path):
     reference = _run(tmp_path, {"model": MODEL, "prompts": PROMPTS, "tokens": TOKENS, "replicas": []})
     loaded = load_manifest(manifest)
     pool = loaded.spec.drafter_pools[0]
-    children = [processes.start_replica(loaded, pool, f"small-{i}") for i in range(2)]
+    children = [embedded.start_replica(loaded, pool, f"small-{i}") for i in range(2)]
     try:
-        processes.wait_healthy(children, timeout_s=300)
+        embedded.wait_healthy(children, timeout_s=300)
         replicas = [f"127.0.0.1:{c.grpc_port}" for c in children]
         out = _run(tmp_path, {"model": MODEL, "prompts": PROMPTS, "tokens": TOKENS, "replicas": replicas,
                               "pids": [c.process.pid for c in children], "resolve_every_s": RESOLVE_EVERY_S})
         survivor_metrics = int(children[0].cmd[children[0].cmd.index("--metrics-port") + 1])
         survivor_contexts = _contexts(survivor_metrics)
     finally:
-        processes.stop_children(children)
+        embedded.stop_children(children)
 
     # lossless through every scale event
     assert out["outputs"] == reference["outputs"]

@@ -11,17 +11,15 @@ import logging
 import math
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cosine_spec.settings import SpeculationSpec, read_fields
 
-from cosine.placement import DEFAULT, MODES
+from cosine.placement import DEFAULT, MODES, parse_cpu_list
 
 if TYPE_CHECKING:
-    from cosine.manifest import Manifest
-    from cosine.placement import Choice
+    pass
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
@@ -106,6 +104,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from cosine.manifest import load_manifest
+    from cosine.roles import placement_choice
     from cosine.tooling import bench_results, vllm_bench
     from cosine.tooling.workloads import load, resolve_workload
 
@@ -118,7 +117,7 @@ def _bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
     manifest = load_manifest(args.cluster)
-    choice = _placement_choice(DEFAULT, manifest, args.evidence)
+    choice = placement_choice(DEFAULT, manifest.spec, args.evidence)
     print(f"CoSine's placement under auto: {choice.mode} ({choice.reason})", flush=True)
     def checkpoint(partial: dict[str, object]) -> None:  # every run's figures, kept as they come
         bench_results.write_report(partial, args.out, evidence=False)
@@ -152,50 +151,18 @@ def _verifier(args: argparse.Namespace) -> int:
 
     return run_verifier(load_manifest(args.cluster), args.http_port, args.host, args.drafter,
                         os.environ.get("COSINE_API_KEY"), args.metrics_port, args.drafter_tls_dir,
-                        args.drafter_tls_server_name)
-
-
-def _placement_choice(mode: str, manifest: Manifest, evidence: Path | None) -> Choice:
-    """`mode` as asked, or for `auto` what `placement.choose` makes of this machine's cores, the
-    manifest's local pools and the measurements of the bench run at `evidence` (if it exists)."""
-    from cosine.model_store import last_bench_path
-    from cosine.placement import EVIDENCE_KEY, Choice, Evidence, choose, read_evidence
-    from cosine.roles import local_pool_cores
-
-    if mode != "auto":
-        return Choice(mode, "asked for")
-    spec = manifest.spec
-    base = Evidence(len(os.sched_getaffinity(0)), local_pool_cores(spec),
-                    verifier_on_gpu=bool(spec.verifier.pod.gpu_count),
-                    max_draft_len=spec.speculation.max_draft_len)
-    if evidence is None:
-        evidence = last_bench_path()
-    if not evidence.exists():
-        log.info("placement evidence: none (no bench at %s)", evidence)
-    else:
-        log.info("placement evidence: %s", evidence)
-        try:
-            report = json.loads(evidence.read_text())
-            base = read_evidence(report.get(EVIDENCE_KEY) if isinstance(report, dict) else None,
-                                 replace(base, source=str(evidence)))
-        except ValueError as e:  # json.JSONDecodeError included
-            log.warning("placement: %s has no usable measurements (%s); deciding without them", evidence, e)
-    return choose(base)
+                        args.drafter_tls_server_name, args.cores)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from cosine.manifest import load_manifest
     from cosine.roles import run_serve
 
-    manifest = load_manifest(args.cluster)
-    choice = _placement_choice(args.placement, manifest, args.evidence)
-    log.info("placement %s: %s", choice.mode, choice.reason)
-    return run_serve(manifest, args.port, args.host, os.environ.get("COSINE_API_KEY"), args.metrics_port,
-                     choice.mode)
+    return run_serve(args.cluster, args.placement, args.evidence, args.port, args.host, args.metrics_port)
 
 
 def _demo(args: argparse.Namespace) -> int:
     from cosine.manifest import load_manifest
+    from cosine.roles import placement_choice
     from cosine.tooling.demo import run_demo
     from cosine.tooling.workloads import load, resolve_workload
 
@@ -203,7 +170,7 @@ def _demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     prompts = _per_domain(load(resolve_workload(args.workload)), args.limit)
     manifest = load_manifest(args.cluster)
-    choice = _placement_choice(args.placement, manifest, args.evidence)
+    choice = placement_choice(args.placement, manifest.spec, args.evidence)
     return run_demo(manifest, prompts, args.max_tokens, args.port, keep_serving=not args.exit, placement=choice)
 
 
@@ -350,6 +317,8 @@ def _add_role_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[
                     help="dial the drafters over TLS, trusting ca.crt from this directory; default: plaintext")
     ve.add_argument("--drafter-tls-server-name", default=None,
                     help="name the drafters' certificate must carry (default: each --drafter address's host)")
+    ve.add_argument("--cores", type=parse_cpu_list, default=(), metavar="CPULIST",
+                    help="on a CPU, bind vLLM's engine threads to these cores, e.g. 0-1 (default: vLLM's binding)")
     ve.set_defaults(func=_verifier)
 
     se = sub.add_parser("serve", help="embedded cluster: drafter processes + verifier (vLLM's OpenAI server) "
@@ -375,7 +344,6 @@ def _add_role_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    import json
 
     from cosine.simulation.cluster import MODES as SIM_MODES
     from cosine.simulation.plots import plot

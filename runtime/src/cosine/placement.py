@@ -13,7 +13,8 @@ Modes (`cosine serve --placement`): `split` (the verifier and each pool replica 
 every core with prompt lookup only), `shared` (nothing pinned) and `auto` (the default): `choose`
 gives pools their own cores only where their measured gain beats what the verifier loses.
 
-Pure: cores and measurements in, an assignment out.
+Pure: the spec, cores and measurements in, a choice and an assignment out (`plan`); the caller
+reads the evidence file (`roles.placement_choice`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cosine.speculation_control import expected_tokens
+
+if TYPE_CHECKING:
+    from cosine_spec.settings import ClusterSpec
 
 
 class Mode(StrEnum):
@@ -102,6 +106,22 @@ def cpu_list(cores: Sequence[int]) -> str:
         else:
             out.append(str(c))
     return ",".join(out)
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """The cores of a Linux CPU list (`0,2-3` -> (0, 2, 3)), `cpu_list`'s inverse.
+
+    Raises:
+        ValueError: not a CPU list.
+    """
+    cores: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        last = last if dash else first
+        if not (first.isdigit() and last.isdigit()) or int(last) < int(first):
+            raise ValueError(f"not a CPU list like 0,2-3: {text!r}")
+        cores.update(range(int(first), int(last) + 1))
+    return tuple(sorted(cores))
 
 
 @dataclass(frozen=True)
@@ -224,3 +244,62 @@ def choose(e: Evidence, margin: float = 0.05) -> Choice:
     if split_tok_s > lookup_tok_s * (1.0 + margin):
         return Choice("split", f"pools on their own cores: {figures}", split_tok_s, lookup_tok_s)
     return Choice("lookup", f"pools off, {every}: {figures}", split_tok_s, lookup_tok_s)
+
+
+def local_pool_cores(spec: ClusterSpec) -> int:
+    """Cores the spec's local drafter replicas would take (their threads, all replicas)."""
+    return sum(p.threads * max(1, p.replicas) for p in spec.drafter_pools)
+
+
+def decide(mode: str, spec: ClusterSpec, cpus: Sequence[int], report: Any = None, source: str = "") -> Choice:
+    """`mode` as asked, or for `auto` what `choose` makes of `cpus`, the spec's local pools and the
+    measurements of a `cosine bench` report (its `EVIDENCE_KEY` document; None: no bench run).
+    A report without usable measurements is decided without them, and the reason says why."""
+    if mode != Mode.AUTO:
+        return Choice(mode, "asked for")
+    base = Evidence(len(cpus), local_pool_cores(spec), verifier_on_gpu=bool(spec.verifier.pod.gpu_count),
+                    max_draft_len=spec.speculation.max_draft_len)
+    if report is None:
+        return choose(base)
+    try:
+        measured = read_evidence(report.get(EVIDENCE_KEY) if isinstance(report, Mapping) else None,
+                                 replace(base, source=source))
+    except ValueError as e:
+        unmeasured = choose(base)
+        return replace(unmeasured, reason=f"{unmeasured.reason}; {source} has no usable measurements ({e})")
+    return choose(measured)
+
+
+def assign(spec: ClusterSpec, mode: str, cpus: Sequence[int]) -> Placement:
+    """The cores of each role of `spec` on `cpus` under `mode` (resolved: not `auto`): `split`
+    puts the verifier's engine threads and each drafter replica on disjoint cores (sharing only
+    when there are too few); `overlap` binds the verifier to every core and lets the replicas share
+    them; `lookup` starts no replica and binds the verifier to every core (prompt lookup only);
+    `shared` pins nothing (vLLM binds its own threads, drafters float), which is what co-location
+    costs. A verifier on GPUs keeps one core.
+
+    Raises:
+        ValueError: `auto` or an unknown mode.
+    """
+    replicas = [pool for pool in spec.drafter_pools for _ in range(max(1, pool.replicas))]
+    if mode == Mode.SHARED:
+        return Placement((), tuple(() for _ in replicas), True)
+    if mode not in (Mode.SPLIT, Mode.OVERLAP, Mode.LOOKUP):
+        raise ValueError(f"placement must be 'split', 'overlap', 'lookup' or 'shared', got {mode!r}")
+    cpus = sorted(cpus)
+    gpus = spec.verifier.pod.gpu_count
+    if mode == Mode.LOOKUP:
+        return Placement(() if gpus else tuple(cpus), (), False)
+    threads = 1 if gpus else (len(cpus) if mode == Mode.OVERLAP else spec.verifier.threads)
+    return place(cpus, threads, [p.threads for p in replicas])
+
+
+def plan(mode: str, spec: ClusterSpec, cpus: Sequence[int], report: Any = None,
+         source: str = "") -> tuple[Choice, Placement]:
+    """`decide`, then `assign` the chosen mode: what `cosine serve` runs where.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    choice = decide(mode, spec, cpus, report, source)
+    return choice, assign(spec, choice.mode, cpus)

@@ -1,5 +1,5 @@
-"""Child processes of the runtime: `cosine serve`'s drafter replicas and verifier, and a whole
-`cosine serve` started by `cosine demo` and `cosine bench`.
+"""Child processes of the runtime, whoever starts them: `cosine serve`'s drafter replicas and
+verifier (`cosine.embedded`), and a whole `cosine serve` started by `cosine demo` and `cosine bench`.
 
 Every child dies with its parent, however the parent dies: direct children by
 `PR_SET_PDEATHSIG`, the verifier's process group (vLLM's API server, its engine core and workers)
@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,26 +25,6 @@ if TYPE_CHECKING:
     from cosine.manifest import Manifest
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Child:
-    """A drafter replica process of `cosine serve`: its command, environment, gRPC port, the cores it
-    is pinned to (() = any) and how many times `supervise` restarted it."""
-
-    name: str
-    process: subprocess.Popen
-    grpc_port: int
-    cmd: list[str]
-    env: dict[str, str]
-    restarts: int = 0
-
-    cores: tuple[int, ...] = ()
-    metrics_port: int = 0  # its `cosine:drafter_*` series (the embedded autoscaler scrapes them)
-
-    def start(self) -> None:
-        """(Re)start the process with the same command, environment and cores."""
-        self.process = subprocess.Popen(self.cmd, env=self.env, preexec_fn=child_setup(self.cores))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -71,42 +50,7 @@ def child_setup(cores: Sequence[int]):
     return setup
 
 
-def start_replica(manifest: Manifest, pool, name: str, host: str = "127.0.0.1",
-                  cores: Sequence[int] = ()) -> Child:
-    """One `cosine drafter` process of `pool` (a `DrafterPoolSpec`) on free loopback ports, its
-    engine threads `pool.threads`, pinned to `cores` when given; named `name`."""
-    port, metrics_port = free_port(host), free_port(host)
-    cmd = [sys.executable, "-m", "cosine", "drafter", "--pool", pool.name, "--grpc-port", str(port),
-           "--metrics-port", str(metrics_port), "--host", host]
-    if manifest.path:
-        cmd += ["--cluster", str(manifest.path)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(pool.threads)}
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=child_setup(cores))
-    log.info("started drafter %s (pid %d) on %s:%d, cores %s", name, proc.pid, host, port, list(cores) or "any")
-    return Child(name, proc, port, cmd, env, cores=tuple(cores), metrics_port=metrics_port)
-
-
-def wait_healthy(children: list[Child], host: str = "127.0.0.1", timeout_s: float = 600) -> None:
-    """Block until every child answers its gRPC health check. Raises RuntimeError on exit/timeout."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    deadline = time.monotonic() + timeout_s
-    for c in children:
-        with grpc.insecure_channel(f"{host}:{c.grpc_port}") as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-
-            def serving() -> bool:
-                try:
-                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status  # noqa: B023
-                except grpc.RpcError:
-                    return False
-                return bool(status == health_pb2.HealthCheckResponse.SERVING)
-
-            _poll(serving, c.process, deadline, 0.5, f"drafter {c.name}", f"not healthy after {timeout_s:.0f} s")
-
-
-def _poll(ready: Callable[[], bool], proc: subprocess.Popen, deadline: float, period_s: float, what: str,
+def poll_until(ready: Callable[[], bool], proc: subprocess.Popen, deadline: float, period_s: float, what: str,
           late: str) -> None:
     """Until `ready()`, every `period_s` seconds. Raises RuntimeError naming `what` when `proc`
     exits first, or with `late` at the monotonic `deadline`."""
@@ -116,20 +60,6 @@ def _poll(ready: Callable[[], bool], proc: subprocess.Popen, deadline: float, pe
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} {late}")
         time.sleep(period_s)
-
-
-def stop_children(children: list[Child], timeout_s: float = 10) -> None:
-    """SIGTERM every running child, then SIGKILL those still running after `timeout_s` seconds in all."""
-    for c in children:
-        if c.process.poll() is None:
-            c.process.terminate()
-    end = time.monotonic() + timeout_s
-    for c in children:
-        try:
-            c.process.wait(max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            c.process.kill()
-            c.process.wait()
 
 
 def stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
@@ -211,7 +141,7 @@ def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float = 900) ->
         except httpx.HTTPError:
             return False
 
-    _poll(healthy, proc, time.monotonic() + timeout_s, 1.0, "cosine serve (during start-up)",
+    poll_until(healthy, proc, time.monotonic() + timeout_s, 1.0, "cosine serve (during start-up)",
           f"at {base_url} not ready after {timeout_s:.0f} s")
 
 

@@ -7,26 +7,23 @@ reconciles; in a pod it is the ConfigMap's `cluster.yaml`), loads its model and 
   `/health`, `/metrics` with vLLM's `vllm:` series), CoSine's proposer under its engine
   (`runtime/src/cosine/vllm_hooks.py`) with the remote drafter pools at the given addresses, and CoSine's
   per-pool `cosine:` series on `--metrics-port`;
-- serve: a supervisor that starts one `cosine drafter` process per drafter replica on loopback
-  ports, waits for their health checks, then runs the verifier as a child and stops every
-  child on Ctrl-C / SIGTERM; every child dies with it however it dies (`cosine.processes`).
-Manifests are read by `cosine.manifest`; child processes are `cosine.processes`'.
+- serve: the embedded cluster (`cosine.embedded`): one `cosine drafter` process per drafter
+  replica on loopback ports, then `cosine verifier` as a child, on the cores `placement.plan`
+  gives them; every child dies with it however it dies (`cosine.processes`).
+Manifests are read by `cosine.manifest`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cosine.manifest import Manifest
-from cosine.processes import die_with_parent, free_port, start_reaper, stop_group, stop_reaper, wait_for_signal
+from cosine.manifest import Manifest, load_manifest
+from cosine.processes import wait_for_signal
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +115,12 @@ def vllm_drafter_options(pool: Any, verifier: Any) -> dict[str, Any]:
 def run_verifier(
     manifest: Manifest, http_port: int, host: str, drafters: list[str], api_key: str | None,
     metrics_port: int = 0, drafter_tls_dir: str | None = None, drafter_tls_server_name: str | None = None,
+    cores: Sequence[int] = (),
 ) -> int:
     """Replace this process with vLLM's OpenAI-compatible server running the target model, with
-    CoSine's proposer under its engine (`vllm_hooks`) and the given remote drafter pools."""
-    argv, env = verifier_command(manifest, http_port, host, drafters, api_key, metrics_port,
+    CoSine's proposer under its engine (`vllm_hooks`) and the given remote drafter pools; on a
+    CPU, its engine threads bound to `cores` when given."""
+    argv, env = verifier_command(manifest, http_port, host, drafters, api_key, metrics_port, cores,
                                  drafter_tls_dir=drafter_tls_dir, drafter_tls_server_name=drafter_tls_server_name)
     log.info("verifier: vLLM OpenAI server on http://%s:%d/v1 (drafters %s)", host, http_port, drafters or "none")
     os.execve(sys.executable, argv, env)
@@ -254,85 +253,51 @@ def cli_flags(args: dict[str, Any]) -> list[str]:
 # ---------------------------------------------------------------- serve (embedded cluster)
 
 
-def placement(spec, mode: str):
-    """Where `cosine serve` runs each role (`runtime.placement`): `split` puts the verifier's
-    engine threads and each drafter replica on disjoint cores of this process's affinity (sharing
-    only when there are too few); `overlap` binds the verifier to every core and lets the replicas
-    share them; `lookup` starts no replica and binds the verifier to every core (prompt lookup
-    only); `shared` pins nothing (vLLM binds its own threads, drafters float), which is what
-    co-location costs. (`auto` is resolved before: `placement.choose`.)
+def run_serve(cluster: Path | None, mode: str, evidence: Path | None, port: int, host: str,
+              metrics_port: int) -> int:
+    """`cosine serve`: the manifest at `cluster` (None: the shipped one) as an embedded cluster on
+    this machine (`embedded.serve`), placed by `mode` (`auto`: weighed against the bench report at
+    `evidence`, `placement.plan`).
 
     Raises:
-        ValueError: an unknown mode.
+        ValueError: an invalid manifest (naming the field) or mode.
     """
-    from cosine.placement import Placement, place
+    from cosine.embedded import serve
+    from cosine.placement import plan
 
-    replicas = [pool for pool in spec.drafter_pools for _ in range(max(1, pool.replicas))]
-    if mode == "shared":
-        return Placement((), tuple(() for _ in replicas), True)
-    if mode not in ("split", "overlap", "lookup"):
-        raise ValueError(f"placement must be 'split', 'overlap', 'lookup' or 'shared', got {mode!r}")
-    cpus = sorted(os.sched_getaffinity(0))
-    gpus = spec.verifier.pod.gpu_count
-    if mode == "lookup":
-        return Placement(() if gpus else tuple(cpus), (), False)
-    threads = 1 if gpus else (len(cpus) if mode == "overlap" else spec.verifier.threads)
-    return place(cpus, threads, [p.threads for p in replicas])
-
-
-def local_pool_cores(spec) -> int:
-    """Cores the manifest's local drafter replicas would take (their threads, all replicas)."""
-    return sum(p.threads * max(1, p.replicas) for p in spec.drafter_pools)
-
-
-def run_serve(manifest: Manifest, port: int, host: str, api_key: str | None, metrics_port: int,
-              placement_mode: str) -> int:
-    """Drafter processes (none for `lookup`; `local_pools.LocalPools`, scaled by the operator's
-    rule with `spec.autoscaling.enabled`), then the verifier (vLLM's server with CoSine's
-    proposer) as a child, on the cores `placement(spec, placement_mode)` gives them; returns when
-    the verifier exits or on SIGTERM / Ctrl-C, stopping every child."""
-    import tempfile
-
-    from cosine.local_pools import LocalPools
-
-    spec = manifest.spec
-    where = placement(spec, placement_mode)
-    if where.shared and placement_mode == "split":
+    report, source = bench_evidence(evidence)
+    manifest = load_manifest(cluster)
+    choice, where = plan(mode, manifest.spec, sorted(os.sched_getaffinity(0)), report, source)
+    log.info("placement %s: %s", choice.mode, choice.reason)
+    if where.shared and choice.mode == "split":
         log.warning("too few CPU cores for disjoint placement: drafters share the verifier's cores %s",
                     list(where.verifier))
-    autoscaled = spec.autoscaling.enabled and placement_mode != "lookup"
-    if autoscaled and not metrics_port:
-        metrics_port = free_port()  # the autoscaler reads the proposer's series
-    stop = threading.Event()
-    verifier: subprocess.Popen | None = None
-    reaper: subprocess.Popen | None = None
-    pools = None
-    with tempfile.TemporaryDirectory(prefix="cosine-pools-") as directory:
-        try:
-            if placement_mode != "lookup":
-                pools = LocalPools(manifest, Path(directory), where.drafters, autoscaled=autoscaled)
-                pools.wait_ready()
-                threading.Thread(target=pools.supervise, args=(stop,), name="cosine-supervisor", daemon=True).start()
-            argv, env = verifier_command(manifest, port, host, pools.drafter_flags() if pools else [], api_key,
-                                         metrics_port, where.verifier)
-            verifier = subprocess.Popen(argv, env=env, preexec_fn=die_with_parent, start_new_session=True)
-            reaper = start_reaper([verifier.pid])  # its group dies with this process, however it dies
-            log.info("verifier (pid %d): vLLM OpenAI server on http://%s:%d/v1, engine threads on cores %s",
-                     verifier.pid, host, port, list(where.verifier) or "(vLLM's binding)")
-            if pools is not None and autoscaled:
-                log.info("autoscaling drafter pools every %d s (spec.autoscaling)", spec.autoscaling.interval_s)
-                threading.Thread(target=pools.autoscale, args=(f"http://127.0.0.1:{metrics_port}/metrics", stop),
-                                 name="cosine-autoscaler", daemon=True).start()
-            signal.signal(signal.SIGTERM, lambda signum, frame: verifier.terminate() if verifier else None)
-            try:
-                return verifier.wait()
-            except KeyboardInterrupt:
-                return 0
-        finally:
-            stop.set()
-            if verifier is not None:
-                stop_group(verifier)
-            if reaper is not None:
-                stop_reaper(reaper)
-            if pools is not None:
-                pools.stop()
+    return serve(manifest, where, choice.mode, port, host, metrics_port)
+
+
+def placement_choice(mode: str, spec, evidence: Path | None):
+    """`placement.decide` on this process's cores and the bench report at `evidence`: the
+    placement `cosine serve --placement mode` would run (for `cosine demo` and `cosine bench`)."""
+    from cosine.placement import decide
+
+    return decide(mode, spec, sorted(os.sched_getaffinity(0)), *bench_evidence(evidence))
+
+
+def bench_evidence(path: Path | None) -> tuple[Any, str]:
+    """(the `cosine bench` report at `path` (default: the last bench run's,
+    `model_store.last_bench_path`), its path) for `placement.decide`; the report is None when the
+    file does not exist or is not JSON (logged)."""
+    import json
+
+    from cosine.model_store import last_bench_path
+
+    path = path or last_bench_path()
+    if not path.exists():
+        log.info("placement evidence: none (no bench at %s)", path)
+        return None, str(path)
+    log.info("placement evidence: %s", path)
+    try:
+        return json.loads(path.read_text()), str(path)
+    except ValueError as e:  # json.JSONDecodeError included
+        log.warning("placement: %s is not a bench report (%s); deciding without it", path, e)
+        return None, str(path)

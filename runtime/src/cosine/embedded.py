@@ -1,5 +1,6 @@
-"""`cosine serve`'s drafter pools: local replica processes, restarted when they exit, and scaled
-between `minReplicas` and `maxReplicas` by the operator's own rule when `spec.autoscaling.enabled`.
+"""`cosine serve`'s embedded cluster: its drafter pools as local replica processes, restarted when
+they exit and scaled between `minReplicas` and `maxReplicas` by the operator's own rule when
+`spec.autoscaling.enabled`, and the verifier beside them (`serve`).
 
 What a Deployment, its headless Service and the operator's autoscaler do on a cluster, on one
 machine:
@@ -11,21 +12,30 @@ machine:
 - every `spec.autoscaling.intervalSeconds` the autoscaler reads the verifier's and each replica's
   `/metrics` (the operator's `metrics_scrape.scrape_pods`), takes rates (`metrics_scrape.rates`)
   and runs `cosine_spec.autoscaling.desired_replicas` with the policy the operator builds
-  from the same spec (`policy_from_spec`): imported, not copied. Each decision is logged.
+  from the same spec (`policy_from_spec`): imported, not copied. Each decision is logged;
+- the verifier is the verifier pod's own command, `cosine verifier`, given the pools' address
+  files as its `--drafter`s and, on a CPU, the cores `placement.assign` leaves it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cosine.manifest import Manifest
-from cosine.processes import Child, start_replica, stop_children, wait_healthy
+from cosine.placement import Placement, cpu_list
+from cosine.processes import child_setup, die_with_parent, free_port, poll_until, start_reaper, stop_group, stop_reaper
 
 if TYPE_CHECKING:
     from cosine_spec.scaling_loop import ScalingLoop
@@ -35,13 +45,83 @@ log = logging.getLogger(__name__)
 DRAIN_S = 6.0  # an unlisted replica is stopped this long after (the verifier re-reads the list every 5 s)
 
 
+@dataclass
+class Child:
+    """A drafter replica process of `cosine serve`: its command, environment, gRPC port, the cores it
+    is pinned to (() = any) and how many times `supervise` restarted it."""
+
+    name: str
+    process: subprocess.Popen
+    grpc_port: int
+    cmd: list[str]
+    env: dict[str, str]
+    restarts: int = 0
+
+    cores: tuple[int, ...] = ()
+    metrics_port: int = 0  # its `cosine:drafter_*` series (the embedded autoscaler scrapes them)
+
+    def start(self) -> None:
+        """(Re)start the process with the same command, environment and cores."""
+        self.process = subprocess.Popen(self.cmd, env=self.env, preexec_fn=child_setup(self.cores))
+
+
+def start_replica(manifest: Manifest, pool, name: str, host: str = "127.0.0.1",
+                  cores: Sequence[int] = ()) -> Child:
+    """One `cosine drafter` process of `pool` (a `DrafterPoolSpec`) on free loopback ports, its
+    engine threads `pool.threads`, pinned to `cores` when given; named `name`."""
+    port, metrics_port = free_port(host), free_port(host)
+    cmd = [sys.executable, "-m", "cosine", "drafter", "--pool", pool.name, "--grpc-port", str(port),
+           "--metrics-port", str(metrics_port), "--host", host]
+    if manifest.path:
+        cmd += ["--cluster", str(manifest.path)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(pool.threads)}
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=child_setup(cores))
+    log.info("started drafter %s (pid %d) on %s:%d, cores %s", name, proc.pid, host, port, list(cores) or "any")
+    return Child(name, proc, port, cmd, env, cores=tuple(cores), metrics_port=metrics_port)
+
+
+def wait_healthy(children: list[Child], host: str = "127.0.0.1", timeout_s: float = 600) -> None:
+    """Block until every child answers its gRPC health check. Raises RuntimeError on exit/timeout."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    for c in children:
+        with grpc.insecure_channel(f"{host}:{c.grpc_port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+
+            def serving() -> bool:
+                try:
+                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status  # noqa: B023
+                except grpc.RpcError:
+                    return False
+                return bool(status == health_pb2.HealthCheckResponse.SERVING)
+
+            poll_until(serving, c.process, deadline, 0.5, f"drafter {c.name}", f"not healthy after {timeout_s:.0f} s")
+
+
+def stop_children(children: list[Child], timeout_s: float = 10) -> None:
+    """SIGTERM every running child, then SIGKILL those still running after `timeout_s` seconds in all."""
+    for c in children:
+        if c.process.poll() is None:
+            c.process.terminate()
+    end = time.monotonic() + timeout_s
+    for c in children:
+        try:
+            c.process.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.process.kill()
+            c.process.wait()
+
+
+
 class LocalPools:
     """The drafter replicas of every pool of a manifest's spec on this machine.
 
     Args:
         manifest: the cluster (`manifest.Manifest`: its spec, and its file the replicas read).
         directory: where the address files go (one `<pool>.addresses` per pool).
-        cores: cores for the first replicas, in pool order (`roles.placement`); replicas added
+        cores: cores for the first replicas, in pool order (`placement.assign`); replicas added
             later run on any core.
         autoscaled: start each pool at its `replicas` within its bounds, zero allowed (else at
             least one, as without autoscaling).
@@ -199,3 +279,66 @@ class LocalPools:
         interval_s = float(self.spec.autoscaling.interval_s)
         while not await asyncio.to_thread(stop.wait, interval_s if previous is not None else 1.0):
             await self.scaling.tick(time.monotonic())
+
+
+# ---------------------------------------------------------------------- the cluster
+
+
+def serve(manifest: Manifest, where: Placement, mode: str, port: int, host: str, metrics_port: int) -> int:
+    """Drafter processes (none for `lookup`; `LocalPools`, autoscaled with
+    `spec.autoscaling.enabled`), then the verifier (`cosine verifier`: vLLM's server with CoSine's
+    proposer) as a child, on the cores of `where`; returns the verifier's exit status when it
+    exits, or 0 on SIGTERM / Ctrl-C, having stopped every child. Every child dies with this
+    process however it dies (`processes`)."""
+    spec = manifest.spec
+    autoscaled = spec.autoscaling.enabled and mode != "lookup"
+    if autoscaled and not metrics_port:
+        metrics_port = free_port()  # the autoscaler reads the proposer's series
+    stop = threading.Event()
+    verifier: subprocess.Popen | None = None
+    reaper: subprocess.Popen | None = None
+    pools: LocalPools | None = None
+    with tempfile.TemporaryDirectory(prefix="cosine-pools-") as directory:
+        try:
+            if mode != "lookup":
+                pools = LocalPools(manifest, Path(directory), where.drafters, autoscaled=autoscaled)
+                pools.wait_ready()
+                threading.Thread(target=pools.supervise, args=(stop,), name="cosine-supervisor", daemon=True).start()
+            verifier = subprocess.Popen(verifier_command(manifest, port, host, metrics_port, where.verifier, pools),
+                                        preexec_fn=die_with_parent, start_new_session=True)
+            reaper = start_reaper([verifier.pid])  # its group dies with this process, however it dies
+            log.info("verifier (pid %d): vLLM OpenAI server on http://%s:%d/v1, engine threads on cores %s",
+                     verifier.pid, host, port, list(where.verifier) or "(vLLM's binding)")
+            if pools is not None and autoscaled:
+                log.info("autoscaling drafter pools every %d s (spec.autoscaling)", spec.autoscaling.interval_s)
+                threading.Thread(target=pools.autoscale, args=(f"http://127.0.0.1:{metrics_port}/metrics", stop),
+                                 name="cosine-autoscaler", daemon=True).start()
+            signal.signal(signal.SIGTERM, lambda signum, frame: verifier.terminate() if verifier else None)
+            try:
+                return verifier.wait()
+            except KeyboardInterrupt:
+                return 0
+        finally:
+            stop.set()
+            if verifier is not None:
+                stop_group(verifier)
+            if reaper is not None:
+                stop_reaper(reaper)
+            if pools is not None:
+                pools.stop()
+
+
+def verifier_command(manifest: Manifest, port: int, host: str, metrics_port: int, cores: Sequence[int],
+                     pools: LocalPools | None) -> list[str]:
+    """The verifier pod's command (`cosine verifier`) for this machine: the manifest's file, the
+    pools' address files as `--drafter`s, the verifier's `cores` (() = vLLM's own binding). The
+    API key, if any, reaches it in the environment (`COSINE_API_KEY`), not on the command line."""
+    cmd = [sys.executable, "-m", "cosine", "verifier", "--http-port", str(port), "--host", host,
+           "--metrics-port", str(metrics_port)]
+    if manifest.path:
+        cmd += ["--cluster", str(manifest.path)]
+    if cores:
+        cmd += ["--cores", cpu_list(cores)]
+    for flag in pools.drafter_flags() if pools else []:
+        cmd += ["--drafter", flag]
+    return cmd

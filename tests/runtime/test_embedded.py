@@ -1,4 +1,4 @@
-"""`cosine serve`'s local pools (`cosine.local_pools`): the embedded autoscaler survives what fails.
+"""`cosine serve`'s embedded cluster (`cosine.embedded`): the embedded autoscaler survives what fails.
 
 No drafter process is started (the one pool is at zero and stays there); the scrape is replaced
 by one that fails once and then reads an idle cluster, so the test shows the loop going on."""
@@ -12,7 +12,7 @@ import yaml
 from cosine_spec import metrics_scrape
 from cosine_spec.metrics_scrape import Scrape
 
-from cosine.local_pools import LocalPools
+from cosine.embedded import LocalPools
 from cosine.manifest import load_manifest
 
 
