@@ -12,6 +12,9 @@ import pytest
 from k8s_emulator import EmulatorThread, Kube
 
 RESYNC_S = 2.0  # the operators under test re-apply children this often (drift repair)
+# kopf registers the resync timer, with its interval, when the handlers are first imported: set
+# before any test of this folder can import them.
+os.environ["COSINE_OPERATOR_RESYNC_S"] = str(RESYNC_S)
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ Run with ``cosine-operator`` (or ``kopf run -m cosine_operator.handlers``). Hand
 the children (owner references: deleting a cluster deletes them through Kubernetes' garbage
 collector, so the operator adds no finalizer of its own) and server-side applies them (a field
 dropped from the spec leaves the child), then writes status with conditions. kopf puts its own
-finalizer on each CoSineCluster while the cluster's autoscaler daemon runs, so that it can stop
-the daemon before the object goes.
+finalizer on each CoSineCluster while the cluster's autoscaler daemon and resync timer run, so
+that it can stop them before the object goes.
 
 One writer per field:
 - **Replicas.** A Deployment is created with the spec's replicas (a pool's: its
@@ -49,6 +49,10 @@ from cosine_operator.telemetry import OperatorMetrics
 CLUSTER = (s.GROUP, s.VERSION, s.CLUSTER_PLURAL)
 POOL = (s.GROUP, s.VERSION, s.POOL_PLURAL)
 MANAGED = {"app.kubernetes.io/managed-by": builders.MANAGED_BY}
+# The resync timer's interval (``COSINE_OPERATOR_RESYNC_S``): kopf takes a timer's interval when
+# its handler is registered, at import, so it is read from the environment then; the rest of the
+# operator's config at startup.
+RESYNC_S = s.OperatorConfig.from_env(os.environ).resync_s
 
 
 def _now() -> str:
@@ -350,34 +354,25 @@ async def cosinecluster_delete(spec: Any, name: str, namespace: str, memo: kopf.
             memo.metrics.desired_replicas.remove(namespace, name, pool.get("name"))
 
 
-@kopf.daemon(*CLUSTER, initial_delay=5.0, cancellation_polling=1.0, cancellation_timeout=10.0)
+@kopf.timer(*CLUSTER, interval=RESYNC_S, initial_delay=RESYNC_S)
 async def cosinecluster_resync(
-    body: kopf.Body,
-    name: str,
-    namespace: str,
-    memo: kopf.Memo,
-    logger: Any,
-    stopped: kopf.DaemonStopped,
-    **_: Any,
+    body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, logger: Any, **_: Any
 ) -> None:
-    """Drift repair, one per CoSineCluster: every ``OperatorConfig.resync_s`` re-apply every child
-    from the live spec, as reconcile does (server-side apply: a deleted child is created again, a
-    field the operator owns and someone edited is restored, fields other managers own, such as an
-    HPA's replicas, stay), and write status. Without it a child changed by hand stays changed until
-    the next spec edit or operator restart (controller-runtime's ``SyncPeriod`` serves the same
-    end). A failed pass (an invalid spec, models still pulling, an API error) is logged; the next
-    one tries again."""
-    while not stopped:
-        await stopped.wait(memo.config.resync_s)
-        if stopped or body.metadata.get("deletionTimestamp"):
-            break
-        try:
-            await _reconcile("resync", body, body.spec, name, namespace, None, memo, logger)
-        except (kopf.TemporaryError, kopf.PermanentError) as e:
-            logger.info(f"resync: {e}")
-        except Exception as e:  # noqa: BLE001 - one failed pass must not end the cluster's resync
-            memo.metrics.reconciles.labels("resync", "error").inc()
-            logger.warning(f"resync failed: {e!r}")
+    """Drift repair, kopf's timer on each CoSineCluster: every ``RESYNC_S`` seconds re-apply
+    every child from the live spec, as reconcile does (server-side apply: a deleted child is
+    created again, a field the operator owns and someone edited is restored, fields other managers
+    own, such as an HPA's replicas, stay), and write status. Without it a child changed by hand
+    stays changed until the next spec edit or operator restart (controller-runtime's
+    ``SyncPeriod`` serves the same end). A failed pass (an invalid spec, models still pulling, an
+    API error) is logged and counted; the next one tries again. kopf stops the timer when the
+    cluster goes."""
+    try:
+        await _reconcile("resync", body, body.spec, name, namespace, None, memo, logger)
+    except (kopf.TemporaryError, kopf.PermanentError) as e:
+        logger.info(f"resync: {e}")
+    except Exception as e:  # noqa: BLE001 - one failed pass must not end the cluster's resync
+        memo.metrics.reconciles.labels("resync", "error").inc()
+        logger.warning(f"resync failed: {e!r}")
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
