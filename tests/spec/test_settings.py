@@ -1,5 +1,6 @@
-"""Typed spec views (spec/src/cosine_spec/settings.py) against the CRDs in crds/ (defaults, enums and bounds,
-read from the files), the drafter engine's default rule, the one tokenizer-family table."""
+"""Typed spec views (spec/src/cosine_spec/settings.py): the strict parser, bounds against the CRD (whose
+field facts `make crds` writes from these declarations: tests/spec/test_crdgen.py), the drafter
+engine's default rule, the one tokenizer-family table."""
 
 from __future__ import annotations
 
@@ -30,50 +31,6 @@ def _engine_schema() -> dict[str, Any]:
 
 def _cluster(*pools: dict[str, Any], **spec: Any) -> s.ClusterSpec:
     return s.parse_cluster_spec({"verifier": {"model": "m"}, "drafterPools": list(pools), **spec})
-
-
-_BOUNDS = ("default", "minimum", "maximum", "enum")
-
-
-def _crd_declarations(schema: dict[str, Any], verbatim: set[str], prefix: str = "") -> dict[str, dict[str, Any]]:
-    """Every field under ``schema`` by path, with its default, bounds and enum; the inner schema of
-    a field the operator copies verbatim into pods (Kubernetes' own types) is not descended into."""
-    out: dict[str, dict[str, Any]] = {}
-    for key, prop in (schema.get("properties") or {}).items():
-        path = prefix + key
-        items = prop.get("items") or {}
-        if path in verbatim:
-            out[path] = {}
-        elif prop.get("type") == "object" and "properties" in prop:
-            out.update(_crd_declarations(prop, verbatim, f"{path}."))
-        elif prop.get("type") == "array" and items.get("type") == "object":
-            out.update(_crd_declarations(items, verbatim, f"{path}[]."))
-        else:
-            out[path] = {k: prop[k] for k in _BOUNDS if k in prop}
-    return out
-
-
-def test_every_spec_field_default_bound_and_enum_is_the_crds() -> None:
-    """Catches: a default, minimum, maximum or enum value changed on one side only; a CRD field the
-    operator does not read; a typed field the CRD does not have."""
-    typed = s.spec_declarations()
-    verbatim = {path for path, d in typed.items() if d["verbatim"]}
-    mine = {
-        path: {k: (list(d[k]) if k == "enum" else d[k]) for k in _BOUNDS if d.get(k) is not None}
-        for path, d in typed.items()
-    }
-    for path in verbatim:
-        mine[path] = {}
-    assert _crd_declarations(_spec_schema(), verbatim) == mine
-
-
-def test_the_pool_crds_bounds_are_the_cluster_specs() -> None:
-    """Catches: CoSineDrafterPool's replica bounds drifting from spec.drafterPools[]'s."""
-    crd = yaml.safe_load((ROOT / "crds" / "cosine.dev_cosinedrafterpools.yaml").read_text())
-    pool = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    typed = s.spec_declarations()
-    for key in ("replicas", "minReplicas", "maxReplicas"):
-        assert pool[key]["minimum"] == typed[f"drafterPools[].{key}"]["minimum"], key
 
 
 def test_parse_names_the_offending_field() -> None:
