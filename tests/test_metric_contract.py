@@ -60,7 +60,13 @@ def test_every_contract_name_is_exported() -> None:
     """Each name of the contract appears in a producer's output (none is read but never written)."""
     registry = CollectorRegistry()
     registry.register(ProposerCollector(ProposerStats(draft_tokens={"p": 1}, accepted_tokens={"p": 1}), "m"))
-    text = generate_latest(registry).decode() + generate_latest(DrafterMetrics("p").registry).decode()
+    from cosine.embedded import EmbeddedMetrics
+
+    embedded = EmbeddedMetrics()
+    embedded.replicas.labels("p").set(1)
+    embedded.errors.labels("observe").inc()
+    text = (generate_latest(registry).decode() + generate_latest(DrafterMetrics("p").registry).decode()
+            + generate_latest(embedded.registry).decode())
     exported = {family.name for family in text_string_to_metric_families(text)}
     names = {v for k, v in vars(metric_names).items() if k.isupper() and not k.startswith("VLLM_")}
     assert names and names <= exported, names - exported

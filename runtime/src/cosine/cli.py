@@ -157,7 +157,8 @@ def _verifier(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from cosine.roles import run_serve
 
-    return run_serve(args.cluster, args.placement, args.evidence, args.port, args.host, args.metrics_port)
+    return run_serve(args.cluster, args.placement, args.evidence, args.port, args.host, args.metrics_port,
+                     args.pools_metrics_port)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -327,6 +328,8 @@ def _add_role_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     se.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (OpenAI API)")
     se.add_argument("--host", default="127.0.0.1", help="the verifier's HTTP bind address")
     se.add_argument("--metrics-port", type=int, default=9091, help="CoSine's per-pool cosine: series (0 = off)")
+    se.add_argument("--pools-metrics-port", type=int, default=0,
+                    help="the embedded cluster's own series: pool replicas, autoscaling passes (0 = off)")
     se.add_argument("--placement", choices=MODES, default=DEFAULT, help=placement_help)
     se.add_argument("--evidence", type=Path, default=None, help=evidence_help)
     se.set_defaults(func=_serve)

@@ -115,6 +115,22 @@ def stop_children(children: list[Child], timeout_s: float = 10) -> None:
 
 
 
+class EmbeddedMetrics:
+    """The embedded cluster's own series (`cosine_spec.metric_names.EMBEDDED_*`), in a registry of
+    its own: each pool's replica processes, the autoscaler's passes and its failed stages."""
+
+    def __init__(self) -> None:
+        from cosine_spec import metric_names as m
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = CollectorRegistry()
+        self.replicas = Gauge(m.EMBEDDED_REPLICAS, "replica processes the pool runs now", ["pool"],
+                              registry=self.registry)
+        self.passes = Counter(m.EMBEDDED_AUTOSCALER_PASSES, "autoscaling passes made", registry=self.registry)
+        self.errors = Counter(m.EMBEDDED_AUTOSCALER_ERRORS, "failed stages of autoscaling passes", ["stage"],
+                              registry=self.registry)
+
+
 class LocalPools:
     """The drafter replicas of every pool of a manifest's spec on this machine.
 
@@ -137,6 +153,9 @@ class LocalPools:
         self._lock = threading.RLock()
         self._serial = 0
         self.scaling: ScalingLoop | None = None  # the autoscaling loop, while `autoscale` runs
+        self.metrics = EmbeddedMetrics()
+        for pool in spec.drafter_pools:  # a pool at zero shows as zero, not as absent
+            self.metrics.replicas.labels(pool.name).set(0)
         directory.mkdir(parents=True, exist_ok=True)
         cores = list(cores)
         first: list[Child] = []
@@ -177,6 +196,7 @@ class LocalPools:
             self._serial += 1
             child = start_replica(self.manifest, pool, f"{pool.name}-{self._serial}", self.host, cores)
             self.replicas[pool.name].append(child)
+            self.metrics.replicas.labels(pool.name).set(len(self.replicas[pool.name]))
         return child
 
     def wait_ready(self, timeout_s: float = 600) -> None:
@@ -203,6 +223,7 @@ class LocalPools:
                 self.listed[pool_name].discard(child.name)
                 gone.append(child)
             self._write(pool_name)
+            self.metrics.replicas.labels(pool_name).set(len(children))
         if gone:
             threading.Timer(DRAIN_S, stop_children, args=(gone,)).start()
 
@@ -275,21 +296,24 @@ class LocalPools:
                     log.info("autoscaler: pool %s holds at %d (%s): %s", d.pool, d.current, d.condition, d.reason)
                 held[d.pool] = d.condition
 
-        self.scaling = ScalingLoop(policy_from_spec(self.spec), observed, resize, report, log=log)
+        self.scaling = ScalingLoop(policy_from_spec(self.spec), observed, resize, report, log=log,
+                                   on_error=lambda stage, _: self.metrics.errors.labels(stage).inc())
         interval_s = float(self.spec.autoscaling.interval_s)
         while not await asyncio.to_thread(stop.wait, interval_s if previous is not None else 1.0):
             await self.scaling.tick(time.monotonic())
+            self.metrics.passes.inc()
 
 
 # ---------------------------------------------------------------------- the cluster
 
 
-def serve(manifest: Manifest, where: Placement, mode: str, port: int, host: str, metrics_port: int) -> int:
+def serve(manifest: Manifest, where: Placement, mode: str, port: int, host: str, metrics_port: int,
+          pools_metrics_port: int = 0) -> int:
     """Drafter processes (none for `lookup`; `LocalPools`, autoscaled with
-    `spec.autoscaling.enabled`), then the verifier (`cosine verifier`: vLLM's server with CoSine's
-    proposer) as a child, on the cores of `where`; returns the verifier's exit status when it
-    exits, or 0 on SIGTERM / Ctrl-C, having stopped every child. Every child dies with this
-    process however it dies (`processes`)."""
+    `spec.autoscaling.enabled`, their series on `pools_metrics_port` unless 0), then the verifier
+    (`cosine verifier`: vLLM's server with CoSine's proposer) as a child, on the cores of `where`;
+    returns the verifier's exit status when it exits, or 0 on SIGTERM / Ctrl-C, having stopped
+    every child. Every child dies with this process however it dies (`processes`)."""
     spec = manifest.spec
     autoscaled = spec.autoscaling.enabled and mode != "lookup"
     if autoscaled and not metrics_port:
@@ -302,6 +326,10 @@ def serve(manifest: Manifest, where: Placement, mode: str, port: int, host: str,
         try:
             if mode != "lookup":
                 pools = LocalPools(manifest, Path(directory), where.drafters, autoscaled=autoscaled)
+                if pools_metrics_port:
+                    from prometheus_client import start_http_server
+
+                    start_http_server(pools_metrics_port, addr=host, registry=pools.metrics.registry)
                 pools.wait_ready()
                 threading.Thread(target=pools.supervise, args=(stop,), name="cosine-supervisor", daemon=True).start()
             verifier = subprocess.Popen(verifier_command(manifest, port, host, metrics_port, where.verifier, pools),

@@ -254,7 +254,7 @@ def cli_flags(args: dict[str, Any]) -> list[str]:
 
 
 def run_serve(cluster: Path | None, mode: str, evidence: Path | None, port: int, host: str,
-              metrics_port: int) -> int:
+              metrics_port: int, pools_metrics_port: int = 0) -> int:
     """`cosine serve`: the manifest at `cluster` (None: the shipped one) as an embedded cluster on
     this machine (`embedded.serve`), placed by `mode` (`auto`: weighed against the bench report at
     `evidence`, `placement.plan`).
@@ -272,7 +272,7 @@ def run_serve(cluster: Path | None, mode: str, evidence: Path | None, port: int,
     if where.shared and choice.mode == "split":
         log.warning("too few CPU cores for disjoint placement: drafters share the verifier's cores %s",
                     list(where.verifier))
-    return serve(manifest, where, choice.mode, port, host, metrics_port)
+    return serve(manifest, where, choice.mode, port, host, metrics_port, pools_metrics_port)
 
 
 def placement_choice(mode: str, spec, evidence: Path | None):

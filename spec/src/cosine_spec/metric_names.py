@@ -43,6 +43,11 @@ DRAFTER_BYTES_SENT = "cosine:drafter_bytes_sent"  # counter{pool}: bytes of draf
 DRAFTER_ROUNDS = "cosine:drafter_rounds"  # counter{pool}: batched draft rounds
 DRAFTER_BATCHED_REQUESTS = "cosine:drafter_batched_requests"  # counter{pool}: requests, summed over rounds
 DRAFTER_CONTEXTS = "cosine:drafter_contexts"  # gauge{pool}: requests whose context the replica keeps
+# `cosine serve`'s embedded cluster (`cosine serve --pools-metrics-port`), what the operator's own
+# metrics say on Kubernetes
+EMBEDDED_REPLICAS = "cosine:embedded_pool_replicas"  # gauge{pool}: replica processes the pool runs now
+EMBEDDED_AUTOSCALER_PASSES = "cosine:embedded_autoscaler_passes"  # counter: autoscaling passes made
+EMBEDDED_AUTOSCALER_ERRORS = "cosine:embedded_autoscaler_errors"  # counter{stage}: passes' failed stages
 
 # vLLM's own series, on the verifier's OpenAI server (port 8000), as vLLM 0.32 names them
 # (`vllm/v1/metrics/loggers.py`, `vllm/v1/spec_decode/metrics.py`; `tests/test_metric_contract.py`
