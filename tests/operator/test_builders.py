@@ -496,3 +496,42 @@ def test_the_pull_has_the_memory_its_conversion_needs() -> None:
     (pull,) = job["spec"]["template"]["spec"]["containers"]
     models = builders.cluster_models(parse_cluster_spec(spec))
     assert pull["resources"]["limits"]["memory"] == f"{builders.pull_memory_gib(models)}Gi"
+
+
+def _spot(provider: str, **pool: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(SPEC)
+    spec["drafterPools"][0].update(capacity="spot", **pool)
+    spec["spot"] = {"provider": provider}
+    return builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", 1)["spec"]["template"]["spec"]
+
+
+def test_a_spot_pool_lands_on_its_providers_spot_nodes_within_the_notice() -> None:
+    """Catches: a spot pool without the provider's selector or toleration (it lands on demand, or
+    nowhere: a tainted node refuses it), or with a grace longer than the node lives after its notice."""
+    gke = _spot("gke")
+    assert gke["nodeSelector"] == {"cloud.google.com/gke-spot": "true"}
+    assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+            "effect": "NoSchedule"} in gke["tolerations"]
+    assert gke["terminationGracePeriodSeconds"] == 15  # GKE: 15 s of its 30 s notice for pods
+    karpenter = _spot("karpenter", terminationGracePeriodSeconds=300)
+    assert karpenter["nodeSelector"] == {"karpenter.sh/capacity-type": "spot"} and "tolerations" not in karpenter
+    assert karpenter["terminationGracePeriodSeconds"] == 110  # within EC2's 2-minute notice
+    aks = _spot("aks", terminationGracePeriodSeconds=10, nodeSelector={"agentpool": "spotgpu"},
+                tolerations=[{"key": "kubernetes.azure.com/scalesetpriority", "operator": "Exists"}])
+    assert aks["nodeSelector"] == {"kubernetes.azure.com/scalesetpriority": "spot", "agentpool": "spotgpu"}
+    assert aks["tolerations"] == [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "Exists"}]  # the pool's
+    assert aks["terminationGracePeriodSeconds"] == 10  # a shorter grace stands
+    on_demand = builders.build_drafter_deployment("demo", "ns", CLUSTER, "code", 1)["spec"]["template"]["spec"]
+    assert "nodeSelector" not in on_demand and on_demand["terminationGracePeriodSeconds"] == 30
+
+
+def test_a_spot_pool_without_a_provider_is_refused_naming_the_field() -> None:
+    import pytest
+
+    spec = copy.deepcopy(SPEC)
+    spec["drafterPools"][1]["capacity"] = "spot"
+    with pytest.raises(ValueError, match=r"^spec\.spot\.provider is required: spec\.drafterPools\[1\] \(ngram\)"):
+        parse_cluster_spec(spec)
+    spec["spot"] = {"provider": "gcp"}
+    with pytest.raises(ValueError, match=r"^spec\.spot\.provider must be one of"):
+        parse_cluster_spec(spec)

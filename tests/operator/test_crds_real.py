@@ -129,6 +129,8 @@ CEL_TABLE: list[tuple[str, Any, str]] = [
      "spec.drafterPools[1].engine"),
     ("stabilizationSeconds must be 0 or >= intervalSeconds",
      lambda s: s["autoscaling"].update(stabilizationSeconds=10), "spec.autoscaling.stabilizationSeconds"),
+    ("spec.spot.provider is required when a drafter pool asks for capacity spot",
+     lambda s: _pool(s, capacity="spot"), "spec.spot"),
 ]
 
 

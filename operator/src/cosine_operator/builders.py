@@ -29,6 +29,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import yaml
@@ -144,6 +145,21 @@ def build_config_map(name: str, namespace: str, cluster: s.ClusterSpec) -> Manif
         "metadata": {"name": config_name(name), "namespace": namespace, "labels": labels(name, "config")},
         "data": {"cluster.yaml": yaml.safe_dump(runtime_document(name, cluster), sort_keys=False)},
     }
+
+
+def on_capacity(pool: s.DrafterPoolSpec, spot: s.SpotSpec | None) -> tuple[s.PodOverrides, int]:
+    """(pod overrides, termination grace in s) of ``pool``'s pods on its capacity: on spot, the
+    provider's node selector and toleration are added to the pool's own (a key the pool sets
+    itself wins) and the grace is capped to what the provider's notice leaves a pod
+    (:data:`cosine_spec.settings.SPOT_PROVIDERS`); on demand, the pool's as written."""
+    if pool.capacity != "spot" or spot is None:
+        return pool.pod, pool.termination_grace_s
+    cap = spot.capacity
+    tolerations = tuple(pool.pod.tolerations)
+    if cap.toleration is not None and not any(t.get("key") == cap.toleration["key"] for t in tolerations):
+        tolerations += (dict(cap.toleration),)
+    pod = replace(pool.pod, node_selector={**cap.node_selector, **pool.pod.node_selector}, tolerations=tolerations)
+    return pod, min(pool.termination_grace_s, cap.pod_grace_s)
 
 
 def _tolerations(pod: s.PodOverrides) -> list[dict[str, Any]]:
@@ -471,8 +487,8 @@ def build_drafter_deployment(
     models = [] if p.model is None else [p.model]
     if models and p.translate_tokenizer:
         models.append(cluster.verifier.model)
-    pod_spec = _pod_spec(cluster, p.pod, p.image, container, name, models, p.termination_grace_s, tls,
-                         shm=p.resolved_engine == "vllm")
+    pod, grace_s = on_capacity(p, cluster.spot)
+    pod_spec = _pod_spec(cluster, pod, p.image, container, name, models, grace_s, tls, shm=p.resolved_engine == "vllm")
     return _deployment(
         name,
         namespace,

@@ -385,6 +385,57 @@ class VerifierSpec(_Checked):
         return max(1, self.termination_grace_s - self.pre_stop_s - 5)
 
 
+CAPACITY_TYPES = ("onDemand", "spot")
+
+
+@dataclass(frozen=True)
+class SpotCapacity:
+    """What puts a pod on a provider's spot (preemptible) nodes, and how long it has when one is
+    reclaimed. ``node_selector``: the label its spot nodes carry; ``toleration``: the taint they
+    carry, if any; ``notice_s``: the provider's notice before the node goes; ``pod_grace_s``: the
+    part of it a pod's termination may take (a spot pool's ``terminationGracePeriodSeconds`` is
+    capped to it, so a preempted drafter exits on its own terms)."""
+
+    node_selector: Mapping[str, str]
+    toleration: Mapping[str, str] | None
+    notice_s: int
+    pod_grace_s: int
+
+
+SPOT_PROVIDERS: Mapping[str, SpotCapacity] = {
+    # GKE Spot VMs: 30 s from the preemption notice, the first 15 s for non-system pods (the
+    # kubelet's graceful node shutdown; GKE's "Spot VMs" concepts page). Standard pools on 1.35+
+    # may extend it to 120 s: set terminationGracePeriodSeconds lower than that yourself.
+    "gke": SpotCapacity({"cloud.google.com/gke-spot": "true"},
+                        {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+                         "effect": "NoSchedule"}, 30, 15),
+    # EC2 Spot under Karpenter: a 2-minute interruption notice (plus a rebalance recommendation),
+    # on which Karpenter's interruption handling drains the node; its NodePools put no taint on
+    # spot nodes by default.
+    "karpenter": SpotCapacity({"karpenter.sh/capacity-type": "spot"}, None, 120, 110),
+    # AKS spot node pools: labelled and tainted scalesetpriority=spot; Azure's Scheduled Events
+    # give at least 30 s before the eviction.
+    "aks": SpotCapacity({"kubernetes.azure.com/scalesetpriority": "spot"},
+                        {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot",
+                         "effect": "NoSchedule"}, 30, 25),
+}
+
+
+@dataclass(frozen=True)
+class SpotSpec(_Checked):
+    """``spec.spot``: where pools with ``capacity: spot`` run. ``provider``: whose spot nodes
+    (:data:`SPOT_PROVIDERS`: their label, taint and notice). ``pending_timeout_s``: how long a spot
+    pool's new replicas may stay Pending before an on-demand sibling takes their load."""
+
+    SPEC_PATH: ClassVar[str] = "spec.spot"
+    provider: str = spec_field("provider", enum=tuple(SPOT_PROVIDERS))
+    pending_timeout_s: int = spec_field("pendingTimeoutSeconds", 300, minimum=30)
+
+    @property
+    def capacity(self) -> SpotCapacity:
+        return SPOT_PROVIDERS[self.provider]
+
+
 @dataclass(frozen=True)
 class DrafterPoolSpec(_Checked):
     """One pool of identical drafter pods (a model drafter or a model-free n-gram drafter).
@@ -411,6 +462,7 @@ class DrafterPoolSpec(_Checked):
     )  # engine vllm on GPU pods: share of the GPU's memory (None: vLLM's default)
     startup_timeout_s: int = spec_field("startupTimeoutSeconds", 600, minimum=30)
     termination_grace_s: int = spec_field("terminationGracePeriodSeconds", 30, minimum=0)
+    capacity: str = spec_field("capacity", "onDemand", enum=CAPACITY_TYPES)  # spot: on `spec.spot`'s nodes
     image: RoleImage = field(default_factory=RoleImage, metadata={"key": "image"})
     pod: PodOverrides = field(default_factory=PodOverrides)
 
@@ -584,6 +636,8 @@ class ClusterSpec:
     model_cache: ModelCacheSpec | None = field(default=None, metadata={"key": "modelCache"})
     # spec.hfTokenSecretRef (None: anonymous downloads)
     hf_token: HfTokenSecretRef | None = field(default=None, metadata={"key": "hfTokenSecretRef"})
+    # spec.spot (None: no pool may ask for spot capacity)
+    spot: SpotSpec | None = field(default=None, metadata={"key": "spot"})
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def pool(self, name: str) -> DrafterPoolSpec:
@@ -627,6 +681,11 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
             raise ValueError(str(e).replace("spec.drafterPools[]", f"spec.drafterPools[{i}]", 1)) from None
     if not pools:
         raise ValueError("spec.drafterPools must name at least one pool")
+    spot = read_fields(SpotSpec, raw["spot"]) if raw.get("spot") is not None else None
+    for i, pool in enumerate(pools):
+        if pool.capacity == "spot" and spot is None:
+            raise ValueError(f"spec.spot.provider is required: spec.drafterPools[{i}] ({pool.name}) asks for "
+                             f"capacity: spot (one of {list(SPOT_PROVIDERS)})")
     g = raw.get("gateway") or {}
     secret = g.get("apiKeySecretRef")
     gateway = read_fields(GatewaySpec, g, api_key_secret=read_fields(ApiKeySecretRef, secret) if secret else None)
@@ -641,6 +700,7 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
         drafter_tls=read_fields(DrafterTLSSpec, raw["drafterTLS"]) if raw.get("drafterTLS") else None,
         model_cache=read_fields(ModelCacheSpec, raw["modelCache"]) if raw.get("modelCache") is not None else None,
         hf_token=read_fields(HfTokenSecretRef, raw["hfTokenSecretRef"]) if raw.get("hfTokenSecretRef") else None,
+        spot=spot,
         raw=raw,
     )
 
