@@ -502,7 +502,8 @@ def _spot(provider: str, **pool: Any) -> dict[str, Any]:
     spec = copy.deepcopy(SPEC)
     spec["drafterPools"][0].update(capacity="spot", **pool)
     spec["spot"] = {"provider": provider}
-    return builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", 1)["spec"]["template"]["spec"]
+    deployment = builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", 1)
+    return deployment["spec"]["template"]["spec"]
 
 
 def test_a_spot_pool_lands_on_its_providers_spot_nodes_within_the_notice() -> None:
