@@ -65,6 +65,7 @@ def test_every_contract_name_is_exported() -> None:
     embedded = EmbeddedMetrics()
     embedded.replicas.labels("p").set(1)
     embedded.errors.labels("observe").inc()
+    embedded.exits.labels("p", "0").inc()
     text = (generate_latest(registry).decode() + generate_latest(DrafterMetrics("p").registry).decode()
             + generate_latest(embedded.registry).decode())
     exported = {family.name for family in text_string_to_metric_families(text)}

@@ -127,6 +127,44 @@ def test_a_replica_removed_from_the_list_hands_its_requests_over_whole(replicas)
         pool.close()
 
 
+def _until(pred, what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_draining_replica_hands_its_requests_back_at_once_and_exits_holding_none(replicas):
+    """Catches: a replica on SIGTERM (a spot node's notice) found out only by failed calls, its
+    requests moved one failure at a time, new requests still sent to it, or its contexts left
+    behind so that it holds on to the end of its grace."""
+    import threading
+
+    from cosine.transport.drafter_service import drain
+
+    pool = ReplicaPool("code", replicas.addresses)
+    try:
+        for i in range(8):
+            pool.propose(f"r{i}", [1, 2, 3], 2)
+        leaving, staying = replicas.addresses
+        assert pool.replica_stats()[leaving].held == 4 and replicas.servicers[0].num_contexts() == 4
+        left: list[int] = []
+        drainer = threading.Thread(target=lambda: left.append(drain(replicas.servers[0], replicas.servicers[0], 10)))
+        drainer.start()  # what `cosine drafter` does on SIGTERM
+        # on the health change, before any further call: every request moved, its context released there
+        _until(lambda: pool.replica_stats()[leaving].held == 0, "requests still homed on the draining replica")
+        assert pool.replica_stats()[staying].held == 8 and pool.rehomes == 4
+        drainer.join(10)
+        assert left == [0] and replicas.servicers[0].num_contexts() == 0  # it exited holding nothing
+        for i in range(8):  # each moved request's next call sends its whole context to the other
+            assert pool.propose(f"r{i}", [1, 2, 3, 9], 2).token_ids == (10, 11)
+        pool.propose("new", [1, 2], 2)
+        assert pool.home_of("new") == staying
+        assert replicas.servicers[1].num_contexts() == 9
+    finally:
+        pool.close()
+
+
 def test_a_dead_replica_costs_one_call_never_the_request(replicas):
     pool = ReplicaPool("code", replicas.addresses, base_timeout_s=2.0)
     try:

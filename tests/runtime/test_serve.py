@@ -84,11 +84,12 @@ def _stop(proc: subprocess.Popen) -> None:
 def cluster(tmp_path_factory):
     pull(MODEL, progress=False)
     path = _manifest(tmp_path_factory, 4)
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, pools_port = free_port(), free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     proc = _start([sys.executable, "-m", "cosine", "serve", "--cluster", path, "--port", str(port),
-                   "--metrics-port", str(metrics_port), "--placement", "split"], base, {"COSINE_API_KEY": API_KEY})
-    yield base, proc, f"http://127.0.0.1:{metrics_port}/metrics"
+                   "--metrics-port", str(metrics_port), "--pools-metrics-port", str(pools_port),
+                   "--placement", "split"], base, {"COSINE_API_KEY": API_KEY})
+    yield base, proc, f"http://127.0.0.1:{metrics_port}/metrics", f"http://127.0.0.1:{pools_port}/metrics"
     _stop(proc)
 
 
@@ -147,7 +148,7 @@ class TestFixedCluster:
     autoscaling test starts its own (the cores are few)."""
 
     def test_openai_client_gets_target_identical_output(self, cluster, reference):
-        base, _, metrics_url = cluster
+        base, _, metrics_url, _ = cluster
         client = _client(base)
         for p in PROMPTS:
             assert _chat(client, p) == reference[p]
@@ -160,7 +161,7 @@ class TestFixedCluster:
         assert "vllm:spec_decode_num_accepted_tokens_total" in vllm_metrics
 
     def test_api_contract(self, cluster):
-        base, _, _ = cluster
+        base, _, _, _ = cluster
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         assert httpx.post(f"{base}/v1/chat/completions", json=body).status_code == 401  # API key required
         auth = {"Authorization": f"Bearer {API_KEY}"}
@@ -175,7 +176,7 @@ class TestFixedCluster:
         assert usage and usage[-1].completion_tokens == 4
 
     def test_killed_drafter_costs_speed_not_requests(self, cluster, reference):
-        base, proc, metrics_url = cluster
+        base, proc, metrics_url, _ = cluster
         client = _client(base)
         pids = _drafter_pids(proc.pid)
         assert len(pids) == 2, "one drafter process per replica, visible as `cosine drafter` in ps"
@@ -196,11 +197,46 @@ class TestFixedCluster:
         assert _counter(metrics_url, "cosine:drafter_calls_total", "small") > before, (
             "the restarted drafter answers draft calls again")
 
+    def test_sigterm_to_a_replica_hands_its_requests_back(self, cluster, reference):
+        """What a spot node's notice (or a scale-down) does to a replica: SIGTERM with 8 requests in
+        flight. Catches: its requests found out only by failed calls, an output changed, a
+        replica that holds on to the end of its grace or exits failing. Every request completes
+        identical to target-only; the verifier moves the replica's requests off it on its health
+        change (its `rehomed` series rises with no failed call on it); it exits 0 within its
+        grace (the pool's 30 s)."""
+        base, proc, metrics_url, pools_url = cluster
+        client = _client(base)
+        deadline = time.monotonic() + 120  # both replicas up (the test before restarts one)
+        while len(pids := _drafter_pids(proc.pid)) < 2 or _replica(metrics_url, pids[0]) is None:
+            assert time.monotonic() < deadline, "two replicas never served"
+            time.sleep(1)
+        target = pids[0]
+        before = _replica(metrics_url, target)
+        exits = _exits(pools_url)
+        prompts = PROMPTS * 2
+        with cf.ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(_chat, client, p, True) for p in prompts]
+            deadline = time.monotonic() + 120
+            while (_replica(metrics_url, target) or {}).get("held", 0) < 1:  # it holds requests now
+                assert time.monotonic() < deadline and not all(f.done() for f in futures), "no request reached it"
+                time.sleep(0.2)
+            os.kill(target, signal.SIGTERM)
+            sent = time.monotonic()
+            results = [f.result(timeout=240) for f in futures]
+        assert results == [reference[p] for p in prompts]
+        while _exits(pools_url) == exits:  # the supervisor sees it exit (and starts it again)
+            assert time.monotonic() - sent < 30 + 2, "not out within its 30 s grace"
+            time.sleep(0.2)
+        assert _exits(pools_url, "0") == exits + 1, "it exited failing"
+        after = _replica(metrics_url, target)
+        assert after["rehomed"] > before["rehomed"], (before, after)  # moved on its health change ...
+        assert after["errors"] == before["errors"], (before, after)  # ... not by failed calls
+
     def test_fifty_requests_at_concurrency_eight(self, cluster):
         """Every request gets its own answer: 50 requests over 5 prompts whose greedy answers differ,
         at concurrency 8, each compared with its prompt's answer alone (a lost, duplicated or crossed
         answer fails)."""
-        base, _, _ = cluster
+        base, _, _, _ = cluster
         client = _client(base)
         prompts = ["1, 2, 3, 4,", "10, 11, 12, 13,", "Monday, Tuesday, Wednesday,", "January, February, March,",
                    "red, orange, yellow,"]  # sequences the model continues, each its own way
@@ -228,13 +264,39 @@ class TestFixedCluster:
         """Last of the class (it ends the cluster). Catches: vLLM's server, engine core and
         workers, or a drafter replica, left running after `cosine serve` dies without running any
         code of its own."""
-        _, proc, _ = cluster
+        _, proc, _, _ = cluster
         below = descendants(proc.pid)
         names = [" ".join(p.cmdline()) for p in below]
         assert any("EngineCore" in n for n in names) and sum("cosine drafter" in n for n in names) == 2, names
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         assert_all_gone(below)
+
+
+def _replica(metrics_url: str, pid: int) -> dict[str, float] | None:
+    """The verifier's `cosine:drafter_replica_*` series of the drafter process `pid` (by its gRPC
+    port): calls, errors, held (requests assigned now), rehomed; None before it is known."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    cmd = open(f"/proc/{pid}/cmdline").read().split("\0")
+    address = f"127.0.0.1:{cmd[cmd.index('--grpc-port') + 1]}"
+    names = {"cosine:drafter_replica_calls_total": "calls", "cosine:drafter_replica_errors_total": "errors",
+             "cosine:drafter_replica_requests": "held", "cosine:drafter_replica_rehomed_total": "rehomed"}
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(metrics_url).text):
+        for sample in family.samples:
+            if sample.name in names and sample.labels.get("replica") == address:
+                out[names[sample.name]] = sample.value
+    return out or None
+
+
+def _exits(pools_url: str, code: str | None = None) -> float:
+    """Drafter processes of `cosine serve` that exited (with `code`, or any)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(httpx.get(pools_url).text)
+               for sample in family.samples
+               if sample.name == "cosine:embedded_replica_exits_total" and code in (None, sample.labels["code"]))
 
 
 def _replica_calls(metrics_url: str) -> dict[str, dict[str, float]]:

@@ -153,13 +153,13 @@ def on_capacity(pool: s.DrafterPoolSpec, spot: s.SpotSpec | None) -> tuple[s.Pod
     itself wins) and the grace is capped to what the provider's notice leaves a pod
     (:data:`cosine_spec.settings.SPOT_PROVIDERS`); on demand, the pool's as written."""
     if pool.capacity != "spot" or spot is None:
-        return pool.pod, pool.termination_grace_s
+        return pool.pod, pool.grace_s(spot)
     cap = spot.capacity
     tolerations = tuple(pool.pod.tolerations)
     if cap.toleration is not None and not any(t.get("key") == cap.toleration["key"] for t in tolerations):
         tolerations += (dict(cap.toleration),)
     pod = replace(pool.pod, node_selector={**cap.node_selector, **pool.pod.node_selector}, tolerations=tolerations)
-    return pod, min(pool.termination_grace_s, cap.pod_grace_s)
+    return pod, pool.grace_s(spot)
 
 
 def _tolerations(pod: s.PodOverrides) -> list[dict[str, Any]]:

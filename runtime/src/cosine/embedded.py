@@ -117,7 +117,8 @@ def stop_children(children: list[Child], timeout_s: float = 10) -> None:
 
 class EmbeddedMetrics:
     """The embedded cluster's own series (`cosine_spec.metric_names.EMBEDDED_*`), in a registry of
-    its own: each pool's replica processes, the autoscaler's passes and its failed stages."""
+    its own: each pool's replica processes, the autoscaler's passes and its failed stages, the
+    replica processes that exited (and were restarted), by exit code."""
 
     def __init__(self) -> None:
         from cosine_spec import metric_names as m
@@ -129,6 +130,8 @@ class EmbeddedMetrics:
         self.passes = Counter(m.EMBEDDED_AUTOSCALER_PASSES, "autoscaling passes made", registry=self.registry)
         self.errors = Counter(m.EMBEDDED_AUTOSCALER_ERRORS, "failed stages of autoscaling passes", ["stage"],
                               registry=self.registry)
+        self.exits = Counter(m.EMBEDDED_REPLICA_EXITS, "replica processes that exited, by exit code",
+                             ["pool", "code"], registry=self.registry)
 
 
 class LocalPools:
@@ -243,8 +246,11 @@ class LocalPools:
         """Restart replicas that exit (as a Deployment would), on the same ports: the verifier's
         client reconnects and lets the replica back in."""
         while not stop.wait(period_s):
-            for c in self.all():
+            with self._lock:
+                children = [(pool, c) for pool, cs in self.replicas.items() for c in cs]
+            for pool, c in children:
                 if c.process.poll() is not None and not stop.is_set():
+                    self.metrics.exits.labels(pool, str(c.process.returncode)).inc()
                     c.restarts += 1
                     log.warning("drafter %s exited with %s; restarting (restart %d)", c.name, c.process.returncode,
                                 c.restarts)

@@ -45,7 +45,8 @@ class ProposerCollector:
       `proposer.CoSineProposer`; the autoscaler's demand counts late and down);
     - cosine:drafter_replica_calls_total{pool,replica}, cosine:drafter_replica_errors_total{pool,replica},
       cosine:drafter_replica_busy_seconds_total{pool,replica} (wall seconds with a call in flight),
-      cosine:drafter_replica_requests{pool,replica} (requests assigned to the replica now), from
+      cosine:drafter_replica_requests{pool,replica} (requests assigned to the replica now),
+      cosine:drafter_replica_rehomed_total{pool,replica} (requests moved off it), from
       `replicas()`: pool -> replica address -> `transport.replica_pool.ReplicaStats`;
     - cosine:verifier_steps_total, cosine:verifier_steps_with_draft_total.
     """
@@ -102,6 +103,8 @@ class ProposerCollector:
             (names.REPLICA_BUSY_SECONDS, "Wall seconds with a draft call in flight, per replica.",
              CounterMetricFamily, "busy_s"),
             (names.REPLICA_REQUESTS, "Requests assigned to the replica.", GaugeMetricFamily, "held"),
+            (names.REPLICA_REHOMED, "Requests moved off the replica (it drained, left or failed).",
+             CounterMetricFamily, "rehomed"),
         )
         snapshot = self.replicas()
         for name, doc, kind, attr in per_replica:

@@ -30,12 +30,18 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------- drafter
 
 
+DRAIN_MARGIN_S = 3  # of a drafter's grace, kept to stop its server and exit before SIGKILL
+
+
 def run_drafter(manifest: Manifest, pool: str, grpc_port: int, metrics_port: int, host: str,
                 tls_dir: str | None = None) -> int:
-    """Serve one pool's drafter over gRPC (TLS with `tls_dir`'s tls.crt/tls.key, else plaintext)."""
+    """Serve one pool's drafter over gRPC (TLS with `tls_dir`'s tls.crt/tls.key, else plaintext)
+    until SIGTERM or SIGINT, then drain (`drafter_service.drain`): NOT_SERVING on gRPC health,
+    calls answered until its requests are handed back or the pool's grace (less a margin) is
+    over; returns 0."""
     from prometheus_client import start_http_server
 
-    from cosine.transport.drafter_service import DrafterMetrics, DrafterServicer, serve
+    from cosine.transport.drafter_service import DrafterMetrics, DrafterServicer, drain, serve
 
     spec = manifest.spec
     p = spec.pool(pool)
@@ -47,7 +53,9 @@ def run_drafter(manifest: Manifest, pool: str, grpc_port: int, metrics_port: int
     if metrics_port:
         start_http_server(metrics_port, addr=host, registry=metrics.registry)
     wait_for_signal()
-    server.stop(grace=2).wait()
+    # SIGTERM (a scale-down, a rollout, a spot node's notice): hand the requests back within the
+    # pod's grace, less the time to stop the server and exit
+    drain(server, servicer, timeout_s=max(1, p.grace_s(spec.spot) - DRAIN_MARGIN_S))
     servicer.close()
     return 0
 

@@ -36,6 +36,7 @@ REPLICA_CALLS = "cosine:drafter_replica_calls"  # counter{pool,replica}
 REPLICA_ERRORS = "cosine:drafter_replica_errors"  # counter{pool,replica}
 REPLICA_BUSY_SECONDS = "cosine:drafter_replica_busy_seconds"  # counter{pool,replica}: a call in flight
 REPLICA_REQUESTS = "cosine:drafter_replica_requests"  # gauge{pool,replica}: requests assigned now
+REPLICA_REHOMED = "cosine:drafter_replica_rehomed"  # counter{pool,replica}: requests moved off it (drained/left/failed)
 # drafter replica (drafter metrics port 9090)
 DRAFTER_DRAFT_TOKENS = "cosine:drafter_draft_tokens"  # counter{pool}: draft tokens produced
 DRAFTER_BUSY_SECONDS = "cosine:drafter_busy_seconds"  # counter{pool}: seconds the engine spent drafting
@@ -48,6 +49,7 @@ DRAFTER_CONTEXTS = "cosine:drafter_contexts"  # gauge{pool}: requests whose cont
 EMBEDDED_REPLICAS = "cosine:embedded_pool_replicas"  # gauge{pool}: replica processes the pool runs now
 EMBEDDED_AUTOSCALER_PASSES = "cosine:embedded_autoscaler_passes"  # counter: autoscaling passes made
 EMBEDDED_AUTOSCALER_ERRORS = "cosine:embedded_autoscaler_errors"  # counter{stage}: passes' failed stages
+EMBEDDED_REPLICA_EXITS = "cosine:embedded_replica_exits"  # counter{pool,code}: replica processes that exited
 
 # vLLM's own series, on the verifier's OpenAI server (port 8000), as vLLM 0.32 names them
 # (`vllm/v1/metrics/loggers.py`, `vllm/v1/spec_decode/metrics.py`; `tests/test_metric_contract.py`

@@ -489,6 +489,13 @@ class DrafterPoolSpec(_Checked):
         """``replicas`` within this pool's ``[min_replicas, max_replicas]``."""
         return clamp_replicas(replicas, self.min_replicas, self.max_replicas)
 
+    def grace_s(self, spot: SpotSpec | None) -> int:
+        """Seconds between a replica's SIGTERM and its SIGKILL: ``terminationGracePeriodSeconds``,
+        on spot capacity at most what the provider's notice leaves a pod (``spot.capacity``)."""
+        if self.capacity == "spot" and spot is not None:
+            return min(self.termination_grace_s, spot.capacity.pod_grace_s)
+        return self.termination_grace_s
+
 
 DRAFT_LENGTH_RULES = ("pathProbability", "acceptanceRate")  # spec.speculation.draftLength
 

@@ -213,6 +213,24 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         return out
 
 
+def drain(server: grpc.Server, servicer: DrafterServicer, timeout_s: float, poll_s: float = 0.1) -> int:
+    """A graceful exit (on SIGTERM): report NOT_SERVING on gRPC health, so verifiers move this
+    replica's requests, with their whole context, to another replica at once and send it no new
+    one; answer every call meanwhile; stop once no request's context is held here, or after
+    `timeout_s` (the pod's grace, less a margin). Returns the contexts still held then (0: every
+    request was handed back)."""
+    for name in ("", SERVICE_NAME):
+        server.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout_s
+    log.info("drafter %s: draining %d request(s), %.0f s at most", servicer.pool, servicer.num_contexts(), timeout_s)
+    while servicer.num_contexts() and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    left = servicer.num_contexts()
+    server.stop(grace=2).wait()
+    log.info("drafter %s: drained (%d request(s) left)", servicer.pool, left)
+    return left
+
+
 def serve(
     servicer: DrafterServicer, port: int, host: str = "127.0.0.1", max_workers: int = 64, tls_dir: str | None = None
 ) -> grpc.Server:
@@ -240,6 +258,7 @@ def serve(
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     server.bound_port = bound  # type: ignore[attr-defined]
+    server.health = health_servicer  # type: ignore[attr-defined]
     log.info("drafter %s (pool %s) serving on %s:%d (%s)", servicer.model_name, servicer.pool, host, bound,
              "TLS" if tls_dir else "plaintext")
     return server

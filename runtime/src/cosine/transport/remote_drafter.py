@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 import grpc
@@ -83,6 +85,8 @@ class RemoteDrafter:
             ],
         )
         self._stub = pb_grpc.DrafterStub(self._channel)
+        self._closed = threading.Event()
+        self._watch: grpc.Future | None = None  # the health stream, while `watch_health` follows it
         self._sent: dict[str, list[int]] = {}
         self.bytes_received = 0
         self.calls = 0
@@ -136,6 +140,33 @@ class RemoteDrafter:
         call sends the whole context)."""
         self._sent.pop(request_id, None)
 
+    def watch_health(self, on_change: Callable[[bool], None], retry_s: float = 1.0) -> threading.Thread:
+        """Follow the replica's gRPC health (`Health.Watch`, a server stream) in a daemon thread:
+        `on_change(serving)` with each status it reports (True: SERVING). A broken stream (the
+        replica exited or restarts) is opened again every `retry_s` seconds until `close()`."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self._channel)
+
+        def follow() -> None:
+            while not self._closed.is_set():
+                try:
+                    self._watch = stub.Watch(health_pb2.HealthCheckRequest(service=""))
+                    for status in self._watch:
+                        on_change(status.status == health_pb2.HealthCheckResponse.SERVING)
+                except grpc.RpcError as e:
+                    log.debug("drafter %s at %s: health stream ended: %s", self.name, self.address, e.code())
+                except ValueError:  # the channel was closed under the stream
+                    return
+                self._closed.wait(retry_s)
+
+        thread = threading.Thread(target=follow, name=f"cosine-health-{self.address}", daemon=True)
+        thread.start()
+        return thread
+
     def close(self) -> None:
-        """Close the gRPC channel."""
+        """Close the gRPC channel (and end `watch_health`)."""
+        self._closed.set()
+        if self._watch is not None:
+            self._watch.cancel()
         self._channel.close()

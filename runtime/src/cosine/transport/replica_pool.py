@@ -12,6 +12,11 @@ to one replica, round robin splits a request's context across replicas. Instead 
 - re-homes a request whose replica left the address list or fails a call as unavailable: the next
   replica gets the whole context (the draft is late, the request never fails); a replica whose
   calls fail `down_after` times in a row is left out of assignments for `retry_s`;
+- follows each replica's gRPC health (`RemoteDrafter.watch_health`): a replica that reports
+  NOT_SERVING is draining (SIGTERM: a scale-down, a rollout, a spot node's notice). At that
+  moment its requests move to the other replicas, each with its whole context at its next call,
+  and are released on it (after its call in flight, if any); it gets no new request until it
+  reports SERVING again;
 - sends `Release` to the replica that holds the request's context (also to one it left).
 
 Per replica it counts draft calls, errors, busy seconds (wall time with at least one call in
@@ -65,12 +70,14 @@ def resolve_addresses(addresses: Sequence[str]) -> list[str]:
 @dataclass
 class ReplicaStats:
     """One replica's counters: draft calls that returned, failed calls, seconds with a call in
-    flight, and the requests assigned to it now."""
+    flight, the requests assigned to it now, and the requests moved off it (it drained, left the
+    address list or failed)."""
 
     calls: int = 0
     errors: int = 0
     busy_s: float = 0.0
     held: int = 0
+    rehomed: int = 0
 
 
 class _Replica:
@@ -81,6 +88,8 @@ class _Replica:
         self.busy_since = 0.0
         self.breaker = breaker  # failed calls in a row, and until when it takes no request
         self.retired = False  # left the address list; kept while it holds contexts
+        self.draining = False  # reported NOT_SERVING: it takes no request and holds none once its calls end
+        self.active: dict[str, int] = {}  # request id -> its calls in flight here
 
 
 class ReplicaPool:
@@ -198,7 +207,7 @@ class ReplicaPool:
             for address, r in self._replicas.items():
                 busy = r.stats.busy_s + (now - r.busy_since if r.in_flight else 0.0)
                 held = sum(1 for a in self._home.values() if a == address)
-                out[address] = ReplicaStats(r.stats.calls, r.stats.errors, busy, held)
+                out[address] = ReplicaStats(r.stats.calls, r.stats.errors, busy, held, r.stats.rehomed)
         return out
 
     def num_requests(self) -> int:
@@ -220,18 +229,59 @@ class ReplicaPool:
         except OSError as e:  # DNS hiccup: keep the replicas we know
             log.debug("pool %s: resolving %s failed: %s", self.name, self.addresses, e)
             return
+        joined = []
         with self._lock:
             for address in current:
                 if address not in self._replicas:
                     self._replicas[address] = _Replica(self._connect(address), Breaker(self.down_after, self.retry_s))
+                    joined.append(address)
                     log.info("pool %s: replica %s joined", self.name, address)
                 self._replicas[address].retired = False
             for address, r in self._replicas.items():
                 if address not in current and not r.retired:
                     r.retired = True
                     log.info("pool %s: replica %s left", self.name, address)
+        for address in joined:
+            watch = getattr(self._replicas[address].drafter, "watch_health", None)
+            if watch is not None:  # (a test's drafter may have no health service)
+                watch(lambda serving, a=address: self._health(a, serving))
         for address in list(self._replicas):
             self._drop_if_retired(address)
+
+    def _health(self, address: str, serving: bool) -> None:
+        """A replica's health changed: NOT_SERVING drains it at once (module docstring)."""
+        with self._lock:
+            r = self._replicas.get(address)
+            if r is None or r.draining == (not serving):
+                return
+            r.draining = not serving
+            if serving:
+                log.info("pool %s: replica %s serves again", self.name, address)
+                return
+            now = self.clock()
+            candidates = [a for a, x in self._replicas.items()
+                          if not x.retired and not x.draining and x.breaker.allows(now)]
+            held: dict[str, int] = {}
+            for a in self._home.values():
+                held[a] = held.get(a, 0) + 1
+            moved = []
+            for rid, home in list(self._home.items()):
+                if home != address:
+                    continue
+                new = assign_replica({a: n for a, n in held.items() if a != address}, candidates)
+                if new is None:  # no other replica: it keeps its requests while it can
+                    break
+                self._home[rid] = new
+                held[new] = held.get(new, 0) + 1
+                self._replicas[new].drafter.forget(rid)  # its next call sends the whole context
+                moved.append(rid)
+            self.rehomes += len(moved)
+            r.stats.rehomed += len(moved)
+            now_free = [rid for rid in moved if not r.active.get(rid)]  # the others after their call
+        log.info("pool %s: replica %s is draining; %d request(s) moved to %s", self.name, address, len(moved),
+                 candidates)
+        for rid in now_free:
+            r.drafter.release(rid)
 
     def _home_of(self, request_id: str, exclude: set[str]) -> tuple[str, _Replica]:
         """The request's replica; a new, re-homed or moved-off request gets the least loaded one."""
@@ -240,10 +290,10 @@ class ReplicaPool:
         with self._lock:
             address = self._home.get(request_id)
             r = self._replicas.get(address) if address else None
-            if r is not None and not r.retired and r.breaker.allows(now) and address not in exclude:
+            if r is not None and not r.retired and not r.draining and r.breaker.allows(now) and address not in exclude:
                 return address, r  # type: ignore[return-value]
             healthy = [a for a, x in self._replicas.items()
-                       if not x.retired and x.breaker.allows(now) and a not in exclude]
+                       if not x.retired and not x.draining and x.breaker.allows(now) and a not in exclude]
             candidates = healthy or [a for a, x in self._replicas.items() if not x.retired and a not in exclude]
             held: dict[str, int] = {}
             for a in self._home.values():
@@ -256,6 +306,8 @@ class ReplicaPool:
             if address is not None:
                 self.rehomes += 1
                 moved_from = r
+                if r is not None:
+                    r.stats.rehomed += 1
                 log.info("pool %s: request %s re-homed from %s to %s", self.name, request_id, address, new)
             self._home[request_id] = new
             target = self._replicas[new]
@@ -271,6 +323,7 @@ class ReplicaPool:
             if r.in_flight == 0:
                 r.busy_since = self.clock()
             r.in_flight += 1
+            r.active[request_id] = r.active.get(request_id, 0) + 1
         try:
             draft = r.drafter.propose(request_id, context_ids, max_tokens, min_confidence=min_confidence,
                                       expected=expected, max_branches=max_branches)
@@ -283,6 +336,14 @@ class ReplicaPool:
                 r.in_flight -= 1
                 if r.in_flight == 0:
                     r.stats.busy_s += self.clock() - r.busy_since
+                r.active[request_id] -= 1
+                if not r.active[request_id]:
+                    del r.active[request_id]
+                # moved off a draining replica while this call was out: hand its context back now
+                handed_back = (r.draining and request_id not in r.active
+                               and self._replicas.get(self._home.get(request_id, "")) is not r)
+            if handed_back:
+                r.drafter.release(request_id)
 
     def _failed(self, r: _Replica, address: str, request_id: str, e: grpc.RpcError) -> bool:
         """Count a failed call; True if the request is to move to another replica now (its replica
