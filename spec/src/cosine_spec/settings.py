@@ -424,12 +424,10 @@ SPOT_PROVIDERS: Mapping[str, SpotCapacity] = {
 @dataclass(frozen=True)
 class SpotSpec(_Checked):
     """``spec.spot``: where pools with ``capacity: spot`` run. ``provider``: whose spot nodes
-    (:data:`SPOT_PROVIDERS`: their label, taint and notice). ``pending_timeout_s``: how long a spot
-    pool's new replicas may stay Pending before an on-demand sibling takes their load."""
+    (:data:`SPOT_PROVIDERS`: their label, taint and notice)."""
 
     SPEC_PATH: ClassVar[str] = "spec.spot"
     provider: str = spec_field("provider", enum=tuple(SPOT_PROVIDERS))
-    pending_timeout_s: int = spec_field("pendingTimeoutSeconds", 300, minimum=30)
 
     @property
     def capacity(self) -> SpotCapacity:
