@@ -218,3 +218,17 @@ def test_resolve_addresses_expands_dns_names():
     assert resolve_addresses(["dns:///localhost:50052"])[0] in ("127.0.0.1:50052", "[::1]:50052")
     with pytest.raises(OSError):
         resolve_addresses(["dns:///no-such-host.invalid:50052"])
+
+
+def test_a_drain_does_not_wait_for_verifiers_that_are_gone(replicas):
+    """Catches: a replica whose verifier died (SIGKILLed with `cosine serve`, or a deleted
+    cluster) holding on to the end of its grace for contexts nobody will release."""
+    from cosine.transport.drafter_service import drain
+
+    pool = ReplicaPool("code", [replicas.addresses[0]])
+    pool.propose("r", [1, 2, 3], 2)
+    pool.close()  # the verifier is gone without a release
+    assert replicas.servicers[0].num_contexts() == 1
+    started = time.monotonic()
+    assert drain(replicas.servers[0], replicas.servicers[0], timeout_s=30, quiet_s=0.5) == 1
+    assert time.monotonic() - started < 5

@@ -207,17 +207,17 @@ class TestFixedCluster:
         base, proc, metrics_url, pools_url = cluster
         client = _client(base)
         deadline = time.monotonic() + 120  # both replicas up (the test before restarts one)
-        while len(pids := _drafter_pids(proc.pid)) < 2 or _replica(metrics_url, pids[0]) is None:
+        while len(pids := _drafter_pids(proc.pid)) < 2 or _replica(metrics_url, _address(pids[0])) is None:
             assert time.monotonic() < deadline, "two replicas never served"
             time.sleep(1)
-        target = pids[0]
-        before = _replica(metrics_url, target)
-        exits = _exits(pools_url)
+        target, address = pids[0], _address(pids[0])
+        before = _replica(metrics_url, address)
+        exits, clean = _exits(pools_url), _exits(pools_url, "0")
         prompts = PROMPTS * 2
         with cf.ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(_chat, client, p, True) for p in prompts]
             deadline = time.monotonic() + 120
-            while (_replica(metrics_url, target) or {}).get("held", 0) < 1:  # it holds requests now
+            while (_replica(metrics_url, address) or {}).get("held", 0) < 1:  # it holds requests now
                 assert time.monotonic() < deadline and not all(f.done() for f in futures), "no request reached it"
                 time.sleep(0.2)
             os.kill(target, signal.SIGTERM)
@@ -227,8 +227,8 @@ class TestFixedCluster:
         while _exits(pools_url) == exits:  # the supervisor sees it exit (and starts it again)
             assert time.monotonic() - sent < 30 + 2, "not out within its 30 s grace"
             time.sleep(0.2)
-        assert _exits(pools_url, "0") == exits + 1, "it exited failing"
-        after = _replica(metrics_url, target)
+        assert _exits(pools_url, "0") == clean + 1, "it exited failing"
+        after = _replica(metrics_url, address)
         assert after["rehomed"] > before["rehomed"], (before, after)  # moved on its health change ...
         assert after["errors"] == before["errors"], (before, after)  # ... not by failed calls
 
@@ -273,13 +273,17 @@ class TestFixedCluster:
         assert_all_gone(below)
 
 
-def _replica(metrics_url: str, pid: int) -> dict[str, float] | None:
-    """The verifier's `cosine:drafter_replica_*` series of the drafter process `pid` (by its gRPC
-    port): calls, errors, held (requests assigned now), rehomed; None before it is known."""
+def _address(pid: int) -> str:
+    """The gRPC address of the drafter process `pid` (from its command line)."""
+    cmd = open(f"/proc/{pid}/cmdline").read().split("\0")
+    return f"127.0.0.1:{cmd[cmd.index('--grpc-port') + 1]}"
+
+
+def _replica(metrics_url: str, address: str) -> dict[str, float] | None:
+    """The verifier's `cosine:drafter_replica_*` series of the replica at `address`: calls,
+    errors, held (requests assigned now), rehomed; None before it is known."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    cmd = open(f"/proc/{pid}/cmdline").read().split("\0")
-    address = f"127.0.0.1:{cmd[cmd.index('--grpc-port') + 1]}"
     names = {"cosine:drafter_replica_calls_total": "calls", "cosine:drafter_replica_errors_total": "errors",
              "cosine:drafter_replica_requests": "held", "cosine:drafter_replica_rehomed_total": "rehomed"}
     out = {}

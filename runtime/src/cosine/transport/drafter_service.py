@@ -119,6 +119,12 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         self._contexts: OrderedDict[str, list[int]] = OrderedDict()
         self._lock = threading.Lock()
 
+    def quiet_s(self) -> float:
+        """Seconds since any verifier last called (a draft or a release); infinite before the first."""
+        with self._lock:
+            last = max(self._last_seen.values(), default=None)
+        return float("inf") if last is None else self.clock() - last
+
     def num_contexts(self) -> int:
         """Requests whose context this replica keeps (the engine's own count may lag by a round)."""
         with self._lock:
@@ -175,6 +181,7 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         """Forget the request's context and free its engine state (idempotent)."""
         rid = self.key(request.verifier_id, request.request_id)
         with self._lock:
+            self._last_seen[request.verifier_id] = self.clock()
             self._contexts.pop(rid, None)
             self.metrics.contexts.set(len(self._contexts))
         self.batcher.release(rid)
@@ -213,17 +220,19 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         return out
 
 
-def drain(server: grpc.Server, servicer: DrafterServicer, timeout_s: float, poll_s: float = 0.1) -> int:
+def drain(server: grpc.Server, servicer: DrafterServicer, timeout_s: float, quiet_s: float = 3.0,
+          poll_s: float = 0.1) -> int:
     """A graceful exit (on SIGTERM): report NOT_SERVING on gRPC health, so verifiers move this
     replica's requests, with their whole context, to another replica at once and send it no new
-    one; answer every call meanwhile; stop once no request's context is held here, or after
-    `timeout_s` (the pod's grace, less a margin). Returns the contexts still held then (0: every
-    request was handed back)."""
+    one; answer every call meanwhile; stop once no request's context is held here, or no verifier
+    has called for `quiet_s` seconds (what is held then belongs to verifiers that are gone: a live
+    one releases at once), or after `timeout_s` (the pod's grace, less a margin). Returns the
+    contexts still held then (0: every request was handed back)."""
     for name in ("", SERVICE_NAME):
         server.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout_s
     log.info("drafter %s: draining %d request(s), %.0f s at most", servicer.pool, servicer.num_contexts(), timeout_s)
-    while servicer.num_contexts() and time.monotonic() < deadline:
+    while servicer.num_contexts() and time.monotonic() < deadline and servicer.quiet_s() < quiet_s:
         time.sleep(poll_s)
     left = servicer.num_contexts()
     server.stop(grace=2).wait()
