@@ -126,14 +126,14 @@ def test_the_embedded_verifier_runs_the_verifier_pods_command(tmp_path):
     """Catches: `cosine serve` starting its verifier with flags `cosine verifier` does not take,
     or without its cores or its pools' address files."""
     from cosine.cli import build_parser
-    from cosine.embedded import LocalPools, verifier_command
+    from cosine.embedded import LocalPools, verifier_pod_command
 
     manifest = load_manifest(None)
     pools = LocalPools.__new__(LocalPools)  # no replica started: only its address files are asked for
     pools.directory, pools.replicas = tmp_path, {p.name: [] for p in manifest.spec.drafter_pools}
-    cmd = verifier_command(manifest, 8123, "0.0.0.0", 9100, (1, 2, 3), pools)
+    cmd = verifier_pod_command(manifest, 8123, "0.0.0.0", 9100, (1, 2, 3), pools)
     assert cmd[1:4] == ["-m", "cosine", "verifier"]
     args = build_parser().parse_args(cmd[3:])
     assert (args.http_port, args.host, args.metrics_port, args.cores) == (8123, "0.0.0.0", 9100, (1, 2, 3))
     assert args.drafter == [f"{p.name}=file://{tmp_path / p.name}.addresses" for p in manifest.spec.drafter_pools]
-    assert build_parser().parse_args(verifier_command(manifest, 8123, "h", 0, (), None)[3:]).cores == ()
+    assert build_parser().parse_args(verifier_pod_command(manifest, 8123, "h", 0, (), None)[3:]).cores == ()

@@ -338,7 +338,7 @@ def serve(manifest: Manifest, where: Placement, mode: str, port: int, host: str,
                     start_http_server(pools_metrics_port, addr=host, registry=pools.metrics.registry)
                 pools.wait_ready()
                 threading.Thread(target=pools.supervise, args=(stop,), name="cosine-supervisor", daemon=True).start()
-            verifier = subprocess.Popen(verifier_command(manifest, port, host, metrics_port, where.verifier, pools),
+            verifier = subprocess.Popen(verifier_pod_command(manifest, port, host, metrics_port, where.verifier, pools),
                                         preexec_fn=die_with_parent, start_new_session=True)
             reaper = start_reaper([verifier.pid])  # its group dies with this process, however it dies
             log.info("verifier (pid %d): vLLM OpenAI server on http://%s:%d/v1, engine threads on cores %s",
@@ -362,7 +362,7 @@ def serve(manifest: Manifest, where: Placement, mode: str, port: int, host: str,
                 pools.stop()
 
 
-def verifier_command(manifest: Manifest, port: int, host: str, metrics_port: int, cores: Sequence[int],
+def verifier_pod_command(manifest: Manifest, port: int, host: str, metrics_port: int, cores: Sequence[int],
                      pools: LocalPools | None) -> list[str]:
     """The verifier pod's command (`cosine verifier`) for this machine: the manifest's file, the
     pools' address files as `--drafter`s, the verifier's `cores` (() = vLLM's own binding). The
