@@ -104,6 +104,27 @@ def test_a_replica_not_worth_its_price_is_not_added() -> None:
     assert d.desired == 1 and "worth less than its $10/h" in d.reason, d
 
 
+def test_a_spot_pool_is_weighed_at_its_spot_price() -> None:
+    """A pool on spot capacity prices its next replica at `spotPricePerHourUsd`, so the gate adds
+    the replica the on-demand price would refuse; on-demand pools (and spot pools without a spot
+    price) keep `pricePerHourUsd`."""
+    from cosine_spec.autoscaling import policy_from_spec
+    from cosine_spec.settings import parse_cluster_spec
+
+    def spec(capacity: str, spot_price: float):
+        pool = {"name": "code", "model": "m", "capacity": capacity, "pricePerHourUsd": 10.0,
+                "spotPricePerHourUsd": spot_price, "minReplicas": 1, "maxReplicas": 8}
+        return parse_cluster_spec({"verifier": {"model": "t"}, "drafterPools": [pool], "spot": {"provider": "gke"},
+                                   "autoscaling": {"acceptedTokenValuePerMillionUsd": 100}})
+
+    prices = {(c, sp): policy_from_spec(spec(c, sp)).pools[0].price_per_hour_usd
+              for c, sp in (("spot", 3.5), ("onDemand", 3.5), ("spot", 0.0))}
+    assert prices == {("spot", 3.5): 3.5, ("onDemand", 3.5): 10.0, ("spot", 0.0): 10.0}
+    late_pool = pool(1, asks=40, late=40, u=0.7, yield_tokens=0.5)  # the second replica adds $7.2/h of tokens
+    assert decide(late_pool, policy=policy_from_spec(spec("spot", 3.5)))[0].desired == 2
+    assert decide(late_pool, policy=policy_from_spec(spec("onDemand", 3.5)))[0].desired == 1
+
+
 def test_missing_data_holds_and_never_shrinks() -> None:
     d, _ = decide(pool(3), v=None)
     assert (d.desired, d.condition) == (3, "MetricsMissing") and "cosine:verifier_steps_total" in d.reason

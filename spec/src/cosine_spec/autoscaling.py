@@ -173,9 +173,10 @@ class ScalerState:
 
 def policy_from_spec(cluster: ClusterSpec) -> ScalingPolicy:
     """The rule's policy from a cluster spec (the operator, ``cosine serve`` and the simulator all
-    build it here): each pool's bounds and price, ``spec.autoscaling``'s window, step and objective."""
+    build it here): each pool's bounds and the price of its next replica (on spot capacity the spot
+    price), ``spec.autoscaling``'s window, step and objective."""
     return ScalingPolicy(
-        pools=tuple(PoolLimits(p.name, p.min_replicas, p.max_replicas, p.price_per_hour_usd)
+        pools=tuple(PoolLimits(p.name, p.min_replicas, p.max_replicas, p.replica_price_per_hour_usd)
                     for p in cluster.drafter_pools),
         target_utilization=cluster.autoscaling.target_drafter_utilization,
         stabilization_s=float(cluster.autoscaling.stabilization_s),

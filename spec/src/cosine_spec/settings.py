@@ -455,6 +455,7 @@ class DrafterPoolSpec(_Checked):
     max_replicas: int = spec_field("maxReplicas", 4, minimum=1)
     threads: int = spec_field("threads", 1, minimum=1)  # CPU threads of the drafter engine (llama.cpp)
     price_per_hour_usd: float = spec_field("pricePerHourUsd", 0.0, minimum=0)  # one replica's price (autoscaling)
+    spot_price_per_hour_usd: float = spec_field("spotPricePerHourUsd", 0.0, minimum=0)  # the same on spot capacity
     gpu_memory_utilization: float | None = spec_field(
         "gpuMemoryUtilization", None, minimum=0.05, maximum=1
     )  # engine vllm on GPU pods: share of the GPU's memory (None: vLLM's default)
@@ -486,6 +487,14 @@ class DrafterPoolSpec(_Checked):
     def clamp(self, replicas: int) -> int:
         """``replicas`` within this pool's ``[min_replicas, max_replicas]``."""
         return clamp_replicas(replicas, self.min_replicas, self.max_replicas)
+
+    @property
+    def replica_price_per_hour_usd(self) -> float:
+        """What the next replica costs, USD per hour: on spot capacity ``spotPricePerHourUsd`` (when
+        given), else ``pricePerHourUsd``. The autoscaler's marginal-value gate weighs this price."""
+        if self.capacity == "spot" and self.spot_price_per_hour_usd > 0:
+            return self.spot_price_per_hour_usd
+        return self.price_per_hour_usd
 
     def grace_s(self, spot: SpotSpec | None) -> int:
         """Seconds between a replica's SIGTERM and its SIGKILL: ``terminationGracePeriodSeconds``,
