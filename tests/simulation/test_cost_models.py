@@ -79,3 +79,29 @@ def test_acceptance_draws_follow_the_mean():
     runs = [accepted_tokens(0.5, 8, rng) for _ in range(20000)]
     assert sum(runs) / len(runs) == pytest.approx(sum(0.5**i for i in range(1, 9)), abs=0.03)
     assert accepted_tokens(1.0, 8, rng) == 8 and accepted_tokens(0.0, 8, rng) == 0
+
+
+def test_lookup_replay_counts_what_the_served_lookup_would_accept():
+    """`calibration.lookup_replay` runs the served suffix lookup over reference replies: a reply
+    that copies its prompt is drafted and accepted in long runs; a reply of tokens never seen is
+    never drafted; the second of two identical replies is drafted from the first (the global tree
+    keeps finished replies, as a verifier's does)."""
+    from cosine.simulation.calibration import lookup_replay
+
+    prompt = list(range(100, 160))
+    copied = lookup_replay([("edit", prompt, prompt)])["edit"]
+    assert copied["hit_rate"] > 0.8 and copied["tokens_per_step"] > 4 and copied["alpha"] > 0.9
+    fresh = lookup_replay([("chat", prompt, list(range(500, 560)))])["chat"]
+    assert fresh["drafts"] == 0 and fresh["tokens_per_step"] == 1.0
+    reply = list(range(900, 960))
+    twice = lookup_replay([("a", [1, 2, 3], reply), ("b", [4, 5, 6], reply)])
+    assert twice["a"]["accepted"] == 0 and twice["b"]["tokens_per_step"] > 4
+
+
+def test_eagle3_head_fraction_follows_the_measurement():
+    from cosine.simulation.cost_models import eagle3_head_fraction
+
+    f = eagle3_head_fraction("llama-70b")
+    assert 0.015 < f(1) <= f(64) <= f(128) < 0.035 and f(1000) == f(128)
+    with pytest.raises(KeyError):
+        eagle3_head_fraction("gpt-5")

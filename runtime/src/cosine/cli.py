@@ -356,14 +356,21 @@ def _simulate(args: argparse.Namespace) -> int:
     unknown = [s for s in studies if s not in STUDIES]
     if unknown:
         raise ValueError(f"--studies: unknown {', '.join(unknown)}; choose from {','.join(STUDIES)}")
-    if args.mode is not None and args.mode not in SIM_MODES:
-        raise ValueError(f"--mode: unknown {args.mode!r}; choose from {', '.join(SIM_MODES)}")
+    manifest_modes = [m for m in SIM_MODES if m != "eagle3"]  # eagle3's head is priced for the studies' shapes only
+    if args.mode is not None and args.mode not in manifest_modes:
+        raise ValueError(f"--mode: unknown {args.mode!r}; choose from {', '.join(manifest_modes)} "
+                         "(eagle3 runs in --studies paper,spot)")
     out = run_simulate(args.cluster, args.workload, args.trace, args.duration, args.request_rate, args.concurrency,
                        args.mode, studies, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1, default=str))
     if args.plot:
         plot(out, args.plot)
+    if args.tables:
+        from cosine.simulation.tables import write_tables
+
+        for doc in args.tables:
+            print(f"tables {', '.join(write_tables(doc, out))} written into {doc}")
     run = out["run"]
     print(f"{run['mode']}: {run['throughput_tok_s']:.1f} tok/s, p50 {run['latency_p50_s']:.2f} s, "
           f"p99 {run['latency_p99_s']:.2f} s, {run['scale_events']} scale events, "
@@ -385,8 +392,10 @@ def _add_simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     load = si.add_mutually_exclusive_group()
     load.add_argument("--request-rate", type=float, help="Poisson arrivals per second")
     load.add_argument("--concurrency", type=int, help="closed loop with this many clients")
-    si.add_argument("--mode", help="override the manifest's simulation.mode (cosine, cosine-pools, lookup, ...)")
-    si.add_argument("--studies", default="", help="comma list of validation,paper,rtt,autoscale (minutes)")
+    si.add_argument("--mode", help="override the manifest's simulation.mode (target-only, vanilla, cosine)")
+    si.add_argument("--studies", default="", help="comma list of validation,paper,spot,rtt,autoscale (minutes)")
+    si.add_argument("--tables", type=Path, action="append", help="Markdown file whose <!-- study:NAME --> blocks "
+                    "(paper, paper-summary, spot) get the studies' tables; repeatable")
     si.add_argument("--seed", type=int, default=0)
     si.add_argument("--out", type=Path, default=Path("results/sim.json"))
     si.add_argument("--plot", type=Path)

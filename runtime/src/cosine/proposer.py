@@ -165,6 +165,7 @@ class _Request:
     inflight: dict[str, Future] = field(default_factory=dict)  # pool -> Future[PoolDraft]
     arrived: dict[str, PoolDraft] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)  # every pool ever asked for this request (all are released)
+    judged: set[str] = field(default_factory=set)  # pools whose latest ask's draft was judged on time or not
     lookup_hit: float = 0.5  # EMA of steps on which prompt lookup found a draft
 
 
@@ -410,14 +411,21 @@ class CoSineProposer:
         if d is None:
             if fut is not None and not fut.done():
                 self.stats.add(self.stats.drafts_late, name)
-                self._on_time(name, False)
+                self._on_time(req, name, False)
             return None
         best = continuation(d, ctx)
-        self._on_time(name, best is not None)
+        self._on_time(req, name, best is not None)
         return best
 
-    def _on_time(self, name: str, usable: bool) -> None:
-        """Fold one look at a pool's draft into its on-time share (EMA over looks, all requests)."""
+    def _on_time(self, req: _Request, name: str, usable: bool) -> None:
+        """Fold the first look at a pool's latest draft for a request into the pool's on-time share
+        (EMA over asks, all requests): `usable` if it had arrived and continued the context at the
+        step it was asked for. Later looks at the same draft are not judged again: a draft already
+        used, or left behind while the pool was not asked, says nothing of the pool's speed, and
+        counting it would hold a skipped pool's share down for as long as it is skipped."""
+        if name in req.judged:
+            return
+        req.judged.add(name)
         share = PoolPolicy.on_time(self.stats.pool_on_time.get(name, 1.0), usable)
         self.stats.set(self.stats.pool_on_time, name, share)
 
@@ -443,6 +451,7 @@ class CoSineProposer:
             k, branches = s.pool.ask(step_s, self.stats.pool_token_s.get(name), self.stats.pool_rtt_s.get(name, 0.0),
                                      s.speculation.max_draft_len, verifying=bool(expected))
             req.used.add(name)
+            req.judged.discard(name)
             req.inflight[name] = self.pools.ask(name, rid, tuple(ctx), k, tuple(expected), branches)
 
     def _skip_reason(self, name: str, req: _Request) -> str | None:

@@ -215,3 +215,56 @@ def placement_evidence(bench: dict[str, Any], base: Evidence, pooled: tuple[str,
         ev = replace(ev, lookup_hit=cal.lookup_hit_rate, lookup_alpha=cal.lookup_alpha,
                      lookup_tokens=cal.lookup_draft_tokens)
     return ev
+
+
+def lookup_replay(pairs: Any, max_draft_tokens: int = 8, settings: Any = None) -> dict[str, dict[str, float]]:
+    """Prompt lookup as served (`lookup.SuffixLookup`, vLLM's `suffix` defaults) replayed over
+    reference replies: for each `(domain, prompt_ids, reply_ids)` in order, greedy decoding of
+    `reply_ids` as if it were the target's output. Each decode step asks for a draft of up to
+    `max_draft_tokens`; the draft's accepted tokens are its longest prefix that the reply
+    continues with, and the step emits them plus the target's own token. Requests share the
+    global tree as one verifier's do (a finished reply joins it).
+
+    Returns, per domain: `requests`, `decode_steps`, `drafts`, `draft_tokens`, `accepted`,
+    `hit_rate` (drafts per decode step), `mean_draft_tokens`, `accepted_per_draft`, `alpha`
+    (`fit_alpha`) and `tokens_per_step` (output tokens per decode step: the acceptance length).
+    The first token of each reply comes from prefill and is not a decode step."""
+    from cosine.lookup import SuffixLookup, SuffixSettings
+
+    lookup = SuffixLookup(settings or SuffixSettings())
+    counts: dict[str, dict[str, float]] = {}
+    for i, (domain, prompt, reply) in enumerate(pairs):
+        c = counts.setdefault(domain, dict.fromkeys(("requests", "decode_steps", "drafts", "draft_tokens",
+                                                     "accepted", "emitted"), 0.0))
+        rid = f"ref-{i}"
+        context = list(prompt) + list(reply[:1])
+        lookup.start(rid, prompt)
+        pos = 1
+        while pos < len(reply):
+            draft, _ = lookup.propose(rid, context, min(max_draft_tokens, len(reply) - pos))
+            acc = 0
+            while acc < len(draft) and draft[acc] == reply[pos + acc]:
+                acc += 1
+            emitted = min(acc + 1, len(reply) - pos)
+            c["decode_steps"] += 1
+            c["emitted"] += emitted
+            if draft:
+                c["drafts"] += 1
+                c["draft_tokens"] += len(draft)
+                c["accepted"] += acc
+            context.extend(reply[pos:pos + emitted])
+            pos += emitted
+        lookup.propose(rid, context, 0)  # index the reply's last tokens before it finishes
+        lookup.release(rid)
+        c["requests"] += 1
+    out = {}
+    for domain, c in counts.items():
+        drafts = c["drafts"]
+        per_draft = c["accepted"] / drafts if drafts else 0.0
+        mean_tokens = c["draft_tokens"] / drafts if drafts else 0.0
+        out[domain] = {**{k: v for k, v in c.items() if k != "emitted"},
+                       "hit_rate": drafts / c["decode_steps"] if c["decode_steps"] else 0.0,
+                       "mean_draft_tokens": mean_tokens, "accepted_per_draft": per_draft,
+                       "alpha": fit_alpha(per_draft, mean_tokens),
+                       "tokens_per_step": c["emitted"] / c["decode_steps"] if c["decode_steps"] else 0.0}
+    return out

@@ -26,13 +26,16 @@ What serves, modelled step by step:
 Modes: `target-only` (vLLM, no speculation); `cosine` (the proposer: prompt lookup if the setup
 has a `LookupModel`, and the pools); `vanilla` (a drafter co-located on the verifier drafts
 `max_draft_len` tokens for every request before each step: vLLM's draft-model speculation, whose
-k is fixed).
+k is fixed); `eagle3` (the same with a draft head inside the verifier, vLLM's `eagle3` method:
+its acceptance is the `eagle3` key of the `AcceptanceModel`, its forward per draft token
+`VerifierModel.colocated_draft_s`).
 """
 
 from __future__ import annotations
 
 import random
 import statistics
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -49,7 +52,8 @@ from cosine.pool_policy import PoolPolicy, assign_replica
 from cosine.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 from cosine.simulation.cost_models import AcceptanceModel
 
-MODES = ("target-only", "vanilla", "cosine")
+MODES = ("target-only", "vanilla", "eagle3", "cosine")
+EAGLE3 = "eagle3"  # the draft source name of an in-verifier draft head
 DRAFT_BYTES_PER_TOKEN = 8  # a draft token on the wire: its id and its confidence (no distribution)
 
 
@@ -76,10 +80,16 @@ class PoolModel:
 @dataclass(frozen=True)
 class LookupModel:
     """Prompt lookup: on a decode step it finds a draft with probability `hit_rate`, of up to
-    `draft_tokens` tokens (acceptance: the `lookup` key of the `AcceptanceModel`)."""
+    `draft_tokens` tokens (acceptance: the `lookup` key of the `AcceptanceModel`); `per_domain`
+    overrides both for a domain: domain -> (hit_rate, draft_tokens)."""
 
     hit_rate: float
     draft_tokens: int
+    per_domain: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    def on(self, domain: str) -> tuple[float, int]:
+        """(hit rate, draft tokens) on a domain."""
+        return self.per_domain.get(domain, (self.hit_rate, self.draft_tokens))
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,19 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class Preemption:
+    """Spot capacity under every pool: each ready replica is preempted at `per_replica_hour`
+    (Poisson), with `notice_s` of notice, and replaced after `replacement_s` (a new node and pod).
+    At the notice the replica drains as `drafter_service.drain` does: it takes no new calls, its
+    requests are re-homed at their next call (their whole context resent), the calls it holds
+    finish. Its price stops at the notice (the seconds it drains are not charged)."""
+
+    per_replica_hour: float
+    notice_s: float = 30.0
+    replacement_s: float = 120.0
+
+
+@dataclass(frozen=True)
 class SimSetup:
     """speculation (the CRD's `spec.speculation`), control, pool_policy: the proposer's settings of
     the same names (`proposer.ProposerSettings`)."""
@@ -131,6 +154,7 @@ class SimSetup:
     pool_policy: PoolPolicy = PoolPolicy()
     control: speculation_control.SpeculationSettings = speculation_control.SpeculationSettings()
     seed: int = 0
+    preemption: Preemption | None = None
 
 
 TRUTH_IDS = 1 << 30  # the target's tokens are drawn from [0, TRUTH_IDS); a missed guess is -1, never the target's
@@ -232,9 +256,10 @@ class _SimLookup:
 
     def propose(self, request_id: str, context: Sequence[int], max_tokens: int) -> tuple[list[int], list[float]]:
         seq = self.cluster.seqs[request_id]
-        if max_tokens <= 0 or seq.rng.random() >= self.model.hit_rate:
+        hit_rate, draft_tokens = self.model.on(seq.spec.domain)
+        if max_tokens <= 0 or seq.rng.random() >= hit_rate:
             return [], []
-        n = min(max_tokens, self.model.draft_tokens)
+        n = min(max_tokens, draft_tokens)
         mean = self.cluster.s.acceptance.mean(LOOKUP, seq.spec.domain)
         tokens = seq.guess(len(context) - seq.spec.prompt_tokens, n, self.cluster.alpha(seq, LOOKUP))
         return tokens, [mean ** (i + 1) for i in range(n)]
@@ -303,6 +328,7 @@ class _SimPool:
             self.held[str(home)] -= 1
             self.seen[rid] = 0
             self.cluster.out.rehomes += 1
+            self.cluster.out.rehomed_requests.add(rid)
         new = int(assign_replica(self.held, [str(i) for i in self.active]))  # type: ignore[arg-type]
         self.held[str(new)] = self.held.get(str(new), 0) + 1
         self.home[rid] = new
@@ -334,6 +360,7 @@ class SimResult:
 
     latencies_s: list[float] = field(default_factory=list)
     ttft_s: list[float] = field(default_factory=list)
+    tpot_s: list[float] = field(default_factory=list)  # per request: (latency - TTFT) / (output tokens - 1)
     tokens: int = 0
     makespan_s: float = 0.0
     verifier_busy_s: float = 0.0
@@ -344,6 +371,8 @@ class SimResult:
     spec_steps: int = 0
     drafts_late: int = 0
     rehomes: int = 0  # requests moved to another replica of a pool (theirs was removed)
+    preemptions: int = 0  # pool replicas preempted (`Preemption`)
+    rehomed_requests: set[str] = field(default_factory=set)  # requests that were re-homed at least once
     replica_calls: dict[str, list[int]] = field(default_factory=dict)  # pool -> draft calls per replica
     by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafts, draft tokens, accepted]
     replicas_timeline: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
@@ -353,7 +382,7 @@ class SimResult:
     verifier_replicas: int = 1
 
     def summary(self) -> dict[str, float | int]:
-        lat = sorted(self.latencies_s)
+        lat, tpot = sorted(self.latencies_s), sorted(self.tpot_s)
         return {
             "requests": len(lat),
             "tokens": self.tokens,
@@ -361,6 +390,8 @@ class SimResult:
             "latency_p50_s": statistics.median(lat) if lat else 0.0,
             "latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else 0.0,
             "ttft_p50_s": statistics.median(self.ttft_s) if self.ttft_s else 0.0,
+            "tpot_p50_s": statistics.median(tpot) if tpot else 0.0,
+            "tpot_p99_s": tpot[min(len(tpot) - 1, int(0.99 * len(tpot)))] if tpot else 0.0,
             "mean_accepted_per_step": self.accepted / self.spec_steps if self.spec_steps else 0.0,
             "draft_tokens": self.draft_tokens,
             "acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else 0.0,
@@ -368,6 +399,8 @@ class SimResult:
             "verifier_step_s": self.verifier_busy_s / self.passes if self.passes else 0.0,
             "drafts_late": self.drafts_late,
             "rehomes": self.rehomes,
+            "preemptions": self.preemptions,
+            "rehomed_requests": len(self.rehomed_requests),
             "verifier_utilization": self.verifier_busy_s / (self.makespan_s * self.verifier_replicas)
             if self.makespan_s else 0.0,
             "scale_events": len(self.scale_events),
@@ -430,9 +463,9 @@ class _Cluster:
             yield self.env.timeout(max(0.0, spec.arrival_s - self.env.now))
             self._start(i, spec)
 
-    def _client(self, queue: list[tuple[int, RequestSpec]]) -> simpy.events.ProcessGenerator:
+    def _client(self, queue: deque[tuple[int, RequestSpec]]) -> simpy.events.ProcessGenerator:
         while queue:
-            i, spec = queue.pop(0)
+            i, spec = queue.popleft()
             seq = self._start(i, spec)
             assert seq.done is not None
             yield seq.done
@@ -483,7 +516,7 @@ class _Cluster:
             kv = sum(seq.spec.prompt_tokens - seq.prefill_left + seq.emitted for seq, _ in step)
             pass_s = v.pass_s(tokens, kv)
             decodes = [seq for seq, _ in step if seq.prefill_left == 0]
-            if s.mode == "vanilla" and decodes:  # the co-located drafter drafts before the step
+            if s.mode in ("vanilla", EAGLE3) and decodes:  # the co-located drafter drafts before the step
                 pass_s += max(len(seq.draft) for seq in decodes) * v.colocated_draft_s(len(decodes))
             yield self.env.timeout(pass_s)
             self.out.verifier_busy_s += pass_s
@@ -532,15 +565,16 @@ class _Cluster:
 
     def _draft(self, running: list[_Sequence], proposer: CoSineProposer | None) -> None:
         """The next step's drafts: CoSine's proposer itself (cosine), or the co-located drafter's
-        `max_draft_len` tokens for every request (vanilla: vLLM's draft-model speculation)."""
+        `max_draft_len` tokens for every request (vanilla: vLLM's draft-model speculation; eagle3:
+        its draft head)."""
         decodes = [seq for seq in running if seq.prefill_left == 0]
         if proposer is not None and decodes:
             drafts = proposer.propose({seq.rid: seq.tokens for seq in decodes},
                                       {seq.rid: seq.spec.prompt_tokens for seq in decodes})
             for seq in decodes:
                 seq.draft, seq.source = drafts[seq.rid], proposer.source_of(seq.rid)
-        elif self.s.mode == "vanilla" and self.pools:
-            name = next(iter(self.pools))
+        elif self.s.mode == EAGLE3 or self.s.mode == "vanilla" and self.pools:
+            name = EAGLE3 if self.s.mode == EAGLE3 else next(iter(self.pools))
             for seq in decodes:
                 seq.draft = seq.guess(seq.emitted, self.s.speculation.max_draft_len, self.alpha(seq, name))
                 seq.source = name
@@ -549,6 +583,8 @@ class _Cluster:
         self.in_flight -= 1
         self.out.latencies_s.append(self.env.now - seq.arrival_s)
         self.out.ttft_s.append((seq.first_token_s or self.env.now) - seq.arrival_s)
+        if seq.spec.output_tokens > 1 and seq.first_token_s is not None:
+            self.out.tpot_s.append((self.env.now - seq.first_token_s) / (seq.spec.output_tokens - 1))
         self.out.makespan_s = self.env.now
         if self.proposers:
             self.proposers[seq.replica].release(seq.rid)
@@ -645,18 +681,37 @@ class _Cluster:
                     self.sim_pools[name].active.pop()
                     self.pods_ready[name] -= 1
 
-    def _add_replicas(self, name: str, count: int) -> simpy.events.ProcessGenerator:
-        yield self.env.timeout(self.s.pod_start_s)  # a new pod pulls, loads and becomes ready
+    def _preemptions(self, name: str, pre: Preemption) -> simpy.events.ProcessGenerator:
+        """Spot preemptions of one pool's replicas (`Preemption`): a Poisson process at the
+        per-replica rate times the replicas ready, each one drained at its notice and replaced."""
+        rng = random.Random(f"{self.s.seed}/preempt/{name}")
+        pool = self.sim_pools[name]
+        while True:
+            yield self.env.timeout(rng.expovariate(pre.per_replica_hour / 3600 * max(1, self.pods_ready[name])))
+            if not pool.active:
+                continue
+            pool.active.remove(rng.choice(pool.active))  # drained: its requests re-home at their next call
+            self.pods_ready[name] -= 1
+            self.out.preemptions += 1
+            self.out.replicas_timeline[name].append((self.env.now, self.pods_ready[name]))  # charged: ready pods
+            # the Deployment keeps its replicas: its controller asks for the replacement at once
+            self.env.process(self._add_replicas(name, 1, pre.replacement_s, timeline=True))
+
+    def _add_replicas(self, name: str, count: int, delay_s: float | None = None,
+                      timeline: bool = False) -> simpy.events.ProcessGenerator:
+        yield self.env.timeout(self.s.pod_start_s if delay_s is None else delay_s)  # a new pod pulls, loads, is ready
         p, pool = self.pools[name], self.sim_pools[name]
         for _ in range(count):  # once ready, the proposer's next re-resolve finds it
             pool.slots.append(simpy.Container(self.env, capacity=p.slots, init=p.slots))
             pool.active.append(len(pool.slots) - 1)
             self.pods_ready[name] += 1
+        if timeline:  # a replacement is charged from when it is ready
+            self.out.replicas_timeline[name].append((self.env.now, self.pods_ready[name]))
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
         if self.w.concurrency:
-            queue = list(enumerate(self.w.requests))
+            queue = deque(enumerate(self.w.requests))
             for _ in range(self.w.concurrency):
                 self.env.process(self._client(queue))
         else:
@@ -665,6 +720,9 @@ class _Cluster:
             self.env.process(self._verifier(i))
         if self.s.scaling is not None and self.pools:
             self.env.process(self._autoscaler())
+        if self.s.preemption is not None:
+            for name in self.pools:
+                self.env.process(self._preemptions(name, self.s.preemption))
         self.env.run(until=self.duration_s if self.duration_s else self.all_done)
         end = self.env.now if self.duration_s else self.out.makespan_s
         if self.duration_s:
@@ -677,9 +735,10 @@ class _Cluster:
         return self.out
 
     def _cost(self, end_s: float) -> None:
-        """GPU-hours at list price: the verifier for the whole run, each pool by its replica timeline."""
+        """GPU-hours at list price: the verifier for the whole run, each pool by its replica timeline
+        (pools only where they run: `cosine`; `vanilla`'s drafter shares the verifier's GPUs)."""
         usd = self.s.verifier.price_per_hour_usd * self.s.verifier.replicas * end_s / 3600
-        for name, tl in self.out.replicas_timeline.items():
+        for name, tl in self.out.replicas_timeline.items() if self.s.mode == "cosine" else ():
             price = self.pools[name].price_per_hour_usd
             for (t0, n), (t1, _) in zip(tl, [*tl[1:], (end_s, 0)], strict=True):
                 usd += price * n * max(0.0, min(t1, end_s) - t0) / 3600

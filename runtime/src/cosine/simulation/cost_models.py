@@ -19,7 +19,9 @@ context they are < 2% of 2 * params for the models here.
 
 from __future__ import annotations
 
+import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -156,6 +158,29 @@ class Profiles:
                 else:
                     means[(pool, dom)] = float(raw.get(dom, 0.5))
         return AcceptanceModel(means, conc)
+
+
+def eagle3_head_fraction(shape: str) -> Callable[[int], float]:
+    """An EAGLE-3 head's forward per draft token as a fraction of the target's decode pass, by
+    batch size (linear between the measured batches, flat outside): MEASURED on one H100 with
+    torch for the paper's target shapes (`shape`: ``llama-70b`` or ``qwen-32b``;
+    `data/h100_pass_times.json`, run ``projections_only``, `tools/gpu_pass_times.py`), 1.8-3.0%.
+    Applied to another GPU's decode pass it assumes head and target scale alike.
+    Raises KeyError for a shape not measured."""
+    raw = json.loads(resources.files("cosine.simulation").joinpath("data/h100_pass_times.json").read_text())
+    run = raw["runs"]["projections_only"][shape]
+    decode = {row["batch"]: row["pass_s"] for row in run["rows"] if row["tokens"] == 1}
+    points = sorted((int(b), s / decode[int(b)]) for b, s in run["eagle3_head_s"].items())
+
+    def fraction(batch: int) -> float:
+        if batch <= points[0][0]:
+            return points[0][1]
+        for (b0, f0), (b1, f1) in zip(points, points[1:], strict=False):
+            if batch <= b1:
+                return f0 + (f1 - f0) * (batch - b0) / (b1 - b0)
+        return points[-1][1]
+
+    return fraction
 
 
 def load_profiles(path: Path | None = None) -> Profiles:

@@ -12,7 +12,7 @@ from cosine.routing import DOMAINS
 from cosine.simulation import calibration, config, scenarios
 from cosine.simulation.cluster import RequestSpec, Workload, poisson_requests, simulate
 
-STUDIES = ("validation", "paper", "rtt", "autoscale")
+STUDIES = ("validation", "paper", "spot", "rtt", "autoscale")
 
 
 def read_trace(path: Path) -> tuple[RequestSpec, ...]:
@@ -60,6 +60,8 @@ def run_simulate(cluster: Path | None, workload: Path | None = None, trace: Path
         out["validation"] = scenarios.validation(calibration.KEPT_BENCH)
     if "paper" in studies:
         out["paper_testbed"] = scenarios.paper_testbed(seed=seed)
+    if "spot" in studies:
+        out["spot"] = scenarios.spot_study(seed=seed)
     if "rtt" in studies:
         out["rtt_sweep"] = scenarios.rtt_sweep(seed=seed)
     if "autoscale" in studies:

@@ -7,6 +7,7 @@ Each returns a JSON-able dict; `plots` draws them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import statistics
 from pathlib import Path
@@ -14,9 +15,13 @@ from typing import Any
 
 from cosine_spec.autoscaling import PoolLimits, ScalingPolicy
 
+from cosine.proposer import LOOKUP
 from cosine.routing import DOMAINS
 from cosine.simulation import calibration, config
 from cosine.simulation.cluster import (
+    EAGLE3,
+    LookupModel,
+    Preemption,
     RequestSpec,
     SimResult,
     SimSetup,
@@ -24,7 +29,7 @@ from cosine.simulation.cluster import (
     poisson_requests,
     simulate,
 )
-from cosine.simulation.cost_models import Profiles, load_profiles
+from cosine.simulation.cost_models import AcceptanceModel, Profiles, eagle3_head_fraction, load_profiles
 
 # The paper's headline figures (Gao et al., arXiv:2503.10325, abstract and §6).
 PAPER = {"latency_reduction": 0.232, "throughput_gain": 0.325}
@@ -76,22 +81,33 @@ def validation(bench_json: Path, systems: tuple[str, ...] = VALIDATED, seeds: in
 # ------------------------------------------------------------------ the paper's testbed
 PAIRS = {
     "llama-70b": {"verifier": ("deepseek-r1-distill-llama-70b", "a100-80gb", 4),
-                  "drafter": ("llama-68m", "rtx-4090"), "acceptance": "llama-68m"},
+                  "drafter": ("llama-68m", "rtx-4090"), "acceptance": "llama-68m", "shape": "llama-70b"},
     "qwen-32b": {"verifier": ("deepseek-r1-distill-qwen-32b", "a100-80gb", 2),
-                 "drafter": ("qwen2.5-0.5b", "l4"), "acceptance": "qwen2.5-0.5b"},
+                 "drafter": ("qwen2.5-0.5b", "l4"), "acceptance": "qwen2.5-0.5b", "shape": "qwen-32b"},
 }
+# The paper's prompts are chat and question answering: ShareGPT-like chat and GSM8K-like QA.
+PAPER_DOMAINS = ("chat", "math")
+SPECIALISTS = (("code", ("code", "edit")), ("math", ("math",)), ("chat", ("chat",)))
+# Prompt lookup per domain on reference replies (tools/lookup_on_references.py).
+LOOKUP_ON_REFERENCES = Path(__file__).parent / "data" / "lookup_on_references.json"
+LOOKUP_CONCENTRATION = 4.0  # the spread of a request's lookup acceptance around its domain's (as `ngram`'s)
 
 
-def _pair_manifest(pair: str, mode: str, specialists: bool = True) -> dict[str, Any]:
-    """The paper's testbed for one pair as a manifest. `specialists`: CoSine's pools get the
+def _pair_manifest(pair: str, mode: str, specialists: bool = True, domains: tuple[str, ...] = DOMAINS,
+                   hardware: tuple[str, str] | None = None, pool_replicas: int = 1) -> dict[str, Any]:
+    """The paper's testbed for one pair as a manifest, with one specialist pool per domain group
+    that `domains` asks for, of `pool_replicas` replicas. `specialists`: CoSine's pools get the
     specialist acceptance profile on their domains (assumed, `profiles.yaml`); False gives them
-    the generic drafter's, so only the architecture differs from a co-located drafter."""
+    the generic drafter's, so only the architecture differs from a co-located drafter.
+    `hardware`: (verifier GPU, drafter GPU) instead of the paper's."""
     p = PAIRS[pair]
     vm, vhw, gpus = p["verifier"]
     dm, dhw = p["drafter"]
+    vhw, dhw = hardware or (vhw, dhw)
     spec_key = f"{p['acceptance']}-specialist" if specialists else p["acceptance"]
-    pools = [{"name": n, "model": dm, "expertise": e, "replicas": 1, "minReplicas": 1, "maxReplicas": 8}
-             for n, e in (("code", ["code", "edit"]), ("math", ["math"]), ("chat", ["chat"]))]
+    pools = [{"name": n, "model": dm, "expertise": list(e), "replicas": pool_replicas, "minReplicas": 1,
+              "maxReplicas": 8}
+             for n, e in SPECIALISTS if set(e) & set(domains)]
     sim_pools = {q["name"]: {"hardware": dhw, "slots": 16, "model": dm,
                              "acceptance": spec_key if mode == "cosine" else p["acceptance"]} for q in pools}
     return {
@@ -107,45 +123,100 @@ def _cost_per_hour(setup: SimSetup) -> float:
     return v + (sum(p.price_per_hour_usd * p.replicas for p in setup.pools) if setup.mode == "cosine" else 0.0)
 
 
-def _lookup_setup(target_only: SimSetup, bench_json: Path | None) -> SimSetup:
-    """Suffix-style lookup on the verifier alone (vLLM's `ngram`/`suffix` methods; CoSine without
-    pools): its hit rate, draft length and per-token acceptance are those measured for
-    `cosine-lookup` in the kept bench run (our CPU workloads with the 1.5B coder: an assumption
-    for the paper's models and prompts)."""
-    from cosine.simulation.cluster import LOOKUP, LookupModel
-    from cosine.simulation.cost_models import AcceptanceModel
-
-    cal = calibration.calibrate(calibration.load_bench(bench_json or calibration.KEPT_BENCH), "cosine-lookup", 1)
-    acceptance = AcceptanceModel({(LOOKUP, d): cal.lookup_alpha for d in DOMAINS}, {LOOKUP: 8.0})
-    return dataclasses.replace(target_only, mode="cosine", pools=(), acceptance=acceptance,
-                               lookup=LookupModel(cal.lookup_hit_rate, cal.lookup_draft_tokens))
+def lookup_on_references(path: Path | None = None) -> tuple[LookupModel, dict[tuple[str, str], float]]:
+    """Prompt lookup as served, per domain, MEASURED on reference replies that are not our bench's
+    outputs (ShareGPT's ChatGPT replies, GSM8K's worked solutions, HumanEval's solutions,
+    Chit-Chat's human replies; `tools/lookup_on_references.py`, kept in
+    `data/lookup_on_references.json`): the `LookupModel` (hit rate, draft tokens by domain) and
+    the per-token acceptance means keyed `(lookup, domain)`."""
+    raw = json.loads(Path(path or LOOKUP_ON_REFERENCES).read_text())["domains"]
+    model = LookupModel(0.0, 0, {d: (float(r["hit_rate"]), max(1, round(r["mean_draft_tokens"])))
+                                 for d, r in raw.items()})
+    return model, {(LOOKUP, d): float(r["alpha"]) for d, r in raw.items()}
 
 
-PAPER_SYSTEMS = ("target-only", "vanilla", "lookup", "cosine", "cosine-equal-acceptance")
+def with_lookup(setup: SimSetup, path: Path | None = None) -> SimSetup:
+    """`setup` with prompt lookup on its verifier as CoSine serves it (`lookup_on_references`):
+    the proposer drafts from lookup and the setup's pools, and fuses them."""
+    model, means = lookup_on_references(path)
+    acc = setup.acceptance
+    acceptance = AcceptanceModel({**acc.means, **means}, {**acc.concentration, LOOKUP: LOOKUP_CONCENTRATION},
+                                 acc.default_mean)
+    return dataclasses.replace(setup, mode="cosine", lookup=model, acceptance=acceptance)
+
+
+def eagle3_setup(target_only: SimSetup, shape: str, acceptance_key: str, k: int,
+                 profiles: Profiles, ref_kv_tokens: int = 320) -> SimSetup:
+    """An EAGLE-3 head inside the verifier (vLLM's `eagle3` method, a chain of `k` draft tokens
+    for every request before each step): acceptance from `profiles.yaml` (`acceptance_key`,
+    PUBLISHED figures for Llama-3.3-70B heads), each draft token one forward of the head at the
+    batch's size, priced as a MEASURED fraction of the target's decode pass
+    (`cost_models.eagle3_head_fraction(shape)`) on the setup's own roofline."""
+    fraction = eagle3_head_fraction(shape)
+    v = target_only.verifier
+
+    def head(batch: int) -> float:
+        return fraction(batch) * v.pass_s(batch, batch * ref_kv_tokens)
+
+    return dataclasses.replace(
+        target_only, mode=EAGLE3, pools=(), acceptance=profiles.acceptance({EAGLE3: (acceptance_key, ())}, DOMAINS),
+        speculation=dataclasses.replace(target_only.speculation, max_draft_len=k),
+        verifier=dataclasses.replace(v, colocated_draft_s=head))
+
+
+PAPER_SYSTEMS = ("target-only", "vanilla", "lookup", "eagle3", "eagle3-best", "cosine", "cosine-pools",
+                 "cosine-equal-acceptance")
+BASELINES = ("vanilla", "lookup", "eagle3", "eagle3-best")
+COSINE_SYSTEMS = ("cosine", "cosine-pools", "cosine-equal-acceptance")
+EAGLE3_K = (2, 3, 5, 7)  # vLLM's num_speculative_tokens tried; the best per dollar is kept
+
+
+def _best_k(setups: dict[int, SimSetup], workload: Workload) -> int:
+    """The draft length whose throughput per dollar is highest on `workload` (the baseline at its best)."""
+    return max(setups, key=lambda k: float(simulate(setups[k], workload).summary()["throughput_tok_s"]))
+
+
+def paper_setups(pair: str, profiles: Profiles, closed: Workload, seed: int = 0,
+                 hardware: tuple[str, str] | None = None, pool_replicas: int = 1) -> dict[str, SimSetup]:
+    """Every system of the paper study for one pair (see `paper_testbed`), on the paper's hardware
+    or `hardware` (verifier GPU, drafter GPU), each pool of `pool_replicas` replicas."""
+    def build(mode: str, specialists: bool = True) -> SimSetup:
+        m = _pair_manifest(pair, mode, specialists, PAPER_DOMAINS, hardware, pool_replicas)
+        return config.build_setup(m, profiles, seed=seed)[0]
+
+    out = {"target-only": build("target-only"), "vanilla": build("vanilla"), "cosine-pools": build("cosine")}
+    out["lookup"] = with_lookup(dataclasses.replace(out["target-only"], pools=()))
+    out["cosine"] = with_lookup(out["cosine-pools"])
+    out["cosine-equal-acceptance"] = with_lookup(build("cosine", specialists=False))
+    for name, key in (("eagle3", "eagle3-public"), ("eagle3-best", "eagle3-best")):
+        by_k = {k: eagle3_setup(out["target-only"], PAIRS[pair]["shape"], key, k, profiles) for k in EAGLE3_K}
+        out[name] = by_k[_best_k(by_k, closed)]
+    return out
 
 
 def paper_testbed(profiles: Profiles | None = None, low_rate: float = 1.0, high_concurrency: int = 16,
-                  saturation_concurrency: int = 96, requests: int = 96, seed: int = 0,
-                  bench_json: Path | None = None) -> dict[str, Any]:
+                  saturation_concurrency: int = 96, requests: int = 96, seed: int = 0) -> dict[str, Any]:
     """Latency at low load (Poisson `low_rate` req/s, 120 s) and throughput closed-loop at
-    `high_concurrency` (and at `saturation_concurrency`), 256 in / 128 out, for each of
-    `PAPER_SYSTEMS`: target-only; `vanilla` (a co-located draft model, vLLM's `draft_model`);
-    `lookup` (suffix-style lookup on the verifier, `_lookup_setup`); `cosine` as the paper argues
-    it (specialist pools with an assumed acceptance edge on their domains); and
-    `cosine-equal-acceptance` (the same pools with the generic drafter's acceptance: the gain of
-    the architecture alone). Ratios to target-only, and per dollar to the best baseline (the
-    speculative baseline with the most tokens/s per dollar)."""
+    `high_concurrency` (and at `saturation_concurrency`), 256 in / 128 out, chat and QA prompts
+    (`PAPER_DOMAINS`), for each of `PAPER_SYSTEMS`, each what a user would run:
+    - `target-only`; `vanilla` (a co-located draft model, vLLM's `draft_model`);
+    - `lookup` (vLLM's `suffix` on the verifier, measured per domain: `lookup_on_references`);
+    - `eagle3` / `eagle3-best` (a draft head in the verifier, vLLM's `eagle3`: the public
+      Llama-3.3-70B head's published acceptance and the best published head's, the head's cost
+      measured; its k the best of `EAGLE3_K`);
+    - `cosine` as served: lookup and specialist pools (with the assumed specialist edge), fused;
+    - the ablations `cosine-pools` (the pools alone: CoSine as the paper argues it) and
+      `cosine-equal-acceptance` (lookup and pools with the generic drafter's acceptance: the
+      architecture without the assumed edge).
+    Ratios to target-only, and per dollar to the best baseline (of `BASELINES`, the one with the
+    most tokens/s per dollar)."""
     profiles = profiles or load_profiles()
     rng = random.Random(seed)
-    closed = tuple(RequestSpec(0.0, 256, 128, rng.choice(DOMAINS)) for _ in range(requests))
-    open_loop = poisson_requests(low_rate, 120.0, 256, 128, DOMAINS, seed)
+    closed = tuple(RequestSpec(0.0, 256, 128, rng.choice(PAPER_DOMAINS)) for _ in range(requests))
+    open_loop = poisson_requests(low_rate, 120.0, 256, 128, PAPER_DOMAINS, seed)
     table: dict[str, Any] = {}
     for pair in PAIRS:
-        setups = {mode: config.build_setup(_pair_manifest(pair, mode), profiles, seed=seed)[0]
-                  for mode in ("target-only", "vanilla", "cosine")}
-        setups["lookup"] = _lookup_setup(setups["target-only"], bench_json)
-        setups["cosine-equal-acceptance"] = config.build_setup(_pair_manifest(pair, "cosine", specialists=False),
-                                                               profiles, seed=seed)[0]
+        setups = paper_setups(pair, profiles, Workload(closed, high_concurrency), seed)
         rows: dict[str, Any] = {}
         for system in PAPER_SYSTEMS:
             setup = setups[system]
@@ -154,13 +225,15 @@ def paper_testbed(profiles: Profiles | None = None, low_rate: float = 1.0, high_
             sat = simulate(setup, Workload(closed, saturation_concurrency)).summary()
             usd_h = _cost_per_hour(setup)
             rows[system] = {"latency_p50_s": lat["latency_p50_s"], "throughput_tok_s": thr["throughput_tok_s"],
+                            "tpot_p50_s": thr["tpot_p50_s"], "tpot_p99_s": thr["tpot_p99_s"],
                             "saturated_tok_s": sat["throughput_tok_s"],
                             "usd_per_hour": usd_h, "tok_s_per_usd_h": float(thr["throughput_tok_s"]) / usd_h,
-                            "mean_accepted_per_step": thr["mean_accepted_per_step"]}
+                            "mean_accepted_per_step": thr["mean_accepted_per_step"],
+                            "draft_len": setup.speculation.max_draft_len if setup.mode != "target-only" else 0}
         base = rows["target-only"]
-        best = max(("vanilla", "lookup"), key=lambda m: float(rows[m]["tok_s_per_usd_h"]))
+        best = max(BASELINES, key=lambda m: float(rows[m]["tok_s_per_usd_h"]))
         rows["ratios"] = {}
-        for system in ("cosine", "cosine-equal-acceptance"):
+        for system in COSINE_SYSTEMS:
             co = rows[system]
             rows["ratios"][system] = {
                 "latency_vs_target_only": float(co["latency_p50_s"]) / float(base["latency_p50_s"]) - 1,
@@ -169,9 +242,76 @@ def paper_testbed(profiles: Profiles | None = None, low_rate: float = 1.0, high_
                 "best_baseline": best,
                 "latency_vs_best_baseline": float(co["latency_p50_s"]) / float(rows[best]["latency_p50_s"]) - 1,
                 "throughput_per_usd_vs_best_baseline": co["tok_s_per_usd_h"] / rows[best]["tok_s_per_usd_h"] - 1,
+                "throughput_per_usd_vs_lookup": co["tok_s_per_usd_h"] / rows["lookup"]["tok_s_per_usd_h"] - 1,
             }
         table[pair] = rows
-    return {"paper": PAPER, "pairs": table}
+    return {"paper": PAPER, "domains": list(PAPER_DOMAINS), "pairs": table}
+
+
+# ------------------------------------------------------------------ drafter pools on spot capacity
+# ASSUMED: spot capacity at 35% of the on-demand price (the issue's 30-40%; GKE Spot and EC2 Spot list
+# 60-91% discounts that move by region and hour).
+SPOT_PRICE_RATIO = 0.35
+# Where the study runs: the paper's two pairs, and a Llama-70B-class target as a team would run it
+# today (4x H100 SXM; the pools on L4s, the GPU GKE offers as Spot in most regions).
+SPOT_TARGETS: dict[str, tuple[str, tuple[str, str] | None]] = {
+    "llama-70b on 4x A100 (paper)": ("llama-70b", None),
+    "qwen-32b on 2x A100 (paper)": ("qwen-32b", None),
+    "llama-70b on 4x H100, pools on L4": ("llama-70b", ("h100-sxm", "l4")),
+}
+SPOT_SYSTEMS = ("target-only", "lookup", "eagle3", "eagle3-best", "cosine", "cosine-spot")
+
+
+def spot_study(profiles: Profiles | None = None, concurrency: tuple[int, ...] = (16, 64), duration_s: float = 600.0,
+               preemptions_per_replica_hour: float = 6.0, notice_s: float = 30.0, replacement_s: float = 120.0,
+               pool_replicas: int = 2, targets: tuple[str, ...] | None = None, seed: int = 0) -> dict[str, Any]:
+    """Drafter pools on spot capacity against the systems a user would pick instead, per target of
+    `SPOT_TARGETS`, closed loop at each `concurrency` for `duration_s` (chat and QA, 256 in / 128
+    out, as `paper_testbed`): target-only, `lookup` (vLLM's `suffix`), `eagle3` and `eagle3-best`
+    (a draft head in the verifier, `eagle3_setup`), `cosine` as served on on-demand pools of
+    `pool_replicas` replicas, and `cosine-spot`: the same pools at `SPOT_PRICE_RATIO` of the price,
+    each replica preempted at `preemptions_per_replica_hour` with `notice_s` of notice and
+    replaced after `replacement_s` (`cluster.Preemption`). Reports goodput per dollar (output
+    tokens per second per USD per hour), TPOT p50/p99, the preemptions and the requests whose
+    pool replica was taken from under them (re-homed), and per target which system wins."""
+    profiles = profiles or load_profiles()
+    rng = random.Random(seed)
+    out: dict[str, Any] = {"assumed": {"spot_price_ratio": SPOT_PRICE_RATIO,
+                                       "preemptions_per_replica_hour": preemptions_per_replica_hour,
+                                       "notice_s": notice_s, "replacement_s": replacement_s},
+                           "duration_s": duration_s, "targets": {}}
+    for target in targets or tuple(SPOT_TARGETS):
+        pair, hardware = SPOT_TARGETS[target]
+        rows: dict[str, Any] = {}
+        for c in concurrency:
+            n = int(c * duration_s / 0.3) + c  # more than the clients can finish in the run (128 tokens in < 0.3 s)
+            reqs = tuple(RequestSpec(0.0, 256, 128, rng.choice(PAPER_DOMAINS)) for _ in range(n))
+            setups = paper_setups(pair, profiles, Workload(reqs[: 4 * c], c), seed, hardware, pool_replicas)
+            cos = setups["cosine"]
+            setups["cosine-spot"] = dataclasses.replace(
+                cos, pools=tuple(dataclasses.replace(p, price_per_hour_usd=p.price_per_hour_usd * SPOT_PRICE_RATIO)
+                                 for p in cos.pools),
+                preemption=Preemption(preemptions_per_replica_hour, notice_s, replacement_s))
+            level: dict[str, Any] = {}
+            for system in SPOT_SYSTEMS:
+                res = simulate(setups[system], Workload(reqs, c), duration_s)
+                summ = res.summary()
+                usd_h = res.gpu_cost_usd / (duration_s / 3600)
+                level[system] = {"tok_s": summ["throughput_tok_s"], "usd_per_hour": usd_h,
+                                 "tok_s_per_usd_h": float(summ["throughput_tok_s"]) / usd_h,
+                                 "tpot_p50_s": summ["tpot_p50_s"], "tpot_p99_s": summ["tpot_p99_s"],
+                                 "requests": summ["requests"], "preemptions": summ["preemptions"],
+                                 "rehomed_requests": summ["rehomed_requests"], "drafts_late": summ["drafts_late"],
+                                 "draft_len": setups[system].speculation.max_draft_len
+                                 if setups[system].mode != "target-only" else 0}
+            level["winner"] = max(SPOT_SYSTEMS, key=lambda m: float(level[m]["tok_s_per_usd_h"]))
+            spot = level["cosine-spot"]["tok_s_per_usd_h"]
+            level["cosine_spot_vs_eagle3"] = spot / level["eagle3"]["tok_s_per_usd_h"] - 1
+            level["cosine_spot_vs_eagle3_best"] = spot / level["eagle3-best"]["tok_s_per_usd_h"] - 1
+            level["spot_vs_on_demand"] = spot / level["cosine"]["tok_s_per_usd_h"] - 1
+            rows[str(c)] = level
+        out["targets"][target] = rows
+    return out
 
 
 # ------------------------------------------------------------------ where disaggregation pays
