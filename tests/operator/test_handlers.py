@@ -504,7 +504,9 @@ def test_delete_cluster_removes_children(operator: Any, kube: Kube) -> None:
     finalizers = kube.get(CLUSTERS, NS, "zeta")["metadata"].get("finalizers") or []
     assert all(f.startswith("kopf.zalando.org/") for f in finalizers), finalizers
     kube.delete(CLUSTERS, NS, "zeta")
-    wait_for(lambda: kube.get(CLUSTERS, NS, "zeta") is None, what="cluster gone")
+    # kopf removes its finalizer once the cluster's daemon and timer have stopped (a resync pass
+    # in flight finishes first): seconds on a loaded machine
+    wait_for(lambda: kube.get(CLUSTERS, NS, "zeta") is None, timeout_s=30.0, what="cluster gone")
     for resource, name in [
         (DEPLOYMENTS, "zeta-verifier"),
         (DEPLOYMENTS, "zeta-drafter-code"),
@@ -514,3 +516,58 @@ def test_delete_cluster_removes_children(operator: Any, kube: Kube) -> None:
     ]:
         assert kube.get(resource, NS, name) is None, name
 
+
+
+def _spot_pod(kube: Kube, cluster: str, name: str, scheduled: bool) -> None:
+    """A pod of pool ``code`` on spot capacity: Pending with no node (``scheduled`` False, as when
+    the provider has no spot capacity) or Running on one."""
+    labels = {"cosine.dev/cluster": cluster, "app.kubernetes.io/component": "drafter", "cosine.dev/pool": "code",
+              "cosine.dev/capacity": "spot"}
+    st = ({"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]} if scheduled else
+          {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]})
+    if kube.get(PODS, NS, name) is None:
+        kube.create(PODS, NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS,
+                                                                                "labels": labels}, "status": st})
+    else:
+        kube.patch(PODS, NS, name, {"status": st}, sub="status")
+
+
+def test_a_spot_pool_without_spot_capacity_gets_an_on_demand_sibling_and_returns_to_spot(
+    operator: Any, kube: Kube
+) -> None:
+    """Catches: no fallback while spot replicas stay Pending past ``spec.spot.pendingTimeoutSeconds``;
+    a fallback that keeps the spot node selector and toleration (it would stay Pending too) or
+    selects the spot pods; a sibling left behind once the spot replicas are Ready; the sibling's
+    counts written onto the pool's status."""
+    pools = [{"name": "code", "model": "qwen2.5-coder-0.5b-instruct", "expertise": ["code"], "capacity": "spot",
+              "replicas": 2}]
+    kube.create(CLUSTERS, NS, cluster_body("kappa", drafterPools=pools,
+                                           spot={"provider": "gke", "pendingTimeoutSeconds": 1}))
+    spot = wait_for(lambda: kube.get(DEPLOYMENTS, NS, "kappa-drafter-code"), what="spot Deployment")
+    assert spot["spec"]["template"]["metadata"]["labels"]["cosine.dev/capacity"] == "spot"
+    assert spot["spec"]["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+    for i in range(2):
+        _spot_pod(kube, "kappa", f"kappa-drafter-code-{i}", scheduled=False)
+    sibling = wait_for(lambda: kube.get(DEPLOYMENTS, NS, "kappa-drafter-code-ondemand"), timeout_s=4 * RESYNC_S + 5,
+                       what="on-demand sibling")
+    assert sibling["spec"]["replicas"] == 2
+    assert sibling["spec"]["selector"]["matchLabels"]["cosine.dev/capacity"] == "onDemand"
+    pod = sibling["spec"]["template"]["spec"]
+    assert "cloud.google.com/gke-spot" not in (pod.get("nodeSelector") or {})
+    assert not any(t.get("key") == "cloud.google.com/gke-spot" for t in pod.get("tolerations") or ())
+    assert [r["kind"] for r in sibling["metadata"]["ownerReferences"]] == ["CoSineCluster"]
+    cond = wait_for(lambda: (c := condition(kube, "kappa", "SpotFallback")) and c["status"] == "True" and c,
+                    what="SpotFallback=True")
+    assert "Pending over 1 s" in cond["message"], cond
+    kube.patch(DEPLOYMENTS, NS, "kappa-drafter-code-ondemand", {"status": {"replicas": 2, "readyReplicas": 2}},
+               sub="status")
+    time.sleep(RESYNC_S)
+    assert kube.get(POOLS, NS, "kappa-code")["status"].get("readyReplicas", 0) == 0  # the pool's own Deployment's
+
+    # spot capacity comes back: both spot replicas are scheduled and Ready; the load returns to spot
+    for i in range(2):
+        _spot_pod(kube, "kappa", f"kappa-drafter-code-{i}", scheduled=True)
+    mark_ready(kube, "kappa-drafter-code")
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "kappa-drafter-code-ondemand") is None, timeout_s=4 * RESYNC_S + 5,
+             what="sibling removed")
+    wait_for(lambda: (condition(kube, "kappa", "SpotFallback") or {}).get("status") == "False", what="back on spot")

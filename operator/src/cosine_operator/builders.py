@@ -46,6 +46,9 @@ MANAGED_BY = "cosine-operator"
 CLUSTER_LABEL = "cosine.dev/cluster"
 POOL_LABEL = "cosine.dev/pool"
 COMPONENT_LABEL = "app.kubernetes.io/component"
+# A spot pool's pods: ``spot`` on the pool's own Deployment's, ``onDemand`` on its fallback sibling's
+# (`build_fallback_deployment`), so each Deployment's pods can be told apart.
+CAPACITY_LABEL = "cosine.dev/capacity"
 RUN_AS_USER = 10001  # the image's non-root user (Dockerfile)
 # spec.drafterTLS's Secret in drafter and verifier pods (not under CONFIG_DIR: a read-only volume)
 TLS_DIR = "/etc/cosine-tls"
@@ -73,6 +76,11 @@ def gateway_name(cluster: str) -> str:
 def drafter_name(cluster: str, pool: str) -> str:
     """Pool ``P``'s Deployment and headless Service name, ``N-drafter-P``."""
     return f"{cluster}-drafter-{pool}"
+
+
+def fallback_name(cluster: str, pool: str) -> str:
+    """A spot pool's on-demand sibling Deployment, ``N-drafter-P-ondemand``."""
+    return f"{drafter_name(cluster, pool)}-ondemand"
 
 
 def model_claim_name(cluster: str, cache: s.ModelCacheSpec) -> str:
@@ -489,7 +497,7 @@ def build_drafter_deployment(
         models.append(cluster.verifier.model)
     pod, grace_s = on_capacity(p, cluster.spot)
     pod_spec = _pod_spec(cluster, pod, p.image, container, name, models, grace_s, tls, shm=p.resolved_engine == "vllm")
-    return _deployment(
+    out = _deployment(
         name,
         namespace,
         drafter_name(name, p.name),
@@ -501,6 +509,30 @@ def build_drafter_deployment(
         config_hash(cluster),
         _strategy(p.pod),
     )
+    if p.capacity == "spot" and cluster.spot is not None:  # its pods told from the fallback's
+        out["spec"]["template"]["metadata"]["labels"][CAPACITY_LABEL] = "spot"
+    return out
+
+
+def build_fallback_deployment(
+    name: str, namespace: str, cluster: s.ClusterSpec, pool: str, replicas: int
+) -> Manifest:
+    """A spot pool's on-demand sibling, ``N-drafter-P-ondemand``: the pool's pods as on demand
+    (no spot selector, toleration or grace cap), ``replicas`` of them, labelled
+    ``CAPACITY_LABEL: onDemand`` in its selector, so it never counts the spot pods; they share the
+    pool's Service and metrics. Sized by :func:`cosine_spec.capacity.on_demand_fallback`; the
+    operator owns its replicas (no scaler writes them). ``KeyError`` if the cluster has no pool
+    ``pool``."""
+    p = cluster.pool(pool)
+    on_demand = replace(cluster, drafter_pools=tuple(replace(q, capacity="onDemand") if q.name == pool else q
+                                                     for q in cluster.drafter_pools))
+    out = build_drafter_deployment(name, namespace, on_demand, pool, replicas)
+    out["metadata"]["name"] = fallback_name(name, p.name)
+    for labels_ in (out["metadata"]["labels"], out["spec"]["selector"]["matchLabels"],
+                    out["spec"]["template"]["metadata"]["labels"]):
+        labels_[CAPACITY_LABEL] = "onDemand"
+    out["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] = config_hash(cluster)
+    return out
 
 
 def build_model_claim(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest | None:

@@ -17,7 +17,9 @@ One writer per field:
   ``spec.drafterPools[].replicas``) writes the pool's ``spec.replicas``;
   :func:`cosinedrafterpool_follow` alone resizes the pool's Deployment to it. The verifier's is
   written by an HPA on its Deployment, or through the CoSineCluster's scale subresource
-  (``spec.verifier.replicas``), which :func:`cosinecluster_scale_verifier` alone follows.
+  (``spec.verifier.replicas``), which :func:`cosinecluster_scale_verifier` alone follows. A spot
+  pool's on-demand sibling (``N-drafter-P-ondemand``) is sized by reconcile alone
+  (:func:`_spot_fallbacks`, the pure rule ``cosine_spec.capacity.on_demand_fallback``).
 - **Status.** Each writer (reconcile and its resync, the Deployment watch, the autoscaler)
   computes its part against the live object and writes it once, with the live
   ``resourceVersion`` as a precondition, retried on conflict (:func:`_write_status`): conditions
@@ -38,6 +40,7 @@ import aiohttp
 import kopf
 from cosine_spec import settings as s
 from cosine_spec.autoscaling import Observations, ScaleDecision, policy_from_spec
+from cosine_spec.capacity import on_demand_fallback
 from cosine_spec.metrics_scrape import Rates, Scrape, ScrapeTarget, rates, scrape_pods, scrape_prometheus
 from cosine_spec.metrics_scrape import observations as observations_of
 from cosine_spec.scaling_loop import ScalingLoop
@@ -149,6 +152,68 @@ async def _drop_network_policies(api: Any, name: str, namespace: str, logger: An
         logger.info(f"deleted NetworkPolicy {obj['metadata']['name']} (spec.networkPolicy.enabled is false)")
 
 
+def _age_s(pod: dict[str, Any], now: datetime.datetime) -> float:
+    created = (pod.get("metadata") or {}).get("creationTimestamp")
+    if not created:
+        return 0.0
+    return (now - datetime.datetime.fromisoformat(str(created).replace("Z", "+00:00"))).total_seconds()
+
+
+def _unscheduled(pod: dict[str, Any]) -> bool:
+    """A Pending pod no node took (its ``PodScheduled`` condition is not True): no capacity."""
+    st = pod.get("status") or {}
+    if st.get("phase", "Pending") != "Pending":
+        return False
+    return not any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in st.get("conditions") or ())
+
+
+async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, cluster: s.ClusterSpec,
+                          drafters: dict[str, dict[str, Any]], generation: int | None,
+                          logger: Any) -> list[dict[str, Any]]:
+    """Size each spot pool's on-demand sibling (``cosine_spec.capacity.on_demand_fallback``: the
+    shortfall once a spot replica is Pending past ``spec.spot.pendingTimeoutSeconds``, back to
+    none as spot replicas become Ready); delete a sibling no longer needed (its pods drain on
+    SIGTERM). Returns the ``SpotFallback`` condition (none without spot pools)."""
+    spot_pools = [p for p in cluster.drafter_pools if p.capacity == "spot" and cluster.spot is not None]
+    siblings = {(o["metadata"].get("labels") or {}).get(builders.POOL_LABEL): o
+                for o in await kube.list_owned(api, "Deployment", namespace, name)
+                if (o["metadata"].get("labels") or {}).get(builders.CAPACITY_LABEL) == "onDemand"}
+    for pool, obj in siblings.items():  # a pool back on demand, or gone: its sibling goes
+        if pool not in {p.name for p in spot_pools}:
+            await kube.delete(api, "Deployment", namespace, obj["metadata"]["name"])
+    if not spot_pools:
+        return []
+    assert cluster.spot is not None
+    pods = await kube.list_owned(api, "Pod", namespace, name)
+    now = datetime.datetime.now(datetime.UTC)
+    messages, standing_in = [], 0
+    for pool in spot_pools:
+        primary = drafters.get(pool.name) or await kube.get(api, "Deployment", namespace,
+                                                             builders.drafter_name(name, pool.name))
+        if primary is None:
+            continue
+        mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(builders.POOL_LABEL) == pool.name
+                and (p["metadata"].get("labels") or {}).get(builders.CAPACITY_LABEL) == "spot"]
+        sibling = siblings.get(pool.name)
+        current = int((sibling or {}).get("spec", {}).get("replicas") or 0)
+        fallback = on_demand_fallback(
+            int(primary["spec"].get("replicas") or 0), int((primary.get("status") or {}).get("readyReplicas") or 0),
+            [_age_s(p, now) for p in mine if _unscheduled(p)], float(cluster.spot.pending_timeout_s), current)
+        if fallback.replicas > 0:
+            child = builders.build_fallback_deployment(name, namespace, cluster, pool.name, fallback.replicas)
+            kopf.adopt(child, owner=body)
+            await kube.apply(api, child)
+            if fallback.replicas != current:
+                logger.info(f"pool {pool.name}: {fallback.replicas} on demand ({fallback.reason})")
+        elif sibling is not None:
+            await kube.delete(api, "Deployment", namespace, sibling["metadata"]["name"])
+            logger.info(f"pool {pool.name}: on-demand fallback removed ({fallback.reason})")
+        standing_in += fallback.replicas
+        messages.append(f"{pool.name}: {fallback.reason}")
+    return [status.condition("SpotFallback", standing_in > 0, "OnDemandStandingIn" if standing_in else "OnSpot",
+                             "; ".join(messages), generation, _now())]
+
+
 async def _children_status(
     api: Any, name: str, namespace: str, generation: int | None, cluster: s.ClusterSpec
 ) -> Any:
@@ -231,6 +296,8 @@ async def _reconcile(
             drafters[pool] = applied
         elif kind == "Job":
             models = status.models_condition(applied, generation, _now())
+    fallbacks = [] if models is not None and models["status"] != "True" else await _spot_fallbacks(
+        api, body, name, namespace, cluster, drafters, generation, logger)
     removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
     await _prune_replaced(api, name, namespace, children, logger)
     if not cluster.network_policy.enabled:
@@ -238,7 +305,7 @@ async def _reconcile(
     if removed:
         kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
     children_status = await _children_status(api, name, namespace, generation, cluster)
-    extra = [c for c in (models, claim) if c is not None]
+    extra = [c for c in (models, claim) if c is not None] + fallbacks
 
     def update(live: dict[str, Any]) -> dict[str, Any]:
         new = children_status(live)
@@ -393,7 +460,7 @@ async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, log
     update = await _children_status(api, cluster_name, namespace, owner["metadata"].get("generation"), cluster)
     await _write_status(api, cluster_name, namespace, update)
     pool = labels.get(builders.POOL_LABEL)
-    if pool:
+    if pool and body.metadata.name == builders.drafter_name(cluster_name, pool):  # not a spot pool's sibling
         await kube.patch(
             api,
             s.POOL_KIND,

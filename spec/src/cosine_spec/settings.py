@@ -424,10 +424,13 @@ SPOT_PROVIDERS: Mapping[str, SpotCapacity] = {
 @dataclass(frozen=True)
 class SpotSpec(_Checked):
     """``spec.spot``: where pools with ``capacity: spot`` run. ``provider``: whose spot nodes
-    (:data:`SPOT_PROVIDERS`: their label, taint and notice)."""
+    (:data:`SPOT_PROVIDERS`: their label, taint and notice). ``pending_timeout_s``: seconds a spot
+    replica may stay Pending before an on-demand sibling stands in for it
+    (:mod:`cosine_spec.capacity`)."""
 
     SPEC_PATH: ClassVar[str] = "spec.spot"
     provider: str = spec_field("provider", enum=tuple(SPOT_PROVIDERS))
+    pending_timeout_s: int = spec_field("pendingTimeoutSeconds", 300, minimum=0)
 
     @property
     def capacity(self) -> SpotCapacity:
