@@ -96,6 +96,36 @@ def test_examples_render_to_valid_restricted_objects_with_an_image_per_device(pa
             "initContainers" not in pod for k, pod in pods if k.startswith("Deployment/"))
 
 
+@pytest.mark.parametrize("example,provider", [("gke-gpu.yaml", "gke"), ("eks-gpu.yaml", "karpenter")])
+def test_gpu_examples_run_a_pool_on_spot_within_the_notice(example: str, provider: str) -> None:
+    """The GKE and EKS examples as the operator renders them: the spot pool's pods carry the
+    provider's node selector and toleration with a grace inside its notice, the verifier stays on
+    demand, and the pool's on-demand fallback (what a spot outage creates) is a valid Deployment
+    without them. Catches: an example whose spot pool would land on demand, or be killed before it
+    drains; a fallback that would wait for spot nodes too."""
+    import kubernetes_validate
+
+    doc = yaml.safe_load((ROOT / "manifests" / "examples" / example).read_text())
+    name, cluster = doc["metadata"]["name"], settings.parse_cluster_spec(doc["spec"])
+    assert cluster.spot is not None and cluster.spot.provider == provider
+    cap = settings.SPOT_PROVIDERS[provider]
+    children = {c["metadata"]["name"]: c for c in builders.build_children(name, "ns", cluster, {})}
+    spot_pools = [p for p in cluster.drafter_pools if p.capacity == "spot"]
+    assert spot_pools
+    for p in spot_pools:
+        pod = children[builders.drafter_name(name, p.name)]["spec"]["template"]["spec"]
+        assert dict(cap.node_selector).items() <= pod["nodeSelector"].items()
+        assert cap.toleration is None or dict(cap.toleration) in pod["tolerations"]
+        assert pod["terminationGracePeriodSeconds"] <= cap.pod_grace_s < cap.notice_s
+        fallback = builders.build_fallback_deployment(name, "ns", cluster, p.name, 1)
+        kubernetes_validate.validate(fallback, K8S_VERSION, strict=True)
+        fb_pod = fallback["spec"]["template"]["spec"]
+        assert not set(cap.node_selector) & set(fb_pod.get("nodeSelector") or {})
+        assert cap.toleration is None or dict(cap.toleration) not in (fb_pod.get("tolerations") or [])
+    verifier = children[builders.verifier_name(name)]["spec"]["template"]["spec"]
+    assert not set(cap.node_selector) & set(verifier.get("nodeSelector") or {})
+
+
 def test_the_restricted_check_refuses_what_psa_refuses() -> None:
     from pod_security import restricted_violations
 
