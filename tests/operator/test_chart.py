@@ -278,3 +278,46 @@ def test_chart_images_are_the_images_make_builds() -> None:
     cluster = next(d for d in render({"sampleCluster": own}) if d["kind"] == "CoSineCluster")
     image = cluster["spec"]["image"]
     assert (image["repository"], image["tag"]) == ("registry.example/cosine", "dev")
+
+
+def test_operator_pod_conventions() -> None:
+    """The operator's two replicas spread across nodes by default; the usual pod knobs reach the pod;
+    nameOverride/fullnameOverride rename every object; resources make it Burstable, not BestEffort."""
+    deployment = next(d for d in render() if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert pod["containers"][0]["resources"]["requests"]  # not BestEffort
+    values = {"fullnameOverride": "op", "podLabels": {"team": "ml"}, "podAnnotations": {"a": "b"},
+              "priorityClassName": "system-cluster-critical", "imagePullSecrets": [{"name": "regcred"}],
+              "affinity": {"nodeAffinity": {}}, "topologySpreadConstraints": []}
+    docs = render(values)
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    template = deployment["spec"]["template"]
+    assert deployment["metadata"]["name"] == "op"
+    assert template["metadata"]["labels"]["team"] == "ml" and template["metadata"]["annotations"]["a"] == "b"
+    assert template["spec"]["priorityClassName"] == "system-cluster-critical"
+    assert template["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert "topologySpreadConstraints" not in template["spec"]  # [] turns the default off
+    assert {d["metadata"]["name"] for d in docs if d["kind"] in ("Service", "ServiceAccount")} <= {"op", "op-metrics"}
+    single = next(d for d in render({"peering": {"enabled": False}}) if d["kind"] == "Deployment")
+    assert "topologySpreadConstraints" not in single["spec"]["template"]["spec"]
+
+
+def test_helm_test_sends_a_completion_through_the_sample_clusters_gateway() -> None:
+    """`helm test` with a sample cluster: one hook Pod, restricted, that asks the gateway Service the
+    operator creates for that cluster (its name, namespace and port) for a completion."""
+    from cosine_operator import builders
+
+    spec = {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}], "gateway": {"port": 8080}}
+    docs = render({"sampleCluster": {"name": "demo", "spec": spec}})
+    (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    gateway = builders.build_gateway_service("demo", "cosine-system", settings.parse_cluster_spec(spec))
+    port = gateway["spec"]["ports"][0]["port"]
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["GATEWAY"] == f"http://{gateway['metadata']['name']}.cosine-system.svc:{port}/v1"
+    assert "/completions" in pod["spec"]["containers"][0]["command"][2]
+    assert not [d for d in render() if d["kind"] == "Pod"]  # no sample cluster, no test

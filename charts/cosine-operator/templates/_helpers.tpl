@@ -1,14 +1,20 @@
 {{/* Chart name, truncated to 63 characters (DNS label). */}}
 {{- define "cosine-operator.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Fully qualified app name: release-chart unless the release name already contains it. */}}
+{{/* Fully qualified app name: fullnameOverride, else release-name unless the release name already
+contains the name. */}}
 {{- define "cosine-operator.fullname" -}}
-{{- if contains .Chart.Name .Release.Name }}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
 {{- .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
 {{- end }}
 {{- end }}
 
