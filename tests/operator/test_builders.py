@@ -536,3 +536,29 @@ def test_a_spot_pool_without_a_provider_is_refused_naming_the_field() -> None:
     spec["spot"] = {"provider": "gcp"}
     with pytest.raises(ValueError, match=r"^spec\.spot\.provider must be one of"):
         parse_cluster_spec(spec)
+
+
+def test_role_pods_take_spread_annotations_and_labels_and_are_never_best_effort() -> None:
+    """Catches: a role's topologySpreadConstraints, podAnnotations or podLabels not reaching its pods;
+    a podLabel that overrides the operator's (the Deployment would lose its pods); a pod with no
+    `resources` left BestEffort (the first evicted under node pressure)."""
+    spread = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+               "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "verifier"}}}]
+    spec = copy.deepcopy(SPEC)
+    spec["verifier"].pop("resources", None)
+    spec["verifier"].update(topologySpreadConstraints=spread, podAnnotations={"karpenter.sh/do-not-disrupt": "true"},
+                            podLabels={"team": "ml", "cosine.dev/cluster": "other"})
+    spec["drafterPools"][0].update(resources={"requests": {"cpu": "2"}}, podLabels={"team": "ml"})
+    cluster = parse_cluster_spec(spec)
+    verifier = builders.build_verifier_deployment("demo", "ns", cluster)["spec"]["template"]
+    assert verifier["spec"]["topologySpreadConstraints"] == spread
+    assert verifier["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert verifier["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    labels = verifier["metadata"]["labels"]
+    assert labels["team"] == "ml" and labels["cosine.dev/cluster"] == "demo"
+    assert verifier["spec"]["containers"][0]["resources"] == builders.DEFAULT_RESOURCES["verifier"]
+    drafter = builders.build_drafter_deployment("demo", "ns", cluster, "code", 1)["spec"]["template"]
+    assert drafter["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2"}}  # the spec's, as written
+    assert "topologySpreadConstraints" not in drafter["spec"] and drafter["metadata"]["labels"]["team"] == "ml"
+    for role in builders.DEFAULT_RESOURCES.values():
+        assert role["requests"]["cpu"] and role["requests"]["memory"] and "limits" not in role  # Burstable

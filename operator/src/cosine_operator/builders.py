@@ -253,6 +253,14 @@ def _pull_container(cluster: s.ClusterSpec, models: list[str], env: list[dict[st
     }
 
 
+# A role's container requests when its spec gives no `resources`: requests only (no limit), so its
+# pods are Burstable, never BestEffort (the first evicted under node pressure), and fit a small node.
+DEFAULT_RESOURCES: dict[str, dict[str, dict[str, str]]] = {
+    "verifier": {"requests": {"cpu": "1", "memory": "4Gi"}},
+    "drafter": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+}
+
+
 def _pod_spec(
     cluster: s.ClusterSpec,
     pod: s.PodOverrides,
@@ -271,10 +279,11 @@ def _pod_spec(
     engine processes exchange tensors through shared memory, more than a container's default 64 MiB)."""
     image, policy = cluster.image.for_pod(role_image, pod.requests_gpu)
     cache = cluster.model_cache
+    resources = dict(pod.resources) or DEFAULT_RESOURCES[container["name"]]
     container = {
         "image": image,
         "imagePullPolicy": policy,
-        "resources": json.loads(json.dumps(dict(pod.resources))),
+        "resources": json.loads(json.dumps(resources)),
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "models", "mountPath": MODEL_CACHE_DIR, **({"readOnly": True} if cache else {})},
@@ -321,6 +330,8 @@ def _pod_spec(
         spec["tolerations"] = tolerations
     if pod.affinity:
         spec["affinity"] = json.loads(json.dumps(dict(pod.affinity)))
+    if pod.topology_spread_constraints:
+        spec["topologySpreadConstraints"] = json.loads(json.dumps([dict(t) for t in pod.topology_spread_constraints]))
     if pod.image_pull_secrets:
         spec["imagePullSecrets"] = [dict(x) for x in pod.image_pull_secrets]
     for key, value in (("serviceAccountName", pod.service_account_name),
@@ -356,7 +367,12 @@ def _deployment(
     metrics_port: int,
     spec_hash: str,
     strategy: dict[str, Any],
+    pod: s.PodOverrides | None = None,
 ) -> Manifest:
+    """A Deployment; ``pod``'s ``podLabels`` and ``podAnnotations`` join the template's (ours win
+    on a clash: the selector and the scrape annotations must stay)."""
+    extra_labels = dict(pod.pod_labels) if pod else {}
+    extra_annotations = dict(pod.pod_annotations) if pod else {}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -367,8 +383,9 @@ def _deployment(
             "selector": {"matchLabels": selector_labels(name, component, pool)},
             "template": {
                 "metadata": {
-                    "labels": labels(name, component, pool),
+                    "labels": {**extra_labels, **labels(name, component, pool)},
                     "annotations": {
+                        **extra_annotations,
                         CONFIG_HASH_ANNOTATION: spec_hash,
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(metrics_port),
@@ -452,6 +469,7 @@ def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec)
         s.VERIFIER_METRICS_PORT,
         config_hash(cluster),
         _strategy(v.pod),
+        v.pod,
     )
 
 
@@ -508,6 +526,7 @@ def build_drafter_deployment(
         s.DRAFTER_METRICS_PORT,
         config_hash(cluster),
         _strategy(p.pod),
+        p.pod,
     )
     if p.capacity == "spot" and cluster.spot is not None:  # its pods told from the fallback's
         out["spec"]["template"]["metadata"]["labels"][CAPACITY_LABEL] = "spot"

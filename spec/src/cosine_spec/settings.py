@@ -323,6 +323,10 @@ class PodOverrides:
     # in the role's main container
     volume_mounts: tuple[Mapping[str, Any], ...] = spec_field("volumeMounts", (), verbatim=True)
     strategy: Mapping[str, Any] = spec_field("strategy", default_factory=dict, verbatim=True)  # Deployment strategy
+    topology_spread_constraints: tuple[Mapping[str, Any], ...] = spec_field("topologySpreadConstraints", (),
+                                                                             verbatim=True)
+    pod_annotations: Mapping[str, str] = spec_field("podAnnotations", default_factory=dict, verbatim=True)
+    pod_labels: Mapping[str, str] = spec_field("podLabels", default_factory=dict, verbatim=True)  # ours win on a clash
 
     @property
     def gpu_count(self) -> int:
