@@ -270,3 +270,60 @@ def test_verifier_hpa_example_is_a_valid_hpa_on_the_example_clusters_scale() -> 
     scale = crd["spec"]["versions"][0]["subresources"]["scale"]
     assert scale["specReplicasPath"] == ".spec.verifier.replicas"
     assert scale["labelSelectorPath"] == ".status.verifier.selector"
+
+
+# KEDA's ScaledObject (keda.sh/v1alpha1), the fields the example uses, from KEDA 2.16's API
+# reference (keda.sh/docs/2.16/reference/scaledobject-spec/): no registry ships KEDA's CRDs, so
+# this is written from the reference, not taken from KEDA.
+KEDA_SCALEDOBJECT_2_16 = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"}, "kind": {"const": "ScaledObject"},
+        "spec": {
+            "type": "object", "required": ["scaleTargetRef", "triggers"], "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {"type": "object", "required": ["name"], "additionalProperties": False,
+                                   "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                                                  "name": {"type": "string"},
+                                                  "envSourceContainerName": {"type": "string"}}},
+                "pollingInterval": {"type": "integer"}, "cooldownPeriod": {"type": "integer"},
+                "initialCooldownPeriod": {"type": "integer"}, "idleReplicaCount": {"type": "integer"},
+                "minReplicaCount": {"type": "integer"}, "maxReplicaCount": {"type": "integer"},
+                "fallback": {"type": "object"},
+                "advanced": {"type": "object", "additionalProperties": False, "properties": {
+                    "restoreToOriginalReplicaCount": {"type": "boolean"},
+                    "horizontalPodAutoscalerConfig": {"type": "object", "additionalProperties": False,
+                                                      "properties": {"name": {"type": "string"},
+                                                                     "behavior": {"type": "object"}}},
+                    "scalingModifiers": {"type": "object"}}},
+                "triggers": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "required": ["type", "metadata"], "additionalProperties": False,
+                    "properties": {"type": {"type": "string"}, "name": {"type": "string"},
+                                   "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                                   "authenticationRef": {"type": "object"}, "metricType": {"type": "string"},
+                                   "useCachedMetrics": {"type": "boolean"}}}},
+            },
+        },
+    },
+}
+
+
+def test_verifier_keda_example_scales_the_example_clusters_verifier_and_keeps_one() -> None:
+    """The KEDA example validates against KEDA 2.16's ScaledObject (the fields it uses, from the
+    API reference), targets an example cluster's scale subresource on vLLM's queue, keeps one
+    verifier (a verifier at zero cannot answer), and its HPA behaviour is a valid autoscaling/v2 one."""
+    import kubernetes_validate
+
+    so = yaml.safe_load((ROOT / "manifests/examples/autoscaling/verifier-keda.yaml").read_text())
+    jsonschema.validate(so, KEDA_SCALEDOBJECT_2_16)
+    target = so["spec"]["scaleTargetRef"]
+    clusters = {yaml.safe_load(p.read_text())["metadata"]["name"] for p in EXAMPLES}
+    assert (target["apiVersion"], target["kind"], target["name"] in clusters) == (
+        "cosine.dev/v1alpha1", "CoSineCluster", True)
+    assert so["spec"]["minReplicaCount"] >= 1
+    (trigger,) = so["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and "vllm:num_requests_waiting" in trigger["metadata"]["query"]
+    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "x"},
+           "spec": {"scaleTargetRef": target, "maxReplicas": 4,
+                    "behavior": so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]}}
+    kubernetes_validate.validate(hpa, K8S_VERSION, strict=True)
