@@ -86,3 +86,16 @@ def test_the_vllm_series_cosine_reads_are_the_ones_vllm_names() -> None:
     assert len(names) >= 8
     for name in names:
         assert (f'"{name}' in source), name
+
+
+def test_a_pool_asked_once_has_every_series_at_zero_until_something_happens() -> None:
+    """Catches: a counter that appears only once it moves (drafts late, asks skipped per reason, errors):
+    a dashboard panel or an alert over it sees no series on a healthy cluster, and `rate()` misses
+    its first increments."""
+    text = _verifier_text(ProposerStats(pool_calls={"code": 3}), 10.0)
+    for series in ('cosine:spec_decode_drafts_late_total{model_name="qwen",pool="code"} 0.0',
+                   'cosine:drafter_errors_total{model_name="qwen",pool="code"} 0.0',
+                   'cosine:spec_decode_num_drafts_total{model_name="qwen",pool="code"} 0.0',
+                   'cosine:drafter_asks_skipped_total{model_name="qwen",pool="code",reason="down"} 0.0',
+                   'cosine:drafter_asks_skipped_total{model_name="qwen",pool="code",reason="late"} 0.0'):
+        assert series in text, series

@@ -23,6 +23,7 @@ Latency (TTFT, inter-token latency) is vLLM's own: its `vllm:` histograms on the
 from __future__ import annotations
 
 from cosine_spec import metric_names as names
+from cosine_spec.autoscaling import SKIP_REASONS
 from prometheus_client import CollectorRegistry
 
 
@@ -65,6 +66,10 @@ class ProposerCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         s = self.stats.snapshot()  # one consistent reading: pool calls' threads go on writing
+        # every pool asked at least once gets every per-pool series, at 0 where nothing happened yet
+        # (Prometheus's advice against missing series: a rate, an alert or a panel over a counter
+        # that appears only once something goes wrong sees nothing until then)
+        pools = sorted(set(s.pool_calls) | set(s.pool_errors) | set(s.pool_rtt_s) | {p for p, _ in s.pool_skipped})
         per_pool = (
             (names.DRAFTS, "Verifications that had a draft.", s.drafts),
             (names.DRAFT_TOKENS, "Draft tokens verified.", s.draft_tokens),
@@ -75,13 +80,14 @@ class ProposerCollector:
         )
         for name, doc, values in per_pool:
             fam = CounterMetricFamily(name, doc, labels=["model_name", "pool"])
-            for pool, v in sorted(dict(values).items()):
+            for pool, v in sorted({**dict.fromkeys(pools, 0), **dict(values)}.items()):
                 fam.add_metric([self.model_name, pool], v)
             yield fam
         skipped = CounterMetricFamily(names.POOL_ASKS_SKIPPED, "Draft asks not made, by reason: late (the pool's "
                                       "drafts arrive too late to pay), yield (they are not accepted enough), down "
                                       "(no replica answers).", labels=["model_name", "pool", "reason"])
-        for (pool, reason), v in sorted(dict(s.pool_skipped).items()):
+        by_reason = {**{(p, r): 0 for p in pools for r in SKIP_REASONS}, **dict(s.pool_skipped)}
+        for (pool, reason), v in sorted(by_reason.items()):
             skipped.add_metric([self.model_name, pool, reason], v)
         yield skipped
         gauges = (
