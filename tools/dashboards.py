@@ -135,8 +135,8 @@ DASHBOARDS = {"cosine-speculation": ("CoSine / Speculation", SPECULATION, True),
 
 def build(uid: str) -> dict:
     """One dashboard as Grafana's JSON model."""
-    from grafana_foundation_sdk.builders.dashboard import DatasourceVariable, QueryVariable, Row, TextBoxVariable
     from grafana_foundation_sdk.builders.dashboard import Dashboard as Builder
+    from grafana_foundation_sdk.builders.dashboard import DatasourceVariable, QueryVariable, Row, TextBoxVariable
     from grafana_foundation_sdk.builders.prometheus import Dataquery
     from grafana_foundation_sdk.builders.timeseries import Panel
     from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos

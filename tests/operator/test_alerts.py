@@ -175,3 +175,58 @@ def test_kube_prometheus_stacks_default_selector_picks_the_monitors_and_rules() 
         assert all(labels.get(k) == v for k, v in selector.items()), obj["kind"]
     assert objs["ServiceMonitor"]["spec"]["namespaceSelector"] == {"matchNames": ["cosine-system"]}
     assert objs["PodMonitor"]["spec"]["namespaceSelector"] == {"any": True}
+
+
+# The Prometheus Operator's objects (monitoring.coreos.com/v1), the fields the chart uses, from the
+# operator's API reference for v0.80 (prometheus-operator.dev/docs/api-reference/api/): no package
+# registry reachable here ships its CRDs, so this is written from the reference, not taken from it.
+_SELECTOR = {"type": "object", "additionalProperties": False, "properties": {
+    "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+    "matchExpressions": {"type": "array", "items": {
+        "type": "object", "required": ["key", "operator"], "additionalProperties": False,
+        "properties": {"key": {"type": "string"}, "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                       "values": {"type": "array", "items": {"type": "string"}}}}}}}
+_NAMESPACES = {"type": "object", "additionalProperties": False, "properties": {
+    "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}}
+_DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+                                          "(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_ENDPOINT = {"type": "object", "additionalProperties": False, "properties": {
+    "port": {"type": "string"}, "path": {"type": "string"}, "interval": _DURATION, "scheme": {"type": "string"}}}
+_META = {"type": "object", "required": ["name"], "properties": {
+    "name": {"type": "string"}, "namespace": {"type": "string"},
+    "labels": {"type": "object", "additionalProperties": {"type": "string"}}}}
+PROMETHEUS_OPERATOR_0_80 = {
+    "ServiceMonitor": {"type": "object", "required": ["spec"], "properties": {"metadata": _META, "spec": {
+        "type": "object", "required": ["selector", "endpoints"], "additionalProperties": False,
+        "properties": {"namespaceSelector": _NAMESPACES, "selector": _SELECTOR,
+                       "endpoints": {"type": "array", "items": _ENDPOINT}}}}},
+    "PodMonitor": {"type": "object", "required": ["spec"], "properties": {"metadata": _META, "spec": {
+        "type": "object", "required": ["selector"], "additionalProperties": False,
+        "properties": {"namespaceSelector": _NAMESPACES, "selector": _SELECTOR,
+                       "podMetricsEndpoints": {"type": "array", "items": _ENDPOINT}}}}},
+    "PrometheusRule": {"type": "object", "required": ["spec"], "properties": {"metadata": _META, "spec": {
+        "type": "object", "additionalProperties": False, "properties": {"groups": {"type": "array", "items": {
+            "type": "object", "required": ["name", "rules"], "additionalProperties": False,
+            "properties": {"name": {"type": "string"}, "interval": _DURATION, "rules": {"type": "array", "items": {
+                "type": "object", "required": ["expr"], "additionalProperties": False,
+                "properties": {"alert": {"type": "string"}, "record": {"type": "string"}, "expr": {"type": "string"},
+                               "for": _DURATION,
+                               "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                               "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}}}}}}}}}},
+}
+
+
+def test_the_monitors_and_the_rule_validate_against_the_prometheus_operators_api() -> None:
+    """Catches: a field the Prometheus Operator's CRDs would prune or refuse (a typo, a wrong type,
+    a duration Prometheus cannot parse) in what the chart renders with everything on."""
+    import jsonschema
+
+    kinds = ("serviceMonitor", "podMonitor", "prometheusRule")
+    values = {"watchNamespaces": ["team-a"],
+              "metrics": {key: {"enabled": True, "labels": {"release": "kps"}} for key in kinds}}
+    for values_ in (values, {"metrics": {key: {"enabled": True} for key in ("serviceMonitor", "podMonitor")}}):
+        objs = [d for d in render(values_) if d["kind"] in PROMETHEUS_OPERATOR_0_80]
+        assert objs
+        for obj in objs:
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+            jsonschema.validate(obj, PROMETHEUS_OPERATOR_0_80[obj["kind"]])
