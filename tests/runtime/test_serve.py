@@ -260,6 +260,82 @@ class TestFixedCluster:
         print(f"\n50 requests at concurrency 8: p50 {p50:.2f} s, p99 {p99:.2f} s")
         assert httpx.get(f"{base}/health").status_code == 200
 
+    def test_a_real_prometheus_reads_every_dashboard_panel_and_alert_series(self, cluster, tmp_path):
+        """Debian's Prometheus (cached, `tests/operator/prometheus_tools.py`) scrapes this cluster's
+        verifier (vLLM's `vllm:` series and the proposer's `cosine:`), its pool replicas and
+        `cosine serve`'s own series while requests run; every query of the speculation dashboard
+        (`tools/dashboards.py`, its variables set to match all) returns series through Prometheus's
+        HTTP API, and every `cosine:`/`vllm:` metric an alert names is among the scraped series.
+        Catches: a misspelled or renamed metric, a label a query groups by that no series has, a
+        counter that exists only once something went wrong (an empty panel on a healthy cluster)."""
+        import importlib.util
+        import json
+        import re
+        from pathlib import Path
+
+        from tests.operator.prometheus_tools import provision
+
+        root = Path(__file__).resolve().parents[2]
+        spec = importlib.util.spec_from_file_location("dashboards", root / "tools" / "dashboards.py")
+        dashboards = importlib.util.module_from_spec(spec)
+        sys.modules.setdefault("dashboards", dashboards)  # dataclasses look their module up
+        spec.loader.exec_module(dashboards)
+        base, proc, metrics_url, pools_url = cluster
+        drafters = []
+        for pid in _drafter_pids(proc.pid):
+            args = open(f"/proc/{pid}/cmdline").read().split("\0")
+            drafters.append(f"127.0.0.1:{args[args.index('--metrics-port') + 1]}")
+        hostport = re.compile(r"http://([^/]+)/")
+        jobs = {"vllm": [hostport.match(base + "/").group(1)], "proposer": [hostport.match(metrics_url).group(1)],
+                "embedded": [hostport.match(pools_url).group(1)], "drafters": drafters}
+        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                  "scrape_configs": [{"job_name": j, "static_configs": [{"targets": t}]} for j, t in jobs.items()]}
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        port = free_port()
+        tools = provision()
+        prom = subprocess.Popen([str(tools.prometheus), f"--config.file={tmp_path / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        api = f"http://127.0.0.1:{port}/api/v1"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline and prom.poll() is None, "prometheus did not start"
+                time.sleep(0.5)
+            while True:  # every target scraped once before the load: rates see its increments
+                targets = httpx.get(f"{api}/targets").json()["data"]["activeTargets"]
+                if len(targets) == len(config["scrape_configs"]) - 1 + len(drafters) and all(
+                        t["health"] == "up" for t in targets):
+                    break
+                assert time.monotonic() < deadline + 30, targets
+                time.sleep(0.5)
+            client = _client(base)
+            with cf.ThreadPoolExecutor(4) as pool:  # a pool under load while Prometheus scrapes
+                list(pool.map(lambda p: _chat(client, p), PROMPTS * 3))
+            time.sleep(3)
+            answers = {}
+            for title, expr in dashboards.queries("cosine-speculation"):
+                q = expr.replace("$namespace", ".*").replace("$pool", ".*").replace("$usd_per_hour", "1")
+                result = httpx.get(f"{api}/query", params={"query": q}).json()
+                assert result["status"] == "success", (title, result)
+                series = result["data"]["result"]
+                answers[f"{title}: {expr[:60]}"] = [(s["metric"], s["value"][1]) for s in series]
+                # a series of NaN (0/0: nothing counted in the window) draws nothing either
+                assert any(s["value"][1] not in ("NaN", "+Inf", "-Inf") for s in series), (title, q, series)
+            print("\n" + json.dumps(answers, indent=1))
+            names = set(httpx.get(f"{api}/label/__name__/values").json()["data"])
+            alerts = (root / "charts" / "cosine-operator" / "files" / "alerts.yaml").read_text()
+            named = set(re.findall(r"\b((?:cosine|vllm):[a-z_:]+)", alerts))
+            assert named and named <= names, sorted(named - names)
+        finally:
+            prom.terminate()
+            prom.wait(30)
+
     def test_sigkill_while_serving_leaves_no_child(self, cluster):
         """Last of the class (it ends the cluster). Catches: vLLM's server, engine core and
         workers, or a drafter replica, left running after `cosine serve` dies without running any
