@@ -106,6 +106,11 @@ SPECULATION: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
             f"max by (pod) ({n.VLLM_KV_CACHE_USAGE}{{{NS}}})", "{{pod}}"),)),
     )),
     ("Cost", (
+        PanelSpec("Accepted draft tokens per pool dollar", "short", (Query(
+            f"{_rate(_t(n.ACCEPTED_TOKENS), POOL, 'pool')} * 3600 / (max by (pool) ({n.POOL_PRICE}{{{POOL}}}) "
+            f"* count by (pool) ({n.DRAFTER_CONTEXTS}{{{POOL}}}))", "{{pool}}"),),
+            "Accepted draft tokens per second of each pool, per dollar its replicas cost per hour (the spec's "
+            "pricePerHourUsd, spotPricePerHourUsd on spot capacity)."),
         PanelSpec("Accepted draft tokens per dollar", "short", (Query(
             f"sum(rate({_t(n.ACCEPTED_TOKENS)}{{{POOL}}}{W})) * 3600 / $usd_per_hour", "tokens per $"),),
             "Accepted draft tokens per second, per dollar of the cluster's hourly price (the usd_per_hour "

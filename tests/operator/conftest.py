@@ -36,10 +36,19 @@ def webhook_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def operator(emulator: EmulatorThread, webhook_port: int) -> Iterator[Any]:
+def operator_metrics_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def operator(emulator: EmulatorThread, webhook_port: int, operator_metrics_port: int) -> Iterator[Any]:
     """``cosine-operator --standalone -A`` (kopf run) in a thread, pointed at the emulator,
-    with the admission webhook on plain HTTP at ``webhook_port``. One operator per test module."""
+    with the admission webhook on plain HTTP at ``webhook_port`` and its own metrics on
+    ``operator_metrics_port``. One operator per test module."""
     with run_operator(emulator.kubeconfig, {"COSINE_OPERATOR_WEBHOOK_PORT": str(webhook_port),
+                                            "COSINE_OPERATOR_METRICS_PORT": str(operator_metrics_port),
                                             "COSINE_OPERATOR_WEBHOOK_INSECURE": "1",
                                             "COSINE_OPERATOR_NAMESPACE": "cosine-system",
                                             "COSINE_OPERATOR_POD_LABELS": "app.kubernetes.io/name=cosine-operator"}

@@ -191,7 +191,8 @@ _NAMESPACES = {"type": "object", "additionalProperties": False, "properties": {
 _DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
                                           "(([0-9]+)s)?(([0-9]+)ms)?)$"}
 _ENDPOINT = {"type": "object", "additionalProperties": False, "properties": {
-    "port": {"type": "string"}, "path": {"type": "string"}, "interval": _DURATION, "scheme": {"type": "string"}}}
+    "port": {"type": "string"}, "path": {"type": "string"}, "interval": _DURATION, "scheme": {"type": "string"},
+    "honorLabels": {"type": "boolean"}}}
 _META = {"type": "object", "required": ["name"], "properties": {
     "name": {"type": "string"}, "namespace": {"type": "string"},
     "labels": {"type": "object", "additionalProperties": {"type": "string"}}}}

@@ -68,3 +68,4 @@ def test_the_chart_ships_the_dashboards_for_grafanas_sidecar() -> None:
         assert cm["metadata"]["labels"]["my_dashboards"] == "yes"
         shipped.update(cm["data"])
     assert shipped == {f"{uid}.json": gen.render(uid).rstrip("\n") for uid in gen.DASHBOARDS}
+

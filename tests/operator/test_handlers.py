@@ -14,6 +14,7 @@ import re
 import time
 from typing import Any
 
+import httpx
 from conftest import RESYNC_S
 from fake_metrics import Counters, serve
 from k8s_emulator import (
@@ -533,17 +534,21 @@ def _spot_pod(kube: Kube, cluster: str, name: str, scheduled: bool) -> None:
 
 
 def test_a_spot_pool_without_spot_capacity_gets_an_on_demand_sibling_and_returns_to_spot(
-    operator: Any, kube: Kube
+    operator: Any, kube: Kube, operator_metrics_port: int
 ) -> None:
     """Catches: no fallback while spot replicas stay Pending past ``spec.spot.pendingTimeoutSeconds``;
     a fallback that keeps the spot node selector and toleration (it would stay Pending too) or
     selects the spot pods; a sibling left behind once the spot replicas are Ready; the sibling's
     counts written onto the pool's status."""
     pools = [{"name": "code", "model": "qwen2.5-coder-0.5b-instruct", "expertise": ["code"], "capacity": "spot",
-              "replicas": 2}]
+              "replicas": 2, "pricePerHourUsd": 0.7, "spotPricePerHourUsd": 0.25}]
     kube.create(CLUSTERS, NS, cluster_body("kappa", drafterPools=pools,
                                            spot={"provider": "gke", "pendingTimeoutSeconds": 1}))
     spot = wait_for(lambda: kube.get(DEPLOYMENTS, NS, "kappa-drafter-code"), what="spot Deployment")
+    # the dashboards' per-pool-dollar panel reads the price the spec gives a spot replica
+    price = 'cosine:drafter_pool_price_usd_per_hour{cluster="kappa",namespace="default",pool="code"} 0.25'
+    wait_for(lambda: price in httpx.get(f"http://127.0.0.1:{operator_metrics_port}/metrics").text,
+             what="the pool's spot price exported")
     assert spot["spec"]["template"]["metadata"]["labels"]["cosine.dev/capacity"] == "spot"
     assert spot["spec"]["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
     for i in range(2):

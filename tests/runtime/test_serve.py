@@ -44,7 +44,8 @@ def _manifest(tmp_path_factory, max_draft_len: int) -> str:
         "metadata": {"name": "test"},
         "spec": {
             "verifier": {"model": MODEL, "threads": 1},
-            "drafterPools": [{"name": "small", "model": MODEL, "replicas": 2, "threads": 1}],
+            # priced: the dashboards' accepted tokens per pool dollar (test_a_real_prometheus...)
+            "drafterPools": [{"name": "small", "model": MODEL, "replicas": 2, "threads": 1, "pricePerHourUsd": 0.5}],
             # the same model drafts: always speculate, so every path is exercised
             "speculation": {"maxDraftLen": max_draft_len, "adaptive": False},
             "autoscaling": {"enabled": False},  # two replicas throughout (the autoscaler has its own test)

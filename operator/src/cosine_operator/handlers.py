@@ -266,6 +266,8 @@ async def _reconcile(
         memo.metrics.reconciles.labels(event, "invalid").inc()
         raise kopf.PermanentError(f"invalid spec: {e}") from e
     api = memo.api
+    for pool in cluster.drafter_pools:  # the dashboards' accepted tokens per pool dollar
+        memo.metrics.pool_price.labels(namespace, name, pool.name).set(pool.replica_price_per_hour_usd)
     hand_scaled = _hand_scaled(cluster, old_spec)
     created = await _creation_replicas(api, name, namespace, cluster, hand_scaled)
     drafters: dict[str, dict[str, Any]] = {}  # pool -> its Deployment as applied
@@ -417,8 +419,9 @@ async def cosinecluster_delete(spec: Any, name: str, namespace: str, memo: kopf.
     """Forget the cluster's own series (the children go with it: owner references). ``optional``:
     no finalizer of its own; kopf's, held for the daemons, is what lets this run."""
     for pool in (spec or {}).get("drafterPools") or ():
-        with contextlib.suppress(KeyError):
-            memo.metrics.desired_replicas.remove(namespace, name, pool.get("name"))
+        for gauge in (memo.metrics.desired_replicas, memo.metrics.pool_price):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, name, pool.get("name"))
 
 
 @kopf.timer(*CLUSTER, interval=RESYNC_S, initial_delay=RESYNC_S)

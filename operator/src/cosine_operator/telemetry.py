@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cosine_spec import metric_names as names
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 
@@ -21,6 +22,7 @@ class OperatorMetrics:
     scrape_failures: Counter  # labels: role
     desired_replicas: Gauge  # labels: namespace, cluster, pool
     autoscaler_errors: Counter  # labels: stage (observe/actuate/report): passes that failed and went on
+    pool_price: Gauge  # cosine:drafter_pool_price_usd_per_hour{namespace, cluster, pool}: from the spec
 
     @classmethod
     def create(cls) -> OperatorMetrics:
@@ -56,6 +58,12 @@ class OperatorMetrics:
                 "cosine_operator_autoscaler_errors",
                 "Autoscaler stages that failed (the loop goes on to the next interval).",
                 ["stage"],
+                registry=registry,
+            ),
+            pool_price=Gauge(
+                names.POOL_PRICE,
+                "One drafter replica's price per hour from the spec, USD (spotPricePerHourUsd on spot).",
+                ["namespace", "cluster", "pool"],
                 registry=registry,
             ),
         )

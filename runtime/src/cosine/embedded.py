@@ -132,6 +132,8 @@ class EmbeddedMetrics:
                               registry=self.registry)
         self.exits = Counter(m.EMBEDDED_REPLICA_EXITS, "replica processes that exited, by exit code",
                              ["pool", "code"], registry=self.registry)
+        self.price = Gauge(m.POOL_PRICE, "one replica's price per hour from the spec, USD", ["pool"],
+                           registry=self.registry)
 
 
 class LocalPools:
@@ -159,6 +161,7 @@ class LocalPools:
         self.metrics = EmbeddedMetrics()
         for pool in spec.drafter_pools:  # a pool at zero shows as zero, not as absent
             self.metrics.replicas.labels(pool.name).set(0)
+            self.metrics.price.labels(pool.name).set(pool.replica_price_per_hour_usd)
         directory.mkdir(parents=True, exist_ok=True)
         cores = list(cores)
         first: list[Child] = []
@@ -347,7 +350,14 @@ def serve(manifest: Manifest, where: Placement, mode: str, port: int, host: str,
                 log.info("autoscaling drafter pools every %d s (spec.autoscaling)", spec.autoscaling.interval_s)
                 threading.Thread(target=pools.autoscale, args=(f"http://127.0.0.1:{metrics_port}/metrics", stop),
                                  name="cosine-autoscaler", daemon=True).start()
-            signal.signal(signal.SIGTERM, lambda signum, frame: verifier.terminate() if verifier else None)
+            def shut_down(signum, frame) -> None:  # noqa: ANN001
+                # the replicas may get the signal too (the same process group): stop supervising
+                # first, or the supervisor restarts each replica that drained and exited
+                stop.set()
+                if verifier is not None:
+                    verifier.terminate()
+
+            signal.signal(signal.SIGTERM, shut_down)
             try:
                 return verifier.wait()
             except KeyboardInterrupt:

@@ -44,6 +44,10 @@ DRAFTER_BYTES_SENT = "cosine:drafter_bytes_sent"  # counter{pool}: bytes of draf
 DRAFTER_ROUNDS = "cosine:drafter_rounds"  # counter{pool}: batched draft rounds
 DRAFTER_BATCHED_REQUESTS = "cosine:drafter_batched_requests"  # counter{pool}: requests, summed over rounds
 DRAFTER_CONTEXTS = "cosine:drafter_contexts"  # gauge{pool}: requests whose context the replica keeps
+# one replica's price per hour from the spec (spotPricePerHourUsd on spot capacity, else
+# pricePerHourUsd), exported by the operator per cluster and by `cosine serve`: what the dashboards
+# divide accepted tokens by
+POOL_PRICE = "cosine:drafter_pool_price_usd_per_hour"  # gauge{namespace,cluster,pool} (operator) / {pool} (serve)
 # `cosine serve`'s embedded cluster (`cosine serve --pools-metrics-port`), what the operator's own
 # metrics say on Kubernetes
 EMBEDDED_REPLICAS = "cosine:embedded_pool_replicas"  # gauge{pool}: replica processes the pool runs now
