@@ -411,21 +411,23 @@ class CoSineProposer:
         if d is None:
             if fut is not None and not fut.done():
                 self.stats.add(self.stats.drafts_late, name)
-                self._on_time(req, name, False)
+                self._on_time(req, name, False, final=False)
             return None
         best = continuation(d, ctx)
-        self._on_time(req, name, best is not None)
+        self._on_time(req, name, best is not None, final=fut is None or fut.done())
         return best
 
-    def _on_time(self, req: _Request, name: str, usable: bool) -> None:
-        """Fold the first look at a pool's latest draft for a request into the pool's on-time share
-        (EMA over asks, all requests): `usable` if it had arrived and continued the context at the
-        step it was asked for. Later looks at the same draft are not judged again: a draft already
-        used, or left behind while the pool was not asked, says nothing of the pool's speed, and
-        counting it would hold a skipped pool's share down for as long as it is skipped."""
+    def _on_time(self, req: _Request, name: str, usable: bool, final: bool) -> None:
+        """Fold one look at a pool's draft for a request into the pool's on-time share (EMA over
+        looks, all requests: the share of steps a pool asked for has a usable draft): `usable` if
+        it has arrived and continues the context. Looks are judged from an ask until the first look
+        after its draft arrived (`final`); later looks, at a draft left behind while the pool is
+        not asked, are not: they say nothing of the pool's speed, and counting them held a skipped
+        pool's share down for as long as it was skipped."""
         if name in req.judged:
             return
-        req.judged.add(name)
+        if final:
+            req.judged.add(name)
         share = PoolPolicy.on_time(self.stats.pool_on_time.get(name, 1.0), usable)
         self.stats.set(self.stats.pool_on_time, name, share)
 
