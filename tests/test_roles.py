@@ -84,3 +84,51 @@ def test_verifier_command_gathers_a_pools_replicas(monkeypatch, tmp_path):
                                      ["coder=127.0.0.1:1", "coder=127.0.0.1:2"], None)
     config = json.loads(argv[argv.index("--additional-config") + 1])["cosine"]
     assert [(p["name"], p["addresses"]) for p in config["pools"]] == [("coder", ["127.0.0.1:1", "127.0.0.1:2"])]
+
+
+LWS_ENV = {"LWS_LEADER_ADDRESS": "llama-verifier-0.llama-verifier.ns", "LWS_WORKER_INDEX": "1"}
+
+
+def _vllm_serve_parse(argv):
+    """argv (`vllm serve MODEL ...`) through vLLM's own `serve` parser and the engine's argument
+    reader: what `vllm serve` would run with."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    args.model = args.model_tag
+    return args, AsyncEngineArgs.from_cli_args(args)
+
+
+def test_a_verifier_across_nodes_runs_vllm_multi_node_from_leader_worker_set_env(tmp_path, monkeypatch):
+    """Leader and worker get one layout (tensor 8 x pipeline 2 over 2 nodes), the worker its rank
+    and the leader's address, as vLLM's own `serve` parser reads them; the worker is headless and
+    carries the leader's speculative path (every rank builds the same model). Catches: a worker
+    with another layout than its leader (vLLM's ranks would hang), a rank or address not taken
+    from LeaderWorkerSet's env, flags `vllm serve` does not know."""
+    gpu = {"resources": {"limits": {"nvidia.com/gpu": 8}}, "parallelism": {"nodes": 2, "pipeline": 2}}
+    v = _verifier(**gpu)
+    assert v.tensor_parallel == 8
+    leader = roles.vllm_engine_args(v, "/models/m", SpeculationSpec(), [], env={**LWS_ENV, "LWS_WORKER_INDEX": "0"})
+    assert leader["nnodes"] == 2 and leader["node_rank"] == 0
+    manifest_path = tmp_path / "cluster.yaml"
+    manifest_path.write_text(json.dumps({"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster",
+                                         "metadata": {"name": "llama"},
+                                         "spec": {"verifier": {"model": "m", **gpu},
+                                                  "drafterPools": [{"name": "p", "kind": "ngram"}]}}))
+    monkeypatch.setattr("cosine.model_store.resolve", lambda model: f"/models/{model}")
+    argv = roles.worker_command(load_manifest(manifest_path), LWS_ENV)
+    assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "/models/m"]
+    args, engine = _vllm_serve_parse(argv[4:])
+    assert args.headless is True
+    assert (engine.tensor_parallel_size, engine.pipeline_parallel_size) == (8, 2)
+    assert (engine.nnodes, engine.node_rank, engine.master_addr) == (2, 1, LWS_ENV["LWS_LEADER_ADDRESS"])
+    assert engine.distributed_executor_backend == "mp"
+    assert engine.speculative_config["method"] == "custom_class"  # the leader's speculative path
+    with pytest.raises(KeyError):
+        roles.parallel_args(v, {})  # not started by a LeaderWorkerSet
+    one_node = tmp_path / "one.yaml"
+    one_node.write_text(manifest_path.read_text().replace('"nodes": 2', '"nodes": 1'))
+    with pytest.raises(ValueError, match="parallelism.nodes is 1"):
+        roles.worker_command(load_manifest(one_node), LWS_ENV)

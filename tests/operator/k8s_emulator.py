@@ -50,6 +50,9 @@ JOBS = "batch/v1/jobs"
 PVCS = "v1/persistentvolumeclaims"
 PDBS = "policy/v1/poddisruptionbudgets"
 EVENTS = "v1/events"
+SERVICEACCOUNTS = "v1/serviceaccounts"
+ROLES = "rbac.authorization.k8s.io/v1/roles"
+ROLEBINDINGS = "rbac.authorization.k8s.io/v1/rolebindings"
 
 # group/version/plural -> (kind, subresources)
 RESOURCES: dict[str, tuple[str, set[str]]] = {
@@ -64,6 +67,9 @@ RESOURCES: dict[str, tuple[str, set[str]]] = {
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", {"status"}),
     "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", set()),
     "v1/events": ("Event", set()),
+    "v1/serviceaccounts": ("ServiceAccount", set()),
+    "rbac.authorization.k8s.io/v1/roles": ("Role", set()),
+    "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", set()),
 }
 # Cluster-scoped resources kopf's "backbone" waits for in discovery (it watches CRDs; with -A it
 # never lists namespaces, which kmock 0.8 serves wrongly).
@@ -372,6 +378,9 @@ IMMUTABLE: dict[str, Callable[[dict[str, Any], dict[str, Any]], str | None]] = {
     # changed to ExternalName" (API reference, Service v1; ValidateServiceUpdate).
     SERVICES: _fields_fixed("spec.clusterIP"),
     PVCS: _pvc_change,
+    # ValidateRoleBindingUpdate (pkg/apis/rbac/validation): "cannot change roleRef"; the RBAC docs
+    # ("After you create a binding, you cannot change the Role or ClusterRole that it refers to").
+    ROLEBINDINGS: _fields_fixed("roleRef"),
 }
 
 

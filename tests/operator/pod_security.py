@@ -70,4 +70,9 @@ def pod_specs(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]
             out.append((f"Pod/{o['metadata']['name']}", spec))
         elif o.get("kind") in ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"):
             out.append((f"{o['kind']}/{o['metadata']['name']}", spec["template"]["spec"]))
+        elif o.get("kind") == "LeaderWorkerSet":
+            group = spec["leaderWorkerTemplate"]
+            for role in ("leaderTemplate", "workerTemplate"):
+                if role in group:
+                    out.append((f"LeaderWorkerSet/{o['metadata']['name']}/{role}", group[role]["spec"]))
     return out

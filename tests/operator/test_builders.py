@@ -562,3 +562,101 @@ def test_role_pods_take_spread_annotations_and_labels_and_are_never_best_effort(
     assert "topologySpreadConstraints" not in drafter["spec"] and drafter["metadata"]["labels"]["team"] == "ml"
     for role in builders.DEFAULT_RESOURCES.values():
         assert role["requests"]["cpu"] and role["requests"]["memory"] and "limits" not in role  # Burstable
+
+
+MULTINODE = parse_cluster_spec({
+    **SPEC, "verifier": {**SPEC["verifier"], "resources": {"limits": {"nvidia.com/gpu": 8}},
+                         "parallelism": {"tensor": 8, "pipeline": 2, "nodes": 2}},
+})
+
+
+def test_a_verifier_across_nodes_is_a_leader_worker_set_of_leader_and_engine_workers() -> None:
+    """Leader = the verifier pod (labels the Services, InferencePool and drafters' policy select);
+    workers = the engine alone, other labels, waiting for the leader's drain before they exit.
+    Catches: workers in the verifier Service (requests to a headless engine), a group that does
+    not restart together, a worker that exits under the leader's in-flight requests."""
+    lws = builders.build_verifier("demo", "ns", MULTINODE)
+    assert lws["kind"] == "LeaderWorkerSet" and lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2 and group["restartPolicy"] == "RecreateGroupOnPodRestart"
+    leader, worker = group["leaderTemplate"], group["workerTemplate"]
+    assert leader == builders.build_verifier_deployment("demo", "ns", MULTINODE)["spec"]["template"]
+    assert worker["metadata"]["labels"][builders.COMPONENT_LABEL] == "verifier-worker"
+    assert not set(builders.selector_labels("demo", "verifier").items()) <= set(worker["metadata"]["labels"].items())
+    (w,) = worker["spec"]["containers"]
+    assert w["args"] == ["verifier-worker", "--cluster", builders.CONFIG_FILE]
+    assert w["resources"]["limits"]["nvidia.com/gpu"] == 8 and "ports" not in w
+    wait = w["lifecycle"]["preStop"]["exec"]["command"]
+    assert wait[:2] == ["python3", "-c"] and "LWS_LEADER_ADDRESS" in wait[2] and "8000" in wait[2]
+    compile(wait[2], "preStop", "exec")  # the script is valid Python
+    assert builders.build_verifier("demo", "ns", CLUSTER)["kind"] == "Deployment"
+
+
+def test_a_group_drains_one_at_a_time_and_talks_only_to_itself() -> None:
+    pdb = builders.build_disruption_budgets("demo", "ns", MULTINODE)[0]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchExpressions"] == [
+        {"key": builders.COMPONENT_LABEL, "operator": "In", "values": ["verifier", "verifier-worker"]}]
+    policies = {p["metadata"]["name"]: p for p in builders.build_network_policies("demo", "ns", MULTINODE)}
+    worker = policies["demo-verifier-worker"]["spec"]
+    assert worker["podSelector"]["matchLabels"][builders.COMPONENT_LABEL] == "verifier-worker"
+    (rule,) = worker["ingress"]
+    assert "ports" not in rule and {p["podSelector"]["matchLabels"][builders.COMPONENT_LABEL]
+                                    for p in rule["from"]} == {"verifier", "verifier-worker"}
+    drafter = policies["demo-drafter-code"]["spec"]["ingress"][0]["from"]
+    assert drafter == [{"podSelector": {"matchLabels": builders.selector_labels("demo", "verifier")}}]
+
+
+ROUTED = parse_cluster_spec({**SPEC, "router": {"enabled": True, "gatewayName": "gw",
+                                                "gatewayFrom": [{"namespaceSelector": {}}],
+                                                "weights": {"sessionAffinity": 0, "suffixAffinity": 2}}})
+
+
+def test_router_objects_pool_route_and_a_least_privilege_endpoint_picker() -> None:
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in builders.build_router("demo", "ns", ROUTED)}
+    assert builders.build_router("demo", "ns", CLUSTER) == []
+    pool = objs[("InferencePool", "demo-router")]["spec"]
+    assert pool["selector"]["matchLabels"] == builders.selector_labels("demo", "verifier")
+    assert pool["targetPorts"] == [{"number": 8000}]
+    assert pool["endpointPickerRef"]["name"] == "demo-epp" and pool["endpointPickerRef"]["port"] == {"number": 9002}
+    route = objs[("HTTPRoute", "demo-router")]["spec"]
+    assert route["parentRefs"][0]["name"] == "gw" and "namespace" not in route["parentRefs"][0]
+    assert route["rules"][0]["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                                                 "name": "demo-router"}]
+    role = objs[("Role", "demo-epp")]
+    assert {(r["apiGroups"][0], r["resources"][0]) for r in role["rules"]} == set(builders.EPP_READS)
+    assert all(r["verbs"] == ["get", "list", "watch"] for r in role["rules"])
+    # the operator holds what it grants (RBAC refuses a Role granting more than its creator has)
+    from cosine_operator import kube
+    for key in builders.EPP_READS:
+        assert {"get", "list", "watch"} <= kube.GRANTS[key]
+    binding = objs[("RoleBinding", "demo-epp")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-epp", "namespace": "ns"}]
+    pod = objs[("Deployment", "demo-epp")]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "demo-epp"
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--pool-name") + 1] == "demo-router" and args[args.index("--pool-namespace") + 1] == "ns"
+
+
+def test_endpoint_picker_config_sums_the_spec_weights_and_scores_the_suffix_gauge() -> None:
+    config = yaml.safe_load(builders.build_router("demo", "ns", ROUTED)[3]["data"]["config.yaml"])
+    (profile,) = config["schedulingProfiles"]
+    weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
+    assert weights == {"queue-scorer": 1.0, "kv-cache-utilization-scorer": 1.0, "prefix-cache-scorer": 3.0,
+                       "suffix-affinity-scorer": 2.0, "max-score-picker": None}  # sessionAffinity 0: left out
+    defined = {p.get("name", p["type"]) for p in config["plugins"]}
+    assert set(weights) <= defined  # every reference resolves
+    scorer = next(p for p in config["plugins"] if p.get("name") == "suffix-affinity-scorer")
+    assert scorer["parameters"]["metricName"] == "cosine:suffix_tree_hit_rate"
+    assert scorer["parameters"]["optimizationMode"] == "Maximize"
+    from cosine_spec import metric_names
+    assert scorer["parameters"]["metricName"] == metric_names.SUFFIX_TREE_HIT_RATE
+
+
+def test_router_network_policy_admits_the_gateway_and_lets_the_picker_read_metrics() -> None:
+    policies = {p["metadata"]["name"]: p for p in builders.build_network_policies("demo", "ns", ROUTED)}
+    epp = policies["demo-epp"]["spec"]
+    assert epp["ingress"][0] == {"from": [{"namespaceSelector": {}}], "ports": [{"protocol": "TCP", "port": 9002}]}
+    verifier = policies["demo-verifier"]["spec"]["ingress"]
+    assert verifier[0] == {"ports": [{"protocol": "TCP", "port": 8000}]}  # the API (and vLLM's metrics): anyone
+    assert {"podSelector": {"matchLabels": builders.selector_labels("demo", "router")}} in verifier[1]["from"]

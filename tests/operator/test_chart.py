@@ -106,7 +106,7 @@ def _grants(docs: list[dict[str, Any]], kinds: set[str]) -> dict[tuple[str, str]
 
 def _expected(*extra: dict[tuple[str, str], set[str]]) -> dict[tuple[str, str], set[str]]:
     want: dict[tuple[str, str], set[str]] = {}
-    for source in (kube.CALLS, KOPF_NEEDS, *extra):
+    for source in (kube.CALLS, kube.GRANTS, KOPF_NEEDS, *extra):
         for key, verbs in source.items():
             want.setdefault(key, set()).update(verbs)
     return want

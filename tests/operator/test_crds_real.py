@@ -33,10 +33,17 @@ def kubectl(router: Any, *args: str, check: bool = True, stdin: str | None = Non
     return out
 
 
+EXTERNAL_CRDS = Path(__file__).resolve().parent / "data" / "external-crds"
+
+
 def apply_crds(routed: Any) -> None:
-    kubectl(routed, "apply", "--server-side", "-f", str(ROOT / "crds"))
+    """Our CRDs, and the schemas of the other projects' APIs the operator writes objects of
+    (``data/external-crds``: GIE's InferencePool, the Gateway API's HTTPRoute, LWS), established."""
+    kubectl(routed, "apply", "--server-side", "-f", str(ROOT / "crds"), "-f", str(EXTERNAL_CRDS))
     kubectl(routed, "wait", "--for", "condition=Established", "--timeout", "30s",
-            "crd/cosineclusters.cosine.dev", "crd/cosinedrafterpools.cosine.dev")
+            "crd/cosineclusters.cosine.dev", "crd/cosinedrafterpools.cosine.dev",
+            "crd/inferencepools.inference.networking.k8s.io", "crd/httproutes.gateway.networking.k8s.io",
+            "crd/leaderworkersets.leaderworkerset.x-k8s.io")
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,18 @@ import httpx
 import pytest
 from api_router import ApiRouter
 from conftest import RESYNC_S, run_operator
-from k8s_emulator import CONFIGMAPS, DEPLOYMENTS, SERVICES, Kube, wait_for
+from k8s_emulator import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    NETWORKPOLICIES,
+    PDBS,
+    ROLEBINDINGS,
+    ROLES,
+    SERVICEACCOUNTS,
+    SERVICES,
+    Kube,
+    wait_for,
+)
 from test_crds_real import apply_crds, kubectl
 from test_handlers import cluster_body, mark_ready, replicas
 
@@ -277,3 +288,93 @@ def test_the_scale_handover_keeps_what_an_older_apply_owned(router: ApiRouter) -
     assert not k.applies(handed, ("spec", "replicas"))
     assert k.applies(handed, ("spec", "replicas"), k.SCALE_HANDOVER_MANAGER)
     assert control != 3  # the field went with the apply that owned it
+
+
+INFERENCEPOOLS = "inference.networking.k8s.io/v1/inferencepools"
+HTTPROUTES = "gateway.networking.k8s.io/v1/httproutes"
+LEADERWORKERSETS = "leaderworkerset.x-k8s.io/v1/leaderworkersets"
+ROUTER_ON = {"enabled": True, "gatewayName": "inference-gateway", "gatewayNamespace": "gateways",
+             "weights": {"prefixCache": 4, "sessionAffinity": 0}}
+
+
+def test_router_children_are_created_valid_owned_and_removed(real_operator: Any, kube: Kube,
+                                                               router: ApiRouter) -> None:
+    """``spec.router`` on: the InferencePool and HTTPRoute are accepted and defaulted by
+    Kubernetes' own server under the schemas of GIE v1.0 and Gateway API v1.3
+    (data/external-crds), the endpoint picker's objects exist, everything is owned by the cluster;
+    switched off, all of them go."""
+    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-",
+            stdin=json.dumps(cluster_body("iota", router=ROUTER_ON)))
+    uid = kube.get(CLUSTERS, NS, "iota")["metadata"]["uid"]
+    children = [(INFERENCEPOOLS, "iota-router"), (HTTPROUTES, "iota-router"), (DEPLOYMENTS, "iota-epp"),
+                (SERVICES, "iota-epp"), (SERVICEACCOUNTS, "iota-epp"), (ROLES, "iota-epp"),
+                (ROLEBINDINGS, "iota-epp"), (CONFIGMAPS, "iota-epp"), (NETWORKPOLICIES, "iota-epp")]
+    for resource, name in children:
+        obj = wait_for(lambda: kube.get(resource, NS, name), what=f"{resource} {name}")  # noqa: B023
+        assert [(r["uid"], r["kind"]) for r in obj["metadata"]["ownerReferences"]] == [(uid, "CoSineCluster")], name
+    # the real server stored them, with the defaults of the APIs' schemas filled in
+    assert any(path.startswith("/apis/inference.networking.k8s.io/") for _, path in router.requests)
+    pool = kube.get(INFERENCEPOOLS, NS, "iota-router")["spec"]
+    assert pool["endpointPickerRef"] == {"group": "", "kind": "Service", "name": "iota-epp",
+                                         "port": {"number": 9002}, "failureMode": "FailClose"}
+    assert pool["selector"]["matchLabels"]["app.kubernetes.io/component"] == "verifier"
+    route = kube.get(HTTPROUTES, NS, "iota-router")["spec"]
+    assert route["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                    "name": "inference-gateway", "namespace": "gateways"}]
+    assert route["rules"][0]["backendRefs"][0]["weight"] == 1  # defaulted by the server
+    config = kube.get(CONFIGMAPS, NS, "iota-epp")["data"]["config.yaml"]
+    assert "session-affinity-scorer" not in config and "weight: 4.0" in config  # the spec's weights
+    # the endpoint picker may read the verifiers' CoSine metrics
+    verifier_policy = wait_for(lambda: kube.get(NETWORKPOLICIES, NS, "iota-verifier"), what="verifier policy")
+    peers = [p for rule in verifier_policy["spec"]["ingress"] for p in rule.get("from", [])]
+    assert {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "iota", "cosine.dev/cluster": "iota",
+                                            "app.kubernetes.io/component": "router"}}} in peers
+
+    off = json.dumps({"spec": {"router": {"enabled": False}}})
+    kubectl(router, "patch", "csc", "iota", "--type", "merge", "-p", off)
+    for resource, name in children:
+        wait_for(lambda: kube.get(resource, NS, name) is None, what=f"{resource} {name} deleted")  # noqa: B023
+    assert kube.get(DEPLOYMENTS, NS, "iota-verifier") is not None
+
+
+def test_a_verifier_on_two_nodes_is_a_leader_worker_set(real_operator: Any, kube: Kube, router: ApiRouter,
+                                                         webhook_port: int) -> None:
+    """``parallelism.nodes: 2`` on GPU pods: a LeaderWorkerSet (accepted by the real server under
+    LWS v0.7's schema) replaces the verifier Deployment, its groups of two pods running vLLM's
+    multi-node mode; back to one node, the Deployment returns and the set goes."""
+    gpu = {"model": "qwen2.5-coder-1.5b-instruct", "resources": {"limits": {"nvidia.com/gpu": 4}},
+           "parallelism": {"nodes": 2, "tensor": 4, "pipeline": 2}}
+    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-",
+            stdin=json.dumps(cluster_body("kappa", verifier=gpu)))
+    lws = wait_for(lambda: kube.get(LEADERWORKERSETS, NS, "kappa-verifier"), what="LeaderWorkerSet")
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2 and group["restartPolicy"] == "RecreateGroupOnPodRestart"
+    assert lws["spec"]["replicas"] == 1 and lws["spec"]["startupPolicy"] == "LeaderCreated"
+    assert group["workerTemplate"]["spec"]["containers"][0]["args"][0] == "verifier-worker"
+    assert kube.get(DEPLOYMENTS, NS, "kappa-verifier") is None
+    pdb = wait_for(lambda: kube.get(PDBS, NS, "kappa-verifier"), what="PDB")
+    assert pdb["spec"]["selector"]["matchExpressions"][0]["values"] == ["verifier", "verifier-worker"]
+    # the drafters admit the leader (its labels are the verifier's), not the workers
+    drafter_policy = kube.get(NETWORKPOLICIES, NS, "kappa-drafter-code")
+    assert group["leaderTemplate"]["metadata"]["labels"]["app.kubernetes.io/component"] == "verifier"
+    assert drafter_policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"][
+        "app.kubernetes.io/component"] == "verifier"
+    # kubectl scale on the cluster scales groups
+    kubectl(router, "scale", "csc/kappa", "--replicas=2")
+    wait_for(lambda: kube.get(LEADERWORKERSETS, NS, "kappa-verifier")["spec"]["replicas"] == 2, what="2 groups")
+    # the webhook refuses a shape vLLM cannot run, naming the field
+    bad = {**gpu, "parallelism": {"nodes": 2, "tensor": 4}}
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "uid-kappa", "operation": "UPDATE", "namespace": NS, "name": "kappa",
+        "kind": {"group": "cosine.dev", "version": "v1alpha1", "kind": "CoSineCluster"},
+        "resource": {"group": "cosine.dev", "version": "v1alpha1", "resource": "cosineclusters"},
+        "userInfo": {"username": "tester"}, "object": cluster_body("kappa", verifier=bad)}}
+    answer = httpx.post(f"https://127.0.0.1:{webhook_port}/validate-cosinecluster", json=review, timeout=5,
+                        verify=ssl.create_default_context(cafile=str(router.real.certs["ca.crt"]))).json()["response"]
+    assert answer["allowed"] is False and answer["status"]["code"] == 422
+    assert answer["status"]["message"].startswith("spec.verifier.parallelism: tensor (4) x pipeline (1) = 4 ranks")
+    # one node again: a Deployment, and the set is deleted
+    kubectl(router, "patch", "csc", "kappa", "--type", "merge", "-p",
+            json.dumps({"spec": {"verifier": {"parallelism": {"nodes": 1, "tensor": 4, "pipeline": 1}}}}))
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "kappa-verifier"), what="verifier Deployment back")
+    wait_for(lambda: kube.get(LEADERWORKERSETS, NS, "kappa-verifier") is None, what="LeaderWorkerSet deleted")

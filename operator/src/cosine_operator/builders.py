@@ -33,6 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 import yaml
+from cosine_spec import metric_names
 from cosine_spec import settings as s
 
 CONFIG_DIR = "/etc/cosine"
@@ -356,6 +357,34 @@ def _strategy(pod: s.PodOverrides) -> dict[str, Any]:
     return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
 
 
+def _template(
+    name: str,
+    component: str,
+    pool: str | None,
+    pod_spec: dict[str, Any],
+    metrics_port: int,
+    spec_hash: str,
+    pod: s.PodOverrides | None = None,
+) -> dict[str, Any]:
+    """A pod template; ``pod``'s ``podLabels`` and ``podAnnotations`` join ours (ours win on a
+    clash: the selector and the scrape annotations must stay)."""
+    extra_labels = dict(pod.pod_labels) if pod else {}
+    extra_annotations = dict(pod.pod_annotations) if pod else {}
+    return {
+        "metadata": {
+            "labels": {**extra_labels, **labels(name, component, pool)},
+            "annotations": {
+                **extra_annotations,
+                CONFIG_HASH_ANNOTATION: spec_hash,
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(metrics_port),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": pod_spec,
+    }
+
+
 def _deployment(
     name: str,
     namespace: str,
@@ -369,10 +398,7 @@ def _deployment(
     strategy: dict[str, Any],
     pod: s.PodOverrides | None = None,
 ) -> Manifest:
-    """A Deployment; ``pod``'s ``podLabels`` and ``podAnnotations`` join the template's (ours win
-    on a clash: the selector and the scrape annotations must stay)."""
-    extra_labels = dict(pod.pod_labels) if pod else {}
-    extra_annotations = dict(pod.pod_annotations) if pod else {}
+    """A Deployment of :func:`_template`'s pods."""
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -381,19 +407,7 @@ def _deployment(
             "replicas": replicas,
             "strategy": strategy,
             "selector": {"matchLabels": selector_labels(name, component, pool)},
-            "template": {
-                "metadata": {
-                    "labels": {**extra_labels, **labels(name, component, pool)},
-                    "annotations": {
-                        **extra_annotations,
-                        CONFIG_HASH_ANNOTATION: spec_hash,
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(metrics_port),
-                        "prometheus.io/path": "/metrics",
-                    },
-                },
-                "spec": pod_spec,
-            },
+            "template": _template(name, component, pool, pod_spec, metrics_port, spec_hash, pod),
         },
     }
 
@@ -413,11 +427,9 @@ def _probes(check: dict[str, Any], startup_timeout_s: int) -> dict[str, Any]:
     }
 
 
-def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
-    """Deployment ``N-verifier``: vLLM's OpenAI server with CoSine's proposer, one ``--drafter`` per pool;
-    Prometheus scrapes CoSine's series on the metrics port (vLLM's are on the http port).
-    ``replicas``: ``spec.verifier.replicas``, at creation only (then whoever scales it writes them:
-    an HPA on it, or ``cosinecluster_scale_verifier`` following ``spec.verifier.replicas``)."""
+def _verifier_template(name: str, namespace: str, cluster: s.ClusterSpec) -> dict[str, Any]:
+    """The verifier's pod template (labels, scrape annotations, spec): a Deployment's pods, or a
+    LeaderWorkerSet group's leader."""
     v = cluster.verifier
     args = [
         "verifier",
@@ -458,19 +470,96 @@ def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec)
         **_probes({"httpGet": {"path": "/health", "port": s.VERIFIER_HTTP_PORT}}, v.startup_timeout_s),
     }
     pod_spec = _pod_spec(cluster, v.pod, v.image, container, name, [v.model], v.termination_grace_s, tls, shm=True)
-    return _deployment(
-        name,
-        namespace,
-        verifier_name(name),
-        "verifier",
-        None,
-        v.replicas,
-        pod_spec,
-        s.VERIFIER_METRICS_PORT,
-        config_hash(cluster),
-        _strategy(v.pod),
-        v.pod,
-    )
+    return _template(name, "verifier", None, pod_spec, s.VERIFIER_METRICS_PORT, config_hash(cluster), v.pod)
+
+
+def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
+    """Deployment ``N-verifier``: vLLM's OpenAI server with CoSine's proposer, one ``--drafter`` per pool;
+    Prometheus scrapes CoSine's series on the metrics port (vLLM's are on the http port).
+    ``replicas``: ``spec.verifier.replicas``, at creation only (then whoever scales it writes them:
+    an HPA on it, or ``cosinecluster_scale_verifier`` following ``spec.verifier.replicas``)."""
+    v = cluster.verifier
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": verifier_name(name), "namespace": namespace, "labels": labels(name, "verifier")},
+        "spec": {
+            "replicas": v.replicas,
+            "strategy": _strategy(v.pod),
+            "selector": {"matchLabels": selector_labels(name, "verifier")},
+            "template": _verifier_template(name, namespace, cluster),
+        },
+    }
+
+
+# LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, LWS v0.7): the env it gives every container of a group
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
+WORKER_COMPONENT = "verifier-worker"
+
+
+def _leader_wait_command(grace_s: int) -> list[str]:
+    """A worker's preStop: wait (at most ``grace_s`` - 5 s) until its leader's API port refuses
+    connections, i.e. the leader has drained its requests; a group's pods get SIGTERM together,
+    and a worker that exits first would fail the leader's in-flight requests."""
+    leader = f"(os.environ['{LWS_LEADER_ADDRESS}'],{s.VERIFIER_HTTP_PORT})"
+    script = ("import os,socket,time\n"
+              f"end=time.monotonic()+{max(0, grace_s - 5)}\n"
+              "while time.monotonic()<end:\n"
+              f"    try: socket.create_connection({leader},1).close()\n"
+              "    except OSError: break\n"
+              "    time.sleep(1)\n")
+    return ["python3", "-c", script]
+
+
+def build_verifier_group(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
+    """LeaderWorkerSet ``N-verifier`` (``spec.verifier.parallelism.nodes`` > 1): ``spec.verifier.replicas``
+    groups (at creation only, as the Deployment's) of ``nodes`` pods running vLLM's multi-node mode
+    without Ray. The leader is the verifier pod (the API, CoSine's proposer in its engine core, the
+    labels the Services, the InferencePool and the drafters' NetworkPolicy select); each worker runs
+    the engine alone (``cosine verifier-worker``: ``vllm serve --headless``, its node rank from
+    ``LWS_WORKER_INDEX``, the leader from ``LWS_LEADER_ADDRESS``) and carries the component
+    ``verifier-worker`` instead. ``RecreateGroupOnPodRestart``: a worker's loss restarts its group
+    (vLLM's ranks cannot rejoin a running world). Groups roll one at a time, surging none (a group
+    holds whole GPU nodes)."""
+    v = cluster.verifier
+    leader = _verifier_template(name, namespace, cluster)
+    worker_container = {
+        "name": "verifier",  # the verifier's resources and image defaults
+        "command": ["cosine"],
+        "args": ["verifier-worker", "--cluster", CONFIG_FILE],
+        "env": _env(v.pod, []),
+        "lifecycle": {"preStop": {"exec": {"command": _leader_wait_command(v.termination_grace_s)}}},
+    }
+    worker_spec = _pod_spec(cluster, v.pod, v.image, worker_container, name, [v.model], v.termination_grace_s,
+                            None, shm=True)
+    worker = _template(name, WORKER_COMPONENT, None, worker_spec, s.VERIFIER_METRICS_PORT, config_hash(cluster), v.pod)
+    for key in ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path"):
+        worker["metadata"]["annotations"].pop(key)  # a headless engine serves no metrics
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": verifier_name(name), "namespace": namespace, "labels": labels(name, "verifier")},
+        "spec": {
+            "replicas": v.replicas,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {"type": "RollingUpdate",
+                                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
+            "leaderWorkerTemplate": {
+                "size": v.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
+            },
+        },
+    }
+
+
+def build_verifier(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
+    """The verifier's workload: a Deployment, or a LeaderWorkerSet when a replica spans nodes."""
+    if cluster.verifier.nodes > 1:
+        return build_verifier_group(name, namespace, cluster)
+    return build_verifier_deployment(name, namespace, cluster)
 
 
 def build_drafter_deployment(
@@ -609,7 +698,7 @@ def build_disruption_budgets(name: str, namespace: str, cluster: s.ClusterSpec) 
     roles = [(verifier_name(name), "verifier", None)] + [
         (drafter_name(name, p.name), "drafter", p.name) for p in cluster.drafter_pools
     ]
-    return [
+    out = [
         {
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
@@ -618,6 +707,12 @@ def build_disruption_budgets(name: str, namespace: str, cluster: s.ClusterSpec) 
         }
         for pdb, component, pool in roles
     ]
+    if cluster.verifier.nodes > 1:  # one pod of any group: evicting it restarts its group, whose
+        # pods then count as unavailable until it is back, so a drain takes one group at a time
+        group = {k: v for k, v in selector_labels(name, "verifier").items() if k != COMPONENT_LABEL}
+        out[0]["spec"]["selector"] = {"matchLabels": group, "matchExpressions": [
+            {"key": COMPONENT_LABEL, "operator": "In", "values": ["verifier", WORKER_COMPONENT]}]}
+    return out
 
 
 def build_verifier_service(name: str, namespace: str) -> Manifest:
@@ -771,7 +866,23 @@ def build_network_policies(
         {"ports": _tcp(s.VERIFIER_HTTP_PORT)},  # no `from`: every source
         {"from": sources, "ports": _tcp(s.VERIFIER_METRICS_PORT)},
     ]
+    router = cluster.router.enabled
+    if router:  # the endpoint picker reads the verifiers' metrics (vLLM's on http, CoSine's here)
+        verifier[1]["from"].append({"podSelector": {"matchLabels": selector_labels(name, ROUTER_COMPONENT)}})
     out = [_network_policy(name, namespace, verifier_name(name), "verifier", None, verifier)]
+    if cluster.verifier.nodes > 1:
+        # a group's pods talk on ports vLLM and NCCL choose (torch.distributed's store, the
+        # collectives): every port between the cluster's leaders and workers, nothing else
+        group = [{"podSelector": {"matchLabels": selector_labels(name, c)}} for c in ("verifier", WORKER_COMPONENT)]
+        out[0]["spec"]["ingress"].append({"from": group})
+        out.append(_network_policy(name, namespace, f"{verifier_name(name)}-worker", WORKER_COMPONENT, None,
+                                   [{"from": copy.deepcopy(group)}]))
+    if router:
+        gateway = [dict(p) for p in cluster.router.gateway_from]
+        out.append(_network_policy(name, namespace, endpoint_picker_name(name), ROUTER_COMPONENT, None, [
+            {**({"from": json.loads(json.dumps(gateway))} if gateway else {}), "ports": _tcp(EPP_GRPC_PORT)},
+            {"from": copy.deepcopy(sources), "ports": _tcp(EPP_METRICS_PORT)},
+        ]))
     for pool in cluster.drafter_pools:
         drafter = [
             {
@@ -813,5 +924,171 @@ def build_children(
             build_drafter_deployment(name, namespace, cluster, pool.name, replicas),
             build_pool_scaler(name, namespace, cluster, pool.name, replicas),
         ]
-    children.append(build_verifier_deployment(name, namespace, cluster))
+    children.append(build_verifier(name, namespace, cluster))
+    children += build_router(name, namespace, cluster)
     return children
+
+
+# ---------------------------------------------------------------- router (spec.router)
+# The Gateway API Inference Extension's InferencePool (inference.networking.k8s.io/v1, GIE v1.0)
+# and the Gateway API's HTTPRoute (gateway.networking.k8s.io/v1, Gateway API v1.3).
+INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1"
+HTTPROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
+ROUTER_COMPONENT = "router"
+EPP_GRPC_PORT = 9002  # ext_proc, which the gateway calls per request (GIE's default)
+EPP_HEALTH_PORT = 9003  # gRPC health
+EPP_METRICS_PORT = 9090
+EPP_CONFIG_DIR = "/etc/epp"
+# the gauge the endpoint picker scores suffix affinity on (cosine.metrics: exported on the
+# verifier's http port, where the EPP scrapes vLLM's series)
+SUFFIX_HIT_RATE_METRIC = metric_names.SUFFIX_TREE_HIT_RATE
+
+
+def router_name(cluster: str) -> str:
+    """The InferencePool and HTTPRoute of a cluster with ``spec.router``: ``N-router``."""
+    return f"{cluster}-router"
+
+
+def endpoint_picker_name(cluster: str) -> str:
+    """The endpoint picker's Deployment, Service, ServiceAccount, Role, RoleBinding and ConfigMap: ``N-epp``."""
+    return f"{cluster}-epp"
+
+
+def endpoint_picker_config(cluster: s.ClusterSpec) -> dict[str, Any]:
+    """The endpoint picker's ``EndpointPickerConfig``: a single scheduling profile summing the
+    weighted scorers of ``spec.router.weights`` (a weight of 0 leaves its scorer out), then the
+    highest score picked. Suffix affinity is the EPP's custom-metric pipeline (data source ->
+    ``prometheus-metric`` extractor -> ``metric-scorer``, maximised) on ``cosine:suffix_tree_hit_rate``."""
+    w = cluster.router.weights
+    plugins: list[dict[str, Any]] = []
+    profile: list[dict[str, Any]] = []
+    for plugin, weight in (("queue-scorer", w.queue), ("kv-cache-utilization-scorer", w.kv_cache_utilization),
+                           ("prefix-cache-scorer", w.prefix_cache), ("session-affinity-scorer", w.session_affinity)):
+        if weight > 0:
+            plugins.append({"type": plugin})
+            profile.append({"pluginRef": plugin, "weight": weight})
+    config: dict[str, Any] = {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+    }
+    if w.suffix_affinity > 0:
+        config["featureGates"] = ["dataLayer"]
+        plugins += [
+            {"name": "verifier-metrics", "type": "metrics-data-source",
+             "parameters": {"path": "/metrics", "scheme": "http"}},
+            {"name": "suffix-hit-rate", "type": "prometheus-metric",
+             "parameters": {"metricName": SUFFIX_HIT_RATE_METRIC}},
+            {"name": "suffix-affinity-scorer", "type": "metric-scorer",
+             "parameters": {"metricName": SUFFIX_HIT_RATE_METRIC, "optimizationMode": "Maximize",
+                            "normalizationAlgo": "Linear", "min": 0, "max": 1}},
+        ]
+        profile.append({"pluginRef": "suffix-affinity-scorer", "weight": w.suffix_affinity})
+        config["data"] = {"sources": [{"pluginRef": "verifier-metrics",
+                                       "extractors": [{"pluginRef": "suffix-hit-rate"}]}]}
+    plugins += [{"type": "max-score-picker"}, {"type": "single-profile-handler"}]
+    profile.append({"pluginRef": "max-score-picker"})
+    config["plugins"] = plugins
+    config["schedulingProfiles"] = [{"name": "default", "plugins": profile}]
+    return config
+
+
+def build_router(name: str, namespace: str, cluster: s.ClusterSpec) -> list[Manifest]:
+    """``spec.router.enabled``: the InferencePool ``N-router`` of the verifier pods (the leaders of a
+    multi-node verifier), its endpoint picker (ServiceAccount, Role and RoleBinding reading the
+    pool and pods only, the configuration ConfigMap, Deployment and Service ``N-epp``) and the
+    HTTPRoute ``N-router`` from ``spec.router.gatewayName`` to the pool; empty when off (the
+    operator then deletes the ones it made)."""
+    r = cluster.router
+    if not r.enabled:
+        return []
+    epp = endpoint_picker_name(name)
+    meta = lambda n: {"name": n, "namespace": namespace, "labels": labels(name, ROUTER_COMPONENT)}  # noqa: E731
+    pool = {
+        "apiVersion": INFERENCE_POOL_API_VERSION,
+        "kind": "InferencePool",
+        "metadata": meta(router_name(name)),
+        "spec": {
+            "selector": {"matchLabels": selector_labels(name, "verifier")},
+            "targetPorts": [{"number": s.VERIFIER_HTTP_PORT}],
+            "endpointPickerRef": {"name": epp, "port": {"number": EPP_GRPC_PORT}, "failureMode": r.failure_mode},
+        },
+    }
+    parent: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": r.gateway_name}
+    if r.gateway_namespace:
+        parent["namespace"] = r.gateway_namespace
+    route = {
+        "apiVersion": HTTPROUTE_API_VERSION,
+        "kind": "HTTPRoute",
+        "metadata": meta(router_name(name)),
+        "spec": {
+            "parentRefs": [parent],
+            "rules": [{
+                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                "backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                                 "name": router_name(name)}],
+                # streamed completions outlive a gateway's default request timeout
+                "timeouts": {"request": "0s"},
+            }],
+        },
+    }
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(epp)}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": meta(epp),
+        "rules": [{"apiGroups": [g], "resources": [r_], "verbs": ["get", "list", "watch"]}
+                  for g, r_ in EPP_READS],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": meta(epp),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": epp},
+        "subjects": [{"kind": "ServiceAccount", "name": epp, "namespace": namespace}],
+    }
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(epp),
+              "data": {"config.yaml": yaml.safe_dump(endpoint_picker_config(cluster), sort_keys=False)}}
+    health = {"grpc": {"port": EPP_HEALTH_PORT, "service": "envoy.service.ext_proc.v3.ExternalProcessor"}}
+    container = {
+        "name": "epp",
+        "image": r.image,
+        "imagePullPolicy": cluster.image.pull_policy,
+        "args": ["--pool-name", router_name(name), "--pool-namespace", namespace,
+                 "--pool-group", "inference.networking.k8s.io",
+                 "--grpc-port", str(EPP_GRPC_PORT), "--grpc-health-port", str(EPP_HEALTH_PORT),
+                 "--metrics-port", str(EPP_METRICS_PORT), "--config-file", f"{EPP_CONFIG_DIR}/config.yaml"],
+        "ports": [{"name": "grpc", "containerPort": EPP_GRPC_PORT, "protocol": "TCP"},
+                  {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"}],
+        "readinessProbe": {**health, "periodSeconds": 5},
+        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
+        "securityContext": _restricted_container(),
+        "volumeMounts": [{"name": "config", "mountPath": EPP_CONFIG_DIR, "readOnly": True}],
+    }
+    pod_spec = {
+        "serviceAccountName": epp,  # it watches the InferencePool and its pods
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": epp}}],
+    }
+    deployment = _deployment(name, namespace, epp, ROUTER_COMPONENT, None, r.replicas, pod_spec, EPP_METRICS_PORT,
+                             config_hash(cluster), {"type": "RollingUpdate"})
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta(epp),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(name, ROUTER_COMPONENT),
+            "ports": [{"name": "grpc", "port": EPP_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
+                       "appProtocol": "http2"},
+                      {"name": "metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
+        },
+    }
+    return [account, role, binding, config, service, deployment, pool, route]
+
+
+# What the endpoint picker reads (its Role); the operator must hold these to grant them
+# (Kubernetes' RBAC refuses a Role granting more than its creator holds).
+EPP_READS = (("inference.networking.k8s.io", "inferencepools"), ("", "pods"))

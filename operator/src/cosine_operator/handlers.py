@@ -152,6 +152,43 @@ async def _drop_network_policies(api: Any, name: str, namespace: str, logger: An
         logger.info(f"deleted NetworkPolicy {obj['metadata']['name']} (spec.networkPolicy.enabled is false)")
 
 
+async def _prune_verifier_kind(api: Any, name: str, namespace: str, cluster: s.ClusterSpec, logger: Any) -> None:
+    """The verifier is a Deployment on one node and a LeaderWorkerSet across several: when
+    ``spec.verifier.parallelism.nodes`` crosses 1, delete the other kind's ``N-verifier``."""
+    other = "Deployment" if cluster.verifier.nodes > 1 else "LeaderWorkerSet"
+    try:
+        found = await kube.get(api, other, namespace, builders.verifier_name(name))
+    except ApiException as e:  # LeaderWorkerSet's API not installed: nothing of it to delete
+        if e.status not in (403, 404):
+            raise
+        return
+    if found is not None and found["metadata"].get("labels", {}).get(builders.CLUSTER_LABEL) == name:
+        await kube.delete(api, other, namespace, builders.verifier_name(name))
+        logger.info(f"deleted {other} {builders.verifier_name(name)} (spec.verifier.parallelism.nodes is "
+                    f"{cluster.verifier.nodes})")
+
+
+ROUTER_KINDS = ("HTTPRoute", "InferencePool", "Deployment", "Service", "ConfigMap", "RoleBinding", "Role",
+                "ServiceAccount", "NetworkPolicy")
+
+
+async def _drop_router(api: Any, name: str, namespace: str, logger: Any) -> None:
+    """``spec.router`` off: delete the router's children if any is left (looked up through its
+    ServiceAccount, so a cluster that never had a router costs one list per pass)."""
+    if not [o for o in await kube.list_owned(api, "ServiceAccount", namespace, name)
+            if (o["metadata"].get("labels") or {}).get(builders.COMPONENT_LABEL) == builders.ROUTER_COMPONENT]:
+        return
+    names = {"HTTPRoute": builders.router_name(name), "InferencePool": builders.router_name(name)}
+    for kind in ROUTER_KINDS:
+        child = names.get(kind, builders.endpoint_picker_name(name))
+        try:
+            if await kube.delete(api, kind, namespace, child):
+                logger.info(f"deleted {kind} {child} (spec.router is off)")
+        except ApiException as e:  # the Gateway API's or GIE's CRDs are gone: nothing left of that kind
+            if e.status != 404:
+                raise
+
+
 def _age_s(pod: dict[str, Any], now: datetime.datetime) -> float:
     created = (pod.get("metadata") or {}).get("creationTimestamp")
     if not created:
@@ -219,10 +256,12 @@ async def _children_status(
 ) -> Any:
     """The status's part that comes from the children's Deployments, as a function of the live
     status (``status.build_status``: the autoscaler's fields and conditions are kept)."""
-    names = [builders.verifier_name(name)] + [
-        builders.drafter_name(name, p.name) for p in cluster.drafter_pools
-    ]
+    names = [builders.drafter_name(name, p.name) for p in cluster.drafter_pools]
     deployments = {n: await kube.get(api, "Deployment", namespace, n) for n in names}
+    # a LeaderWorkerSet's replicas and readyReplicas count groups as a Deployment's count pods
+    verifier_kind = "LeaderWorkerSet" if cluster.verifier.nodes > 1 else "Deployment"
+    deployments[builders.verifier_name(name)] = await kube.get(api, verifier_kind, namespace,
+                                                               builders.verifier_name(name))
     now = _now()
     return lambda live: status.build_status(name, namespace, generation, cluster, deployments, live, now)
 
@@ -279,7 +318,8 @@ async def _reconcile(
     for child in children:
         kopf.adopt(child, owner=body)
         kind, pool = child["kind"], child["metadata"]["labels"].get(builders.POOL_LABEL)
-        if kind in ("Deployment", s.POOL_KIND) and models is not None and models["status"] != "True":
+        loads_models = kind in ("Deployment", "LeaderWorkerSet", s.POOL_KIND)
+        if loads_models and models is not None and models["status"] != "True":
             continue  # no pod that loads a model before the cache holds it
         if kind == s.POOL_KIND:
             applied = await kube.apply_scale_free(api, child)  # its scale: its scaler's after creation
@@ -293,7 +333,10 @@ async def _reconcile(
         if kind == "PersistentVolumeClaim":
             claim = await _apply_claim(api, child, generation)
             continue
-        applied = await (kube.apply_scale_free(api, child) if kind == "Deployment" else kube.apply(api, child))
+        component = child["metadata"]["labels"].get(builders.COMPONENT_LABEL)
+        scaled_by_others = kind == "LeaderWorkerSet" or (
+            kind == "Deployment" and component != builders.ROUTER_COMPONENT)
+        applied = await (kube.apply_scale_free(api, child) if scaled_by_others else kube.apply(api, child))
         if kind == "Deployment" and pool:
             drafters[pool] = applied
         elif kind == "Job":
@@ -302,6 +345,9 @@ async def _reconcile(
         api, body, name, namespace, cluster, drafters, generation, logger)
     removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
     await _prune_replaced(api, name, namespace, children, logger)
+    await _prune_verifier_kind(api, name, namespace, cluster, logger)
+    if not cluster.router.enabled:
+        await _drop_router(api, name, namespace, logger)
     if not cluster.network_policy.enabled:
         await _drop_network_policies(api, name, namespace, logger)
     if removed:
@@ -402,16 +448,18 @@ async def cosinecluster_resume(
 
 @kopf.on.update(*CLUSTER, field="spec.verifier.replicas")
 async def cosinecluster_scale_verifier(
-    new: Any, name: str, namespace: str, memo: kopf.Memo, logger: Any, **_: Any
+    new: Any, body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, logger: Any, **_: Any
 ) -> None:
     """``spec.verifier.replicas`` changed (``kubectl scale csc``, an HPA or KEDA on the
     CoSineCluster's scale subresource, an edit): the verifier Deployment follows. The operator's
     only write of that Deployment's replicas after creation; retried while it is absent."""
     replicas = int(new) if new is not None else 1
     deployment = builders.verifier_name(name)
-    if await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}}) is None:
-        raise kopf.TemporaryError(f"Deployment {deployment} does not exist (yet)", delay=2)
-    logger.info(f"verifier: Deployment {deployment} scaled to {replicas} (spec.verifier.replicas)")
+    nodes = int(((body.get("spec") or {}).get("verifier") or {}).get("parallelism", {}).get("nodes") or 1)
+    kind = "LeaderWorkerSet" if nodes > 1 else "Deployment"  # a group's replicas are groups
+    if await kube.patch(memo.api, kind, namespace, deployment, {"spec": {"replicas": replicas}}) is None:
+        raise kopf.TemporaryError(f"{kind} {deployment} does not exist (yet)", delay=2)
+    logger.info(f"verifier: {kind} {deployment} scaled to {replicas} (spec.verifier.replicas)")
 
 
 @kopf.on.delete(*CLUSTER, optional=True)

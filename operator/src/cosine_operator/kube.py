@@ -28,6 +28,13 @@ _PATHS: dict[str, tuple[str, str]] = {
     "Job": ("/apis/batch/v1", "jobs"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    # other projects' APIs (spec.router, spec.verifier.parallelism.nodes > 1), installed separately
+    "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
+    "HTTPRoute": ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
+    "LeaderWorkerSet": ("/apis/leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
     s.POOL_KIND: (f"/apis/{s.GROUP}/{s.VERSION}", s.POOL_PLURAL),
     s.CLUSTER_KIND: (f"/apis/{s.GROUP}/{s.VERSION}", s.CLUSTER_PLURAL),
 }
@@ -43,10 +50,24 @@ CALLS: dict[tuple[str, str], set[str]] = {
     ("policy", "poddisruptionbudgets"): {"create", "patch", "list", "delete"},
     ("networking.k8s.io", "networkpolicies"): {"create", "patch", "list", "delete"},
     ("", "pods"): {"list"},
+    ("", "serviceaccounts"): {"create", "patch", "list", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"create", "patch", "list", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "patch", "list", "delete"},
+    ("inference.networking.k8s.io", "inferencepools"): {"create", "patch", "list", "delete"},
+    ("gateway.networking.k8s.io", "httproutes"): {"create", "patch", "list", "delete"},
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "create", "patch", "list", "delete"},
     (s.GROUP, s.POOL_PLURAL): {"get", "create", "patch", "list", "delete"},
     (s.GROUP, f"{s.CLUSTER_PLURAL}/status"): {"patch"},
     (s.GROUP, s.CLUSTER_PLURAL): {"get"},
     (s.GROUP, f"{s.POOL_PLURAL}/status"): {"patch"},
+}
+
+# What the operator must hold beyond its calls to create the endpoint picker's Role: Kubernetes'
+# RBAC refuses a Role that grants more than its creator holds (privilege escalation prevention),
+# so every rule of ``builders.EPP_READS`` is the operator's too.
+GRANTS: dict[tuple[str, str], set[str]] = {
+    ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch"},
+    ("", "pods"): {"get", "list", "watch"},
 }
 
 MERGE_PATCH = "application/merge-patch+json"

@@ -6,7 +6,8 @@ pod fields Pod Security ``restricted`` would refuse (hostPath volumes, host moun
 compatibility between each model drafter and the verifier (CEL cannot know model families; the
 table is :data:`cosine_spec.settings.TOKENIZER_FAMILIES`), and
 the length of child names built from the object's name (CEL on ``spec`` cannot see
-``metadata.name``).
+``metadata.name``), and verifier shapes vLLM cannot run (``spec.verifier.parallelism``: its ranks
+against the GPUs of a group, which CEL cannot read from the verbatim ``resources``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
         message = str(e)
         return [message if message.startswith("spec.") else f"spec: {message}"]
     problems += pod_override_problems("spec.verifier", cluster.verifier.pod)
+    problems += s.parallelism_problems(cluster.verifier)
+    longest = builders.verifier_name(name) + "-worker"  # a multi-node verifier's worker NetworkPolicy
+    if cluster.verifier.nodes > 1 and len(longest) > MAX_NAME_LENGTH:
+        problems.append(f"spec.verifier.parallelism.nodes: child name {longest!r} is {len(longest)} characters, "
+                        f"over {MAX_NAME_LENGTH}; shorten the cluster name")
     if cluster.model_cache is not None:  # the pull Job's name is also its pods' job-name label: a label value
         job = builders.model_job_name(name, {})  # the length of any of its names
         if len(job) > MAX_NAME_LENGTH:

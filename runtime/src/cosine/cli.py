@@ -154,6 +154,13 @@ def _verifier(args: argparse.Namespace) -> int:
                         args.drafter_tls_server_name, args.cores)
 
 
+def _verifier_worker(args: argparse.Namespace) -> int:
+    from cosine.manifest import load_manifest
+    from cosine.roles import run_verifier_worker
+
+    return run_verifier_worker(load_manifest(args.cluster))
+
+
 def _serve(args: argparse.Namespace) -> int:
     from cosine.roles import run_serve
 
@@ -321,6 +328,11 @@ def _add_role_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     ve.add_argument("--cores", type=parse_cpu_list, default=(), metavar="CPULIST",
                     help="on a CPU, bind vLLM's engine threads to these cores, e.g. 0-1 (default: vLLM's binding)")
     ve.set_defaults(func=_verifier)
+
+    vw = sub.add_parser("verifier-worker", help="a multi-node verifier's engine worker (a LeaderWorkerSet worker "
+                        "pod): vLLM headless, its node rank from LWS_WORKER_INDEX, the leader at LWS_LEADER_ADDRESS")
+    vw.add_argument("--cluster", required=True, help="the CoSineCluster manifest (the pod's ConfigMap)")
+    vw.set_defaults(func=_verifier_worker)
 
     se = sub.add_parser("serve", help="embedded cluster: drafter processes + verifier (vLLM's OpenAI server) "
                             "on this machine")

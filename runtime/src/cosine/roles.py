@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,13 +180,14 @@ VLLM_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` (the
 
 
 def vllm_engine_args(verifier, model_path: str, speculation, pools: list[dict[str, Any]],
-                     metrics_port: int = 0) -> dict[str, Any]:
+                     metrics_port: int = 0, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The verifier spec (`spec.verifier`) as vLLM engine arguments (`EngineArgs` field names):
     model, dtype, maxBatchTokens -> max_num_batched_tokens, maxModelLen, maxNumSeqs,
     gpuMemoryUtilization (GPU pods; kvCacheSpaceGiB is the CPU pods' `vllm_cpu_env`).
 
-    GPUs requested per verifier pod (`resources.limits["nvidia.com/gpu"]`) become the
-    tensor-parallel size; without GPUs the engine runs eagerly on the CPU (`vllm-cpu`).
+    `spec.verifier.parallelism` becomes vLLM's parallel layout (`parallel_args`: by default the
+    pod's GPUs are the tensor-parallel size; across nodes, the node rank and the leader's address
+    come from `env`, default this process's); without GPUs the engine runs eagerly on the CPU (`vllm-cpu`).
     `speculation` (`spec.speculation`, a `SpeculationSpec`) goes to the proposer as itself; its
     `max_draft_len` 0 serves the target alone (no speculative path at all).
     """
@@ -203,8 +204,7 @@ def vllm_engine_args(verifier, model_path: str, speculation, pools: list[dict[st
         # grace period leaves (spec.verifier.terminationGracePeriodSeconds)
         "shutdown_timeout": verifier.shutdown_timeout_s,
     }
-    if gpus > 1:
-        args["tensor_parallel_size"] = gpus
+    args.update(parallel_args(verifier, env))
     if gpus == 0:
         args["enforce_eager"] = True  # CPU: no CUDA graphs; torch.compile start-up does not pay here
     for key, value in (("max_model_len", verifier.max_model_len), ("max_num_seqs", verifier.max_num_seqs),
@@ -214,6 +214,63 @@ def vllm_engine_args(verifier, model_path: str, speculation, pools: list[dict[st
     if speculation.max_draft_len > 0:
         args.update(vllm_hooks.engine_kwargs(speculation, pools=pools, model=model_path, metrics_port=metrics_port))
     return args
+
+
+LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"  # LeaderWorkerSet's env in every pod of a group
+LWS_WORKER_INDEX = "LWS_WORKER_INDEX"  # 0 on the leader, 1.. on the workers
+MASTER_PORT = 29500  # torch.distributed's store on the leader (vLLM's --master-port default)
+
+
+def parallel_args(verifier, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """vLLM's parallel layout of one verifier replica (`spec.verifier.parallelism`): tensor- and
+    pipeline-parallel sizes; with `nodes` > 1 vLLM's multi-node mode without Ray (`nnodes`,
+    `node_rank` from LeaderWorkerSet's `LWS_WORKER_INDEX`, `master_addr` its `LWS_LEADER_ADDRESS`,
+    the `mp` executor). Empty for one rank. Raises KeyError when `nodes` > 1 and `env` (default:
+    this process's) lacks LeaderWorkerSet's variables: the pod was not started by a LeaderWorkerSet."""
+    p = verifier.parallelism
+    tensor = verifier.tensor_parallel
+    out: dict[str, Any] = {}
+    if tensor > 1:
+        out["tensor_parallel_size"] = tensor
+    if p.pipeline > 1:
+        out["pipeline_parallel_size"] = p.pipeline
+    if p.nodes > 1:
+        env = os.environ if env is None else env
+        out.update(distributed_executor_backend="mp", nnodes=p.nodes, node_rank=int(env[LWS_WORKER_INDEX]),
+                   master_addr=env[LWS_LEADER_ADDRESS], master_port=MASTER_PORT)
+    return out
+
+
+def worker_command(manifest: Manifest, env: Mapping[str, str] | None = None) -> list[str]:
+    """argv of a multi-node verifier's worker (`cosine verifier-worker`, a LeaderWorkerSet worker
+    pod): `vllm serve --headless`, the engine alone with the leader's engine arguments (so every
+    rank builds the same model, speculative path included) and its own node rank; no API server,
+    no proposer (the leader's engine core schedules and drafts).
+
+    Raises:
+        ValueError: the verifier does not span nodes (`parallelism.nodes` is 1).
+        KeyError: LeaderWorkerSet's variables are missing from `env`.
+        cosine.model_store.ModelNotAvailable: the target is not in the model cache.
+    """
+    from cosine.model_store import resolve
+
+    spec = manifest.spec
+    if spec.verifier.nodes < 2:
+        raise ValueError("cosine verifier-worker runs a worker of a multi-node verifier: "
+                         "spec.verifier.parallelism.nodes is 1")
+    model_path = str(resolve(spec.verifier.model))
+    args = vllm_engine_args(spec.verifier, model_path, spec.speculation, [], 0, env)
+    model = args.pop("model")
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--headless", *cli_flags(args)]
+
+
+def run_verifier_worker(manifest: Manifest) -> int:
+    """Replace this process with a multi-node verifier's engine worker (`worker_command`)."""
+    argv = worker_command(manifest)
+    log.info("verifier worker: vLLM headless engine, node rank %s of %d", os.environ.get(LWS_WORKER_INDEX),
+             manifest.spec.verifier.nodes)
+    os.execve(sys.executable, argv, dict(os.environ))
+    return 0  # not reached
 
 
 def vllm_cpu_env(verifier, cores: Sequence[int] = ()) -> dict[str, str]:

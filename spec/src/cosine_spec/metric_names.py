@@ -21,6 +21,11 @@ VERIFIER_STEPS = "cosine:verifier_steps"  # counter: engine steps
 VERIFIER_STEPS_WITH_DRAFT = "cosine:verifier_steps_with_draft"  # counter: steps that verified a draft
 REQUESTS_RUNNING = "cosine:num_requests_running"  # gauge
 REQUESTS_WAITING = "cosine:num_requests_waiting"  # gauge
+# The suffix-affinity signal (the router's endpoint picker scores it): on the verifier's http port,
+# beside vLLM's series, as well as on the metrics port
+SUFFIX_TREE_HIT_RATE = "cosine:suffix_tree_hit_rate"  # gauge: share of recent lookups that found a draft (EMA)
+SUFFIX_TREE_REQUESTS = "cosine:suffix_tree_requests"  # gauge: finished requests whose outputs the global tree holds
+SUFFIX_TREE_TOKENS = "cosine:suffix_tree_tokens"  # gauge: tokens indexed in the suffix trees (prompts and outputs)
 DRAFTS = "cosine:spec_decode_num_drafts"  # counter{pool}: verifications that had a draft
 DRAFT_TOKENS = "cosine:spec_decode_num_draft_tokens"  # counter{pool}: draft tokens verified
 ACCEPTED_TOKENS = "cosine:spec_decode_num_accepted_tokens"  # counter{pool}: draft tokens accepted

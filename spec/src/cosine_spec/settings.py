@@ -345,6 +345,22 @@ class PodOverrides:
 
 
 @dataclass(frozen=True)
+class ParallelismSpec(_Checked):
+    """``spec.verifier.parallelism``: how one verifier replica spreads the target over GPUs, in
+    vLLM's terms. ``tensor``: tensor-parallel size (``None``: the GPUs of the group, ``nodes`` x
+    each pod's ``nvidia.com/gpu``, over ``pipeline``); ``pipeline``: pipeline-parallel size;
+    ``nodes``: pods per replica. With ``nodes`` > 1 a replica is a LeaderWorkerSet group running
+    vLLM's own multi-node mode (``--nnodes``/``--node-rank``/``--master-addr``, no Ray): the leader
+    serves the API and runs CoSine's proposer in its engine core, the workers run the engine alone.
+    :func:`parallelism_problems` says which shapes cannot work."""
+
+    SPEC_PATH: ClassVar[str] = "spec.verifier.parallelism"
+    tensor: int | None = spec_field("tensor", None, minimum=1)
+    pipeline: int = spec_field("pipeline", 1, minimum=1)
+    nodes: int = spec_field("nodes", 1, minimum=1, maximum=64)
+
+
+@dataclass(frozen=True)
 class VerifierSpec(_Checked):
     """The target model's pods: vLLM with CoSine's proposer, serving the OpenAI-compatible API."""
 
@@ -366,12 +382,27 @@ class VerifierSpec(_Checked):
     # seconds from the pod's deletion to SIGKILL: the preStop wait, then vLLM's drain (both below)
     termination_grace_s: int = spec_field("terminationGracePeriodSeconds", 120, minimum=0)
     image: RoleImage = field(default_factory=RoleImage, metadata={"key": "image"})
+    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec, metadata={"key": "parallelism"})
     pod: PodOverrides = field(default_factory=PodOverrides)
 
     @property
     def tokenizer_family(self) -> str:
         """The declared tokenizer, or the model name when none is declared."""
         return self.tokenizer or self.model
+
+    @property
+    def nodes(self) -> int:
+        """Pods per verifier replica (``parallelism.nodes``): 1 is a Deployment's pod, more a
+        LeaderWorkerSet group."""
+        return self.parallelism.nodes
+
+    @property
+    def tensor_parallel(self) -> int:
+        """vLLM's ``tensor_parallel_size``: ``parallelism.tensor``, else the group's GPUs over the
+        pipeline stages (at least 1)."""
+        if self.parallelism.tensor is not None:
+            return self.parallelism.tensor
+        return max(1, self.pod.gpu_count * self.parallelism.nodes // self.parallelism.pipeline)
 
     @property
     def pre_stop_s(self) -> int:
@@ -387,6 +418,25 @@ class VerifierSpec(_Checked):
         the engine exits as soon as none is left): the grace period less the preStop wait and
         5 s for the processes to exit, at least 1 (0 would abort the requests)."""
         return max(1, self.termination_grace_s - self.pre_stop_s - 5)
+
+
+def parallelism_problems(verifier: VerifierSpec) -> list[str]:
+    """Verifier shapes that cannot run, one message per problem naming its field: vLLM's world
+    (``tensor`` x ``pipeline`` ranks) must fill the group's GPUs exactly (``nodes`` pods of
+    ``nvidia.com/gpu`` each: vLLM places ``world / nnodes`` ranks per node and refuses a world
+    ``--nnodes`` does not divide); a verifier without GPUs runs on one pod and one rank (vLLM's CPU
+    backend is not run multi-node here). The admission webhook runs this check."""
+    p, gpus = verifier.parallelism, verifier.pod.gpu_count
+    where = "spec.verifier.parallelism"
+    if gpus == 0:
+        wide = [f"{where}.{k}: {v} needs GPU pods (spec.verifier.resources asks for no {GPU_RESOURCE})"
+                for k, v in (("tensor", p.tensor or 1), ("pipeline", p.pipeline), ("nodes", p.nodes)) if v > 1]
+        return wide
+    world, slots = verifier.tensor_parallel * p.pipeline, gpus * p.nodes
+    if world != slots:
+        return [f"{where}: tensor ({verifier.tensor_parallel}) x pipeline ({p.pipeline}) = {world} ranks, but "
+                f"nodes ({p.nodes}) x {GPU_RESOURCE} per pod ({gpus}) = {slots} GPUs; vLLM needs one rank per GPU"]
+    return []
 
 
 CAPACITY_TYPES = ("onDemand", "spot")
@@ -636,6 +686,57 @@ class DrafterTLSSpec(_Checked):
     server_name: str | None = spec_field("serverName", None)
 
 
+# The endpoint picker the router runs by default: llm-d's (the Gateway API Inference Extension's
+# reference EPP now lives in llm-d/llm-d-router), a release tag. Override: spec.router.endpointPickerImage.
+ENDPOINT_PICKER_IMAGE = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
+ENDPOINT_PICKER_FAILURE_MODES = ("FailOpen", "FailClose")
+
+
+@dataclass(frozen=True)
+class RouterWeights(_Checked):
+    """``spec.router.weights``: each scorer's weight in the endpoint picker's sum (0 leaves it out).
+    ``prefixCache``: the share of the prompt's prefix blocks a replica has served (its KV cache);
+    ``sessionAffinity``: the replica that served the session's last request; ``suffixAffinity``:
+    CoSine's ``cosine:suffix_tree_hit_rate`` gauge (how often the replica's suffix tree drafts from
+    what it has seen); ``queue``: fewer waiting requests; ``kvCacheUtilization``: more free KV cache."""
+
+    SPEC_PATH: ClassVar[str] = "spec.router.weights"
+    prefix_cache: float = spec_field("prefixCache", 3.0, minimum=0)
+    session_affinity: float = spec_field("sessionAffinity", 1.0, minimum=0)
+    suffix_affinity: float = spec_field("suffixAffinity", 1.0, minimum=0)
+    queue: float = spec_field("queue", 1.0, minimum=0)
+    kv_cache_utilization: float = spec_field("kvCacheUtilization", 1.0, minimum=0)
+
+
+@dataclass(frozen=True)
+class RouterSpec(_Checked):
+    """``spec.router``: cache-affine routing through the Gateway API Inference Extension. With
+    ``enabled`` the operator creates an ``InferencePool`` of the verifier pods, an endpoint picker
+    (EPP) scoring them (:class:`RouterWeights`) and an ``HTTPRoute`` from the user's Gateway
+    ``gateway_name`` (in ``gateway_namespace``, default the cluster's) to the pool. ``failure_mode``:
+    what the gateway does when the EPP does not answer (GIE's ``FailClose`` by default: the request
+    fails; ``FailOpen``: the gateway picks a replica itself). ``image``/``replicas``: the EPP's.
+    ``gateway_from``: who may call the EPP (the Gateway's proxies; their labels are the
+    implementation's), as ``NetworkPolicyPeer`` objects; empty: anyone."""
+
+    SPEC_PATH: ClassVar[str] = "spec.router"
+    enabled: bool = spec_field("enabled", False)
+    gateway_name: str | None = spec_field("gatewayName", None)
+    gateway_namespace: str | None = spec_field("gatewayNamespace", None)
+    failure_mode: str = spec_field("failureMode", "FailClose", enum=ENDPOINT_PICKER_FAILURE_MODES)
+    image: str = spec_field("endpointPickerImage", ENDPOINT_PICKER_IMAGE)
+    replicas: int = spec_field("endpointPickerReplicas", 1, minimum=1, maximum=16)
+    # NetworkPolicyPeers of the Gateway's proxies, allowed to the EPP's ext_proc port (empty: any)
+    gateway_from: tuple[Mapping[str, Any], ...] = spec_field("gatewayFrom", (), verbatim=True)
+    weights: RouterWeights = field(default_factory=RouterWeights, metadata={"key": "weights"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.enabled and not self.gateway_name:
+            raise ValueError("spec.router.gatewayName is required when spec.router.enabled is true: the "
+                             "Gateway whose HTTPRoute sends requests to the verifiers")
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """A whole ``CoSineCluster.spec``, parsed once (:func:`parse_cluster_spec`) and passed around.
@@ -659,6 +760,7 @@ class ClusterSpec:
     hf_token: HfTokenSecretRef | None = field(default=None, metadata={"key": "hfTokenSecretRef"})
     # spec.spot (None: no pool may ask for spot capacity)
     spot: SpotSpec | None = field(default=None, metadata={"key": "spot"})
+    router: RouterSpec = field(default_factory=RouterSpec, metadata={"key": "router"})
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def pool(self, name: str) -> DrafterPoolSpec:
@@ -677,6 +779,9 @@ def _with_pod(cls: type, raw: Mapping[str, Any]) -> Any:
         pod = read_fields(PodOverrides, {k: v for k, v in raw.items() if k in pod_keys})
     except ValueError as e:  # name the role: spec.verifier.image.tag, spec.drafterPools[].resources
         raise ValueError(str(e).replace("spec.<role>", role, 1)) from None
+    if cls is VerifierSpec:
+        parallelism = read_fields(ParallelismSpec, raw.get("parallelism") or {})
+        return read_fields(cls, raw, pod=pod, image=image, parallelism=parallelism)
     return read_fields(cls, raw, pod=pod, image=image)
 
 
@@ -707,6 +812,8 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
         if pool.capacity == "spot" and spot is None:
             raise ValueError(f"spec.spot.provider is required: spec.drafterPools[{i}] ({pool.name}) asks for "
                              f"capacity: spot (one of {list(SPOT_PROVIDERS)})")
+    r = raw.get("router") or {}
+    router = read_fields(RouterSpec, r, weights=read_fields(RouterWeights, r.get("weights") or {}))
     g = raw.get("gateway") or {}
     secret = g.get("apiKeySecretRef")
     gateway = read_fields(GatewaySpec, g, api_key_secret=read_fields(ApiKeySecretRef, secret) if secret else None)
@@ -722,6 +829,7 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
         model_cache=read_fields(ModelCacheSpec, raw["modelCache"]) if raw.get("modelCache") is not None else None,
         hf_token=read_fields(HfTokenSecretRef, raw["hfTokenSecretRef"]) if raw.get("hfTokenSecretRef") else None,
         spot=spot,
+        router=router,
         raw=raw,
     )
 
