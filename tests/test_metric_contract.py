@@ -59,8 +59,12 @@ def test_the_runtimes_metrics_become_the_autoscalers_observations() -> None:
 def test_every_contract_name_is_exported() -> None:
     """Each name of the contract appears in a producer's output (none is read but never written)."""
     registry = CollectorRegistry()
-    registry.register(ProposerCollector(ProposerStats(draft_tokens={"p": 1}, accepted_tokens={"p": 1}), "m"))
     from cosine.embedded import EmbeddedMetrics
+    from cosine.lookup import SuffixLookup
+    from cosine.metrics import SuffixAffinity
+
+    registry.register(ProposerCollector(ProposerStats(draft_tokens={"p": 1}, accepted_tokens={"p": 1}), "m",
+                                        suffix=SuffixAffinity(SuffixLookup(), "m")))
 
     embedded = EmbeddedMetrics()
     embedded.replicas.labels("p").set(1)

@@ -57,3 +57,32 @@ def test_lookup_drafter_cuts_below_min_confidence():
     assert d.propose("a", ctx, 4, min_confidence=0.3).token_ids == (3,)
     d.release("a")
     assert len(d.lookup) == 0
+
+
+def test_what_the_trees_hold_and_how_often_they_draft_is_counted():
+    """The suffix-affinity signal (cosine:suffix_tree_*): a verifier that has seen an output drafts
+    it for a repeat and its hit rate rises; one that has not stays at 0. Catches: a hit rate that
+    counts asks without a draft as hits, tokens that forget outputs kept for other requests."""
+    from cosine.metrics import SuffixAffinity
+
+    seen, fresh = SuffixLookup(), SuffixLookup()
+    answer = list(range(100, 140))
+    for lookup in (seen,):
+        lookup.start("turn-1", [1, 2, 3])
+        lookup.propose("turn-1", [1, 2, 3, *answer], 4)
+        lookup.release("turn-1")
+    assert seen.held() == (1, len(answer))  # the output stays, the prompt's tree goes
+    for lookup in (seen, fresh):
+        for i in range(10, 30):  # turn 2 repeats turn 1's answer (a quoted reply, an edited file)
+            lookup.propose("turn-2", [7, 8, *answer[:i]], 4)
+    assert (seen.hits, seen.lookups, fresh.hits) == (20, 21, 0)  # turn 1 found nothing yet
+    assert seen.hit_rate > 0.3 and fresh.hit_rate == 0.0
+    gauges = SuffixAffinity(seen, "m", period_s=10.0)
+    gauges.update(0.0)
+    families = {f.name: f.samples[0].value for f in gauges.families()}
+    assert families["cosine:suffix_tree_hit_rate"] == seen.hit_rate
+    assert families["cosine:suffix_tree_requests"] == 1
+    assert families["cosine:suffix_tree_tokens"] == len(answer) + 2 + 29  # turn 2's prompt and output so far
+    seen.propose("turn-2", [7, 8, *answer], 4)
+    gauges.update(5.0)  # within the period: not read again
+    assert next(iter(gauges.families())).samples[0].value == families["cosine:suffix_tree_hit_rate"]

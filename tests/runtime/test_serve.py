@@ -160,6 +160,15 @@ class TestFixedCluster:
         assert _pool_asked(metrics_url) > 0
         vllm_metrics = httpx.get(f"{base}/metrics").text
         assert "vllm:spec_decode_num_accepted_tokens_total" in vllm_metrics
+        # the suffix-affinity gauges on the http port, where a router's endpoint picker scrapes
+        # vLLM's series (written by the engine core, served by vLLM's server), and on CoSine's
+        for text in (vllm_metrics, httpx.get(metrics_url).text):
+            rates = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith("cosine:suffix_tree_hit_rate{")]
+            assert rates and 0 < rates[0] <= 1, text[-2000:]
+            tokens = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith("cosine:suffix_tree_tokens{")]
+            assert tokens and tokens[0] > 0
 
     def test_api_contract(self, cluster):
         base, _, _, _ = cluster

@@ -55,10 +55,17 @@ class SuffixLookup:
     indexes the tokens the context gained since the last one (its output), which join the global
     tree at once; `release` drops its prompt's tree and keeps its output for other requests."""
 
+    HIT_RATE_ALPHA = 0.02  # weight of one lookup in `hit_rate` (about the last 50 lookups)
+
     def __init__(self, settings: SuffixSettings = SuffixSettings()) -> None:
         self.settings = settings
         self.cache = SuffixDecodingCache(settings.max_tree_depth, settings.max_cached_requests)
         self._indexed: dict[str, int] = {}  # request id -> context tokens already in its trees
+        self._prompt_len: dict[str, int] = {}  # running request id -> its prompt's tokens
+        self._output_len: dict[str, int] = {}  # request id -> output tokens in the global tree
+        self.lookups = 0  # propose calls that asked for a draft
+        self.hits = 0  # ... and found one
+        self.hit_rate = 0.0  # EMA over lookups of "found a draft": the suffix-affinity signal
 
     def start(self, request_id: str, prompt: Sequence[int]) -> None:
         """Index a new request's prompt (its own tree only); a request already started is left alone."""
@@ -68,6 +75,8 @@ class SuffixLookup:
             self.cache.evict_cached_response(request_id)
         self.cache.start_request(request_id, list(prompt))
         self._indexed[request_id] = len(prompt)
+        self._prompt_len[request_id] = len(prompt)
+        self._output_len[request_id] = 0
 
     def propose(self, request_id: str, context: Sequence[int], max_tokens: int) -> tuple[list[int], list[float]]:
         """(draft tokens, each one's path probability in (0, 1]) continuing `context` (prompt + every
@@ -80,17 +89,34 @@ class SuffixLookup:
         elif done < len(context):
             self.cache.add_active_response(request_id, list(context[done:]))
             self._indexed[request_id] = len(context)
+            self._output_len[request_id] = self._output_len.get(request_id, 0) + len(context) - done
         if max_tokens <= 0:
             return [], []
         s = self.settings
         draft = self.cache.speculate(request_id, list(context[-s.max_tree_depth:]), max_spec_tokens=max_tokens,
                                      max_spec_factor=s.max_spec_factor, min_token_prob=s.min_token_prob)
+        hit = bool(draft.token_ids)
+        self.lookups += 1
+        self.hits += hit
+        self.hit_rate += self.HIT_RATE_ALPHA * (hit - self.hit_rate)
         return list(draft.token_ids), list(draft.probs)
+
+    def held(self) -> tuple[int, int]:
+        """(finished requests whose outputs the global tree holds, tokens indexed in the trees:
+        running requests' prompts and outputs, finished requests' outputs). With ``hit_rate``, what
+        ``cosine:suffix_tree_*`` export: how much this verifier has seen and how often it drafts
+        from it (the router's suffix-affinity signal)."""
+        cached = set(self.cache.cached_requests)
+        for rid in [r for r in self._output_len if r not in cached and r not in self._indexed]:
+            del self._output_len[rid]  # evicted from the global tree (first in, first out)
+        tokens = sum(self._prompt_len.values()) + sum(self._output_len.values())
+        return len(cached - set(self._indexed)), tokens
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's prompt; its output stays in the global tree until evicted."""
         if self._indexed.pop(request_id, None) is not None:
             self.cache.stop_request(request_id)
+            self._prompt_len.pop(request_id, None)
 
     def __len__(self) -> int:
         """Requests running (started, not released)."""

@@ -52,11 +52,12 @@ class ProposerCollector:
     - cosine:verifier_steps_total, cosine:verifier_steps_with_draft_total.
     """
 
-    def __init__(self, stats, model_name: str = "", clock=None, replicas=None) -> None:
+    def __init__(self, stats, model_name: str = "", clock=None, replicas=None, suffix=None) -> None:
         import time
 
         self.stats = stats
         self.replicas = replicas or dict
+        self.suffix = suffix  # a `SuffixAffinity`: the cosine:suffix_tree_* gauges
         self.model_name = model_name
         self.clock = clock or time.monotonic
         self.started_s = self.clock()
@@ -65,6 +66,8 @@ class ProposerCollector:
         """Yield the metric families above from the stats' current values (called per scrape)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        if self.suffix is not None:
+            yield from self.suffix.families()
         s = self.stats.snapshot()  # one consistent reading: pool calls' threads go on writing
         # every pool asked at least once gets every per-pool series, at 0 where nothing happened yet
         # (Prometheus's advice against missing series: a rate, an alert or a panel over a counter
@@ -150,9 +153,59 @@ class ProposerExporter:
 
     Raises OSError when `host:port` cannot be bound."""
 
-    def __init__(self, stats, port: int, host: str = "0.0.0.0", model_name: str = "", replicas=None) -> None:
+    def __init__(self, stats, port: int, host: str = "0.0.0.0", model_name: str = "", replicas=None,
+                 suffix=None) -> None:
         from prometheus_client import start_http_server
 
         self.registry = CollectorRegistry()
-        self.registry.register(ProposerCollector(stats, model_name, replicas=replicas))
+        self.registry.register(ProposerCollector(stats, model_name, replicas=replicas, suffix=suffix))
         self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)
+
+
+SUFFIX_GAUGES = (
+    (names.SUFFIX_TREE_HIT_RATE, "Share of recent suffix-tree lookups that found a draft (EMA over ~50)."),
+    (names.SUFFIX_TREE_REQUESTS, "Finished requests whose outputs the verifier's global suffix tree holds."),
+    (names.SUFFIX_TREE_TOKENS, "Tokens indexed in the verifier's suffix trees (running prompts, outputs)."),
+)
+
+
+class SuffixAffinity:
+    """What the verifier's suffix trees (`lookup.SuffixLookup`) hold and how often they draft: the
+    cosine:suffix_tree_* gauges, the signal the router's endpoint picker scores suffix affinity on.
+
+    `update` reads the lookup from the engine's thread (its only user), at most once per
+    `period_s`; exporters read the last values (`families`, on the proposer's port). With
+    `multiprocess` (the verifier sets `PROMETHEUS_MULTIPROC_DIR`, `roles.verifier_command`) the
+    values are also written as prometheus_client multi-process gauges, which vLLM's OpenAI server
+    aggregates on its own `/metrics`: the http port, where an endpoint picker scrapes vLLM's series."""
+
+    def __init__(self, lookup, model_name: str = "", period_s: float = 1.0, multiprocess: bool = False) -> None:
+        self.lookup, self.model_name, self.period_s = lookup, model_name, period_s
+        self.values = (0.0, 0, 0)  # hit rate, requests, tokens
+        self._last_s = float("-inf")
+        self._gauges = None
+        if multiprocess:
+            from prometheus_client import Gauge
+
+            self._gauges = [Gauge(name, doc, ["model_name"], multiprocess_mode="mostrecent")
+                            for name, doc in SUFFIX_GAUGES]
+
+    def update(self, now_s: float) -> None:
+        """Read the lookup (engine thread only) when `period_s` has passed since the last read."""
+        if now_s - self._last_s < self.period_s:
+            return
+        self._last_s = now_s
+        requests, tokens = self.lookup.held()
+        self.values = (float(self.lookup.hit_rate), requests, tokens)
+        if self._gauges is not None:
+            for gauge, value in zip(self._gauges, self.values, strict=True):
+                gauge.labels(self.model_name).set(value)
+
+    def families(self):
+        """The gauges at their last values, as metric families (a collector's `collect`)."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        for (name, doc), value in zip(SUFFIX_GAUGES, self.values, strict=True):
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric([self.model_name], value)
+            yield g

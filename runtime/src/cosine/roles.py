@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,10 @@ def verifier_command(
     argv = [sys.executable, "-m", VLLM_SERVER, *cli_flags(args), "--host", host, "--port", str(http_port),
             "--uvicorn-log-level", "warning"]
     env = {**os.environ, **vllm_cpu_env(spec.verifier, cores)}
+    # prometheus_client's multi-process mode, fresh for this server: vLLM's OpenAI server then
+    # serves on its /metrics what its engine-core process writes too, the proposer's
+    # cosine:suffix_tree_* gauges among it (`metrics.SuffixAffinity`), where an endpoint picker reads
+    env.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="cosine-verifier-metrics-"))
     if api_key:
         env["VLLM_API_KEY"] = api_key  # not on the command line, where `ps` shows it
     return argv, env

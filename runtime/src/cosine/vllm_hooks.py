@@ -282,11 +282,15 @@ class CoSineScheduler(Scheduler):
         self.cosine = build_proposer(config, self.vllm_config.model_config.max_model_len)
         self._step_t0 = 0.0
         self._exporter = None
+        self.suffix = None
         if config.get("metrics_port"):
-            from cosine.metrics import ProposerExporter
+            import os
 
+            from cosine.metrics import ProposerExporter, SuffixAffinity
+
+            self.suffix = SuffixAffinity(self.cosine.lookup, multiprocess="PROMETHEUS_MULTIPROC_DIR" in os.environ)
             self._exporter = ProposerExporter(self.cosine.stats, port=int(config["metrics_port"]),
-                                              replicas=self.cosine.replica_stats)
+                                              replicas=self.cosine.replica_stats, suffix=self.suffix)
 
     def schedule(self, *args: Any, **kwargs: Any):
         """vLLM's schedule, timed from here; new requests' prompts are prefetched to their pools."""
@@ -316,6 +320,8 @@ class CoSineScheduler(Scheduler):
             n > 1 + len(spec_tokens.get(rid, ())) for rid, n in scheduler_output.num_scheduled_tokens.items())
         out = super().update_from_output(scheduler_output, model_runner_output)
         self.cosine.stats.observe_queue(len(self.running), len(self.waiting))
+        if self.suffix is not None:
+            self.suffix.update(time.monotonic())
         if scheduler_output.total_num_scheduled_tokens > 0:
             self.cosine.observe_step(prop.StepRecord(step_s, scheduler_output.total_num_scheduled_tokens,
                                                      tuple(outcomes), has_prefill))
