@@ -373,6 +373,13 @@ def test_a_verifier_on_two_nodes_is_a_leader_worker_set(real_operator: Any, kube
                         verify=ssl.create_default_context(cafile=str(router.real.certs["ca.crt"]))).json()["response"]
     assert answer["allowed"] is False and answer["status"]["code"] == 422
     assert answer["status"]["message"].startswith("spec.verifier.parallelism: tensor (4) x pipeline (1) = 4 ranks")
+    # a new group size is a new set (LWS refuses to resize one in place), its scale kept from the spec
+    uid = kube.get(LEADERWORKERSETS, NS, "kappa-verifier")["metadata"]["uid"]
+    kubectl(router, "patch", "csc", "kappa", "--type", "merge", "-p",
+            json.dumps({"spec": {"verifier": {"parallelism": {"nodes": 4, "tensor": 4, "pipeline": 4}}}}))
+    resized = wait_for(lambda: (x := kube.get(LEADERWORKERSETS, NS, "kappa-verifier")) and x["metadata"]["uid"] != uid
+                       and x, what="LeaderWorkerSet recreated")
+    assert resized["spec"]["leaderWorkerTemplate"]["size"] == 4 and resized["spec"]["replicas"] == 2
     # one node again: a Deployment, and the set is deleted
     kubectl(router, "patch", "csc", "kappa", "--type", "merge", "-p",
             json.dumps({"spec": {"verifier": {"parallelism": {"nodes": 1, "tensor": 4, "pipeline": 1}}}}))

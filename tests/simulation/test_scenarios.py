@@ -133,3 +133,19 @@ def test_the_spot_table_in_the_docs_is_the_study_output():
     """docs/simulation.md shows what `cosine simulate --studies spot --tables` writes (minutes)."""
     docs = (ROOT / "docs" / "simulation.md").read_text()
     assert tables.replace_block(docs, "spot", tables.spot_markdown(scenarios.spot_study())) == docs
+
+
+@pytest.mark.slow
+def test_the_routing_table_in_the_docs_is_the_study_output():
+    """docs/simulation.md shows what `cosine simulate --studies affinity --tables` writes (30 s);
+    and what the table says holds: keeping conversations together fills the prefix cache and
+    halves TTFT, is worth more per dollar than random spreading, and leaves the acceptance length
+    where it was (lookup indexes the history in every prompt)."""
+    study = scenarios.affinity_study(seen_hit_factor=scenarios.SEEN_HIT_FACTOR)
+    docs = (ROOT / "docs" / "simulation.md").read_text()
+    assert tables.replace_block(docs, "affinity", tables.affinity_markdown(study)) == docs
+    for system in scenarios.AFFINITY_SYSTEMS:
+        rand, aff = study["rows"][f"{system} / random"], study["rows"][f"{system} / affinity"]
+        assert aff["prefix_cache_hit_fraction"] > 2 * rand["prefix_cache_hit_fraction"]
+        assert aff["ttft_p50_s"] < 0.7 * rand["ttft_p50_s"] and aff["per_usd_vs_random"] > 0.05
+        assert aff["acceptance_length"] == pytest.approx(rand["acceptance_length"], abs=0.05)

@@ -28,6 +28,7 @@ One writer per field:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import logging
@@ -166,6 +167,23 @@ async def _prune_verifier_kind(api: Any, name: str, namespace: str, cluster: s.C
         await kube.delete(api, other, namespace, builders.verifier_name(name))
         logger.info(f"deleted {other} {builders.verifier_name(name)} (spec.verifier.parallelism.nodes is "
                     f"{cluster.verifier.nodes})")
+
+
+async def _replace_resized_group(api: Any, child: dict[str, Any], logger: Any) -> None:
+    """A LeaderWorkerSet's group size cannot change in place (LWS's webhook refuses it, and Kueue's
+    keeps it immutable): a new ``parallelism.nodes`` deletes the set, and this pass creates it
+    anew at the new size. Every group restarts either way: vLLM's world size changed."""
+    meta = child["metadata"]
+    live = await kube.get(api, "LeaderWorkerSet", meta["namespace"], meta["name"])
+    want = child["spec"]["leaderWorkerTemplate"]["size"]
+    size = ((live or {}).get("spec") or {}).get("leaderWorkerTemplate", {}).get("size")
+    if live is not None and size != want:
+        await kube.delete(api, "LeaderWorkerSet", meta["namespace"], meta["name"])
+        for _ in range(50):  # the real server removes it at once (no finalizer of ours); wait for that
+            if await kube.get(api, "LeaderWorkerSet", meta["namespace"], meta["name"]) is None:
+                break
+            await asyncio.sleep(0.1)
+        logger.info(f"LeaderWorkerSet {meta['name']}: group size {size} -> {want}, recreated")
 
 
 ROUTER_KINDS = ("HTTPRoute", "InferencePool", "Deployment", "Service", "ConfigMap", "RoleBinding", "Role",
@@ -333,6 +351,8 @@ async def _reconcile(
         if kind == "PersistentVolumeClaim":
             claim = await _apply_claim(api, child, generation)
             continue
+        if kind == "LeaderWorkerSet":
+            await _replace_resized_group(api, child, logger)
         component = child["metadata"]["labels"].get(builders.COMPONENT_LABEL)
         scaled_by_others = kind == "LeaderWorkerSet" or (
             kind == "Deployment" and component != builders.ROUTER_COMPONENT)

@@ -405,9 +405,10 @@ def _add_simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     load.add_argument("--request-rate", type=float, help="Poisson arrivals per second")
     load.add_argument("--concurrency", type=int, help="closed loop with this many clients")
     si.add_argument("--mode", help="override the manifest's simulation.mode (target-only, vanilla, cosine)")
-    si.add_argument("--studies", default="", help="comma list of validation,paper,spot,rtt,autoscale (minutes)")
+    si.add_argument("--studies", default="",
+                    help="comma list of validation,paper,spot,affinity,rtt,autoscale (minutes)")
     si.add_argument("--tables", type=Path, action="append", help="Markdown file whose <!-- study:NAME --> blocks "
-                    "(paper, paper-summary, spot) get the studies' tables; repeatable")
+                    "(paper, paper-summary, spot, affinity) get the studies' tables; repeatable")
     si.add_argument("--seed", type=int, default=0)
     si.add_argument("--out", type=Path, default=Path("results/sim.json"))
     si.add_argument("--plot", type=Path)

@@ -703,7 +703,9 @@ class RouterWeights(_Checked):
     SPEC_PATH: ClassVar[str] = "spec.router.weights"
     prefix_cache: float = spec_field("prefixCache", 3.0, minimum=0)
     session_affinity: float = spec_field("sessionAffinity", 1.0, minimum=0)
-    suffix_affinity: float = spec_field("suffixAffinity", 1.0, minimum=0)
+    # 0 by default: measured to add nothing (docs/simulation.md, "Several verifiers"): a
+    # conversation's history is in its prompt, which prompt lookup indexes on any replica
+    suffix_affinity: float = spec_field("suffixAffinity", 0.0, minimum=0)
     queue: float = spec_field("queue", 1.0, minimum=0)
     kv_cache_utilization: float = spec_field("kvCacheUtilization", 1.0, minimum=0)
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -44,7 +44,7 @@ from typing import Any
 import simpy
 from cosine_spec import autoscaling
 from cosine_spec.scaling_loop import ScalingLoop
-from cosine_spec.settings import SpeculationSpec
+from cosine_spec.settings import RouterWeights, SpeculationSpec
 
 from cosine import routing, speculation_control
 from cosine.drafter import Draft, DraftBranch
@@ -81,15 +81,19 @@ class PoolModel:
 class LookupModel:
     """Prompt lookup: on a decode step it finds a draft with probability `hit_rate`, of up to
     `draft_tokens` tokens (acceptance: the `lookup` key of the `AcceptanceModel`); `per_domain`
-    overrides both for a domain: domain -> (hit_rate, draft_tokens)."""
+    overrides both for a domain: domain -> (hit_rate, draft_tokens). `seen_hit_factor`: the hit
+    rate's factor on a later turn of a conversation whose earlier turns this verifier replica
+    served (its global suffix tree holds their outputs; `Workload.sessions`)."""
 
     hit_rate: float
     draft_tokens: int
     per_domain: dict[str, tuple[float, int]] = field(default_factory=dict)
+    seen_hit_factor: float = 1.0
 
-    def on(self, domain: str) -> tuple[float, int]:
-        """(hit rate, draft tokens) on a domain."""
-        return self.per_domain.get(domain, (self.hit_rate, self.draft_tokens))
+    def on(self, domain: str, seen: bool = False) -> tuple[float, int]:
+        """(hit rate, draft tokens) on a domain; `seen`: the replica served the conversation before."""
+        hit, tokens = self.per_domain.get(domain, (self.hit_rate, self.draft_tokens))
+        return (min(1.0, hit * self.seen_hit_factor), tokens) if seen else (hit, tokens)
 
 
 @dataclass(frozen=True)
@@ -104,23 +108,34 @@ class VerifierModel:
     max_requests: int = 256
     price_per_hour_usd: float = 0.0
     colocated_draft_s: Callable[[int], float] = lambda batch: 0.0
+    # tokens of context each replica's prefix cache keeps after requests finish (vLLM's automatic
+    # prefix caching in its free KV blocks, least recently used evicted); 0: not modelled
+    prefix_cache_tokens: int = 0
 
 
 @dataclass(frozen=True)
 class RequestSpec:
+    """One request. `session`: the conversation it is a turn of (-1: none); `history_tokens`:
+    the leading prompt tokens that are that conversation's earlier turns (a replica holding them
+    in its prefix cache prefills only the rest)."""
+
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
     domain: str
+    session: int = -1
+    history_tokens: int = 0
 
 
 @dataclass(frozen=True)
 class Workload:
     """`requests` in arrival order; with `concurrency` set, a closed loop (arrival times ignored):
-    `concurrency` clients, each sending the next request when its last one completes."""
+    `concurrency` clients, each sending the next request when its last one completes; with
+    `sessions` too, each client takes a whole conversation and sends its turns in order."""
 
     requests: tuple[RequestSpec, ...]
     concurrency: int | None = None
+    sessions: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,6 +170,30 @@ class SimSetup:
     control: speculation_control.SpeculationSettings = speculation_control.SpeculationSettings()
     seed: int = 0
     preemption: Preemption | None = None
+    router: str = "shared"  # ROUTERS: how requests reach verifier replicas
+    router_weights: RouterWeights = RouterWeights()  # the `affinity` router's scorer weights
+
+
+# How requests reach the verifier replicas:
+# - shared: one queue every replica takes from when it has room (an ideal balancer, no affinity);
+# - random: each request to a replica drawn at random (a Service's kube-proxy, a client that
+#   reconnects per request);
+# - session: every turn of a conversation to the replica of its first turn (drawn at random);
+# - affinity: the endpoint picker's weighted scorers (`RouterWeights`, `endpoint_score`), the
+#   highest score taken.
+ROUTERS = ("shared", "random", "session", "affinity")
+
+
+def endpoint_score(weights: RouterWeights, prefix_hit: float, same_session: bool, suffix_hit_rate: float,
+                   queue_score: float, kv_free: float) -> float:
+    """A replica's score as the Gateway API Inference Extension's endpoint picker sums its scorers
+    (each in [0, 1], weighted: `spec.router.weights`): prefix-cache (the share of the prompt the
+    replica's cache holds), session-affinity (1 on the session's last replica), CoSine's
+    `cosine:suffix_tree_hit_rate` through the metric scorer (linear on [0, 1]), queue (the
+    emptiest waiting queue 1, the fullest 0) and KV-cache utilisation (free share)."""
+    return (weights.prefix_cache * prefix_hit + weights.session_affinity * same_session
+            + weights.suffix_affinity * suffix_hit_rate + weights.queue * queue_score
+            + weights.kv_cache_utilization * kv_free)
 
 
 TRUTH_IDS = 1 << 30  # the target's tokens are drawn from [0, TRUTH_IDS); a missed guess is -1, never the target's
@@ -256,8 +295,12 @@ class _SimLookup:
 
     def propose(self, request_id: str, context: Sequence[int], max_tokens: int) -> tuple[list[int], list[float]]:
         seq = self.cluster.seqs[request_id]
-        hit_rate, draft_tokens = self.model.on(seq.spec.domain)
-        if max_tokens <= 0 or seq.rng.random() >= hit_rate:
+        hit_rate, draft_tokens = self.model.on(seq.spec.domain, self.cluster.seen_by(seq))
+        if max_tokens <= 0:
+            return [], []
+        hit = seq.rng.random() < hit_rate
+        self.cluster.observe_lookup(seq.replica, hit)
+        if not hit:
             return [], []
         n = min(max_tokens, draft_tokens)
         mean = self.cluster.s.acceptance.mean(LOOKUP, seq.spec.domain)
@@ -380,6 +423,8 @@ class SimResult:
     conditions: list[tuple[float, str, str, str]] = field(default_factory=list)  # (t, pool, condition, reason)
     gpu_cost_usd: float = 0.0
     verifier_replicas: int = 1
+    prompt_tokens: int = 0  # prompt tokens of the finished requests
+    prefix_cached_tokens: int = 0  # ... of them found in the replica's prefix cache (not prefilled)
 
     def summary(self) -> dict[str, float | int]:
         lat, tpot = sorted(self.latencies_s), sorted(self.tpot_s)
@@ -405,6 +450,7 @@ class SimResult:
             if self.makespan_s else 0.0,
             "scale_events": len(self.scale_events),
             "usd_per_million_tokens": self.gpu_cost_usd / self.tokens * 1e6 if self.tokens else 0.0,
+            "prefix_cache_hit_fraction": self.prefix_cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
         }
 
 
@@ -418,8 +464,18 @@ class _Cluster:
         self.env = simpy.Environment()
         self.rng = random.Random(setup.seed)
         self.out = SimResult(verifier_replicas=setup.verifier.replicas)
-        self.waiting: list[_Sequence] = []  # vLLM's waiting queue, shared by the replicas
-        self.running: list[list[_Sequence]] = [[] for _ in range(setup.verifier.replicas)]
+        if setup.router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got {setup.router!r}")
+        replicas = setup.verifier.replicas
+        self.waiting: list[_Sequence] = []  # vLLM's waiting queue, shared by the replicas (router `shared`)
+        # else one waiting queue per replica, filled by the router
+        self.queues: list[list[_Sequence]] = [[] for _ in range(replicas)] if setup.router != "shared" else []
+        self.running: list[list[_Sequence]] = [[] for _ in range(replicas)]
+        self.prefix_cache: list[OrderedDict[int, int]] = [OrderedDict() for _ in range(replicas)]  # session -> tokens
+        self.seen: list[set[int]] = [set() for _ in range(replicas)]  # sessions whose outputs a replica's tree holds
+        self.last_replica: dict[int, int] = {}  # session -> the replica of its last turn
+        self.suffix_hit_rate = [0.0] * replicas  # each replica's cosine:suffix_tree_hit_rate (EMA)
+        self.route_rng = random.Random(f"{setup.seed}/router")
         self.seqs: dict[str, _Sequence] = {}  # request id -> the request, while it runs
         self.in_flight = 0
         self.idle_verifiers: list[simpy.Event] = []  # one wake-up event per idle verifier replica
@@ -452,11 +508,54 @@ class _Cluster:
                         random.Random(f"{self.s.seed}/{i}"), done=self.env.event())
         self.seqs[seq.rid] = seq
         self.in_flight += 1
-        self.waiting.append(seq)
+        if self.queues:
+            seq.replica = self._route(seq)
+            self.queues[seq.replica].append(seq)
+        else:
+            self.waiting.append(seq)
         for wake in self.idle_verifiers:
             wake.succeed()
         self.idle_verifiers = []
         return seq
+
+    def _route(self, seq: _Sequence) -> int:
+        """The replica a request is sent to (`SimSetup.router`)."""
+        n, session = len(self.queues), seq.spec.session
+        if self.s.router == "random":
+            return self.route_rng.randrange(n)
+        if self.s.router == "session":
+            if session not in self.last_replica:
+                self.last_replica[session] = self.route_rng.randrange(n)
+            return self.last_replica[session]
+        waiting = [len(q) for q in self.queues]
+        lo, hi = min(waiting), max(waiting)
+        capacity = max(1, self.s.verifier.prefix_cache_tokens)
+        scores = []
+        for r in range(n):
+            held = self.prefix_cache[r].get(session, 0) if session >= 0 else 0
+            kv = sum(x.spec.prompt_tokens + x.emitted for x in self.running[r]) / capacity
+            scores.append(endpoint_score(
+                self.s.router_weights, min(held, seq.spec.history_tokens) / seq.spec.prompt_tokens,
+                self.last_replica.get(session) == r, self.suffix_hit_rate[r],
+                (hi - waiting[r]) / (hi - lo) if hi > lo else 1.0, max(0.0, 1.0 - kv)))
+        best = max(scores)
+        return self.route_rng.choice([r for r, x in enumerate(scores) if x == best])
+
+    def seen_by(self, seq: _Sequence) -> bool:
+        """Whether the request's replica served an earlier turn of its conversation."""
+        return seq.spec.session >= 0 and seq.spec.session in self.seen[seq.replica]
+
+    def observe_lookup(self, replica: int, hit: bool) -> None:
+        """One lookup on a replica: its suffix hit-rate gauge (`lookup.SuffixLookup.hit_rate`'s EMA)."""
+        alpha = 0.02
+        self.suffix_hit_rate[replica] += alpha * (hit - self.suffix_hit_rate[replica])
+
+    def _session_client(self, sessions: deque[list[tuple[int, RequestSpec]]]) -> simpy.events.ProcessGenerator:
+        while sessions:
+            for i, spec in sessions.popleft():
+                seq = self._start(i, spec)
+                assert seq.done is not None
+                yield seq.done
 
     def _arrivals(self) -> simpy.events.ProcessGenerator:
         for i, spec in enumerate(self.w.requests):
@@ -490,10 +589,12 @@ class _Cluster:
                 del seq.draft[n - 1:]  # a draft clipped to the budget left
             step.append((seq, n))
             budget -= n
-        while self.waiting and budget > 0 and len(running) < v.max_requests:
-            seq = self.waiting.pop(0)
+        queue = self.queues[replica] if self.queues else self.waiting
+        while queue and budget > 0 and len(running) < v.max_requests:
+            seq = queue.pop(0)
             seq.replica = replica
             running.append(seq)
+            self._use_prefix_cache(seq, replica)
             if self.proposers:  # as `vllm_hooks` does for a request it starts prefilling
                 self.proposers[replica].prefetch(seq.rid, seq.tokens[: seq.spec.prompt_tokens])
             n = min(seq.prefill_left, budget)
@@ -501,12 +602,25 @@ class _Cluster:
             budget -= n
         return step
 
+    def _use_prefix_cache(self, seq: _Sequence, replica: int) -> None:
+        """A request admitted on `replica` prefills only what the replica's prefix cache lacks of its
+        conversation's history (vLLM's automatic prefix caching; at least its last token is computed)."""
+        spec = seq.spec
+        held = self.prefix_cache[replica].get(spec.session, 0) if spec.session >= 0 else 0
+        cached = min(held, spec.history_tokens, spec.prompt_tokens - 1)
+        if cached > 0:
+            self.prefix_cache[replica].move_to_end(spec.session)
+            seq.prefill_left -= cached
+        self.out.prompt_tokens += spec.prompt_tokens
+        self.out.prefix_cached_tokens += max(0, cached)
+
     def _verifier(self, replica: int) -> simpy.events.ProcessGenerator:
         s, v = self.s, self.s.verifier
         running = self.running[replica]
         proposer = self.proposers[replica] if self.proposers else None
+        queue = self.queues[replica] if self.queues else self.waiting
         while True:
-            if not running and not self.waiting:
+            if not running and not queue:
                 wake = self.env.event()
                 self.idle_verifiers.append(wake)
                 yield wake
@@ -588,6 +702,17 @@ class _Cluster:
         self.out.makespan_s = self.env.now
         if self.proposers:
             self.proposers[seq.replica].release(seq.rid)
+        session = seq.spec.session
+        if session >= 0:  # the conversation's context stays in this replica's caches
+            self.last_replica[session] = seq.replica
+            self.seen[seq.replica].add(session)
+            capacity = self.s.verifier.prefix_cache_tokens
+            if capacity > 0:
+                cache = self.prefix_cache[seq.replica]
+                cache[session] = seq.spec.prompt_tokens + seq.emitted
+                cache.move_to_end(session)
+                while sum(cache.values()) > capacity and len(cache) > 1:
+                    cache.popitem(last=False)  # least recently used
         del self.seqs[seq.rid]
         assert seq.done is not None
         seq.done.succeed()
@@ -623,8 +748,8 @@ class _Cluster:
         verifier = autoscaling.VerifierObservation(
             step_s=w["busy_s"] / w["steps"] if w["steps"] else None,
             tokens_verified_per_s=w["verified"] / iv,
-            requests_running=float(self.in_flight - len(self.waiting)),
-            requests_waiting=float(len(self.waiting)),
+            requests_running=float(self.in_flight - self._waiting_count()),
+            requests_waiting=float(self._waiting_count()),
         )
         pools = tuple(
             autoscaling.PoolObservation(  # what the operator reads from the same series (metrics_scrape)
@@ -647,6 +772,9 @@ class _Cluster:
                 drafter_samples=self.pods_ready[n] > 0,
             ) for n in self.pools)
         return autoscaling.Observations(verifier, pools)
+
+    def _waiting_count(self) -> int:
+        return len(self.waiting) + sum(len(q) for q in self.queues)
 
     @staticmethod
     def _new_window(pools: list[str]) -> dict:
@@ -710,7 +838,14 @@ class _Cluster:
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
-        if self.w.concurrency:
+        if self.w.concurrency and self.w.sessions:
+            by_session: dict[int, list[tuple[int, RequestSpec]]] = {}
+            for i, spec in enumerate(self.w.requests):
+                by_session.setdefault(spec.session, []).append((i, spec))
+            sessions = deque(by_session.values())
+            for _ in range(self.w.concurrency):
+                self.env.process(self._session_client(sessions))
+        elif self.w.concurrency:
             queue = deque(enumerate(self.w.requests))
             for _ in range(self.w.concurrency):
                 self.env.process(self._client(queue))

@@ -12,7 +12,7 @@ from cosine.routing import DOMAINS
 from cosine.simulation import calibration, config, scenarios
 from cosine.simulation.cluster import RequestSpec, Workload, poisson_requests, simulate
 
-STUDIES = ("validation", "paper", "spot", "rtt", "autoscale")
+STUDIES = ("validation", "paper", "spot", "affinity", "rtt", "autoscale")
 
 
 def read_trace(path: Path) -> tuple[RequestSpec, ...]:
@@ -62,6 +62,8 @@ def run_simulate(cluster: Path | None, workload: Path | None = None, trace: Path
         out["paper_testbed"] = scenarios.paper_testbed(seed=seed)
     if "spot" in studies:
         out["spot"] = scenarios.spot_study(seed=seed)
+    if "affinity" in studies:
+        out["affinity"] = scenarios.affinity_study(seed=seed, seen_hit_factor=scenarios.SEEN_HIT_FACTOR)
     if "rtt" in studies:
         out["rtt_sweep"] = scenarios.rtt_sweep(seed=seed)
     if "autoscale" in studies:

@@ -314,6 +314,90 @@ def spot_study(profiles: Profiles | None = None, concurrency: tuple[int, ...] = 
     return out
 
 
+# ------------------------------------------------------------------ past one verifier: routing
+# Multi-turn conversations, as ShareGPT's are: a short system prompt, then turns of a user message
+# and a reply, each turn sent with the whole history.
+CONVERSATION = {"system_tokens": 64, "user_tokens": 96, "output_tokens": 256, "turns": 4}
+# vLLM's prefix cache per replica of Llama-70B on 4x A100-80GB: ~148 GB of KV blocks after the
+# bfloat16 weights at 0.9 memory utilisation, 320 KB per token (80 layers x 8 KV heads x 128 x 2 x
+# 2 bytes), less what running requests hold: ~400k tokens of finished conversations.
+PREFIX_CACHE_TOKENS = 400_000
+# MEASURED (tools/affinity_on_cpu.py, two CPU verifiers, 6 ShareGPT conversations of 3 turns, 2
+# repeats): lookup's hit rate on later turns, pinned to the conversation's verifier 0.548
+# [0.532-0.565], alternating 0.555 [0.553-0.556]. The history is in every turn's prompt, which
+# prompt lookup indexes on any replica: the global tree adds nothing measurable.
+SEEN_HIT_FACTOR = 0.99
+# the routers compared; `affinity+suffix`: the endpoint picker with the suffix-affinity scorer at
+# weight 1 (off in `spec.router`'s defaults), what CoSine's own signal adds
+AFFINITY_ROUTERS = ("random", "session", "affinity", "affinity+suffix")
+AFFINITY_SYSTEMS = ("lookup", "cosine")
+
+
+def conversations(sessions: int, turns: int, system_tokens: int, user_tokens: int, output_tokens: int,
+                  domains: tuple[str, ...], seed: int = 0) -> tuple[RequestSpec, ...]:
+    """`sessions` conversations of `turns` turns, in order (closed loop: `Workload(sessions=True)`):
+    turn t's prompt is the system prompt, the t-1 earlier turns (user message and reply: its
+    `history_tokens`) and its own user message; a conversation keeps one domain."""
+    rng, out = random.Random(seed), []
+    for s in range(sessions):
+        domain = rng.choice(domains)
+        history = system_tokens
+        for _ in range(turns):
+            out.append(RequestSpec(0.0, history + user_tokens, output_tokens, domain, s, history))
+            history += user_tokens + output_tokens
+    return tuple(out)
+
+
+def affinity_study(profiles: Profiles | None = None, replicas: int = 4, sessions: int = 96, concurrency: int = 32,
+                   seen_hit_factor: float = 1.0, pair: str = "llama-70b", seed: int = 0) -> dict[str, Any]:
+    """Several verifier replicas (`replicas` of the paper's pair) behind each router of
+    `AFFINITY_ROUTERS` (`cluster.ROUTERS`: random as a Service spreads reconnecting clients,
+    session affinity, the endpoint picker's weighted scorers with `spec.router`'s default weights,
+    and the same with the suffix-affinity scorer at weight 1),
+    on multi-turn chat and QA (`CONVERSATION`, `sessions` conversations, `concurrency` at a time),
+    for `lookup` (CoSine's prompt and cross-request lookup alone) and `cosine` as served (lookup
+    and pools). Each replica's prefix cache keeps `PREFIX_CACHE_TOKENS` of finished conversations
+    (vLLM's automatic prefix caching). `seen_hit_factor`: lookup's hit rate on a later turn at a
+    replica that served the conversation before, against one that did not (MEASURED on this
+    machine's CPU verifiers: tools/affinity_on_cpu.py). Reports acceptance length, TTFT, TPOT,
+    the prompt share found in the prefix cache and goodput per dollar."""
+    profiles = profiles or load_profiles()
+    reqs = conversations(sessions, domains=PAPER_DOMAINS, seed=seed, **CONVERSATION)
+    workload = Workload(reqs, concurrency, sessions=True)
+    base = paper_setups(pair, profiles, Workload(reqs[: 4 * concurrency], concurrency), seed)
+    rows: dict[str, Any] = {}
+    for system in AFFINITY_SYSTEMS:
+        setup = base[system]
+        assert setup.lookup is not None
+        setup = dataclasses.replace(
+            setup, verifier=dataclasses.replace(setup.verifier, replicas=replicas,
+                                                prefix_cache_tokens=PREFIX_CACHE_TOKENS),
+            lookup=dataclasses.replace(setup.lookup, seen_hit_factor=seen_hit_factor))
+        for router in AFFINITY_ROUTERS:
+            routed = dataclasses.replace(setup, router=router.removesuffix("+suffix"))
+            if router.endswith("+suffix"):
+                routed = dataclasses.replace(routed, router_weights=dataclasses.replace(
+                    routed.router_weights, suffix_affinity=1.0))
+            res = simulate(routed, workload)
+            summ = res.summary()
+            usd_h = _cost_per_hour(setup)
+            rows[f"{system} / {router}"] = {
+                "acceptance_length": 1 + float(summ["mean_accepted_per_step"]),
+                "ttft_p50_s": summ["ttft_p50_s"], "tpot_p50_s": summ["tpot_p50_s"],
+                "tpot_p99_s": summ["tpot_p99_s"], "throughput_tok_s": summ["throughput_tok_s"],
+                "prefix_cache_hit_fraction": summ["prefix_cache_hit_fraction"],
+                "tok_s_per_usd_h": float(summ["throughput_tok_s"]) / usd_h, "usd_per_hour": usd_h}
+    for system in AFFINITY_SYSTEMS:
+        ref = rows[f"{system} / random"]
+        for router in AFFINITY_ROUTERS[1:]:
+            row = rows[f"{system} / {router}"]
+            row["per_usd_vs_random"] = row["tok_s_per_usd_h"] / ref["tok_s_per_usd_h"] - 1
+            row["ttft_vs_random"] = row["ttft_p50_s"] / ref["ttft_p50_s"] - 1
+    return {"pair": pair, "replicas": replicas, "sessions": sessions, "concurrency": concurrency,
+            "conversation": CONVERSATION, "prefix_cache_tokens": PREFIX_CACHE_TOKENS,
+            "seen_hit_factor": seen_hit_factor, "rows": rows}
+
+
 # ------------------------------------------------------------------ where disaggregation pays
 def rtt_sweep(profiles: Profiles | None = None, rtts_ms: tuple[float, ...] = (0.1, 1, 5, 20, 50),
               speed_ratios: tuple[float, ...] = (0.02, 0.05, 0.1, 0.3), rates: tuple[float, ...] = (0.5, 4.0),

@@ -2,7 +2,7 @@
 study's output and nothing copied by hand (`cosine simulate --studies paper,spot --tables FILE`).
 
 A block is everything between `<!-- study:NAME -->` and `<!-- /study:NAME -->` (NAME: `paper`,
-`paper-summary`, `spot`); the markers stay, the lines between are replaced.
+`paper-summary`, `spot`, `affinity`); the markers stay, the lines between are replaced.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cosine.simulation.scenarios import PAPER_SYSTEMS, SPOT_SYSTEMS
+from cosine.simulation.scenarios import AFFINITY_ROUTERS, AFFINITY_SYSTEMS, PAPER_SYSTEMS, SPOT_SYSTEMS
 
 
 def _pct(x: float) -> str:
@@ -81,8 +81,31 @@ def paper_summary_markdown(study: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def affinity_markdown(study: dict[str, Any]) -> str:
+    """The routing study (`scenarios.affinity_study`) as one table, a row per system and router."""
+    c = study["conversation"]
+    out = [f"{study['replicas']} verifier replicas of `{study['pair']}`, {study['sessions']} conversations of "
+           f"{c['turns']} turns ({c['system_tokens']} system, {c['user_tokens']} user and {c['output_tokens']} reply "
+           f"tokens a turn), {study['concurrency']} at a time; a prefix cache of {study['prefix_cache_tokens']:,} "
+           f"tokens per replica; lookup's hit rate on a conversation the replica served before × "
+           f"{study['seen_hit_factor']:.2f}.", "",
+           "| system / router | acceptance length | prompt from the prefix cache | TTFT p50 | TPOT p50 / p99 "
+           "| tok/s per $/h | per $ vs random |",
+           "|---|---|---|---|---|---|---|"]
+    for system in AFFINITY_SYSTEMS:
+        for router in AFFINITY_ROUTERS:
+            r = study["rows"][f"{system} / {router}"]
+            vs = _pct(r["per_usd_vs_random"]) if "per_usd_vs_random" in r else "(reference)"
+            out.append(f"| `{system}` / {router} | {r['acceptance_length']:.2f} "
+                       f"| {r['prefix_cache_hit_fraction']:.0%} "
+                       f"| {r['ttft_p50_s'] * 1e3:.0f} ms "
+                       f"| {r['tpot_p50_s'] * 1e3:.1f} / {r['tpot_p99_s'] * 1e3:.1f} ms "
+                       f"| {r['tok_s_per_usd_h']:.1f} | {vs} |")
+    return "\n".join(out) + "\n"
+
+
 RENDERERS = {"paper": ("paper_testbed", paper_markdown), "paper-summary": ("paper_testbed", paper_summary_markdown),
-             "spot": ("spot", spot_markdown)}
+             "spot": ("spot", spot_markdown), "affinity": ("affinity", affinity_markdown)}
 
 
 def replace_block(text: str, name: str, body: str) -> str:
