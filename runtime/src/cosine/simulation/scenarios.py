@@ -348,6 +348,23 @@ def conversations(sessions: int, turns: int, system_tokens: int, user_tokens: in
     return tuple(out)
 
 
+# Uneven conversations: a quarter long (8 turns, 512-token replies), the rest short (3 turns, 128)
+SKEWED = {"long_share": 0.25, "long": (8, 512), "short": (3, 128)}
+
+
+def skewed_conversations(sessions: int, system_tokens: int, user_tokens: int, domains: tuple[str, ...],
+                         seed: int = 0) -> tuple[RequestSpec, ...]:
+    """`sessions` conversations of uneven size (`SKEWED`), in order, as `conversations` builds them."""
+    rng, out = random.Random(seed), []
+    for s in range(sessions):
+        turns, output = SKEWED["long"] if rng.random() < SKEWED["long_share"] else SKEWED["short"]
+        domain, history = rng.choice(domains), system_tokens
+        for _ in range(turns):
+            out.append(RequestSpec(0.0, history + user_tokens, output, domain, s, history))
+            history += user_tokens + output
+    return tuple(out)
+
+
 def affinity_study(profiles: Profiles | None = None, replicas: int = 4, sessions: int = 96, concurrency: int = 32,
                    seen_hit_factor: float = 1.0, pair: str = "llama-70b", seed: int = 0) -> dict[str, Any]:
     """Several verifier replicas (`replicas` of the paper's pair) behind each router of
@@ -387,6 +404,25 @@ def affinity_study(profiles: Profiles | None = None, replicas: int = 4, sessions
                 "tpot_p99_s": summ["tpot_p99_s"], "throughput_tok_s": summ["throughput_tok_s"],
                 "prefix_cache_hit_fraction": summ["prefix_cache_hit_fraction"],
                 "tok_s_per_usd_h": float(summ["throughput_tok_s"]) / usd_h, "usd_per_hour": usd_h}
+    # uneven conversations: where session affinity piles long ones up and the picker's load scorers
+    # spread them (`cosine` only)
+    skewed = Workload(skewed_conversations(sessions, CONVERSATION["system_tokens"], CONVERSATION["user_tokens"],
+                                           PAPER_DOMAINS, seed), concurrency, sessions=True)
+    uneven: dict[str, Any] = {}
+    cos = base["cosine"]
+    assert cos.lookup is not None
+    cos = dataclasses.replace(cos, verifier=dataclasses.replace(cos.verifier, replicas=replicas,
+                                                                prefix_cache_tokens=PREFIX_CACHE_TOKENS),
+                              lookup=dataclasses.replace(cos.lookup, seen_hit_factor=seen_hit_factor))
+    for router in AFFINITY_ROUTERS[:3]:
+        summ = simulate(dataclasses.replace(cos, router=router), skewed).summary()
+        uneven[router] = {"ttft_p50_s": summ["ttft_p50_s"], "tpot_p50_s": summ["tpot_p50_s"],
+                          "latency_p99_s": summ["latency_p99_s"],
+                          "prefix_cache_hit_fraction": summ["prefix_cache_hit_fraction"],
+                          "tok_s_per_usd_h": float(summ["throughput_tok_s"]) / _cost_per_hour(cos)}
+    for router in AFFINITY_ROUTERS[1:3]:
+        row = uneven[router]
+        row["per_usd_vs_random"] = row["tok_s_per_usd_h"] / uneven["random"]["tok_s_per_usd_h"] - 1
     for system in AFFINITY_SYSTEMS:
         ref = rows[f"{system} / random"]
         for router in AFFINITY_ROUTERS[1:]:
@@ -395,7 +431,7 @@ def affinity_study(profiles: Profiles | None = None, replicas: int = 4, sessions
             row["ttft_vs_random"] = row["ttft_p50_s"] / ref["ttft_p50_s"] - 1
     return {"pair": pair, "replicas": replicas, "sessions": sessions, "concurrency": concurrency,
             "conversation": CONVERSATION, "prefix_cache_tokens": PREFIX_CACHE_TOKENS,
-            "seen_hit_factor": seen_hit_factor, "rows": rows}
+            "seen_hit_factor": seen_hit_factor, "rows": rows, "skewed": SKEWED, "skewed_rows": uneven}
 
 
 # ------------------------------------------------------------------ where disaggregation pays

@@ -101,6 +101,17 @@ def affinity_markdown(study: dict[str, Any]) -> str:
                        f"| {r['ttft_p50_s'] * 1e3:.0f} ms "
                        f"| {r['tpot_p50_s'] * 1e3:.1f} / {r['tpot_p99_s'] * 1e3:.1f} ms "
                        f"| {r['tok_s_per_usd_h']:.1f} | {vs} |")
+    sk = study["skewed"]
+    out += ["", f"Uneven conversations, `cosine` only: {sk['long_share']:.0%} long ({sk['long'][0]} turns of "
+            f"{sk['long'][1]}-token replies), the rest short ({sk['short'][0]} turns of {sk['short'][1]}).", "",
+            "| router | prompt from the prefix cache | TTFT p50 | TPOT p50 | latency p99 | tok/s per $/h "
+            "| per $ vs random |",
+            "|---|---|---|---|---|---|---|"]
+    for router, r in study["skewed_rows"].items():
+        vs = _pct(r["per_usd_vs_random"]) if "per_usd_vs_random" in r else "(reference)"
+        out.append(f"| {router} | {r['prefix_cache_hit_fraction']:.0%} | {r['ttft_p50_s'] * 1e3:.0f} ms "
+                   f"| {r['tpot_p50_s'] * 1e3:.1f} ms | {r['latency_p99_s']:.2f} s "
+                   f"| {r['tok_s_per_usd_h']:.1f} | {vs} |")
     return "\n".join(out) + "\n"
 
 
