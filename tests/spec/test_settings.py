@@ -160,6 +160,14 @@ def test_network_policy_and_drafter_tls_parse() -> None:
         ({"gateway": {"apiKeySecretRef": {"name": "a", "key": "b", "keys": "c"}}},
          r"^spec\.gateway\.apiKeySecretRef\.keys: unknown field"),
         ({"drafterPool": []}, r"^spec\.drafterPool: unknown field; did you mean 'drafterPools'\?"),
+        ({"router": {"weights": {"prefix": 1}}},
+         r"^spec\.router\.weights\.prefix: unknown field; did you mean 'prefixCache'\?"),
+        ({"router": {"enabled": True}}, r"^spec\.router\.gatewayName is required"),
+        ({"router": {"failureMode": "Open"}}, r"^spec\.router\.failureMode must be one of"),
+        ({"verifier": {"model": "m", "parallelism": {"node": 2}}},
+         r"^spec\.verifier\.parallelism\.node: unknown field; did you mean 'nodes'\?"),
+        ({"verifier": {"model": "m", "parallelism": {"nodes": "2"}}},
+         r"^spec\.verifier\.parallelism\.nodes: expected an integer, got string"),
     ],
 )
 def test_a_typo_or_a_wrong_type_is_refused_naming_the_field(spec: dict[str, Any], message: str) -> None:

@@ -399,6 +399,13 @@ def _deployment(
     pod: s.PodOverrides | None = None,
 ) -> Manifest:
     """A Deployment of :func:`_template`'s pods."""
+    return _deployment_of(name, namespace, deployment, component, pool, replicas, strategy,
+                          _template(name, component, pool, pod_spec, metrics_port, spec_hash, pod))
+
+
+def _deployment_of(name: str, namespace: str, deployment: str, component: str, pool: str | None, replicas: int,
+                   strategy: dict[str, Any], template: dict[str, Any]) -> Manifest:
+    """Deployment ``deployment`` of a component's pods (``template``), selected by its selector labels."""
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -407,7 +414,7 @@ def _deployment(
             "replicas": replicas,
             "strategy": strategy,
             "selector": {"matchLabels": selector_labels(name, component, pool)},
-            "template": _template(name, component, pool, pod_spec, metrics_port, spec_hash, pod),
+            "template": template,
         },
     }
 
@@ -479,17 +486,8 @@ def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec)
     ``replicas``: ``spec.verifier.replicas``, at creation only (then whoever scales it writes them:
     an HPA on it, or ``cosinecluster_scale_verifier`` following ``spec.verifier.replicas``)."""
     v = cluster.verifier
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": verifier_name(name), "namespace": namespace, "labels": labels(name, "verifier")},
-        "spec": {
-            "replicas": v.replicas,
-            "strategy": _strategy(v.pod),
-            "selector": {"matchLabels": selector_labels(name, "verifier")},
-            "template": _verifier_template(name, namespace, cluster),
-        },
-    }
+    return _deployment_of(name, namespace, verifier_name(name), "verifier", None, v.replicas, _strategy(v.pod),
+                          _verifier_template(name, namespace, cluster))
 
 
 # LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, LWS v0.7): the env it gives every container of a group
