@@ -335,6 +335,14 @@ def test_router_children_are_created_valid_owned_and_removed(real_operator: Any,
     for resource, name in children:
         wait_for(lambda: kube.get(resource, NS, name) is None, what=f"{resource} {name} deleted")  # noqa: B023
     assert kube.get(DEPLOYMENTS, NS, "iota-verifier") is not None
+    _delete(router, "iota")
+
+
+def _delete(router: ApiRouter, name: str) -> None:
+    """Delete a cluster once its test is done (not waited for: kopf stops its daemons first), so the
+    operator's shutdown at the module's end has fewer clusters' resyncs and daemons to stop within
+    the runner's timeout."""
+    kubectl(router, "delete", "csc", name, "--wait=false")
 
 
 def test_a_verifier_on_two_nodes_is_a_leader_worker_set(real_operator: Any, kube: Kube, router: ApiRouter,
@@ -385,3 +393,4 @@ def test_a_verifier_on_two_nodes_is_a_leader_worker_set(real_operator: Any, kube
             json.dumps({"spec": {"verifier": {"parallelism": {"nodes": 1, "tensor": 4, "pipeline": 1}}}}))
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "kappa-verifier"), what="verifier Deployment back")
     wait_for(lambda: kube.get(LEADERWORKERSETS, NS, "kappa-verifier") is None, what="LeaderWorkerSet deleted")
+    _delete(router, "kappa")
