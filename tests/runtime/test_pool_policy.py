@@ -36,14 +36,14 @@ def test_assignments_spread_a_closed_loop_evenly_and_fill_a_new_replica():
 def test_skip_reason_probes_then_asks_where_it_pays_and_says_why_not():
     p = PoolPolicy(probe_every=4, min_gain_tokens=0.25)
     # probe steps: the first step, then every 4th, whatever the estimates
-    assert [p.skip_reason(s, 0.0, 0.0, 0.9, 1.0, 8) is None for s in range(1, 10)] == [
+    assert [p.skip_reason(s, 0.0, 0.0, [(0.9, 1.0)], 8) is None for s in range(1, 10)] == [
         True, False, False, False, True, False, False, False, True]
     # elsewhere: beats lookup (good pool, lookup rarely hits)
-    assert p.skip_reason(2, 0.8, 1.0, 0.8, 0.2, 8) is None
+    assert p.skip_reason(2, 0.8, 1.0, [(0.8, 0.2)], 8) is None
     # a good pool whose drafts arrive too late: "late" (a larger pool would serve it)
-    assert p.skip_reason(2, 0.8, 0.1, 0.8, 0.2, 8) == "late"
+    assert p.skip_reason(2, 0.8, 0.1, [(0.8, 0.2)], 8) == "late"
     # a pool lookup beats even when on time: "yield"
-    assert p.skip_reason(2, 0.3, 0.1, 0.8, 0.9, 8) == "yield"
+    assert p.skip_reason(2, 0.3, 0.1, [(0.8, 0.9)], 8) == "yield"
 
 
 def test_ask_is_speculation_controls_pool_ask_with_the_policys_settings():
@@ -56,7 +56,7 @@ def test_ask_is_speculation_controls_pool_ask_with_the_policys_settings():
 def test_estimates_are_moving_averages():
     assert PoolPolicy.on_time(1.0, False) == pytest.approx(0.95)
     assert PoolPolicy.on_time(0.0, True) == pytest.approx(0.05)
-    assert PoolPolicy.lookup_hit(0.5, True) == pytest.approx(0.6)
+    assert PoolPolicy.hit_rate(0.5, True) == pytest.approx(0.6)
     rtt, tok = PoolPolicy.learn_speed(None, None, 0.4, 8)
     assert (rtt, tok) == (0.4, 0.05)
     rtt, tok = PoolPolicy.learn_speed(rtt, tok, 1.4, 0)  # a prefill call: per-token estimate kept

@@ -10,7 +10,8 @@ from cosine_spec.settings import SpeculationSpec
 
 from cosine.drafter import Draft, DraftBranch
 from cosine.pool_policy import PoolPolicy
-from cosine.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
+from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
+from cosine.sources.lookup import LOOKUP
 
 
 def _k(max_draft_len: int, **speculation) -> SpeculationSpec:
@@ -255,7 +256,7 @@ def test_retain_releases_finished_requests_whose_output_drafts_for_others():
     p.propose({"a": [1, 2, 3, 4, 5, 6], "b": [7, 8, 9]})  # a's output: 3 4 5 6
     p.retain({"b"})
     _wait(lambda: pool.released == ["a"])
-    assert "a" not in p._requests and "b" in p._requests and len(p.lookup) == 1
+    assert "a" not in p._requests and "b" in p._requests and len(p.sources[0].trees) == 1
     d = p.propose({"b": [7, 8, 9, 3, 4]})["b"]
     assert d[:2] == [5, 6] and p.source_of("b") == LOOKUP  # a's output, drafted for b
 
@@ -330,11 +331,13 @@ def test_pool_is_not_asked_where_prompt_lookup_gives_more():
 def test_pool_pays_rule():
     from cosine.speculation_control import pool_pays
 
-    assert pool_pays(0.8, 1.0, 0.5, 0.2, 4)  # lookup rarely matches: the pool pays
-    assert not pool_pays(0.8, 1.0, 0.9, 1.0, 4)  # lookup matches every step and is accepted more
-    assert not pool_pays(0.8, 0.1, 0.5, 0.5, 4)  # the pool's drafts arrive late 9 times in 10
-    assert not pool_pays(0.05, 1.0, 0.0, 0.0, 4, min_gain_tokens=0.25)  # nothing to beat, but too little
-    assert not pool_pays(0.9, 1.0, 0.0, 0.0, 0)
+    assert pool_pays(0.8, 1.0, [(0.5, 0.2)], 4)  # lookup rarely matches: the pool pays
+    assert not pool_pays(0.8, 1.0, [(0.9, 1.0)], 4)  # lookup matches every step and is accepted more
+    assert not pool_pays(0.8, 0.1, [(0.5, 0.5)], 4)  # the pool's drafts arrive late 9 times in 10
+    assert not pool_pays(0.05, 1.0, [], 4, min_gain_tokens=0.25)  # nothing to beat, but too little
+    assert not pool_pays(0.9, 1.0, [], 0)
+    # the best local source is what a pool must beat: an engine drafter always drafting at 0.7
+    assert pool_pays(0.8, 1.0, [(0.5, 0.2)], 4) and not pool_pays(0.8, 1.0, [(0.5, 0.2), (0.85, 1.0)], 4)
 
 
 def test_pool_whose_drafts_are_accepted_is_asked_every_step():

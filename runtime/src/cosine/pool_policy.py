@@ -7,13 +7,14 @@ simulated cluster decides as the served one does (a copy of a policy drifts, and
 argues for a system that does not serve).
 
 - Asking (`PoolPolicy.skip_reason`): a pool is asked where its expected accepted tokens per
-  verifier step beat prompt lookup's for the request (`speculation_control.pool_pays`), and on the
-  request's probe steps (its first step, then every `probe_every`), so its estimates can recover.
+  verifier step beat the best local source's for the request (the engine's own drafter, prompt
+  lookup: `speculation_control.pool_pays`), and on the request's probe steps (its first step,
+  then every `probe_every`), so its estimates can recover.
 - Sizing (`PoolPolicy.ask`): draft tokens and branches sized to come back within the verifier step
   the call overlaps (`speculation_control.pool_ask`; PEARL's post-verify drafting, Liu et al.,
   arXiv:2408.11850, for the branches).
 - Beliefs: a pool's on-time share (`on_time`: its draft arrived in time and continued the context)
-  and a request's lookup-hit rate (`lookup_hit`), both exponential moving averages over looks.
+  and a request's hit rate for a local source (`hit_rate`), both exponential moving averages over looks.
 - Routing with fusion (`routing_settings`): with `fusion` every pool may be routed to a request,
   each then asked only where it pays (Gao et al. 2025, arXiv:2503.10325, confidence-based fusion).
 - Replicas (`assign_replica`): a pool is N replicas, each keeping per-request state (a KV sequence,
@@ -38,7 +39,7 @@ from cosine import speculation_control as sc
 
 SPEED_DECAY = 0.8  # weight kept by a pool's round-trip and per-token estimates per call
 ON_TIME_DECAY = 0.95  # weight kept by a pool's on-time share per look at one of its drafts
-LOOKUP_HIT_DECAY = 0.8  # weight kept by a request's lookup-hit rate per step
+HIT_DECAY = 0.8  # weight kept by a request's hit rate for a local source per step
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class PoolPolicy:
     branches: at most this many rejection points of the draft being verified a pool drafts from as
     well (`Drafter.propose`'s `max_branches`). step_budget: the share of a verifier step an ask is
     sized to take, from the pool's measured seconds per draft token. min_gain_tokens: expected
-    accepted tokens per step a pool must give a request to be asked (besides beating lookup).
+    accepted tokens per step a pool must give a request to be asked (besides beating the best local source).
     probe_every: a pool that does not pay for a request is still asked every this many of its steps.
 
     Raises ValueError for probe_every < 1, negative token counts, or step_budget outside (0, 1].
@@ -69,19 +70,20 @@ class PoolPolicy:
         if not 0 < self.step_budget <= 1:
             raise ValueError(f"step_budget must be in (0, 1], got {self.step_budget}")
 
-    def skip_reason(self, request_steps: int, pool_alpha: float, pool_on_time: float, lookup_alpha: float,
-                    lookup_hit_rate: float, k_max: int) -> str | None:
+    def skip_reason(self, request_steps: int, pool_alpha: float, pool_on_time: float,
+                    local: Sequence[tuple[float, float]], k_max: int) -> str | None:
         """Why not to ask the pool for this request now, or `None` to ask: it is asked on its probe
         steps (`request_steps`, counted from 1: the first, then every `probe_every`), else where
-        `speculation_control.pool_pays`. A pool that does not pay is skipped as `"late"` when it
-        would pay if its drafts arrived in time (its on-time share is what fails: demand a
-        faster or larger pool would serve, which the autoscaler counts), else as `"yield"`.
-        Alphas are per-token acceptance rates in [0, 1]; `lookup_hit_rate` is 0 without lookup."""
+        `speculation_control.pool_pays` against the best local source (`local`: per source, its
+        per-token acceptance for the request and its hit rate, the share of steps it has a draft).
+        A pool that does not pay is skipped as `"late"` when it would pay if its drafts arrived in
+        time (its on-time share is what fails: demand a faster or larger pool would serve, which
+        the autoscaler counts), else as `"yield"`. Alphas are per-token acceptance rates in [0, 1]."""
         if (request_steps - 1) % self.probe_every == 0:
             return None
-        if sc.pool_pays(pool_alpha, pool_on_time, lookup_alpha, lookup_hit_rate, k_max, self.min_gain_tokens):
+        if sc.pool_pays(pool_alpha, pool_on_time, local, k_max, self.min_gain_tokens):
             return None
-        if sc.pool_pays(pool_alpha, 1.0, lookup_alpha, lookup_hit_rate, k_max, self.min_gain_tokens):
+        if sc.pool_pays(pool_alpha, 1.0, local, k_max, self.min_gain_tokens):
             return "late"
         return "yield"
 
@@ -113,9 +115,9 @@ class PoolPolicy:
         return ON_TIME_DECAY * previous + (1 - ON_TIME_DECAY) * (1.0 if usable else 0.0)
 
     @staticmethod
-    def lookup_hit(previous: float, hit: bool) -> float:
-        """A request's lookup-hit rate after one step on which prompt lookup found (`hit`) a draft or not."""
-        return LOOKUP_HIT_DECAY * previous + (1 - LOOKUP_HIT_DECAY) * (1.0 if hit else 0.0)
+    def hit_rate(previous: float, hit: bool) -> float:
+        """A request's hit rate for a local source after one step on which it had (`hit`) a draft or not."""
+        return HIT_DECAY * previous + (1 - HIT_DECAY) * (1.0 if hit else 0.0)
 
     @staticmethod
     def routing_settings(settings: routing.RoutingSettings, num_pools: int, fusion: bool) -> routing.RoutingSettings:

@@ -6,10 +6,17 @@ by a drafter:
   request, how many draft tokens it carried and how many the target accepted; this updates the
   measured pass curve, the per-request acceptance estimates and the router's per-pool statistics,
   and asks every routed pool to draft ahead from the request's new context;
-- `propose(contexts)`: the draft for each running request, from what is available *now*: prompt
-  lookup over the request's own tokens and earlier outputs (`lookup.SuffixLookup`), and any remote
-  pool draft that has arrived and is still consistent with the context; pool drafts still in
-  flight are counted late (`drafts_late`) and not waited for.
+- `propose(contexts)`: the draft for each running request, from what is available *now*: every
+  local draft source's candidate (`sources`: the engine's own drafter, whose drafts the engine
+  hands over each step; prompt lookup over the request's own tokens and earlier outputs), and any
+  remote pool draft that has arrived and is still consistent with the context; pool drafts still
+  in flight are counted late (`drafts_late`) and not waited for.
+
+Every source is a peer, named only by its name: the proposer never branches on which source it
+is. A local candidate that was not verified is still scored against the tokens the target went on
+to emit, so each source's acceptance estimate for the request follows the target even while
+another source's drafts win (what Hybrid Verified Decoding, arXiv:2606.01019, predicts before
+choosing a cache draft over the model drafter's).
 
 Several candidates are fused by confidence into one chain (Gao et al. 2025, arXiv:2503.10325,
 "confidence-based token fusion", per position; through vLLM only chains are verified: vLLM 0.32
@@ -27,8 +34,8 @@ losslessly (accept x with p(x), else sample from p without x).
 What the proposer decides about pools is `pool_policy.PoolPolicy` (the simulator calls the same
 object). A pool is asked for a request only where it pays (`speculation_control.pool_pays`): its expected
 accepted tokens per verifier step (the request's acceptance estimate for the pool, times the
-share of the pool's drafts that arrive in time and still continue the context) must beat what
-prompt lookup gives the same request (its acceptance times how often it finds a match). Elsewhere
+share of the pool's drafts that arrive in time and still continue the context) must beat what the
+best local source gives the same request (its acceptance times how often it has a draft). Elsewhere
 the pool is asked only on probe steps (every `PoolPolicy.probe_every` steps of a request), so its
 estimates can recover: a late or rejected pool stops taking drafter capacity for nothing.
 With `fusion` the router may send a request to several pools; each is asked where it pays, and
@@ -66,23 +73,23 @@ from cosine_spec.settings import SpeculationSpec
 
 from cosine import routing
 from cosine import speculation_control as sc
-from cosine.draft_chooser import DraftChooser, conditional
+from cosine.draft_chooser import DraftChooser
 from cosine.drafter import Drafter
 from cosine.fusion import DraftPath
 from cosine.lookup import SuffixLookup, SuffixSettings
 from cosine.pool_clients import PoolClients, PoolDraft, continuation
 from cosine.pool_policy import PoolPolicy
 from cosine.proposer_stats import ProposerStats
+from cosine.sources import DraftSource
+from cosine.sources.lookup import LookupSource
 
 log = logging.getLogger(__name__)
-
-LOOKUP = "lookup"  # the in-process prompt-lookup source's name in stats and metrics
 
 
 @dataclass(frozen=True)
 class RequestOutcome:
     """One request's part of an engine step: draft tokens it carried, how many were accepted and
-    which source's draft it was (`LOOKUP`, a pool name, or "" for none)."""
+    which source's draft it was (a source's name, or "" for none)."""
 
     request_id: str
     num_draft_tokens: int
@@ -110,8 +117,9 @@ class ProposerSettings:
     to several pools, whose drafts are fused (else one pool per request); `min_confidence`: pools
     stop a draft at the first token whose top-1 probability is below this; `branches`).
     control: the k controller's own tuning (`speculation_control`). routing: the pool router.
-    lookup: run prompt and cross-request lookup (`lookup.SuffixLookup`) with the suffix trees'
-    `suffix` settings. pool: when and how pools are asked (`pool_policy.PoolPolicy`).
+    lookup: with no `sources` given to the proposer, run prompt and cross-request lookup
+    (`sources.lookup.LookupSource` over `lookup.SuffixLookup`) with the suffix trees' `suffix`
+    settings. pool: when and how pools are asked (`pool_policy.PoolPolicy`).
     pool_retry_s: seconds a failed pool is left out, after
     `pool_down_after` failed calls in a row; pool_warn_every_s: at most one warning per pool in this many seconds.
     reroute_every: steps between re-routing a request. initial_step_s: the pass time assumed
@@ -166,7 +174,9 @@ class _Request:
     arrived: dict[str, PoolDraft] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)  # every pool ever asked for this request (all are released)
     judged: set[str] = field(default_factory=set)  # pools whose latest ask's draft was judged on time or not
-    lookup_hit: float = 0.5  # EMA of steps on which prompt lookup found a draft
+    hits: dict[str, float] = field(default_factory=dict)  # local source -> EMA of steps it had a draft
+    unverified: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)  # local source -> (context
+    # length, its candidate) of the last step, where another source's draft (or none) was verified
 
 
 class CoSineProposer:
@@ -181,14 +191,15 @@ class CoSineProposer:
         classify: request domain from its prompt tokens (e.g. decode + `routing.classify_prompt`).
         clock: monotonic seconds (injected: tests, and the simulator's simulated time).
         seed: the router's Thompson-sampling seed.
-        lookup: the prompt-lookup source (`start`, `propose`, `release` as `lookup.SuffixLookup`;
-            default: `SuffixLookup(settings.suffix)`; the simulator injects a modelled one).
+        sources: the local draft sources (`sources.DraftSource`: the engine's own drafter, prompt
+            lookup), asked every step; default: prompt lookup on `SuffixLookup(settings.suffix)`
+            if `settings.lookup`, else none. The simulator injects modelled ones.
         executor: where pool calls run (default: the pools' own threads; the simulator's runs them
             in simulated time, `simulation.cluster.SimExecutor`). A call's round trip is timed from
             the ask to its future's completion.
 
     Raises:
-        ValueError: duplicate pool names, or a pool named like the prompt-lookup source (`LOOKUP`).
+        ValueError: two sources (local or pools) with one name.
     """
 
     def __init__(
@@ -200,20 +211,23 @@ class CoSineProposer:
         classify: Callable[[Sequence[int]], str] = lambda prompt: "chat",
         clock: Callable[[], float] = time.monotonic,
         seed: int = 0,
-        lookup: SuffixLookup | None = None,
+        sources: Sequence[DraftSource] | None = None,
         executor: Executor | None = None,
     ) -> None:
+        if sources is None:
+            sources = [LookupSource(SuffixLookup(settings.suffix))] if settings.lookup else []
         names = [p.name for p in pools]
-        if len(set(names)) != len(names) or LOOKUP in names:
-            raise ValueError(f"pool names must be distinct and not {LOOKUP!r}, got {names}")
+        everything = names + [src.name for src in sources]
+        if len(set(everything)) != len(everything):
+            raise ValueError(f"draft sources need distinct names, got {everything}")
         s = settings
+        self.sources = list(sources)
         self.settings = s
         self.profiles = [routing.DrafterProfile(n, tuple((expertise or {}).get(n, ()))) for n in names]
         self.classify = classify
         self.clock = clock
         self.router = routing.RouterState()
         self.stats = ProposerStats()
-        self.lookup = lookup if lookup is not None else SuffixLookup(s.suffix)
         self.pools = PoolClients(pools, self.stats, clock, min_confidence=s.speculation.min_confidence,
                                  down_after=s.pool_down_after, retry_s=s.pool_retry_s,
                                  warn_every_s=s.pool_warn_every_s, yield_decay=s.pool_yield_decay, executor=executor)
@@ -280,6 +294,8 @@ class CoSineProposer:
             if self.settings.max_model_len is not None:
                 k = min(k, max(0, self.settings.max_model_len - len(ctx) - 1))
             drafts[rid] = list(tokens[:k])
+            if k:
+                req.unverified.pop(source, None)  # verified: its outcome is the engine's to report
             req.last_source = source if k else ""
             req.last_path = path[:k]
             if k:
@@ -316,7 +332,8 @@ class CoSineProposer:
         """Forget a finished request: its output stays in the suffix trees; pools release it once
         its calls returned."""
         req = self._requests.pop(request_id, None)
-        self.lookup.release(request_id)
+        for src in self.sources:
+            src.release(request_id)
         if req is not None:
             self.pools.release(request_id, set(req.used), [f for f in req.inflight.values() if not f.done()])
 
@@ -354,8 +371,8 @@ class CoSineProposer:
         pools, down = self._route(domain)
         req = _Request(domain=domain, pools=pools, down=down)
         self._requests[rid] = req
-        if self.settings.lookup:
-            self.lookup.start(rid, prompt)
+        for src in self.sources:
+            src.start(rid, prompt)
         return req
 
     def _route(self, domain: str) -> tuple[list[str], list[str]]:
@@ -375,25 +392,41 @@ class CoSineProposer:
     # ------------------------------------------------------------ candidates and asks
 
     def _fused(self, rid: str, req: _Request, ctx: Sequence[int]) -> tuple[tuple[int, ...], str, tuple[float, ...]]:
-        """Every candidate available now (prompt lookup's, each routed pool's that arrived and
+        """Every candidate available now (each local source's, each routed pool's that arrived and
         continues `ctx`), fused (`DraftChooser.fuse`): the chain, its first token's source and
         each token's path probability."""
-        s, k_max = self.settings, self.settings.speculation.max_draft_len
+        k_max = self.settings.speculation.max_draft_len
+        self._score_unverified(req, ctx)
         paths: list[DraftPath] = []
-        if s.lookup and k_max > 0:
-            tokens, probs = self.lookup.propose(rid, ctx, k_max)
-            if tokens:  # the tree gives path probabilities: per token, each over the one before
-                paths.append(DraftPath(LOOKUP, tuple(tokens), conditional(probs)))
-            req.lookup_hit = PoolPolicy.lookup_hit(req.lookup_hit, bool(tokens))
+        for src in self.sources if k_max > 0 else ():
+            alpha = self._state(req, src.name).acceptance_rate
+            cand = src.candidate(rid, ctx, k_max, alpha)
+            req.hits[src.name] = PoolPolicy.hit_rate(req.hits.get(src.name, 0.5), cand is not None)
+            if cand is not None:
+                paths.append(DraftPath(src.name, cand.token_ids, cand.confidences))
+                req.unverified[src.name] = (len(ctx), cand.token_ids)
         for name in req.pools:
             usable = self._arrived(req, name, ctx)
             if usable:
                 paths.append(DraftPath(name, usable[0], usable[1]))
-        weights = {
-            p.drafter: (req.states.get(p.drafter) or self._initial_state(p.drafter, req.domain)).acceptance_rate
-            for p in paths
-        } if len(paths) > 1 else {}
+        weights = {p.drafter: self._state(req, p.drafter).acceptance_rate for p in paths} if len(paths) > 1 else {}
         return self.chooser.fuse(paths, weights)
+
+    def _state(self, req: _Request, source: str) -> sc.SpeculationState:
+        return req.states.get(source) or self._initial_state(source, req.domain)
+
+    def _score_unverified(self, req: _Request, ctx: Sequence[int]) -> None:
+        """Score the local candidates of the last step that the target did not verify against the
+        tokens it emitted since: n of them compared, the matching prefix accepted (censored at the
+        tokens emitted, as a draft of that length would be)."""
+        for name, (ctx_len, tokens) in req.unverified.items():
+            emitted = ctx[ctx_len:]
+            n = min(len(tokens), len(emitted))
+            if n <= 0 or len(ctx) < ctx_len:
+                continue
+            accepted = next((i for i in range(n) if tokens[i] != emitted[i]), n)
+            req.states[name] = sc.observe(self._state(req, name), self.settings.control, n, accepted)
+        req.unverified.clear()
 
     def _arrived(
         self, req: _Request, name: str, ctx: Sequence[int]
@@ -457,9 +490,9 @@ class CoSineProposer:
             req.inflight[name] = self.pools.ask(name, rid, tuple(ctx), k, tuple(expected), branches)
 
     def _skip_reason(self, name: str, req: _Request) -> str | None:
-        """Why not to ask the pool this step for the request (`PoolPolicy.skip_reason`; `None`: ask)."""
-        pool = (req.states.get(name) or self._initial_state(name, req.domain)).acceptance_rate
-        lookup = (req.states.get(LOOKUP) or self._initial_state(LOOKUP, req.domain)).acceptance_rate
-        return self.settings.pool.skip_reason(req.steps, pool, self.stats.pool_on_time.get(name, 1.0), lookup,
-                                               req.lookup_hit if self.settings.lookup else 0.0,
+        """Why not to ask the pool this step for the request (`PoolPolicy.skip_reason` against the
+        best local source; `None`: ask)."""
+        local = [(self._state(req, src.name).acceptance_rate, req.hits.get(src.name, 0.5)) for src in self.sources]
+        return self.settings.pool.skip_reason(req.steps, self._state(req, name).acceptance_rate,
+                                               self.stats.pool_on_time.get(name, 1.0), local,
                                                self.settings.speculation.max_draft_len)

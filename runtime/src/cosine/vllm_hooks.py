@@ -2,14 +2,20 @@
 
 vLLM 0.32 (pinned; `tests/runtime/test_vllm_hooks.py` fails loudly when the hooks change) offers
 two speculative seams, and CoSine uses both, touching no engine internals:
-- `speculative_config={"method": "custom_class", "model": NO_DRAFT_PROPOSER, ...}` turns vLLM's
-  speculative path on (scheduling of draft tokens, the rejection sampler, spec-decode metrics).
-  Its worker-side proposer, `NoDraftProposer`, drafts nothing: it has no request ids and runs on
-  every tensor-parallel rank, so drafting there could differ between ranks;
+- `speculative_config` turns vLLM's speculative path on (scheduling of draft tokens, the rejection
+  sampler, spec-decode metrics). Without an engine drafter its method is `custom_class` with
+  `NoDraftProposer`, which drafts nothing (it has no request ids and runs on every
+  tensor-parallel rank, so drafting there could differ between ranks). With
+  `spec.verifier.speculator` it is vLLM's own `eagle3`, `mtp` or `draft_model`, whose drafts
+  become one source among CoSine's (`sources.engine`), with greedy draft sampling (the
+  `probabilistic` sampler caches the drafter's q(x) per request, which a substituted draft would
+  make wrong) and async scheduling off (with it on, `EngineCore.post_step` never hands the
+  worker's drafts to the scheduler; vLLM turns it on by default for these methods on GPUs);
 - `scheduler_cls=SCHEDULER_CLS`: `CoSineScheduler`, a `Scheduler` subclass in the engine-core
   process. vLLM calls its `update_draft_token_ids(DraftTokenIds)` after every step with the
-  running request ids; it replaces the (empty) worker drafts with CoSine's, per request id. The
-  scheduler sends the same drafts to every rank, so ranks agree by construction.
+  running request ids and the worker's drafts (empty without an engine drafter); it offers them
+  to the engine source and replaces them with CoSine's choice, per request id. The scheduler sends
+  the same drafts to every rank, so ranks agree by construction.
 `update_from_output` is wrapped to read each request's outcome (draft tokens scheduled, tokens
 sampled = accepted + 1) and `schedule` to time the step, which is what the speculation control
 learns from (measured step times, not a start-up guess).
@@ -25,17 +31,19 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cosine_spec.settings import SpeculationSpec, read_fields, to_spec
+from cosine_spec.settings import SpeculationSpec, SpeculatorSpec, read_fields, to_spec
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
 from cosine import proposer as prop
+from cosine.sources.engine import EngineSource
 
 log = logging.getLogger(__name__)
 
 VLLM_VERSION = "0.32.0"  # the engine these hooks are written against (pinned in the Makefile)
 SCHEDULER_CLS = "cosine.vllm_hooks.CoSineScheduler"
 NO_DRAFT_PROPOSER = "cosine.vllm_hooks.NoDraftProposer"
+LOSSLESS_CPU_WORKER = "cosine.vllm_cpu_worker.LosslessCPUWorker"  # vLLM-CPU's worker, sampling repaired
 CONFIG_KEY = "cosine"
 
 
@@ -48,7 +56,6 @@ class NoDraftProposer:
 
     def __init__(self, vllm_config: Any) -> None:
         self.vllm_config = vllm_config
-        ensure_lossless_cpu_sampling()
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
                 slot_mappings: Any = None) -> list[list[int]]:
@@ -97,9 +104,10 @@ def ensure_lossless_cpu_sampling() -> bool:
     speculative step then divides the draft positions' logits by uninitialised memory instead
     of the temperature (and reads top-p the same way), so accepted and recovered tokens follow
     a wrong distribution: not lossless. Greedy decoding is unaffected (it returns before).
-    This checks the kernel on a known input in the worker process that samples, and only if it
-    is wrong re-registers a dtype-preserving implementation through vLLM's own kernel-override
-    registry (`vllm.triton_utils.dispatcher.register_kernels`). Once vLLM ships the fix, the
+    This checks the kernel on a known input in the worker process that samples (vLLM-CPU's worker
+    class as `LOSSLESS_CPU_WORKER`, on every speculative path: CoSine's own drafts and the engine
+    drafter's), and only if it is wrong re-registers a dtype-preserving implementation through
+    vLLM's own kernel-override registry (`vllm.triton_utils.dispatcher.register_kernels`). Once vLLM ships the fix, the
     check passes and nothing is replaced.
 
     Raises:
@@ -164,6 +172,37 @@ def seam_problems() -> list[str]:
                  if name not in request]
     if "Async scheduling not supported with %s-based" not in inspect.getsource(vllm_config_module.VllmConfig):
         problems.append("VllmConfig no longer turns async scheduling off for custom_class proposers")
+    problems += _engine_drafter_seam_problems()
+    return problems
+
+
+def _engine_drafter_seam_problems() -> list[str]:
+    """The seams of the engine-drafter path (`spec.verifier.speculator`): the engine core hands the
+    worker's drafts to the scheduler only with async scheduling off; greedy draft sampling is the
+    default (no q(x) cached per request); the worker's drafts come as `take_draft_token_ids`; the
+    worker is built after the platform's kernel overrides (so `LosslessCPUWorker` checks the
+    kernel vLLM will run), and vLLM-CPU's worker class is where `LOSSLESS_CPU_WORKER` extends it."""
+    import inspect
+
+    from vllm.config import speculative
+    from vllm.v1.engine import core
+    from vllm.v1.worker import gpu_model_runner, worker_base
+
+    problems = []
+    if "not self.async_scheduling" not in inspect.getsource(core.EngineCore.post_step):
+        problems.append("EngineCore.post_step no longer skips update_draft_token_ids under async scheduling only")
+    if speculative.SpeculativeConfig.__dataclass_fields__["draft_sample_method"].default != "greedy":
+        problems.append("SpeculativeConfig.draft_sample_method no longer defaults to greedy")
+    if not hasattr(gpu_model_runner.GPUModelRunner, "take_draft_token_ids"):
+        problems.append("GPUModelRunner.take_draft_token_ids is gone")
+    init = inspect.getsource(worker_base.WorkerWrapperBase.init_worker)
+    if "register_triton_kernel_overrides()" not in init or init.index("register_triton_kernel_overrides()") > \
+            init.find("worker_class(", init.index("register_triton_kernel_overrides()")):
+        problems.append("WorkerWrapperBase.init_worker no longer registers kernel overrides before building the worker")
+    try:
+        from vllm.v1.worker.cpu_worker import CPUWorker  # noqa: F401
+    except ImportError:
+        problems.append("vllm.v1.worker.cpu_worker.CPUWorker is gone")
     return problems
 
 
@@ -174,6 +213,7 @@ def proposer_config(
     lookup: bool = True,
     model: str | None = None,
     metrics_port: int = 0,
+    engine_source: str = "",
 ) -> dict[str, Any]:
     """The `additional_config["cosine"]` dict `CoSineScheduler` reads.
 
@@ -189,9 +229,11 @@ def proposer_config(
         lookup: run prompt lookup in-process.
         model: the target's path (its tokenizer classifies prompts into domains for routing).
         metrics_port: serve CoSine's `cosine:` series on this port (0 = none).
+        engine_source: the engine drafter's source name (`spec.verifier.speculator.method`), or ""
+            when the engine has none.
     """
     return {"speculation": to_spec(speculation or SpeculationSpec()), "pools": [dict(p) for p in pools],
-            "lookup": lookup, "model": model, "metrics_port": metrics_port}
+            "lookup": lookup, "model": model, "metrics_port": metrics_port, "engine_source": engine_source}
 
 
 def speculation_of(config: Mapping[str, Any]) -> SpeculationSpec:
@@ -200,34 +242,63 @@ def speculation_of(config: Mapping[str, Any]) -> SpeculationSpec:
     return read_fields(SpeculationSpec, config.get("speculation") or {})
 
 
-def engine_kwargs(speculation: SpeculationSpec, **proposer: Any) -> dict[str, Any]:
+def engine_kwargs(speculation: SpeculationSpec, speculator: SpeculatorSpec | None = None,
+                  speculator_model: str | None = None, *, cpu: bool | None = None, **proposer: Any) -> dict[str, Any]:
     """vLLM engine arguments that put CoSine's proposer under the engine (for `vllm.LLM(...)`,
     `AsyncEngineArgs(...)` or, as JSON, `vllm serve` flags): `speculation`'s `max_draft_len` is
-    vLLM's `num_speculative_tokens`, and the proposer's settings (`proposer_config(speculation,
-    **proposer)`) are serialized here, for the engine-core process, the one hand-off that needs it."""
-    return {
-        "speculative_config": {"method": "custom_class", "model": NO_DRAFT_PROPOSER,
-                               "num_speculative_tokens": speculation.max_draft_len},
+    vLLM's `num_speculative_tokens` (the engine drafter's k too), and the proposer's settings
+    (`proposer_config(speculation, **proposer)`) are serialized here, for the engine-core process,
+    the one hand-off that needs it.
+
+    Args:
+        speculator: `spec.verifier.speculator` (None: no engine drafter, vLLM's `custom_class`
+            path drafting nothing). speculator_model: its model's local path (`eagle3`,
+            `draftModel`). cpu: the engine runs on vLLM-CPU (None: this process's platform), whose
+            worker class then repairs its sampling (`LOSSLESS_CPU_WORKER`).
+    """
+    if speculator is None:
+        config: dict[str, Any] = {"method": "custom_class", "model": NO_DRAFT_PROPOSER}
+    else:
+        config = {"method": speculator.vllm_method, "draft_sample_method": "greedy"}
+        if speculator_model:
+            config["model"] = speculator_model
+    config["num_speculative_tokens"] = speculation.max_draft_len
+    if cpu is None:
+        from vllm.platforms import current_platform
+
+        cpu = current_platform.is_cpu()
+    out = {
+        "speculative_config": config,
         "scheduler_cls": SCHEDULER_CLS,
-        "additional_config": {CONFIG_KEY: proposer_config(speculation, **proposer)},
+        "async_scheduling": False,
+        "additional_config": {CONFIG_KEY: proposer_config(
+            speculation, engine_source=speculator.method if speculator else "", **proposer)},
     }
+    if cpu:
+        out["worker_cls"] = LOSSLESS_CPU_WORKER
+    return out
 
 
 def cosine_llm(model: str, speculation: SpeculationSpec | None, proposer: Mapping[str, Any] | None = None,
+               speculator: SpeculatorSpec | None = None, speculator_model: str | None = None,
                **llm_kwargs: Any) -> Any:
     """An in-process `vllm.LLM` on `model` with CoSine's proposer under its engine (`speculation`
     and the other `proposer_config` arguments in `proposer`, e.g. `pools`; None: the target alone,
-    no speculative path). `llm_kwargs` are the other `LLM` arguments (dtype, seed, max_model_len, ...)."""
+    no speculative path), with the engine's own drafter if `speculator` (its model at
+    `speculator_model`). `llm_kwargs` are the other `LLM` arguments (dtype, seed, max_model_len, ...)."""
     from vllm import LLM
 
-    spec = engine_kwargs(speculation, **(proposer or {})) if speculation is not None else {}
+    spec = engine_kwargs(speculation, speculator, speculator_model, **(proposer or {})) \
+        if speculation is not None else {}
     return LLM(model=model, **spec, **llm_kwargs)
 
 
-def build_proposer(config: Mapping[str, Any], max_model_len: int | None = None) -> prop.CoSineProposer:
+def build_proposer(config: Mapping[str, Any], max_model_len: int | None = None,
+                   sources: Sequence[Any] | None = None) -> prop.CoSineProposer:
     """A `CoSineProposer` from the `additional_config["cosine"]` dict: each pool a
     `transport.replica_pool.ReplicaPool` over its replicas' gRPC addresses, all calls tagged with
-    one id for this verifier replica (drafters key per-request state by verifier and request)."""
+    one id for this verifier replica (drafters key per-request state by verifier and request);
+    `sources`: the local draft sources (None: prompt lookup if the config asks for it)."""
     import os
     import socket
     import uuid
@@ -246,7 +317,7 @@ def build_proposer(config: Mapping[str, Any], max_model_len: int | None = None) 
     settings = prop.ProposerSettings(speculation=speculation, lookup=bool(config.get("lookup", True)),
                                      max_model_len=max_model_len,
                                      pool=prop.PoolPolicy(branches=speculation.branches))
-    return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")))
+    return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")), sources=sources)
 
 
 def _classifier(model: str | None):
@@ -279,7 +350,13 @@ class CoSineScheduler(Scheduler):
         if k != self.num_spec_tokens:
             raise ValueError(f"additional_config.cosine.speculation.maxDraftLen ({k}) must equal "
                              f"speculative_config.num_speculative_tokens ({self.num_spec_tokens})")
-        self.cosine = build_proposer(config, self.vllm_config.model_config.max_model_len)
+        from cosine.lookup import SuffixLookup
+        from cosine.sources.lookup import LookupSource
+
+        self.engine_source = EngineSource(config["engine_source"]) if config.get("engine_source") else None
+        trees = SuffixLookup() if config.get("lookup", True) else None
+        sources = [s for s in (self.engine_source, trees and LookupSource(trees)) if s is not None]
+        self.cosine = build_proposer(config, self.vllm_config.model_config.max_model_len, sources)
         self._step_t0 = 0.0
         self._exporter = None
         self.suffix = None
@@ -288,7 +365,8 @@ class CoSineScheduler(Scheduler):
 
             from cosine.metrics import ProposerExporter, SuffixAffinity
 
-            self.suffix = SuffixAffinity(self.cosine.lookup, multiprocess="PROMETHEUS_MULTIPROC_DIR" in os.environ)
+            self.suffix = SuffixAffinity(trees, multiprocess="PROMETHEUS_MULTIPROC_DIR" in os.environ) \
+                if trees is not None else None
             self._exporter = ProposerExporter(self.cosine.stats, port=int(config["metrics_port"]),
                                               replicas=self.cosine.replica_stats, suffix=self.suffix)
 
@@ -328,8 +406,12 @@ class CoSineScheduler(Scheduler):
         return out
 
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
-        """Replace the worker's (empty) drafts with CoSine's, per running decode request; requests
-        vLLM no longer holds are released from the proposer."""
+        """Offer the worker's drafts (the engine drafter's, if any) to the engine source, then
+        replace them with CoSine's choice, per running decode request; requests vLLM no longer
+        holds are released from the proposer."""
+        if self.engine_source is not None:
+            self.engine_source.offer(dict(zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids,
+                                              strict=False)))
         contexts: dict[str, Sequence[int]] = {}
         prompt_lens: dict[str, int] = {}
         for rid in draft_token_ids.req_ids:

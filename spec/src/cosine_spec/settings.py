@@ -360,6 +360,29 @@ class ParallelismSpec(_Checked):
     nodes: int = spec_field("nodes", 1, minimum=1, maximum=64)
 
 
+# spec.verifier.speculator.method -> vLLM's speculative_config method
+SPECULATOR_METHODS = {"eagle3": "eagle3", "mtp": "mtp", "draftModel": "draft_model"}
+
+
+@dataclass(frozen=True)
+class SpeculatorSpec(_Checked):
+    """``spec.verifier.speculator``: the engine's own drafter, run by vLLM inside the verifier
+    (``eagle3``: a trained EAGLE-3 head; ``mtp``: the target's own multi-token-prediction layers;
+    ``draftModel``: a small model sharing the target's vocabulary). CoSine takes its draft per
+    request as one source among the others (prompt lookup, drafter pools). ``model``: the head's or
+    draft model's name or path, pulled like the target's (``mtp``: none, the layers are the
+    target's). :func:`speculator_problems` says what the spec alone shows cannot run."""
+
+    SPEC_PATH: ClassVar[str] = "spec.verifier.speculator"
+    method: str = spec_field("method", enum=tuple(SPECULATOR_METHODS))
+    model: str | None = spec_field("model", None)
+
+    @property
+    def vllm_method(self) -> str:
+        """vLLM's ``speculative_config.method`` for ``method``."""
+        return SPECULATOR_METHODS[self.method]
+
+
 @dataclass(frozen=True)
 class VerifierSpec(_Checked):
     """The target model's pods: vLLM with CoSine's proposer, serving the OpenAI-compatible API."""
@@ -383,6 +406,7 @@ class VerifierSpec(_Checked):
     termination_grace_s: int = spec_field("terminationGracePeriodSeconds", 120, minimum=0)
     image: RoleImage = field(default_factory=RoleImage, metadata={"key": "image"})
     parallelism: ParallelismSpec = field(default_factory=ParallelismSpec, metadata={"key": "parallelism"})
+    speculator: SpeculatorSpec | None = field(default=None, metadata={"key": "speculator"})
     pod: PodOverrides = field(default_factory=PodOverrides)
 
     @property
@@ -418,6 +442,28 @@ class VerifierSpec(_Checked):
         the engine exits as soon as none is left): the grace period less the preStop wait and
         5 s for the processes to exit, at least 1 (0 would abort the requests)."""
         return max(1, self.termination_grace_s - self.pre_stop_s - 5)
+
+
+def speculator_problems(verifier: VerifierSpec) -> list[str]:
+    """What of ``spec.verifier.speculator`` the spec alone shows cannot run, one message per
+    problem naming its field: ``eagle3`` and ``draftModel`` need the ``model`` they draft with,
+    ``mtp`` takes none (its layers are the target's); a pipeline-parallel verifier (vLLM 0.32 runs
+    its drafter only on the last stage, through a batch queue CoSine's scheduler does not serve).
+    What needs the models' configs (``mtp`` on a target without MTP layers, a head whose hidden
+    size or vocabulary does not fit) is checked where they are read: ``cosine serve`` and the
+    verifier's start. The admission webhook runs this check."""
+    sp, where = verifier.speculator, "spec.verifier.speculator"
+    if sp is None:
+        return []
+    problems = []
+    if sp.method in ("eagle3", "draftModel") and not sp.model:
+        problems.append(f"{where}.model is required for method {sp.method}")
+    if sp.method == "mtp" and sp.model:
+        problems.append(f"{where}.model must be empty for method mtp (the target's own layers draft)")
+    if verifier.parallelism.pipeline > 1:
+        problems.append(f"{where}: not supported with spec.verifier.parallelism.pipeline "
+                        f"{verifier.parallelism.pipeline} (the drafter runs on the last stage only)")
+    return problems
 
 
 def parallelism_problems(verifier: VerifierSpec) -> list[str]:
@@ -783,7 +829,9 @@ def _with_pod(cls: type, raw: Mapping[str, Any]) -> Any:
         raise ValueError(str(e).replace("spec.<role>", role, 1)) from None
     if cls is VerifierSpec:
         parallelism = read_fields(ParallelismSpec, raw.get("parallelism") or {})
-        return read_fields(cls, raw, pod=pod, image=image, parallelism=parallelism)
+        sp = raw.get("speculator")
+        speculator = read_fields(SpeculatorSpec, sp) if sp is not None else None
+        return read_fields(cls, raw, pod=pod, image=image, parallelism=parallelism, speculator=speculator)
     return read_fields(cls, raw, pod=pod, image=image)
 
 

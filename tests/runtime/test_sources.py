@@ -1,0 +1,124 @@
+"""Draft sources as peers in the proposer (`runtime/src/cosine/sources/`): the engine's own
+drafter (`sources.engine`), prompt lookup (`sources.lookup`), chosen among by the proposer without
+naming them. Plain token lists; the target is a fixed token sequence checked greedily."""
+
+from __future__ import annotations
+
+import random
+
+from cosine_spec.settings import SpeculationSpec
+
+from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
+from cosine.sources import Candidate, Where
+from cosine.sources.engine import EngineSource
+
+
+def _settings(k: int = 4, lookup: bool = False) -> ProposerSettings:
+    return ProposerSettings(speculation=SpeculationSpec(max_draft_len=k), lookup=lookup)
+
+
+class ScriptedSource:
+    """A local source drafting by a rule over (request, context, k): what a lookup that is
+    confidently wrong, or right, looks like to the proposer."""
+
+    where = Where.PROCESS
+
+    def __init__(self, name: str, rule, confidence: float) -> None:
+        self.name, self.rule, self.confidence = name, rule, confidence
+
+    def start(self, request_id, prompt) -> None:
+        pass
+
+    def candidate(self, request_id, context, max_tokens, acceptance_rate):
+        tokens = tuple(self.rule(list(context), max_tokens))
+        return Candidate(tokens, (self.confidence,) * len(tokens)) if tokens else None
+
+    def release(self, request_id) -> None:
+        pass
+
+
+def test_engine_draft_is_offered_per_request_and_zeros_are_no_draft():
+    engine = EngineSource("draftModel")
+    p = CoSineProposer(_settings(4), sources=[engine])
+    engine.offer({"a": [7, 8, 9, 10], "b": [0, 0, 0, 0]})
+    drafts = p.propose({"a": [1, 2, 3], "b": [4, 5, 6]})
+    assert drafts["b"] == []  # vLLM's answer when the input does not fit the drafter
+    assert drafts["a"] == [7, 8, 9, 10][: len(drafts["a"])] and drafts["a"]
+    assert p.source_of("a") == "draftModel" and p.source_of("b") == ""
+
+
+def test_source_names_must_be_distinct():
+    import pytest
+
+    with pytest.raises(ValueError, match="distinct"):
+        CoSineProposer(_settings(), sources=[EngineSource("x"), EngineSource("x")])
+
+
+def _run(sources_for, target: list[int], prompt_len: int, k: int, seed: int) -> float:
+    """Decode `target` greedily from its first `prompt_len` tokens with a proposer over the sources
+    `sources_for(rng, engine)` builds; the engine source is offered a draft each step that is right
+    for a geometric(0.7) run of tokens. Returns tokens emitted per verification step."""
+    rng = random.Random(seed)
+    engine = EngineSource("eagle3")
+    p = CoSineProposer(_settings(k), sources=sources_for(engine))
+    ctx = list(target[:prompt_len])
+    steps = 0
+    while len(ctx) < len(target) - k - 1:
+        n = len(ctx)
+        right = 0
+        while right < k and rng.random() < 0.7:
+            right += 1
+        offered = target[n:n + right] + [t + 1000 for t in target[n + right:n + k]]
+        engine.offer({"r": offered})
+        draft = p.propose({"r": ctx}, {"r": prompt_len})["r"]
+        accepted = next((i for i, t in enumerate(draft) if t != target[n + i]), len(draft))
+        p.observe_step(StepRecord(0.1, 1 + len(draft), (RequestOutcome("r", len(draft), accepted,
+                                                                       p.source_of("r")),)))
+        ctx = target[: n + accepted + 1]
+        steps += 1
+    return (len(ctx) - prompt_len) / steps
+
+
+TARGET = [random.Random(1).randrange(50, 900) for _ in range(400)]
+
+
+def test_never_behind_the_engine_drafter_beside_a_confidently_wrong_source():
+    """A lookup that drafts confidently (0.95) but wrongly every step must not cost the head's
+    acceptance: its estimate falls as its unverified drafts are scored against the target."""
+    def wrong(ctx, k):
+        return [t + 2000 for t in ctx[-k:]]
+
+    alone = [_run(lambda e: [e], TARGET, 20, 4, seed) for seed in range(3)]
+    both = [_run(lambda e: [e, ScriptedSource("lookup", wrong, 0.95)], TARGET, 20, 4, seed) for seed in range(3)]
+    assert sum(both) >= 0.95 * sum(alone), (both, alone)
+
+
+def test_a_source_that_knows_the_continuation_adds_to_the_engine_drafter():
+    """Where lookup has the target's continuation (a copied span), the composite beats the head alone."""
+    def right(ctx, k):
+        n = len(ctx)
+        return TARGET[n:n + k] if n % 3 else []  # matches on two steps in three
+
+    alone = [_run(lambda e: [e], TARGET, 20, 4, seed) for seed in range(3)]
+    both = [_run(lambda e: [e, ScriptedSource("lookup", right, 0.9)], TARGET, 20, 4, seed) for seed in range(3)]
+    assert sum(both) > 1.15 * sum(alone), (both, alone)
+
+
+def test_a_pool_is_not_asked_where_the_engine_drafter_already_gives_more():
+    """The pool must beat the best local source, the engine drafter included (its hit rate 1)."""
+    from tests.runtime.test_proposer import FakePool
+
+    engine = EngineSource("eagle3")
+    pool = FakePool("coder", rule=lambda ctx, k: [9999] * k, confidence=0.5)
+    p = CoSineProposer(_settings(4), [pool], sources=[engine])
+    ctx = list(range(10))
+    for _ in range(40):
+        engine.offer({"r": [ctx[-1] + 1 + i for i in range(4)]})
+        draft = p.propose({"r": ctx})["r"]
+        accepted = next((i for i, t in enumerate(draft) if t != ctx[-1] + 1 + i), len(draft))
+        p.observe_step(StepRecord(0.1, 1 + len(draft), (RequestOutcome("r", len(draft), accepted,
+                                                                       p.source_of("r")),)))
+        ctx = ctx + [ctx[-1] + 1 + i for i in range(accepted + 1)]
+    skipped = sum(v for (name, reason), v in p.stats.pool_skipped.items() if name == "coder" and reason == "yield")
+    assert skipped >= 30  # asked on probe steps only
+    p.close()
