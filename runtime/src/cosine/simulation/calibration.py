@@ -34,9 +34,8 @@ from typing import Any
 from cosine_spec.settings import SpeculationSpec
 
 from cosine.placement import Evidence
+from cosine.sources.lookup import LOOKUP
 from cosine.speculation_control import expected_tokens
-
-LOOKUP = "lookup"  # the proposer's name of its prompt-lookup source (runtime/src/cosine/proposer.py)
 
 
 @dataclass(frozen=True)

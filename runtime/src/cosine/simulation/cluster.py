@@ -49,8 +49,9 @@ from cosine_spec.settings import RouterWeights, SpeculationSpec
 from cosine import routing, speculation_control
 from cosine.drafter import Draft, DraftBranch
 from cosine.pool_policy import PoolPolicy, assign_replica
-from cosine.proposer import LOOKUP, CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
+from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 from cosine.simulation.cost_models import AcceptanceModel
+from cosine.sources.lookup import LOOKUP, LookupSource
 
 MODES = ("target-only", "vanilla", "eagle3", "cosine")
 EAGLE3 = "eagle3"  # the draft source name of an in-verifier draft head
@@ -495,7 +496,7 @@ class _Cluster:
                 CoSineProposer(settings, list(self.sim_pools.values()), expertise,
                                classify=lambda prompt: self.w.requests[prompt[0]].domain, clock=lambda: self.env.now,
                                seed=setup.seed + i, executor=self.executor,
-                               lookup=_SimLookup(setup.lookup, self) if setup.lookup is not None else None)
+                               sources=[LookupSource(_SimLookup(setup.lookup, self))] if setup.lookup else [])
                 for i in range(setup.verifier.replicas)]
         self._counted = self._proposer_counts()  # the proposers' counters at the window's start
         self.window = self._new_window(list(self.pools))

@@ -15,7 +15,6 @@ from typing import Any
 
 from cosine_spec.autoscaling import PoolLimits, ScalingPolicy
 
-from cosine.proposer import LOOKUP
 from cosine.routing import DOMAINS
 from cosine.simulation import calibration, config
 from cosine.simulation.cluster import (
@@ -30,6 +29,7 @@ from cosine.simulation.cluster import (
     simulate,
 )
 from cosine.simulation.cost_models import AcceptanceModel, Profiles, eagle3_head_fraction, load_profiles
+from cosine.sources.lookup import LOOKUP
 
 # The paper's headline figures (Gao et al., arXiv:2503.10325, abstract and §6).
 PAPER = {"latency_reduction": 0.232, "throughput_gain": 0.325}
