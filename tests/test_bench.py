@@ -21,12 +21,12 @@ from cosine.tooling.workloads import Prompt
 
 def test_plan_runs_fresh_server_per_level_reference_first_and_last():
     runs = vllm_bench.plan_runs(bench_results.DEFAULT_SYSTEMS, [1, 4])
-    middle = ["vllm-ngram", "vllm-suffix", "vllm-draft", "cosine-lookup", "cosine"]
+    middle = ["vllm-ngram", "vllm-suffix", "vllm-draft", "cosine-lookup", "cosine", "cosine-draft"]
     for c in (1, 4):
         level = [r for r in runs if r.concurrency == c]
         assert [r.system for r in level] == ["vllm", *middle, "vllm"]
         assert [r.run for r in level] == list(range(len(middle) + 2))
-    assert [r.concurrency for r in runs] == [1] * 7 + [4] * 7  # level by level: each level bracketed
+    assert [r.concurrency for r in runs] == [1] * 8 + [4] * 8  # level by level: each level bracketed
     for ablation in ("cosine-nofusion", "cosine-nobranch"):
         assert ablation not in bench_results.DEFAULT_SYSTEMS and ablation in bench_results.SYSTEMS
     with pytest.raises(ValueError, match="unknown systems"):
@@ -179,11 +179,18 @@ def test_derived_manifest_ablations_and_split_threads():
     assert vllm_bench.placement_threads("shared", 2) is None
     spec = parse_spec(yaml.safe_load(yaml.safe_dump(off)))  # still a valid CoSineCluster spec
     assert spec.verifier.model == source["spec"]["verifier"]["model"]
-    assert vllm_bench._manifest_variant("cosine-nofusion", "shared", [0, 1]) == ((("fusion", False),), None)
-    assert vllm_bench._manifest_variant("cosine-nobranch", "split", [0, 1]) == ((("branches", 0),), (1, 1))
-    assert vllm_bench._manifest_variant("cosine-lookup", "split", [0, 1]) == ((), (1, 1))
-    assert vllm_bench._manifest_variant("cosine", "overlap", [0, 1]) == ((), (2, 1))
-    assert vllm_bench._manifest_variant("vllm-draft", "split", [0, 1]) == ((), None)
+    assert vllm_bench._manifest_variant("cosine-nofusion", "shared", [0, 1]) == ((("fusion", False),), None, ())
+    assert vllm_bench._manifest_variant("cosine-nobranch", "split", [0, 1]) == ((("branches", 0),), (1, 1), ())
+    assert vllm_bench._manifest_variant("cosine-lookup", "split", [0, 1]) == ((), (1, 1), ())
+    assert vllm_bench._manifest_variant("cosine", "overlap", [0, 1]) == ((), (2, 1), ())
+    assert vllm_bench._manifest_variant("vllm-draft", "split", [0, 1]) == ((), None, ())
+    # the engine's own drafter: vllm-draft's model at vllm-draft's k, with and without lookup
+    assert vllm_bench._manifest_variant("cosine-draft", "lookup", [0, 1], "qwen-0.5b", 4) == (
+        (("maxDraftLen", 4),), (2, 1), ("draftModel", "qwen-0.5b"))
+    assert vllm_bench._manifest_variant("cosine-draft-nolookup", "lookup", [0, 1], "qwen-0.5b", 3)[0] == (
+        ("maxDraftLen", 3), ("promptLookup", False))
+    with_head = vllm_bench.derived_manifest(source, speculator={"method": "draftModel", "model": "qwen-0.5b"})
+    assert with_head["spec"]["verifier"]["speculator"] == {"method": "draftModel", "model": "qwen-0.5b"}
     nobranch = vllm_bench.derived_manifest(source, speculation=dict(bench_results.ABLATIONS["cosine-nobranch"]))
     assert parse_spec(nobranch).speculation.branches == 0  # the ablation is a valid spec the runtime reads
     by_rate = vllm_bench.derived_manifest(source, speculation=dict(bench_results.ABLATIONS["cosine-acceptance"]))

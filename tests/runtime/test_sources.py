@@ -122,3 +122,20 @@ def test_a_pool_is_not_asked_where_the_engine_drafter_already_gives_more():
     skipped = sum(v for (name, reason), v in p.stats.pool_skipped.items() if name == "coder" and reason == "yield")
     assert skipped >= 30  # asked on probe steps only
     p.close()
+
+
+def test_fit_problems_name_what_cannot_run_on_the_target():
+    from cosine.sources.engine import fit_problems
+
+    qwen = {"hidden_size": 1536, "vocab_size": 151936}
+    assert fit_problems("mtp", qwen, None) == [
+        "spec.verifier.speculator.method: mtp needs a target with multi-token-prediction layers "
+        "(none of num_nextn_predict_layers, mtp_num_hidden_layers, num_mtp_modules in its config)"]
+    assert fit_problems("mtp", {**qwen, "num_nextn_predict_layers": 1}, None) == []
+    assert fit_problems("mtp", {"text_config": {"mtp_num_hidden_layers": 1}}, None) == []
+    head = {"hidden_size": 1024, "target_hidden_size": 1536, "vocab_size": 151936}
+    assert fit_problems("eagle3", qwen, head) == []
+    wrong = fit_problems("eagle3", qwen, {**head, "target_hidden_size": 4096, "vocab_size": 128256})
+    assert len(wrong) == 2 and "hidden size 4096" in wrong[0] and "128256" in wrong[1]
+    assert fit_problems("draftModel", qwen, {"hidden_size": 896, "vocab_size": 151936}) == []
+    assert "vocabulary" in fit_problems("draftModel", qwen, {"vocab_size": 49152})[0]

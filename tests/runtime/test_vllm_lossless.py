@@ -7,8 +7,10 @@ drafts k = 4 tokens every step (`adaptive: false`):
   adjacent positions, matches vLLM target-only by chi-square two-sample tests, on a prompt where
   the drafts are partly accepted: prompt lookup alone; then prompt lookup and a drafter pool over
   gRPC (llama.cpp on the same model's GGUF, in the subprocess: the path `cosine serve` runs),
-  fused by confidence;
-- greedy: identical token ids to vLLM target-only, with drafts verified.
+  fused by confidence; then the engine's own drafter (`spec.verifier.speculator`) fused with
+  prompt lookup and the pool: vLLM's `draft_model` (the target's own weights as the draft model,
+  so drafts are often accepted) and `eagle3` (a test-made head, `eagle3_head.py`);
+- greedy: identical token ids to vLLM target-only, with drafts verified, on every path.
 vLLM verifies our drafts as point-mass proposals (accept x with p(x), else sample from p without
 x), which is exact (Leviathan et al. 2023, arXiv:2211.17192, with q a point mass) once vLLM-CPU's
 expand_kernel is repaired (vllm-project/vllm#55005; `vllm_hooks.ensure_lossless_cpu_sampling`):
@@ -46,10 +48,14 @@ _SCRIPT = textwrap.dedent('''
         from cosine_spec.settings import SpeculationSpec
         system, prompt, samples, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         model = str(resolve("MODEL"))
-        speculation, proposer = None, {}
+        speculation, proposer, speculator, speculator_model = None, {}, None, None
         if system == "cosine":
             speculation = SpeculationSpec(max_draft_len=4, adaptive=False)
-        if system == "cosine-pool":
+        if system in ("cosine-draft", "cosine-eagle3"):
+            from cosine_spec.settings import SpeculatorSpec
+            speculator_model = model if system == "cosine-draft" else sys.argv[5]
+            speculator = SpeculatorSpec("draftModel" if system == "cosine-draft" else "eagle3", speculator_model)
+        if system in ("cosine-pool", "cosine-draft", "cosine-eagle3"):
             from cosine.draft_engine import LlamaCppEngine
             from cosine.model_store import resolve_gguf
             from cosine.transport.drafter_service import DrafterServicer, serve
@@ -57,8 +63,8 @@ _SCRIPT = textwrap.dedent('''
             server = serve(DrafterServicer(engine, "pool"), port=0)
             pools = [{"name": "pool", "addresses": [f"127.0.0.1:{server.bound_port}"], "expertise": ["chat"]}]
             speculation, proposer = SpeculationSpec(max_draft_len=4, adaptive=False), {"pools": pools}
-        llm = vllm_hooks.cosine_llm(model, speculation, proposer, dtype="float32", enforce_eager=True,
-                                    max_model_len=512, seed=0)
+        llm = vllm_hooks.cosine_llm(model, speculation, proposer, speculator, speculator_model, dtype="float32",
+                                    enforce_eager=True, max_model_len=512, seed=0)
         sampled = llm.generate([prompt] * samples, SamplingParams(temperature=1.0, max_tokens=tokens, seed=None,
                                                                   ignore_eos=True), use_tqdm=False)
         greedy = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
@@ -69,18 +75,18 @@ _SCRIPT = textwrap.dedent('''
         # Shut the engine down before exit: CoSineScheduler.shutdown stops the proposer's pool-call
         # threads, which the interpreter would otherwise join only after running every queued call.
         llm.llm_engine.engine_core.shutdown()
-        if system == "cosine-pool":
+        if system not in ("vllm", "cosine"):
             server.stop(0)
         print("RESULT" + json.dumps({"samples": [list(o.outputs[0].token_ids) for o in sampled],
                                      "greedy": list(greedy[0].outputs[0].token_ids), "stats": stats}))
 ''').replace("MODEL", MODEL)
 
 
-def _run(system: str, tmp_path, samples: int = SAMPLES) -> dict:
+def _run(system: str, tmp_path, samples: int = SAMPLES, *extra: str) -> dict:
     script = tmp_path / f"run_{system}.py"  # never `vllm.py` or `cosine.py`: its folder is first on sys.path
     script.write_text(_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(script), system, PROMPT, str(samples), str(TOKENS)],
+    out = subprocess.run([sys.executable, str(script), system, PROMPT, str(samples), str(TOKENS), *extra],
                          capture_output=True, text=True, env=env, timeout=600)
     lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
     assert out.returncode == 0 and lines, out.stderr[-3000:]
@@ -143,4 +149,28 @@ def test_sampled_distribution_with_pool_drafts_matches_target_only(runs, tmp_pat
 
 def test_greedy_identical_to_target_only(runs):
     ref, cos = runs
+    assert cos["greedy"] == ref["greedy"]
+
+
+def test_sampled_and_greedy_with_the_engines_draft_model_fused_match_target_only(runs, tmp_path):
+    """`spec.verifier.speculator: {method: draftModel}`: vLLM's draft_model drafts inside the
+    engine, CoSine offers its draft beside lookup's and the pool's and verifies the fused choice."""
+    ref, _ = runs
+    cos = _run("cosine-draft", tmp_path, 300)
+    _same_distribution(ref, cos, ("draftModel", "lookup"))
+    assert cos["greedy"] == ref["greedy"]
+
+
+def test_sampled_and_greedy_with_a_test_made_eagle3_head_fused_match_target_only(runs, tmp_path):
+    """`spec.verifier.speculator: {method: eagle3}`, with a random EAGLE-3 head written here: its
+    drafts are verified (rarely accepted) and nothing changes the target's distribution."""
+    from cosine.model_store import resolve
+
+    from .eagle3_head import write_eagle3_head
+
+    ref, _ = runs
+    head = write_eagle3_head(resolve(MODEL), tmp_path / "eagle3-head")
+    cos = _run("cosine-eagle3", tmp_path, 300, str(head))
+    assert cos["stats"]["draft_tokens"].get("eagle3", 0) > 0, cos["stats"]
+    _same_distribution(ref, cos, ("lookup",))
     assert cos["greedy"] == ref["greedy"]

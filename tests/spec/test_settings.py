@@ -168,6 +168,12 @@ def test_network_policy_and_drafter_tls_parse() -> None:
          r"^spec\.verifier\.parallelism\.node: unknown field; did you mean 'nodes'\?"),
         ({"verifier": {"model": "m", "parallelism": {"nodes": "2"}}},
          r"^spec\.verifier\.parallelism\.nodes: expected an integer, got string"),
+        ({"verifier": {"model": "m", "speculator": {"method": "eagle"}}},
+         r"^spec\.verifier\.speculator\.method must be one of \['eagle3', 'mtp', 'draftModel'\]"),
+        ({"verifier": {"model": "m", "speculator": {"model": "h"}}},
+         r"^spec\.verifier\.speculator\.method is required"),
+        ({"verifier": {"model": "m", "speculator": {"method": "mtp", "models": "h"}}},
+         r"^spec\.verifier\.speculator\.models: unknown field; did you mean 'model'\?"),
     ],
 )
 def test_a_typo_or_a_wrong_type_is_refused_naming_the_field(spec: dict[str, Any], message: str) -> None:
@@ -185,3 +191,20 @@ def test_integral_numbers_and_ints_for_numbers_are_read_as_the_server_reads_them
     got = _cluster({"name": "p", "kind": "ngram", "pricePerHourUsd": 1}, speculation={"maxDraftLen": 3.0})
     assert got.speculation.max_draft_len == 3 and isinstance(got.speculation.max_draft_len, int)
     assert got.drafter_pools[0].price_per_hour_usd == 1.0
+
+
+def test_speculator_problems_name_what_the_spec_alone_shows() -> None:
+    """Catches: an engine drafter without the model it drafts with, an MTP speculator given a model,
+    and pipeline parallelism (vLLM drafts on the last stage only, through a batch queue)."""
+    def problems(speculator: dict[str, Any], **verifier: Any) -> list[str]:
+        cluster = _cluster({"name": "p", "kind": "ngram"}, verifier={"model": "m", "speculator": speculator,
+                                                                     **verifier})
+        return s.speculator_problems(cluster.verifier)
+
+    assert problems({"method": "draftModel", "model": "qwen2.5-coder-0.5b-instruct"}) == []
+    assert problems({"method": "mtp"}) == []
+    assert problems({"method": "eagle3"}) == ["spec.verifier.speculator.model is required for method eagle3"]
+    assert problems({"method": "mtp", "model": "x"})[0].startswith("spec.verifier.speculator.model must be empty")
+    assert "pipeline" in problems({"method": "mtp"}, parallelism={"pipeline": 2})[0]
+    parsed = _cluster({"name": "p", "kind": "ngram"}, verifier={"model": "m", "speculator": {"method": "mtp"}})
+    assert parsed.verifier.speculator == s.SpeculatorSpec("mtp") and parsed.verifier.speculator.vllm_method == "mtp"

@@ -206,8 +206,11 @@ def pull_memory_gib(models: list[str]) -> int:
 
 
 def cluster_models(cluster: s.ClusterSpec) -> list[str]:
-    """Every model a cluster's pods load, once each, in spec order (the verifier's first)."""
-    models = [cluster.verifier.model] + [p.model for p in cluster.drafter_pools if p.model is not None]
+    """Every model a cluster's pods load, once each, in spec order (the verifier's first, then the
+    engine drafter's, which the verifier loads beside the target)."""
+    sp = cluster.verifier.speculator
+    models = [cluster.verifier.model, *([sp.model] if sp is not None and sp.model else [])]
+    models += [p.model for p in cluster.drafter_pools if p.model is not None]
     return list(dict.fromkeys(models))
 
 

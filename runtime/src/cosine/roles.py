@@ -224,9 +224,31 @@ def vllm_engine_args(verifier, model_path: str, speculation, pools: list[dict[st
     if speculation.max_draft_len > 0:
         sp = verifier.speculator
         sp_model = str(resolve(sp.model)) if sp is not None and sp.model else None
+        if sp is not None:
+            _check_speculator(sp.method, Path(model_path), Path(sp_model) if sp_model else None)
         args.update(vllm_hooks.engine_kwargs(speculation, sp, sp_model, cpu=gpus == 0, pools=pools,
                                              model=model_path, metrics_port=metrics_port))
     return args
+
+
+def _check_speculator(method: str, target: Path, drafter: Path | None) -> None:
+    """Raise ValueError (the field named) when the engine drafter cannot run on this target, from
+    the models' configs (`sources.engine.fit_problems`); a directory without a config.json (a name
+    vLLM resolves itself) is not checked here."""
+    import json
+
+    from cosine.sources.engine import fit_problems
+
+    def config(path: Path | None) -> dict[str, Any] | None:
+        file = path / "config.json" if path is not None else None
+        return json.loads(file.read_text()) if file is not None and file.exists() else None
+
+    target_config = config(target)
+    if target_config is None or (drafter is not None and config(drafter) is None):
+        return
+    problems = fit_problems(method, target_config, config(drafter))
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"  # LeaderWorkerSet's env in every pod of a group

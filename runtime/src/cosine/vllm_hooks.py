@@ -210,7 +210,6 @@ def proposer_config(
     speculation: SpeculationSpec | None = None,
     *,
     pools: Sequence[Mapping[str, Any]] = (),
-    lookup: bool = True,
     model: str | None = None,
     metrics_port: int = 0,
     engine_source: str = "",
@@ -226,14 +225,13 @@ def proposer_config(
             replicas' `host:port` addresses and/or a headless Service's `dns:///name:port`
             (`transport.replica_pool`); optional `tls_dir`, `tls_server_name`: TLS to that pool
             (`transport.tls`).
-        lookup: run prompt lookup in-process.
         model: the target's path (its tokenizer classifies prompts into domains for routing).
         metrics_port: serve CoSine's `cosine:` series on this port (0 = none).
         engine_source: the engine drafter's source name (`spec.verifier.speculator.method`), or ""
             when the engine has none.
     """
     return {"speculation": to_spec(speculation or SpeculationSpec()), "pools": [dict(p) for p in pools],
-            "lookup": lookup, "model": model, "metrics_port": metrics_port, "engine_source": engine_source}
+            "model": model, "metrics_port": metrics_port, "engine_source": engine_source}
 
 
 def speculation_of(config: Mapping[str, Any]) -> SpeculationSpec:
@@ -314,7 +312,7 @@ def build_proposer(config: Mapping[str, Any], max_model_len: int | None = None,
                                  tls_dir=p.get("tls_dir"), tls_server_name=p.get("tls_server_name")))
         expertise[p["name"]] = tuple(p.get("expertise", ()))
     speculation = speculation_of(config)
-    settings = prop.ProposerSettings(speculation=speculation, lookup=bool(config.get("lookup", True)),
+    settings = prop.ProposerSettings(speculation=speculation, lookup=speculation.prompt_lookup,
                                      max_model_len=max_model_len,
                                      pool=prop.PoolPolicy(branches=speculation.branches))
     return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")), sources=sources)
@@ -354,8 +352,10 @@ class CoSineScheduler(Scheduler):
         from cosine.sources.lookup import LookupSource
 
         self.engine_source = EngineSource(config["engine_source"]) if config.get("engine_source") else None
-        trees = SuffixLookup() if config.get("lookup", True) else None
-        sources = [s for s in (self.engine_source, trees and LookupSource(trees)) if s is not None]
+        trees = SuffixLookup() if speculation_of(config).prompt_lookup else None
+        sources: list[Any] = [self.engine_source] if self.engine_source is not None else []
+        if trees is not None:
+            sources.append(LookupSource(trees))
         self.cosine = build_proposer(config, self.vllm_config.model_config.max_model_len, sources)
         self._step_t0 = 0.0
         self._exporter = None

@@ -627,6 +627,8 @@ class SpeculationSpec(_Checked):
     draft at hand by its probability of being accepted with every token before it, from its
     source's own counts or probabilities, calibrated on what the target accepted) or
     ``acceptanceRate`` (the request's measured acceptance rate, the same for every draft).
+    ``prompt_lookup``: prompt and suffix lookup in the verifier's process, a draft source beside
+    the engine's own drafter and the pools (``False``: the other sources only).
     Out-of-bounds values raise ``ValueError`` (as for every spec dataclass here).
     """
 
@@ -637,6 +639,7 @@ class SpeculationSpec(_Checked):
     min_confidence: float = spec_field("minConfidence", 0.0, minimum=0, maximum=1)
     branches: int = spec_field("branches", 2, minimum=0, maximum=4)
     draft_length: str = spec_field("draftLength", "pathProbability", enum=DRAFT_LENGTH_RULES)
+    prompt_lookup: bool = spec_field("promptLookup", True)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ vLLM answers k zeros for a request whose input does not fit the drafter: that is
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from cosine.sources import Candidate, Where
 
@@ -55,3 +56,34 @@ class EngineSource:
     def release(self, request_id: str) -> None:
         """Forget the request's offered draft."""
         self._offered.pop(request_id, None)
+
+
+MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")  # vLLM 0.32's
+# SpeculativeConfig reads a target's MTP layers under these names (vllm/config/speculative.py)
+
+
+def fit_problems(method: str, target: Mapping[str, Any], drafter: Mapping[str, Any] | None) -> list[str]:
+    """What stops the engine drafter `method` (`spec.verifier.speculator.method`) from running on
+    this target, read from the models' `config.json` dicts (`drafter`: the head's or draft
+    model's; None for `mtp`), one message per problem naming the field: `mtp` on a target
+    without MTP layers; an EAGLE-3 head built for another hidden size (its `target_hidden_size`)
+    or vocabulary; a draft model with another vocabulary than the target's."""
+    where = "spec.verifier.speculator"
+    text = {**target, **(target.get("text_config") or {})}
+    if method == "mtp":
+        if not any(text.get(k) for k in MTP_LAYER_KEYS):
+            return [f"{where}.method: mtp needs a target with multi-token-prediction layers "
+                    f"(none of {', '.join(MTP_LAYER_KEYS)} in its config)"]
+        return []
+    if drafter is None:
+        return [f"{where}.model: {method} needs a model"]
+    problems = []
+    vocab = text.get("vocab_size")
+    if method == "eagle3":
+        hidden = drafter.get("target_hidden_size", drafter.get("hidden_size"))
+        if hidden != text.get("hidden_size"):
+            problems.append(f"{where}.model: the EAGLE-3 head was built for hidden size {hidden}, "
+                            f"the target's is {text.get('hidden_size')}")
+    if drafter.get("vocab_size") != vocab:
+        problems.append(f"{where}.model: vocabulary of {drafter.get('vocab_size')} tokens, the target's has {vocab}")
+    return problems

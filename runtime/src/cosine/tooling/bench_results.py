@@ -22,10 +22,14 @@ from cosine.model_store import last_bench_path
 from cosine.placement import EVIDENCE_KEY, Evidence, evidence_document
 
 ABLATIONS = {"cosine-nofusion": {"fusion": False}, "cosine-nobranch": {"branches": 0},
-             "cosine-acceptance": {"draftLength": "acceptanceRate"}}  # spec.speculation overrides
-SYSTEMS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-draft", "cosine-lookup", "cosine", *ABLATIONS)
+             "cosine-acceptance": {"draftLength": "acceptanceRate"},
+             "cosine-draft-nolookup": {"promptLookup": False}}  # spec.speculation overrides
+# CoSine with the engine's own drafter (spec.verifier.speculator: the bench's drafter model in
+# vLLM's draft_model, at vllm-draft's k), as `vllm-draft` runs it alone
+SPECULATOR_SYSTEMS = {"cosine-draft": "draftModel", "cosine-draft-nolookup": "draftModel"}
+SYSTEMS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-draft", "cosine-lookup", "cosine", "cosine-draft", *ABLATIONS)
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ABLATIONS)
-CLUSTERS = ("cosine", *ABLATIONS)  # the systems that run the embedded cluster (`cosine serve`)
+CLUSTERS = ("cosine", "cosine-draft", *ABLATIONS)  # the systems that run the embedded cluster (`cosine serve`)
 REFERENCE = "vllm"
 PEERS = ("vllm-ngram", "vllm-suffix", "vllm-draft")  # vLLM's own speculation methods
 Scrape = dict[tuple[str, str], float]  # (sample name, pool label or "") -> value, summed over other labels

@@ -115,6 +115,7 @@ from cosine.placement import DEFAULT, MODES, Choice
 from cosine.tooling.bench_results import (
     ABLATIONS,
     CLUSTERS,
+    SPECULATOR_SYSTEMS,
     REFERENCE,
     SYSTEMS,
     Record,
@@ -247,13 +248,17 @@ def placement_env(system: str, placement: str, cpus: Sequence[int]) -> dict[str,
 
 
 def derived_manifest(obj: dict[str, Any], *, speculation: Mapping[str, Any] | None = None,
-                     threads: tuple[int, int] | None = None) -> dict[str, Any]:
-    """A copy of a CoSineCluster manifest with `speculation`'s keys set in `spec.speculation` and,
-    given `threads` (verifier, each pool: `placement_threads`), the verifier's and each pool's `threads`."""
+                     threads: tuple[int, int] | None = None,
+                     speculator: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A copy of a CoSineCluster manifest with `speculation`'s keys set in `spec.speculation`,
+    `speculator` as `spec.verifier.speculator` and, given `threads` (verifier, each pool:
+    `placement_threads`), the verifier's and each pool's `threads`."""
     out = copy.deepcopy(obj)
     spec = out.setdefault("spec", {})
     if speculation:
         spec["speculation"] = {**(spec.get("speculation") or {}), **speculation}
+    if speculator:
+        spec["verifier"]["speculator"] = dict(speculator)
     if threads is not None:
         spec["verifier"]["threads"], drafter_threads = threads
         for pool in spec.get("drafterPools") or []:
@@ -261,16 +266,24 @@ def derived_manifest(obj: dict[str, Any], *, speculation: Mapping[str, Any] | No
     return out
 
 
-# (spec.speculation overrides, (verifier threads, threads per pool) or None: the manifest's own)
-Variant = tuple[tuple[tuple[str, Any], ...], tuple[int, int] | None]
+# (spec.speculation overrides, (verifier threads, threads per pool) or None: the manifest's own,
+# spec.verifier.speculator's (method, model) or ())
+Variant = tuple[tuple[tuple[str, Any], ...], tuple[int, int] | None, tuple[str, ...]]
 
 
-def _manifest_variant(system: str, placement: str, cpus: Sequence[int]) -> Variant:
-    """(spec.speculation overrides, threads) of the manifest copy a system runs from;
-    ((), None) = the input manifest."""
+def _manifest_variant(system: str, placement: str, cpus: Sequence[int], drafter_model: str = "",
+                      peer_k: int = 4) -> Variant:
+    """(spec.speculation overrides, threads, speculator) of the manifest copy a system runs from;
+    ((), None, ()) = the input manifest. A system with the engine's own drafter
+    (`SPECULATOR_SYSTEMS`) drafts with `drafter_model` at `peer_k` tokens, as `vllm-draft`."""
     if not system.startswith("cosine"):
-        return (), None
-    return tuple(sorted(ABLATIONS.get(system, {}).items())), placement_threads(placement, len(cpus))
+        return (), None, ()
+    overrides = dict(ABLATIONS.get(system, {}))
+    speculator: tuple[str, ...] = ()
+    if system in SPECULATOR_SYSTEMS:
+        overrides["maxDraftLen"] = peer_k
+        speculator = (SPECULATOR_SYSTEMS[system], drafter_model)
+    return tuple(sorted(overrides.items())), placement_threads(placement, len(cpus)), speculator
 
 
 def peer_command(system: str, manifest: Manifest, port: int, drafter_model: str, peer_k: int, suffix_k: int,
@@ -622,14 +635,15 @@ def run_bench(prompts: Sequence[Prompt], systems: Sequence[str], concurrencies: 
     with tempfile.TemporaryDirectory(prefix="cosine-bench-") as tmp, _progress() as progress:
         overall = progress.add_task("all runs", total=len(runs) * len(prompts))
         current = progress.add_task("", total=len(prompts))
-        manifests: dict[Variant, Manifest] = {((), None): manifest}
+        manifests: dict[Variant, Manifest] = {((), None, ()): manifest}
         for run in runs:
             system, run_placement = system_placement(run.system, placement, auto_mode)
-            variant = _manifest_variant(system, run_placement, cpus)
+            variant = _manifest_variant(system, run_placement, cpus, drafter_model, peer_k)
             if variant not in manifests:
                 path = Path(tmp) / f"cluster-{len(manifests)}.yaml"
+                speculator = dict(zip(("method", "model"), variant[2], strict=True)) if variant[2] else None
                 path.write_text(yaml.safe_dump(derived_manifest(manifest.obj, speculation=dict(variant[0]),
-                                                                threads=variant[1])))
+                                                                threads=variant[1], speculator=speculator)))
                 manifests[variant] = load_manifest(path)
             extra_env = placement_env(system, run_placement, cpus)
             port = processes.free_port()
@@ -726,9 +740,10 @@ def _draft_costs(manifest: Manifest, prompts: Sequence[Prompt], concurrencies: S
 
 
 def _manifest_note(variant: Variant) -> str:
-    overrides, threads = variant
+    overrides, threads, speculator = variant
     notes = [*(f"spec.speculation.{k}: {json.dumps(v)}" for k, v in overrides),
-             *([f"verifier threads {threads[0]}, each pool's {threads[1]}"] if threads else [])]
+             *([f"verifier threads {threads[0]}, each pool's {threads[1]}"] if threads else []),
+             *([f"spec.verifier.speculator: {speculator[0]} {speculator[1]}"] if speculator else [])]
     return "; ".join(notes) or "as given"
 
 
