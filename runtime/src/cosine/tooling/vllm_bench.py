@@ -115,8 +115,8 @@ from cosine.placement import DEFAULT, MODES, Choice
 from cosine.tooling.bench_results import (
     ABLATIONS,
     CLUSTERS,
-    SPECULATOR_SYSTEMS,
     REFERENCE,
+    SPECULATOR_SYSTEMS,
     SYSTEMS,
     Record,
     Scrape,
