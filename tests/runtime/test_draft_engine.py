@@ -284,3 +284,29 @@ def test_vllm_engine_drafts_greedily_in_batches():
     assert nxt.token_ids[0] == together[0].token_ids[2] or together[0].confidences[2] < 0.25
     eng.release("b0")
     assert eng.num_requests() == 5
+
+
+def test_a_crash_prone_llama_cpp_backend_is_recognised():
+    from cosine.draft_engine import crash_prone_backend
+
+    native_spr = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |"
+    assert crash_prone_backend(native_spr)
+    assert not crash_prone_backend("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | REPACK = 1 |")
+
+
+@pytest.mark.real_model
+def test_the_installed_llama_cpp_loads_drafters_without_the_amx_backend(llama_engine):
+    """`make install` and the images build llama.cpp with GGML_NATIVE=OFF: on a CPU with AMX a
+    native build would repack the weights into ggml's AMX buffer and segfault on the first decode
+    (ggml-org/llama.cpp#20824). Fails if a drafter engine loads with that backend."""
+    import llama_cpp
+
+    from cosine.draft_engine import crash_prone_backend
+
+    info = llama_cpp.llama_print_system_info().decode()
+    assert not crash_prone_backend(info) or not llama_engine.extra_buffer_types, info
+    from cosine.draft_engine import DraftJob
+
+    (result,) = llama_engine.draft([DraftJob("amx", _ids("def add(a, b):"), 4)])  # the decode that crashed
+    assert len(result.token_ids) == 4
+    llama_engine.release("amx")

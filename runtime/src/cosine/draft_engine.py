@@ -31,6 +31,14 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
+def crash_prone_backend(system_info: str) -> bool:
+    """Whether llama.cpp's `llama_print_system_info()` shows a CPU backend known to crash a drafter:
+    the AMX one (`AMX_INT8 = 1`), whose extra buffer type segfaults on the first decode on
+    virtualized hosts with AMX (Sapphire Rapids and later: GCP C4, AWS m7i/c7i;
+    ggml-org/llama.cpp#20824, ollama#17249)."""
+    return "AMX_INT8 = 1" in system_info or "AMX = 1" in system_info
+
+
 @dataclass(frozen=True)
 class DraftJob:
     """One request's ask: continue `context_ids` (prompt + every token emitted so far) by at most
@@ -140,6 +148,15 @@ class LlamaCppEngine:
         self.name = name
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
+        if crash_prone_backend(llama_cpp.llama_print_system_info().decode()):
+            # ggml's AMX buffer type (weights repacked at load, "AMX model buffer") segfaults on the
+            # first decode on virtualized hosts (ggml-org/llama.cpp#20824); `make install` and the
+            # images build without it (GGML_NATIVE=OFF). A build made elsewhere keeps its other
+            # kernels and loses the extra buffer types.
+            log.warning("llama.cpp was built with its AMX backend (ggml-org/llama.cpp#20824 crashes it): "
+                        "loading %s without extra buffer types; rebuild with CMAKE_ARGS=-DGGML_NATIVE=OFF", gguf_path)
+            mparams.use_extra_bufts = False
+        self.extra_buffer_types = bool(mparams.use_extra_bufts)
         self._model = llama_cpp.llama_model_load_from_file(str(gguf_path).encode(), mparams)
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {gguf_path}")
