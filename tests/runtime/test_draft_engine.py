@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from cosine.draft_engine import DraftBatcher, DraftJob, DraftResult, branch_points, greedy_with_confidence
+from cosine.draft_engine import DraftBatcher, DraftJob, branch_points, greedy_with_confidence
+from cosine.drafter import Draft
 
 
 class RecordingEngine:
@@ -34,8 +35,8 @@ class RecordingEngine:
         self.gate.wait()
         self.rounds.append([j.request_id for j in jobs])
         self.state.update(j.request_id for j in jobs)
-        return [DraftResult(tuple(j.context_ids[-1] + 1 + i for i in range(j.max_tokens)), (0.9,) * j.max_tokens,
-                            0.0) for j in jobs]
+        return [Draft(tuple(j.context_ids[-1] + 1 + i for i in range(j.max_tokens)), (0.9,) * j.max_tokens,
+                      "fake", 0.0) for j in jobs]
 
     def release(self, request_id):
         self.state.discard(request_id)
@@ -226,7 +227,7 @@ def test_llamacpp_drafts_past_the_expected_tokens_and_from_their_rejection_point
     for n, b in enumerate(r.branches):
         assert b.token_ids[0] != expected[b.prefix_len]  # the alternative to the expected token
         alone = llama_engine.draft([DraftJob(f"b{n}", ctx + expected[: b.prefix_len] + b.token_ids[:1], 4)])[0]
-        _same_up_to_a_near_tie(DraftResult(b.token_ids[1:], b.confidences[1:], 0.0), alone)
+        _same_up_to_a_near_tie(Draft(b.token_ids[1:], b.confidences[1:], "coder", 0.0), alone)
     for rid in ("plain", "x", "main", "b0", "b1"):
         llama_engine.release(rid)
     assert llama_engine.num_requests() == 0

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from cosine_spec.settings import SpeculationSpec
 
-from cosine.draft_engine import Branch, DraftResult
+from cosine.drafter import Draft, DraftBranch
 from cosine.pool_policy import PoolPolicy
 from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 from cosine.transport.drafter_service import DrafterServicer, serve
@@ -44,9 +44,9 @@ class RuleEngine:
             self.held.update(j.request_id for j in jobs)
             self.batch_sizes.append(len(jobs))
         self.jobs = list(jobs)
-        return [DraftResult(tuple((j.context_ids[-1] + 1 + i) % 50 for i in range(j.max_tokens)),
-                            (0.9,) * j.max_tokens, 0.0, len(j.expected),
-                            tuple(Branch(i, (40 + i,), (0.3,)) for i in range(j.max_branches))) for j in jobs]
+        return [Draft(tuple((j.context_ids[-1] + 1 + i) % 50 for i in range(j.max_tokens)),
+                      (0.9,) * j.max_tokens, "fake", 0.0, len(j.expected),
+                      tuple(DraftBranch(i, (40 + i,), (0.3,)) for i in range(j.max_branches))) for j in jobs]
 
     def release(self, request_id):
         with self._lock:

@@ -28,6 +28,8 @@ from typing import Protocol
 
 import numpy as np
 
+from cosine.drafter import Draft, DraftBranch
+
 log = logging.getLogger(__name__)
 
 
@@ -49,7 +51,7 @@ class DraftJob:
     is asked during that verification, so its draft is used at the step after). An engine that
     supports it drafts past `expected` (the outcome where all of it is accepted) and, for up to
     `max_branches` rejection points, from `expected[:i]` plus its best guess of the target's token
-    at i (`Branch`); without it, the draft continues `context_ids` and the next step can use it
+    at i (`drafter.DraftBranch`); without it, the draft continues `context_ids` and the next step can use it
     only if the target emits the draft's own first tokens."""
 
     request_id: str
@@ -60,38 +62,13 @@ class DraftJob:
     max_branches: int = 0
 
 
-@dataclass(frozen=True)
-class Branch:
-    """A draft for another outcome of the verification running now: it continues
-    `context_ids + expected[:prefix_len]` (the target rejected `expected[prefix_len]`), and its
-    first token is the drafter's best guess of the target's own token there."""
-
-    prefix_len: int
-    token_ids: tuple[int, ...]
-    confidences: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class DraftResult:
-    """token_ids: the draft tokens (k <= max_tokens), continuing `context_ids +
-    expected[:prefix_len]` (prefix_len 0: an engine that ignores `expected`). confidences: the
-    drafter's top-1 probability at each, in [0, 1]. draft_s: wall seconds of the batched round
-    this draft was made in. branches: drafts for rejection points of `expected` (`Branch`)."""
-
-    token_ids: tuple[int, ...]
-    confidences: tuple[float, ...]
-    draft_s: float
-    prefix_len: int = 0
-    branches: tuple[Branch, ...] = ()
-
-
 class DraftEngine(Protocol):
     """What a drafter pool drafts on. `draft` is only ever called from one thread (the batcher's)."""
 
     name: str
     vocab_size: int
 
-    def draft(self, jobs: Sequence[DraftJob]) -> list[DraftResult]:
+    def draft(self, jobs: Sequence[DraftJob]) -> list[Draft]:
         """One result per job, in order; jobs have distinct request ids."""
         ...
 
@@ -274,7 +251,7 @@ class LlamaCppEngine:
                 rows[key].append(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy())
         return {key: np.stack(r) for key, r in rows.items()}
 
-    def draft(self, jobs: Sequence[DraftJob]) -> list[DraftResult]:
+    def draft(self, jobs: Sequence[DraftJob]) -> list[Draft]:
         """Draft every job together; see the class docstring and `DraftJob` (with `expected`, the
         draft continues past it and branches are drafted from `branch_points`). Raises
         RuntimeError if llama.cpp fails."""
@@ -329,12 +306,12 @@ class LlamaCppEngine:
         out = []
         for j in jobs:
             if j.request_id not in streams:
-                out.append(DraftResult((), (), draft_s))
+                out.append(Draft((), (), self.name, draft_s))
                 continue
             _, e, tokens, confs = streams[j.request_id]
-            branches = tuple(Branch(streams[f][1], tuple(streams[f][2]), tuple(streams[f][3]))
+            branches = tuple(DraftBranch(streams[f][1], tuple(streams[f][2]), tuple(streams[f][3]))
                              for f, rid in forks if rid == j.request_id and streams[f][2])
-            out.append(DraftResult(tuple(tokens), tuple(confs), draft_s, e, branches))
+            out.append(Draft(tuple(tokens), tuple(confs), self.name, draft_s, e, branches))
         return out
 
 
@@ -477,7 +454,7 @@ class VllmEngine:
         """Forget the request (vLLM's prefix cache evicts its blocks itself)."""
         self._known.discard(request_id)  # vLLM's prefix cache evicts the blocks by itself
 
-    def draft(self, jobs: Sequence[DraftJob]) -> list[DraftResult]:
+    def draft(self, jobs: Sequence[DraftJob]) -> list[Draft]:
         """One result per job, in order: up to `max_tokens` greedy tokens each, all jobs in one
         `generate`, cut at the first token whose probability is below `min_confidence`. Ignores
         `expected` (prefix_len 0, no branches); jobs with no context or `max_tokens` <= 0 get an
@@ -490,7 +467,7 @@ class VllmEngine:
                   for j in todo]
         outs = self._llm.generate([TokensPrompt(prompt_token_ids=list(j.context_ids)) for j in todo], params,
                                   use_tqdm=False) if todo else []
-        results: dict[str, DraftResult] = {}
+        results: dict[str, Draft] = {}
         draft_s = time.perf_counter() - t0
         for j, o in zip(todo, outs, strict=True):
             self._known.add(j.request_id)
@@ -502,8 +479,8 @@ class VllmEngine:
                     break
                 toks.append(int(tok))
                 confs.append(conf)
-            results[j.request_id] = DraftResult(tuple(toks), tuple(confs), draft_s)
-        empty = DraftResult((), (), draft_s)
+            results[j.request_id] = Draft(tuple(toks), tuple(confs), self.name, draft_s)
+        empty = Draft((), (), self.name, draft_s)
         return [results.get(j.request_id, empty) for j in jobs]
 
 
@@ -529,14 +506,14 @@ class SequentialEngine:
         self._known.discard(request_id)
         self.drafter.release(request_id)  # type: ignore[attr-defined]
 
-    def draft(self, jobs: Sequence[DraftJob]) -> list[DraftResult]:
+    def draft(self, jobs: Sequence[DraftJob]) -> list[Draft]:
         """One result per job, in order, each from the drafter's `propose` (`expected` is ignored)."""
         out = []
         for j in jobs:
             self._known.add(j.request_id)
             d = self.drafter.propose(j.request_id, j.context_ids, j.max_tokens,  # type: ignore[attr-defined]
                                      min_confidence=j.min_confidence)
-            out.append(DraftResult(tuple(d.token_ids), tuple(d.confidences), d.draft_s))
+            out.append(Draft(tuple(d.token_ids), tuple(d.confidences), self.name, d.draft_s))
         return out
 
 
@@ -552,14 +529,14 @@ class _Pending:
 class DraftBatcher:
     """Runs an engine on one thread: every `Propose` pending when a round starts joins that round.
 
-    `submit` returns a Future of the `DraftResult`; `release` is applied between rounds, in arrival
+    `submit` returns a Future of the `Draft`; `release` is applied between rounds, in arrival
     order with the drafts: a release cancels a queued draft of the same request and, if its draft
     is in the running round, frees the request's state right after the round, so a release that
     races a draft always wins (no per-request state is left behind).
     """
 
     def __init__(self, engine: DraftEngine, *, max_batch: int = 64,
-                 on_round: Callable[[float, Sequence[DraftResult]], None] | None = None) -> None:
+                 on_round: Callable[[float, Sequence[Draft]], None] | None = None) -> None:
         self.engine = engine
         self.max_batch = max_batch
         self.on_round = on_round  # (seconds, results) after every successful round
@@ -575,7 +552,7 @@ class DraftBatcher:
         self._thread.start()
 
     def submit(self, job: DraftJob) -> Future:
-        """Queue a draft; the Future's result is a `DraftResult` (or the engine's exception)."""
+        """Queue a draft; the Future's result is a `Draft` (or the engine's exception)."""
         fut: Future = Future()
         with self._cv:
             self._queue.append(_Pending(job, fut))
@@ -590,12 +567,12 @@ class DraftBatcher:
             return self.busy_s + running
 
     def release(self, request_id: str) -> None:
-        """Cancel the request's queued drafts (their Futures get an empty `DraftResult`) and free its
+        """Cancel the request's queued drafts (their Futures get an empty `Draft`) and free its
         engine state before the next round."""
         with self._cv:
             for p in [p for p in self._queue if p.job.request_id == request_id]:
                 self._queue.remove(p)
-                p.future.set_result(DraftResult((), (), 0.0))
+                p.future.set_result(Draft((), (), "", 0.0))
             self._releases.append(request_id)
             self._cv.notify()
 

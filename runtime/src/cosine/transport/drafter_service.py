@@ -28,7 +28,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 
-from cosine.draft_engine import DraftBatcher, DraftEngine, DraftJob, DraftResult
+from cosine.draft_engine import DraftBatcher, DraftEngine, DraftJob
+from cosine.drafter import Draft
 from cosine.transport import drafter_pb2 as pb
 from cosine.transport import drafter_pb2_grpc as pb_grpc
 from cosine.transport import tls
@@ -163,7 +164,7 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         fut = self.batcher.submit(job)
         remaining = context.time_remaining()
         try:
-            result: DraftResult = fut.result(timeout=remaining if remaining is not None else None)
+            result: Draft = fut.result(timeout=remaining if remaining is not None else None)
         except futures.TimeoutError:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"request {rid}: draft not ready before the deadline")
         except Exception as e:  # noqa: BLE001 - the engine's error, as a status
@@ -198,7 +199,7 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         """Stop the batcher (see `DraftBatcher.close`)."""
         self.batcher.close()
 
-    def _count_round(self, seconds: float, results: Sequence[DraftResult]) -> None:
+    def _count_round(self, seconds: float, results: Sequence[Draft]) -> None:
         self.metrics.rounds.inc()
         self.metrics.batched.inc(len(results))
 
