@@ -26,34 +26,34 @@ POOL = {"namespace": "prod", "pool": "code"}
 CASES: dict[str, tuple[str, dict[str, str], dict[str, str], str, dict[str, str]]] = {
     "CoSineAcceptanceCollapsed": (
         "1m",
-        {'cosine:spec_decode_num_accepted_tokens_total{namespace="prod",pool="code",pod="v-1"}':
+        {'cosine_spec_decode_num_accepted_tokens_total{namespace="prod",pool="code",pod="v-1"}':
          "0+80x1440 115200+10x120",
-         'cosine:spec_decode_num_draft_tokens_total{namespace="prod",pool="code",pod="v-1"}': "0+100x1560"},
-        {'cosine:spec_decode_num_accepted_tokens_total{namespace="prod",pool="code",pod="v-1"}': "0+80x1560",
-         'cosine:spec_decode_num_draft_tokens_total{namespace="prod",pool="code",pod="v-1"}': "0+100x1560"},
+         'cosine_spec_decode_num_draft_tokens_total{namespace="prod",pool="code",pod="v-1"}': "0+100x1560"},
+        {'cosine_spec_decode_num_accepted_tokens_total{namespace="prod",pool="code",pod="v-1"}': "0+80x1560",
+         'cosine_spec_decode_num_draft_tokens_total{namespace="prod",pool="code",pod="v-1"}': "0+100x1560"},
         "26h", POOL),
     "CoSineDraftsMostlyLate": (
         "1m",
-        {'cosine:spec_decode_drafts_late_total{namespace="prod",pool="code",pod="v-1"}': "0+60x40",
-         'cosine:spec_decode_num_drafts_total{namespace="prod",pool="code",pod="v-1"}': "0+20x40"},
-        {'cosine:spec_decode_drafts_late_total{namespace="prod",pool="code",pod="v-1"}': "0+20x40",
-         'cosine:spec_decode_num_drafts_total{namespace="prod",pool="code",pod="v-1"}': "0+60x40"},
+        {'cosine_spec_decode_drafts_late_total{namespace="prod",pool="code",pod="v-1"}': "0+60x40",
+         'cosine_spec_decode_num_drafts_total{namespace="prod",pool="code",pod="v-1"}': "0+20x40"},
+        {'cosine_spec_decode_drafts_late_total{namespace="prod",pool="code",pod="v-1"}': "0+20x40",
+         'cosine_spec_decode_num_drafts_total{namespace="prod",pool="code",pod="v-1"}': "0+60x40"},
         "35m", POOL),
     "CoSinePoolDown": (
         "1m",
-        {'cosine:drafter_asks_skipped_total{namespace="prod",pool="code",reason="down",pod="v-1"}': "0+30x20"},
-        {'cosine:drafter_asks_skipped_total{namespace="prod",pool="code",reason="yield",pod="v-1"}': "0+30x20"},
+        {'cosine_drafter_asks_skipped_total{namespace="prod",pool="code",reason="down",pod="v-1"}': "0+30x20"},
+        {'cosine_drafter_asks_skipped_total{namespace="prod",pool="code",reason="yield",pod="v-1"}': "0+30x20"},
         "15m", POOL),
     "CoSinePoolTooSlow": (
         "1m",
-        {'cosine:spec_decode_drafts_late_total{namespace="prod",pool="code",pod="v-1"}': "0+60x40",
-         'cosine:spec_decode_num_drafts_total{namespace="prod",pool="code",pod="v-1"}': "0+20x40",
-         'cosine:drafter_rounds_total{namespace="prod",pool="code",pod="d-1"}': "0+50x40",
-         'cosine:drafter_batched_requests_total{namespace="prod",pool="code",pod="d-1"}': "0+55x40"},
-        {'cosine:spec_decode_drafts_late_total{namespace="prod",pool="code",pod="v-1"}': "0+60x40",
-         'cosine:spec_decode_num_drafts_total{namespace="prod",pool="code",pod="v-1"}': "0+20x40",
-         'cosine:drafter_rounds_total{namespace="prod",pool="code",pod="d-1"}': "0+10x40",
-         'cosine:drafter_batched_requests_total{namespace="prod",pool="code",pod="d-1"}': "0+80x40"},
+        {'cosine_spec_decode_drafts_late_total{namespace="prod",pool="code",pod="v-1"}': "0+60x40",
+         'cosine_spec_decode_num_drafts_total{namespace="prod",pool="code",pod="v-1"}': "0+20x40",
+         'cosine_drafter_rounds_total{namespace="prod",pool="code",pod="d-1"}': "0+50x40",
+         'cosine_drafter_batched_requests_total{namespace="prod",pool="code",pod="d-1"}': "0+55x40"},
+        {'cosine_spec_decode_drafts_late_total{namespace="prod",pool="code",pod="v-1"}': "0+60x40",
+         'cosine_spec_decode_num_drafts_total{namespace="prod",pool="code",pod="v-1"}': "0+20x40",
+         'cosine_drafter_rounds_total{namespace="prod",pool="code",pod="d-1"}': "0+10x40",
+         'cosine_drafter_batched_requests_total{namespace="prod",pool="code",pod="d-1"}': "0+80x40"},
         "35m", POOL),
     "CoSineVerifierQueueBuildingUp": (
         "1m",
@@ -120,7 +120,7 @@ def test_every_alert_has_a_case_a_runbook_and_only_known_metrics(rules: list[dic
         url = rule["annotations"]["runbook_url"]
         assert url.startswith(RUNBOOK + "#"), url
         assert f"\n## {url.split('#')[1]}\n" in runbooks, name
-        for metric in re.findall(r"\b((?:cosine|vllm):[a-z_:]+|cosine_operator_[a-z_]+)", rule["expr"]):
+        for metric in re.findall(r"\b(vllm:[a-z_:]+|cosine_[a-z_]+)", rule["expr"]):
             assert metric in known, (name, metric)
 
 

@@ -131,7 +131,7 @@ def _chat(client, prompt: str, stream: bool = False) -> str:
 
 
 def _counter(metrics_url: str, name: str, pool: str) -> float:
-    """A `cosine:` counter of one draft source (prompt lookup is pool="lookup")."""
+    """A `cosine_` counter of one draft source (prompt lookup is pool="lookup")."""
     for line in httpx.get(metrics_url).text.splitlines():
         if line.startswith(name + "{") and f'pool="{pool}"' in line:
             return float(line.rsplit(" ", 1)[1])
@@ -140,8 +140,8 @@ def _counter(metrics_url: str, name: str, pool: str) -> float:
 
 def _pool_asked(metrics_url: str, pool: str = "small") -> float:
     """Draft calls the proposer made to a pool that were in flight or verified."""
-    return (_counter(metrics_url, "cosine:spec_decode_drafts_late_total", pool)
-            + _counter(metrics_url, "cosine:spec_decode_num_drafts_total", pool))
+    return (_counter(metrics_url, "cosine_spec_decode_drafts_late_total", pool)
+            + _counter(metrics_url, "cosine_spec_decode_num_drafts_total", pool))
 
 
 class TestFixedCluster:
@@ -156,7 +156,7 @@ class TestFixedCluster:
             assert _chat(client, p, stream=True) == reference[p]
         # the pool's drafts (llama.cpp on the same model's GGUF, its own core) reached vLLM and were
         # accepted: the output above is still the target's own
-        assert _counter(metrics_url, "cosine:spec_decode_num_accepted_tokens_total", "small") > 0
+        assert _counter(metrics_url, "cosine_spec_decode_num_accepted_tokens_total", "small") > 0
         assert _pool_asked(metrics_url) > 0
         vllm_metrics = httpx.get(f"{base}/metrics").text
         assert "vllm:spec_decode_num_accepted_tokens_total" in vllm_metrics
@@ -164,10 +164,10 @@ class TestFixedCluster:
         # vLLM's series (written by the engine core, served by vLLM's server), and on CoSine's
         for text in (vllm_metrics, httpx.get(metrics_url).text):
             rates = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                     if line.startswith("cosine:suffix_tree_hit_rate{")]
+                     if line.startswith("cosine_suffix_tree_hit_rate{")]
             assert rates and 0 < rates[0] <= 1, text[-2000:]
             tokens = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                      if line.startswith("cosine:suffix_tree_tokens{")]
+                      if line.startswith("cosine_suffix_tree_tokens{")]
             assert tokens and tokens[0] > 0
 
     def test_api_contract(self, cluster):
@@ -201,10 +201,10 @@ class TestFixedCluster:
             assert time.monotonic() < deadline, "drafter was not restarted"
             time.sleep(1)
         time.sleep(8)  # model load + the proposer's down window for a failed pool
-        before = _counter(metrics_url, "cosine:drafter_calls_total", "small")
+        before = _counter(metrics_url, "cosine_drafter_calls_total", "small")
         for p in PROMPTS:
             assert _chat(client, p) == reference[p]
-        assert _counter(metrics_url, "cosine:drafter_calls_total", "small") > before, (
+        assert _counter(metrics_url, "cosine_drafter_calls_total", "small") > before, (
             "the restarted drafter answers draft calls again")
 
     def test_sigterm_to_a_replica_hands_its_requests_back(self, cluster, reference):
@@ -272,10 +272,10 @@ class TestFixedCluster:
 
     def test_a_real_prometheus_reads_every_dashboard_panel_and_alert_series(self, cluster, tmp_path):
         """Debian's Prometheus (cached, `tests/operator/prometheus_tools.py`) scrapes this cluster's
-        verifier (vLLM's `vllm:` series and the proposer's `cosine:`), its pool replicas and
+        verifier (vLLM's `vllm:` series and the proposer's `cosine_`), its pool replicas and
         `cosine serve`'s own series while requests run; every query of the speculation dashboard
         (`tools/dashboards.py`, its variables set to match all) returns series through Prometheus's
-        HTTP API, and every `cosine:`/`vllm:` metric an alert names is among the scraped series.
+        HTTP API, and every `cosine_`/`vllm:` metric an alert names is among the scraped series.
         Catches: a misspelled or renamed metric, a label a query groups by that no series has, a
         counter that exists only once something went wrong (an empty panel on a healthy cluster)."""
         import importlib.util
@@ -340,7 +340,7 @@ class TestFixedCluster:
             print("\n" + json.dumps(answers, indent=1))
             names = set(httpx.get(f"{api}/label/__name__/values").json()["data"])
             alerts = (root / "charts" / "cosine-operator" / "files" / "alerts.yaml").read_text()
-            named = set(re.findall(r"\b((?:cosine|vllm):[a-z_:]+)", alerts))
+            named = set(re.findall(r"\b(vllm:[a-z_:]+|cosine_(?!operator_)[a-z_]+)", alerts))
             assert named and named <= names, sorted(named - names)
         finally:
             prom.terminate()
@@ -366,12 +366,12 @@ def _address(pid: int) -> str:
 
 
 def _replica(metrics_url: str, address: str) -> dict[str, float] | None:
-    """The verifier's `cosine:drafter_replica_*` series of the replica at `address`: calls,
+    """The verifier's `cosine_drafter_replica_*` series of the replica at `address`: calls,
     errors, held (requests assigned now), rehomed; None before it is known."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    names = {"cosine:drafter_replica_calls_total": "calls", "cosine:drafter_replica_errors_total": "errors",
-             "cosine:drafter_replica_requests": "held", "cosine:drafter_replica_rehomed_total": "rehomed"}
+    names = {"cosine_drafter_replica_calls_total": "calls", "cosine_drafter_replica_errors_total": "errors",
+             "cosine_drafter_replica_requests": "held", "cosine_drafter_replica_rehomed_total": "rehomed"}
     out = {}
     for family in text_string_to_metric_families(httpx.get(metrics_url).text):
         for sample in family.samples:
@@ -386,17 +386,17 @@ def _exits(pools_url: str, code: str | None = None) -> float:
 
     return sum(sample.value for family in text_string_to_metric_families(httpx.get(pools_url).text)
                for sample in family.samples
-               if sample.name == "cosine:embedded_replica_exits_total" and code in (None, sample.labels["code"]))
+               if sample.name == "cosine_embedded_replica_exits_total" and code in (None, sample.labels["code"]))
 
 
 def _replica_calls(metrics_url: str) -> dict[str, dict[str, float]]:
-    """pool -> replica address -> draft calls that returned (`cosine:drafter_replica_calls_total`)."""
+    """pool -> replica address -> draft calls that returned (`cosine_drafter_replica_calls_total`)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(httpx.get(metrics_url).text):
         for s in family.samples:
-            if s.name == "cosine:drafter_replica_calls_total":
+            if s.name == "cosine_drafter_replica_calls_total":
                 out.setdefault(s.labels["pool"], {})[s.labels["replica"]] = s.value
     return out
 
@@ -409,9 +409,9 @@ def _embedded(url: str) -> tuple[dict[str, int], float]:
     passes = 0.0
     for family in text_string_to_metric_families(httpx.get(url, timeout=5).text):
         for sample in family.samples:
-            if sample.name == "cosine:embedded_pool_replicas":
+            if sample.name == "cosine_embedded_pool_replicas":
                 replicas[sample.labels["pool"]] = int(sample.value)
-            elif sample.name == "cosine:embedded_autoscaler_passes_total":
+            elif sample.name == "cosine_embedded_autoscaler_passes_total":
                 passes = sample.value
     return replicas, passes
 

@@ -22,7 +22,7 @@ class OperatorMetrics:
     scrape_failures: Counter  # labels: role
     desired_replicas: Gauge  # labels: namespace, cluster, pool
     autoscaler_errors: Counter  # labels: stage (observe/actuate/report): passes that failed and went on
-    pool_price: Gauge  # cosine:drafter_pool_price_usd_per_hour{namespace, cluster, pool}: from the spec
+    pool_price: Gauge  # cosine_drafter_pool_price_usd_per_hour{namespace, cluster, pool}: from the spec
 
     @classmethod
     def create(cls) -> OperatorMetrics:

@@ -188,7 +188,7 @@ def proposer_config(
             (`transport.tls`).
         lookup: run prompt lookup in-process.
         model: the target's path (its tokenizer classifies prompts into domains for routing).
-        metrics_port: serve CoSine's `cosine:` series on this port (0 = none).
+        metrics_port: serve CoSine's `cosine_` series on this port (0 = none).
     """
     return {"speculation": to_spec(speculation or SpeculationSpec()), "pools": [dict(p) for p in pools],
             "lookup": lookup, "model": model, "metrics_port": metrics_port}
