@@ -330,7 +330,8 @@ class TestFixedCluster:
             time.sleep(3)
             answers = {}
             for title, expr in dashboards.queries("cosine-speculation"):
-                q = expr.replace("$namespace", ".*").replace("$pool", ".*").replace("$usd_per_hour", "1")
+                q = (expr.replace("$namespace", ".*").replace("$cluster", ".*").replace("$pool", ".*")
+                     .replace("$usd_per_hour", "1"))
                 result = httpx.get(f"{api}/query", params={"query": q}).json()
                 assert result["status"] == "success", (title, result)
                 series = result["data"]["result"]
@@ -340,7 +341,8 @@ class TestFixedCluster:
             print("\n" + json.dumps(answers, indent=1))
             names = set(httpx.get(f"{api}/label/__name__/values").json()["data"])
             alerts = (root / "charts" / "cosine-operator" / "files" / "alerts.yaml").read_text()
-            named = set(re.findall(r"\b(vllm:[a-z_:]+|cosine_(?!operator_)[a-z_]+)", alerts))
+            exprs = "\n".join(r["expr"] for g in yaml.safe_load(alerts) for r in g["rules"])  # recorded names aside
+            named = set(re.findall(r"(?<![:\w])(vllm:[a-z_]+|cosine_(?!operator_)[a-z_]+)\b", exprs))
             assert named and named <= names, sorted(named - names)
         finally:
             prom.terminate()
