@@ -102,7 +102,8 @@ apiserver: install
 dashboards: install
 	$(BIN)/python tools/dashboards.py
 
-# Prometheus's prometheus and promtool from Debian, cached beside the CRD server (alert rule tests).
+# Prometheus 2.42 (Debian bookworm) and 3.x (sid): prometheus and promtool, cached beside the CRD server
+# (the rule tests, and the real-Prometheus test of the dashboards and alerts).
 prometheus: apiserver
 	$(BIN)/python tests/operator/prometheus_tools.py
 

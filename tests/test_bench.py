@@ -243,18 +243,18 @@ def test_split_placement_binds_peers_to_every_core_and_leaves_cosine_to_its_mani
 
 
 def test_summarize_pool_and_drafter_figures():
-    before = {("cosine:spec_decode_num_draft_tokens_total", "coder"): 10.0,
-              ("cosine:verifier_steps_total", ""): 5.0, ("cosine:verifier_busy_seconds_total", ""): 1.0}
-    after = {("cosine:spec_decode_num_draft_tokens_total", "coder"): 30.0,
-             ("cosine:spec_decode_num_accepted_tokens_total", "coder"): 15.0,
-             ("cosine:spec_decode_num_draft_tokens_total", "lookup"): 4.0,
-             ("cosine:spec_decode_drafts_late_total", "coder"): 3.0,
-             ("cosine:drafter_rtt_seconds", "coder"): 0.25,
-             ("cosine:verifier_steps_total", ""): 25.0, ("cosine:verifier_steps_with_draft_total", ""): 10.0,
-             ("cosine:verifier_busy_seconds_total", ""): 5.0}
-    drafter = [("coder", {("cosine:drafter_busy_seconds_total", "coder"): 1.0},
-                {("cosine:drafter_busy_seconds_total", "coder"): 5.0,
-                 ("cosine:drafter_draft_tokens_total", "coder"): 40.0}),
+    before = {("cosine_spec_decode_num_draft_tokens_total", "coder"): 10.0,
+              ("cosine_verifier_steps_total", ""): 5.0, ("cosine_verifier_busy_seconds_total", ""): 1.0}
+    after = {("cosine_spec_decode_num_draft_tokens_total", "coder"): 30.0,
+             ("cosine_spec_decode_num_accepted_tokens_total", "coder"): 15.0,
+             ("cosine_spec_decode_num_draft_tokens_total", "lookup"): 4.0,
+             ("cosine_spec_decode_drafts_late_total", "coder"): 3.0,
+             ("cosine_drafter_rtt_seconds", "coder"): 0.25,
+             ("cosine_verifier_steps_total", ""): 25.0, ("cosine_verifier_steps_with_draft_total", ""): 10.0,
+             ("cosine_verifier_busy_seconds_total", ""): 5.0}
+    drafter = [("coder", {("cosine_drafter_busy_seconds_total", "coder"): 1.0},
+                {("cosine_drafter_busy_seconds_total", "coder"): 5.0,
+                 ("cosine_drafter_draft_tokens_total", "coder"): 40.0}),
                ("coder", {}, {})]  # a second replica whose /metrics did not answer
     row = bench_results.summarize([Record("cosine", 1, 1, "a", "code", "x", 9, 0.5, 2.5)], 8.0, before, after, drafter)
     assert row["pools"]["coder"]["draft_tokens"] == 20 and row["pools"]["coder"]["acceptance_rate"] == 0.75

@@ -19,6 +19,12 @@ from cosine.proposer_stats import ProposerStats
 from cosine.transport.drafter_service import DrafterMetrics
 
 
+def _cosine_names() -> set[str]:
+    """The contract's CoSine series (vLLM's and the prefixes left out)."""
+    return {v for k, v in vars(metric_names).items()
+            if k.isupper() and isinstance(v, str) and not k.startswith("VLLM_") and not v.endswith("_")}
+
+
 def _verifier_text(stats: ProposerStats, now_s: float) -> str:
     registry = CollectorRegistry()
     registry.register(ProposerCollector(stats, "qwen", clock=iter([0.0, now_s]).__next__))
@@ -73,7 +79,7 @@ def test_every_contract_name_is_exported() -> None:
     text = (generate_latest(registry).decode() + generate_latest(DrafterMetrics("p").registry).decode()
             + generate_latest(embedded.registry).decode())
     exported = {family.name for family in text_string_to_metric_families(text)}
-    names = {v for k, v in vars(metric_names).items() if k.isupper() and not k.startswith("VLLM_")}
+    names = _cosine_names()
     assert names and names <= exported, names - exported
 
 
@@ -97,9 +103,50 @@ def test_a_pool_asked_once_has_every_series_at_zero_until_something_happens() ->
     a dashboard panel or an alert over it sees no series on a healthy cluster, and `rate()` misses
     its first increments."""
     text = _verifier_text(ProposerStats(pool_calls={"code": 3}), 10.0)
-    for series in ('cosine:spec_decode_drafts_late_total{model_name="qwen",pool="code"} 0.0',
-                   'cosine:drafter_errors_total{model_name="qwen",pool="code"} 0.0',
-                   'cosine:spec_decode_num_drafts_total{model_name="qwen",pool="code"} 0.0',
-                   'cosine:drafter_asks_skipped_total{model_name="qwen",pool="code",reason="down"} 0.0',
-                   'cosine:drafter_asks_skipped_total{model_name="qwen",pool="code",reason="late"} 0.0'):
+    for series in ('cosine_spec_decode_drafts_late_total{model_name="qwen",pool="code"} 0.0',
+                   'cosine_drafter_errors_total{model_name="qwen",pool="code"} 0.0',
+                   'cosine_spec_decode_num_drafts_total{model_name="qwen",pool="code"} 0.0',
+                   'cosine_drafter_asks_skipped_total{model_name="qwen",pool="code",reason="down"} 0.0',
+                   'cosine_drafter_asks_skipped_total{model_name="qwen",pool="code",reason="late"} 0.0'):
         assert series in text, series
+
+
+# The Accept headers Prometheus scrapes with (its scrape manager's defaults): 2.x asks for OpenMetrics
+# with no escaping parameter, which prometheus_client 0.26 answers with escaping=underscores
+# (prometheus/client_python#1177); 3.x asks for UTF-8 names.
+PROMETHEUS_2_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                       "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+PROMETHEUS_3_ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"
+                       "application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;"
+                       "q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1")
+
+
+def test_every_name_reads_the_same_to_prometheus_2_and_3() -> None:
+    """Catches: a CoSine series whose name a scrape rewrites (a colon: Prometheus 2.x stored
+    `cosine:drafter_contexts` as `cosine_drafter_contexts`, 3.x kept it), so that a dashboard or an
+    alert sees it on one server and nothing on the other. Every producer's exposition, as
+    prometheus_client negotiates it with each server's Accept header, holds the contract's names."""
+    from prometheus_client.exposition import choose_encoder
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+
+    from cosine.embedded import EmbeddedMetrics
+    from cosine.lookup import SuffixLookup
+    from cosine.metrics import SuffixAffinity
+
+    verifier = CollectorRegistry()
+    verifier.register(ProposerCollector(ProposerStats(draft_tokens={"p": 1}, accepted_tokens={"p": 1}), "m",
+                                        suffix=SuffixAffinity(SuffixLookup(), "m")))
+    embedded = EmbeddedMetrics()
+    embedded.replicas.labels("p").set(1)
+    embedded.errors.labels("observe").inc()
+    embedded.exits.labels("p", "0").inc()
+    registries = (verifier, DrafterMetrics("p").registry, embedded.registry)
+    names = _cosine_names()
+    assert all(":" not in name and name.startswith(metric_names.PREFIX) for name in names), names
+    for accept in (PROMETHEUS_2_ACCEPT, PROMETHEUS_3_ACCEPT):
+        exported: set[str] = set()
+        for registry in registries:
+            encode, content_type = choose_encoder(accept)
+            assert content_type.startswith("application/openmetrics-text"), content_type
+            exported |= {family.name for family in openmetrics_families(encode(registry).decode())}
+        assert names <= exported, (accept, names - exported)

@@ -19,7 +19,7 @@ speed hits both alike. A verifier serves one request at a time (a lock per verif
 deltas are that request's), so TTFT and TPOT are the engine's, not a queue's.
 
 Per request: TTFT (send to first streamed token), TPOT ((last - first token) / (tokens - 1)) and
-the acceptance length (1 + accepted / drafts, from the verifier's cosine: counters before and
+the acceptance length (1 + accepted / drafts, from the verifier's cosine_ counters before and
 after). Reported per mode, turn 1 apart from the later turns (only they can differ by routing),
 with the spread over repeats.
 """
@@ -119,9 +119,9 @@ def _counters(metrics_url: str) -> tuple[float, float]:
     """(accepted draft tokens, drafts) of the verifier's lookup source so far."""
     accepted = drafts = 0.0
     for line in httpx.get(metrics_url, timeout=10).text.splitlines():
-        if line.startswith("cosine:spec_decode_num_accepted_tokens_total{"):
+        if line.startswith("cosine_spec_decode_num_accepted_tokens_total{"):
             accepted += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("cosine:spec_decode_num_drafts_total{"):
+        elif line.startswith("cosine_spec_decode_num_drafts_total{"):
             drafts += float(line.rsplit(" ", 1)[1])
     return accepted, drafts
 

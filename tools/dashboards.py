@@ -29,7 +29,7 @@ OPERATOR_SCRAPE_FAILURES = "cosine_operator_scrape_failures_total"
 OPERATOR_SCALE_DECISIONS = "cosine_operator_scale_decisions_total"
 OPERATOR_DESIRED_REPLICAS = "cosine_operator_desired_replicas"
 
-NS = 'namespace=~"$namespace"'
+NS = 'namespace=~"$namespace", cluster=~"$cluster"'  # `cluster`: the chart's PodMonitor relabels it on
 POOL = f'{NS}, pool=~"$pool"'
 W = "[5m]"
 
@@ -58,61 +58,69 @@ def _rate(name: str, labels: str, by: str) -> str:
     return f"sum by ({by}) (rate({name}{{{labels}}}{W}))"
 
 
+# every query keeps `cluster`: two CoSineClusters in one namespace are two series, never one sum
+BY_POOL = "cluster, pool"
+
+
 SPECULATION: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     ("Drafter pools", (
         PanelSpec("Acceptance rate", "percentunit", (Query(
-            f"{_rate(_t(n.ACCEPTED_TOKENS), POOL, 'pool')} / {_rate(_t(n.DRAFT_TOKENS), POOL, 'pool')}", "{{pool}}"),),
+            f"{_rate(_t(n.ACCEPTED_TOKENS), POOL, BY_POOL)} / {_rate(_t(n.DRAFT_TOKENS), POOL, BY_POOL)}",
+            "{{cluster}}/{{pool}}"),),
             "Share of a source's draft tokens the target accepted (pool=lookup: prompt lookup)."),
         PanelSpec("Mean acceptance length", "short", (Query(
-            f"1 + {_rate(_t(n.ACCEPTED_TOKENS), POOL, 'pool')} / {_rate(_t(n.DRAFTS), POOL, 'pool')}", "{{pool}}"),),
+            f"1 + {_rate(_t(n.ACCEPTED_TOKENS), POOL, BY_POOL)} / {_rate(_t(n.DRAFTS), POOL, BY_POOL)}",
+            "{{cluster}}/{{pool}}"),),
             "Tokens a verification with the source's draft emits: accepted draft tokens plus the bonus token."),
         PanelSpec("Drafts used and late", "ops", (
-            Query(_rate(_t(n.DRAFTS), POOL, "pool"), "{{pool}} used"),
-            Query(_rate(_t(n.DRAFTS_LATE), POOL, "pool"), "{{pool}} late")),
+            Query(_rate(_t(n.DRAFTS), POOL, BY_POOL), "{{cluster}}/{{pool}} used"),
+            Query(_rate(_t(n.DRAFTS_LATE), POOL, BY_POOL), "{{cluster}}/{{pool}} late")),
             "Per second: verifications that carried the pool's draft, and steps its draft was still in flight."),
         PanelSpec("Asks skipped by reason", "ops", (Query(
-            _rate(_t(n.POOL_ASKS_SKIPPED), POOL, "pool, reason"), "{{pool}} {{reason}}"),),
+            _rate(_t(n.POOL_ASKS_SKIPPED), POOL, f"{BY_POOL}, reason"), "{{cluster}}/{{pool}} {{reason}}"),),
             "Draft asks not made: late (drafts would arrive too late to pay), yield (too rarely accepted), "
             "down (no replica answers)."),
         PanelSpec("Round time and round trip", "s", (
-            Query(f"{_rate(_t(n.DRAFTER_BUSY_SECONDS), POOL, 'pool')} / {_rate(_t(n.DRAFTER_ROUNDS), POOL, 'pool')}",
-                  "{{pool}} round"),
-            Query(f"avg by (pool) ({n.POOL_RTT_SECONDS}{{{POOL}}})", "{{pool}} round trip")),
+            Query(f"{_rate(_t(n.DRAFTER_BUSY_SECONDS), POOL, BY_POOL)} / {_rate(_t(n.DRAFTER_ROUNDS), POOL, BY_POOL)}",
+                  "{{cluster}}/{{pool}} round"),
+            Query(f"avg by ({BY_POOL}) ({n.POOL_RTT_SECONDS}{{{POOL}}})", "{{cluster}}/{{pool}} round trip")),
             "A drafter's seconds per batched round, and a draft call's wall time seen from the verifier."),
         PanelSpec("Replicas: serving and desired", "short", (
-            Query(f"count by (pool) ({n.DRAFTER_CONTEXTS}{{{POOL}}})", "{{pool}} serving"),
-            Query(f"max by (pool) ({OPERATOR_DESIRED_REPLICAS}{{{POOL}}}) "
-                  f"or max by (pool) ({n.EMBEDDED_REPLICAS}{{{POOL}}})", "{{pool}} desired")),
+            Query(f"count by ({BY_POOL}) ({n.DRAFTER_CONTEXTS}{{{POOL}}})", "{{cluster}}/{{pool}} serving"),
+            Query(f"max by ({BY_POOL}) ({OPERATOR_DESIRED_REPLICAS}{{{POOL}}}) "
+                  f"or max by ({BY_POOL}) ({n.EMBEDDED_REPLICAS}{{{POOL}}})", "{{cluster}}/{{pool}} desired")),
             "Drafter replicas reporting metrics, against the autoscaler's desired count (the operator's, or "
             "cosine serve's). A pool held with PoolTooSlow or MetricsMissing says why in `kubectl get cdp`."),
     )),
     ("Verifier", (
         PanelSpec("Tokens per verification step", "short", (Query(
-            f"sum(rate({_t(n.VERIFIER_TOKENS_VERIFIED)}{{{NS}}}{W})) / sum(rate({_t(n.VERIFIER_STEPS)}{{{NS}}}{W}))",
-            "tokens per step"),)),
+            f"{_rate(_t(n.VERIFIER_TOKENS_VERIFIED), NS, 'cluster')} / {_rate(_t(n.VERIFIER_STEPS), NS, 'cluster')}",
+            "{{cluster}}"),)),
         PanelSpec("Steps with a draft", "percentunit", (Query(
-            f"sum(rate({_t(n.VERIFIER_STEPS_WITH_DRAFT)}{{{NS}}}{W})) / sum(rate({_t(n.VERIFIER_STEPS)}{{{NS}}}{W}))",
-            "share"),)),
+            f"{_rate(_t(n.VERIFIER_STEPS_WITH_DRAFT), NS, 'cluster')} / {_rate(_t(n.VERIFIER_STEPS), NS, 'cluster')}",
+            "{{cluster}}"),)),
         PanelSpec("TTFT", "s", tuple(Query(
-            f"histogram_quantile({q}, sum by (le) (rate({n.VLLM_TTFT_SECONDS}_bucket{{{NS}}}{W})))", f"p{int(q * 100)}")
+            f"histogram_quantile({q}, {_rate(n.VLLM_TTFT_SECONDS + '_bucket', NS, 'cluster, le')})",
+            f"{{{{cluster}}}} p{int(q * 100)}")
             for q in (0.5, 0.99))),
         PanelSpec("TPOT", "s", tuple(Query(
-            f"histogram_quantile({q}, sum by (le) (rate({n.VLLM_ITL_SECONDS}_bucket{{{NS}}}{W})))", f"p{int(q * 100)}")
+            f"histogram_quantile({q}, {_rate(n.VLLM_ITL_SECONDS + '_bucket', NS, 'cluster, le')})",
+            f"{{{{cluster}}}} p{int(q * 100)}")
             for q in (0.5, 0.99)), "vLLM's inter-token latency."),
         PanelSpec("Requests running and waiting", "short", (
-            Query(f"sum({n.VLLM_REQUESTS_RUNNING}{{{NS}}})", "running"),
-            Query(f"sum({n.VLLM_REQUESTS_WAITING}{{{NS}}})", "waiting"))),
+            Query(f"sum by (cluster) ({n.VLLM_REQUESTS_RUNNING}{{{NS}}})", "{{cluster}} running"),
+            Query(f"sum by (cluster) ({n.VLLM_REQUESTS_WAITING}{{{NS}}})", "{{cluster}} waiting"))),
         PanelSpec("KV cache usage", "percentunit", (Query(
-            f"max by (pod) ({n.VLLM_KV_CACHE_USAGE}{{{NS}}})", "{{pod}}"),)),
+            f"max by (cluster, pod) ({n.VLLM_KV_CACHE_USAGE}{{{NS}}})", "{{cluster}}/{{pod}}"),)),
     )),
     ("Cost", (
         PanelSpec("Accepted draft tokens per pool dollar", "short", (Query(
-            f"{_rate(_t(n.ACCEPTED_TOKENS), POOL, 'pool')} * 3600 / (max by (pool) ({n.POOL_PRICE}{{{POOL}}}) "
-            f"* count by (pool) ({n.DRAFTER_CONTEXTS}{{{POOL}}}))", "{{pool}}"),),
+            f"{_rate(_t(n.ACCEPTED_TOKENS), POOL, BY_POOL)} * 3600 / (max by ({BY_POOL}) ({n.POOL_PRICE}{{{POOL}}}) "
+            f"* count by ({BY_POOL}) ({n.DRAFTER_CONTEXTS}{{{POOL}}}))", "{{cluster}}/{{pool}}"),),
             "Accepted draft tokens per second of each pool, per dollar its replicas cost per hour (the spec's "
             "pricePerHourUsd, spotPricePerHourUsd on spot capacity)."),
         PanelSpec("Accepted draft tokens per dollar", "short", (Query(
-            f"sum(rate({_t(n.ACCEPTED_TOKENS)}{{{POOL}}}{W})) * 3600 / $usd_per_hour", "tokens per $"),),
+            f"sum by (cluster) (rate({_t(n.ACCEPTED_TOKENS)}{{{POOL}}}{W})) * 3600 / $usd_per_hour", "{{cluster}}"),),
             "Accepted draft tokens per second, per dollar of the cluster's hourly price (the usd_per_hour "
             "variable: verifier plus pools at your prices)."),
     )),
@@ -130,7 +138,8 @@ OPERATOR: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
         PanelSpec("Scrape failures", "ops", (Query(
             f"sum by (role) (rate({OPERATOR_SCRAPE_FAILURES}{W}))", "{{role}}"),)),
         PanelSpec("Scale decisions", "short", (Query(
-            f"sum by (pool, direction) (increase({OPERATOR_SCALE_DECISIONS}[1h]))", "{{pool}} {{direction}}"),)),
+            f"sum by (namespace, cluster, pool, direction) (increase({OPERATOR_SCALE_DECISIONS}[1h]))",
+            "{{namespace}}/{{cluster}}/{{pool}} {{direction}}"),)),
     )),
 )
 
@@ -154,9 +163,12 @@ def build(uid: str) -> dict:
         board = (board
                  .with_variable(QueryVariable("namespace").label("Namespace").datasource(ds).include_all(True)
                                 .all_value(".*").multi(True).query(f"label_values({_t(n.VERIFIER_STEPS)}, namespace)"))
+                 .with_variable(QueryVariable("cluster").label("CoSineCluster").datasource(ds).include_all(True)
+                                .all_value(".*").multi(True)
+                                .query(f'label_values({_t(n.VERIFIER_STEPS)}{{namespace=~"$namespace"}}, cluster)'))
                  .with_variable(QueryVariable("pool").label("Pool").datasource(ds).include_all(True).all_value(".*")
                                 .multi(True)
-                                .query(f"label_values({_t(n.DRAFTS)}, pool)"))
+                                .query(f"label_values({_t(n.DRAFTS)}{{{NS}}}, pool)"))
                  .with_variable(TextBoxVariable("usd_per_hour").label("Cluster USD per hour").default_value("20")))
     y = 0
     for row_title, panels in rows:

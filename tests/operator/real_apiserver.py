@@ -54,13 +54,13 @@ def _run(step: str, cmd: list[str], **kwargs: object) -> subprocess.CompletedPro
 
 
 class _Apt:
-    """apt-get/apt-cache on sid with a private configuration under ``root``."""
+    """apt-get/apt-cache on sid (or the suite ``sources`` names) with a private configuration under ``root``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, sources: str = SID) -> None:
         self.root = root
         (root / "lists" / "partial").mkdir(parents=True, exist_ok=True)
         (root / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
-        (root / "sources.list").write_text(SID)
+        (root / "sources.list").write_text(sources)
         status = root / "status"
         if not status.exists():
             status.write_text("")
@@ -75,7 +75,7 @@ class _Apt:
         ]
 
     def update(self) -> None:
-        _run("apt-get update (sid)", ["apt-get", *self.opts, "update"])
+        _run(f"apt-get update ({self.root.name})", ["apt-get", *self.opts, "update"])
 
     def version(self, package: str) -> str:
         out = _run(f"apt-cache show {package}", ["apt-cache", *self.opts, "show", "--no-all-versions", package])

@@ -1,5 +1,5 @@
-"""CoSine's alerts as the chart renders them, run by Prometheus's own ``promtool`` (Debian's, cached:
-``prometheus_tools.provision``): the rules parse, and every alert fires on one input series and
+"""CoSine's alerts as the chart renders them, run by Prometheus's own ``promtool`` (Debian's 2.42 and
+3.x, cached: ``prometheus_tools.provision_all``): the rules parse, and every alert fires on one input series and
 stays silent on another (``promtool test rules``). And the monitors carry the labels a
 kube-prometheus-stack Prometheus selects them by."""
 
@@ -13,71 +13,97 @@ from typing import Any
 import pytest
 import yaml
 from cosine_spec import metric_names
-from prometheus_tools import provision
+from prometheus_tools import provision_all
 from test_chart import render
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOK = "https://example.com/runbooks.md"
 VALUES = {"metrics": {"prometheusRule": {"enabled": True, "runbookUrl": RUNBOOK}}}
-POOL = {"namespace": "prod", "pool": "code"}
+POOL = {"namespace": "prod", "cluster": "demo", "pool": "code"}
+CLUSTER = {"namespace": "prod", "cluster": "demo"}
+# The scrape jobs of the chart's monitors for release "cosine" in "cosine-system" (test_chart.render):
+# a ServiceMonitor's targets take its Service's name, a PodMonitor's <namespace>/<name> (the
+# Prometheus Operator's defaults; test_the_rules_watch_the_jobs_the_monitors_make holds them to the chart).
+OPERATOR_UP = 'up{job="cosine-cosine-operator",namespace="cosine-system",pod="op-1"}'
+VERIFIER_UP = ('up{job="cosine-system/cosine-cosine-operator-workloads",namespace="prod",cluster="demo",'
+               'component="verifier",pod="demo-verifier-1"}')
+# the operator's series on a healthy operator before any CoSineCluster: none of its labelled ones yet
+NO_CLUSTERS = {OPERATOR_UP: "1+0x90"}
+
+
+def _v(name: str, labels: str, values: str) -> dict[str, str]:
+    """One input series of pool "code" of cluster "demo" in "prod" (pod and other labels in `labels`)."""
+    return {f'{name}{{namespace="prod",cluster="demo",pool="code",{labels}}}': values}
+
 
 # alert -> (interval, input series firing, input series silent, evaluation time, labels of the alert)
 # Series values in promtool's expanding notation: "a+bxN" is a, a+b, ... N+1 samples at `interval`.
 CASES: dict[str, tuple[str, dict[str, str], dict[str, str], str, dict[str, str]]] = {
     "CoSineAcceptanceCollapsed": (
         "1m",
-        {'cosine:spec_decode_num_accepted_tokens_total{namespace="prod",pool="code",pod="v-1"}':
-         "0+80x1440 115200+10x120",
-         'cosine:spec_decode_num_draft_tokens_total{namespace="prod",pool="code",pod="v-1"}': "0+100x1560"},
-        {'cosine:spec_decode_num_accepted_tokens_total{namespace="prod",pool="code",pod="v-1"}': "0+80x1560",
-         'cosine:spec_decode_num_draft_tokens_total{namespace="prod",pool="code",pod="v-1"}': "0+100x1560"},
+        {**_v("cosine_spec_decode_num_accepted_tokens_total", 'pod="v-1"', "0+80x1440 115200+10x120"),
+         **_v("cosine_spec_decode_num_draft_tokens_total", 'pod="v-1"', "0+100x1560")},
+        {**_v("cosine_spec_decode_num_accepted_tokens_total", 'pod="v-1"', "0+80x1560"),
+         **_v("cosine_spec_decode_num_draft_tokens_total", 'pod="v-1"', "0+100x1560")},
         "26h", POOL),
     "CoSineDraftsMostlyLate": (
         "1m",
-        {'cosine:spec_decode_drafts_late_total{namespace="prod",pool="code",pod="v-1"}': "0+60x40",
-         'cosine:spec_decode_num_drafts_total{namespace="prod",pool="code",pod="v-1"}': "0+20x40"},
-        {'cosine:spec_decode_drafts_late_total{namespace="prod",pool="code",pod="v-1"}': "0+20x40",
-         'cosine:spec_decode_num_drafts_total{namespace="prod",pool="code",pod="v-1"}': "0+60x40"},
+        {**_v("cosine_spec_decode_drafts_late_total", 'pod="v-1"', "0+60x40"),
+         **_v("cosine_spec_decode_num_drafts_total", 'pod="v-1"', "0+20x40")},
+        {**_v("cosine_spec_decode_drafts_late_total", 'pod="v-1"', "0+20x40"),
+         **_v("cosine_spec_decode_num_drafts_total", 'pod="v-1"', "0+60x40")},
         "35m", POOL),
     "CoSinePoolDown": (
         "1m",
-        {'cosine:drafter_asks_skipped_total{namespace="prod",pool="code",reason="down",pod="v-1"}': "0+30x20"},
-        {'cosine:drafter_asks_skipped_total{namespace="prod",pool="code",reason="yield",pod="v-1"}': "0+30x20"},
+        _v("cosine_drafter_asks_skipped_total", 'reason="down",pod="v-1"', "0+30x20"),
+        _v("cosine_drafter_asks_skipped_total", 'reason="yield",pod="v-1"', "0+30x20"),
         "15m", POOL),
     "CoSinePoolTooSlow": (
         "1m",
-        {'cosine:spec_decode_drafts_late_total{namespace="prod",pool="code",pod="v-1"}': "0+60x40",
-         'cosine:spec_decode_num_drafts_total{namespace="prod",pool="code",pod="v-1"}': "0+20x40",
-         'cosine:drafter_rounds_total{namespace="prod",pool="code",pod="d-1"}': "0+50x40",
-         'cosine:drafter_batched_requests_total{namespace="prod",pool="code",pod="d-1"}': "0+55x40"},
-        {'cosine:spec_decode_drafts_late_total{namespace="prod",pool="code",pod="v-1"}': "0+60x40",
-         'cosine:spec_decode_num_drafts_total{namespace="prod",pool="code",pod="v-1"}': "0+20x40",
-         'cosine:drafter_rounds_total{namespace="prod",pool="code",pod="d-1"}': "0+10x40",
-         'cosine:drafter_batched_requests_total{namespace="prod",pool="code",pod="d-1"}': "0+80x40"},
+        {**_v("cosine_spec_decode_drafts_late_total", 'pod="v-1"', "0+60x40"),
+         **_v("cosine_spec_decode_num_drafts_total", 'pod="v-1"', "0+20x40"),
+         **_v("cosine_drafter_rounds_total", 'pod="d-1"', "0+50x40"),
+         **_v("cosine_drafter_batched_requests_total", 'pod="d-1"', "0+55x40")},
+        {**_v("cosine_spec_decode_drafts_late_total", 'pod="v-1"', "0+60x40"),
+         **_v("cosine_spec_decode_num_drafts_total", 'pod="v-1"', "0+20x40"),
+         **_v("cosine_drafter_rounds_total", 'pod="d-1"', "0+10x40"),
+         **_v("cosine_drafter_batched_requests_total", 'pod="d-1"', "0+80x40")},
         "35m", POOL),
+    # a cluster the operator reconciles with no verifier series at all fires; one whose verifier
+    # target is up does not
+    "CoSineVerifierDown": (
+        "1m",
+        {**NO_CLUSTERS, 'cosine_operator_cluster_info{namespace="prod",cluster="demo",pod="op-1"}': "1+0x30"},
+        {**NO_CLUSTERS, 'cosine_operator_cluster_info{namespace="prod",cluster="demo",pod="op-1"}': "1+0x30",
+         VERIFIER_UP: "1+0x30"},
+        "20m", CLUSTER),
     "CoSineVerifierQueueBuildingUp": (
         "1m",
-        {'vllm:num_requests_waiting{namespace="prod",pod="v-1"}': "3+0x30"},
-        {'vllm:num_requests_waiting{namespace="prod",pod="v-1"}': "3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3"},
-        "20m", {"namespace": "prod", "pod": "v-1"}),
+        {'vllm:num_requests_waiting{namespace="prod",cluster="demo",pod="v-1"}': "3+0x30"},
+        {'vllm:num_requests_waiting{namespace="prod",cluster="demo",pod="v-1"}':
+         "3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3"},
+        "20m", {**CLUSTER, "pod": "v-1"}),
     "CoSineTPOTBudgetBurn": (
         "1m",
-        {'vllm:inter_token_latency_seconds_bucket{namespace="prod",pod="v-1",le="0.1"}': "0+50x90",
-         'vllm:inter_token_latency_seconds_count{namespace="prod",pod="v-1"}': "0+100x90"},
-        {'vllm:inter_token_latency_seconds_bucket{namespace="prod",pod="v-1",le="0.1"}': "0+99.5x90",
-         'vllm:inter_token_latency_seconds_count{namespace="prod",pod="v-1"}': "0+100x90"},
-        "80m", {"namespace": "prod"}),
+        {'vllm:inter_token_latency_seconds_bucket{namespace="prod",cluster="demo",pod="v-1",le="0.1"}': "0+50x90",
+         'vllm:inter_token_latency_seconds_count{namespace="prod",cluster="demo",pod="v-1"}': "0+100x90"},
+        {'vllm:inter_token_latency_seconds_bucket{namespace="prod",cluster="demo",pod="v-1",le="0.1"}': "0+99.5x90",
+         'vllm:inter_token_latency_seconds_count{namespace="prod",cluster="demo",pod="v-1"}': "0+100x90"},
+        "80m", CLUSTER),
     "CoSineTPOTBudgetBurnSlow": (
         "5m",
-        {'vllm:inter_token_latency_seconds_bucket{namespace="prod",pod="v-1",le="0.1"}': "0+460x100",
-         'vllm:inter_token_latency_seconds_count{namespace="prod",pod="v-1"}': "0+500x100"},
-        {'vllm:inter_token_latency_seconds_bucket{namespace="prod",pod="v-1",le="0.1"}': "0+498x100",
-         'vllm:inter_token_latency_seconds_count{namespace="prod",pod="v-1"}': "0+500x100"},
-        "7h", {"namespace": "prod"}),
+        {'vllm:inter_token_latency_seconds_bucket{namespace="prod",cluster="demo",pod="v-1",le="0.1"}': "0+460x100",
+         'vllm:inter_token_latency_seconds_count{namespace="prod",cluster="demo",pod="v-1"}': "0+500x100"},
+        {'vllm:inter_token_latency_seconds_bucket{namespace="prod",cluster="demo",pod="v-1",le="0.1"}': "0+498x100",
+         'vllm:inter_token_latency_seconds_count{namespace="prod",cluster="demo",pod="v-1"}': "0+500x100"},
+        "7h", CLUSTER),
+    # no operator target up (another job's does not count) fires; a healthy operator with no
+    # CoSineCluster yet, so none of its labelled series, does not
     "CoSineOperatorDown": (
         "1m",
-        {'up{job="other"}': "1+0x30"},
-        {'cosine_operator_reconciles_total{event="resync",outcome="ok",pod="op-1"}': "0+1x30"},
+        {'up{job="other",namespace="cosine-system"}': "1+0x30",
+         'up{job="cosine-cosine-operator",namespace="cosine-system",pod="op-1"}': "0+0x30"},
+        NO_CLUSTERS,
         "20m", {}),
     "CoSineOperatorNotReconciling": (
         "1m",
@@ -106,34 +132,71 @@ def _expand(template: str, labels: dict[str, str]) -> str:
     return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), ""), template)
 
 
+def _recorded(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["record"]: r for g in groups for r in g["rules"] if "record" in r}
+
+
+def _metrics(expr: str) -> set[str]:
+    """The metric names an expression selects (PromQL's keywords, functions and labels left out)."""
+    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]", "", expr)  # matchers and ranges
+    expr = re.sub(r"\b(?:by|on|ignoring|without|group_left|group_right)\s*\([^)]*\)", "", expr)
+    words = re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*\b(?!\s*\()", expr)  # not a function's name
+    return set(words) - {"and", "or", "unless", "bool", "offset"}
+
+
 def test_every_alert_has_a_case_a_runbook_and_only_known_metrics(rules: list[dict[str, Any]]) -> None:
     """Catches: an alert with no promtool case, a runbook link to no section of docs/runbooks.md, a
-    metric name that is neither CoSine's (cosine_spec.metric_names, the operator's) nor vLLM's."""
-    alerts = _alerts(rules)
+    metric name that is neither CoSine's (cosine_spec.metric_names, the operator's), nor vLLM's, nor
+    `up`, nor recorded here; a recorded series without the level:metric:operations colons, or one
+    that drops `cluster` (two clusters in a namespace would add up)."""
+    alerts, recorded = _alerts(rules), _recorded(rules)
     assert set(alerts) == set(CASES)
     runbooks = (ROOT / "docs" / "runbooks.md").read_text().lower()
     known = {metric_names.total(v) for k, v in vars(metric_names).items() if k.isupper() and isinstance(v, str)}
     known |= {v for k, v in vars(metric_names).items() if k.isupper() and isinstance(v, str)}
     known |= {"cosine_operator_reconciles_total", "cosine_operator_scrape_failures_total",
+              "cosine_operator_cluster_info", "up",
               "vllm:inter_token_latency_seconds_bucket", "vllm:inter_token_latency_seconds_count"}
+    for name, rule in recorded.items():
+        assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z0-9_]+", name) and "cluster" in name.split(":")[0], name
+        assert "(namespace, cluster" in rule["expr"], name
+        assert _metrics(rule["expr"]) <= known, (name, _metrics(rule["expr"]) - known)
     for name, rule in alerts.items():
         url = rule["annotations"]["runbook_url"]
         assert url.startswith(RUNBOOK + "#"), url
         assert f"\n## {url.split('#')[1]}\n" in runbooks, name
-        for metric in re.findall(r"\b((?:cosine|vllm):[a-z_:]+|cosine_operator_[a-z_]+)", rule["expr"]):
-            assert metric in known, (name, metric)
+        used = _metrics(rule["expr"])
+        assert used and used <= known | set(recorded), (name, used - known - set(recorded))
+
+
+def _promtool(rules: list[dict[str, Any]], tests: list[dict[str, Any]], tmp_path: Path) -> None:
+    """``promtool check rules`` and ``promtool test rules`` on the rendered groups, with Prometheus
+    2.42's promtool (Debian bookworm) and 3.x's (sid)."""
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rules}))
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+                                                         "tests": tests}))
+    versions = []
+    for tools in provision_all():
+        check = subprocess.run([str(tools.promtool), "check", "rules", "rules.yaml"], cwd=tmp_path,
+                               capture_output=True, text=True)
+        assert check.returncode == 0, (tools.version, check.stdout + check.stderr)
+        run = subprocess.run([str(tools.promtool), "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 0, (tools.version, run.stdout[-4000:] + run.stderr[-4000:])
+        versions.append(tools.major)
+    assert versions == [2, 3]
+
+
+def _series(series: dict[str, str]) -> list[dict[str, str]]:
+    return [{"series": k, "values": v} for k, v in series.items()]
 
 
 def test_promtool_fires_each_alert_on_its_case_and_never_on_the_other(rules: list[dict[str, Any]],
                                                                         tmp_path: Path) -> None:
     """Each alert against two inputs: one it must fire on (at the evaluation time, with the labels
     and annotations it is expected to carry), one it must not, in Prometheus's own rule-test
-    runner."""
-    tools = provision()
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rules}))
-    check = subprocess.run([str(tools.promtool), "check", "rules", str(tmp_path / "rules.yaml")],
-                           capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
+    runner. Among them: CoSineVerifierDown fires for a cluster with no verifier series at all, and
+    CoSineOperatorDown stays silent for a healthy operator with no clusters."""
     alerts = _alerts(rules)
     tests = []
     for name, (interval, firing, silent, at, labels) in CASES.items():
@@ -141,13 +204,85 @@ def test_promtool_fires_each_alert_on_its_case_and_never_on_the_other(rules: lis
         expected = {"exp_labels": {**labels, **rule["labels"]},
                     "exp_annotations": {k: _expand(v, labels) for k, v in rule["annotations"].items()}}
         for series, exp in ((firing, [expected]), (silent, [])):
-            tests.append({"interval": interval, "input_series": [{"series": k, "values": v} for k, v in series.items()],
+            tests.append({"interval": interval, "input_series": _series(series),
                           "alert_rule_test": [{"eval_time": at, "alertname": name, "exp_alerts": exp}]})
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
-                                                         "tests": tests}))
-    run = subprocess.run([str(tools.promtool), "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    _promtool(rules, tests, tmp_path)
+
+
+def test_a_healthy_operator_with_no_clusters_fires_nothing(rules: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Catches: an alert that reads a series' absence as trouble when the absence is the normal
+    state of a fresh install (the operator up, no CoSineCluster yet, so no labelled operator series,
+    no verifier, no pool), as `absent(cosine_operator_reconciles_total)` did."""
+    tests = [{"interval": "1m", "input_series": _series(NO_CLUSTERS),
+              "alert_rule_test": [{"eval_time": at, "alertname": name, "exp_alerts": []}
+                                  for name in _alerts(rules) for at in ("15m", "80m")]}]
+    _promtool(rules, tests, tmp_path)
+
+
+def test_two_clusters_in_one_namespace_are_two_series_of_every_recorded_rule(rules: list[dict[str, Any]],
+                                                                              tmp_path: Path) -> None:
+    """Catches: a recording rule that sums two CoSineClusters of one namespace into one series (the
+    alerts on it would speak for neither). Every runtime series an input here, twice: clusters "a"
+    and "b" in "prod"; every recorded series comes out once per cluster."""
+    per_cluster = {
+        "cosine_spec_decode_num_accepted_tokens_total": "0+80x100",
+        "cosine_spec_decode_num_draft_tokens_total": "0+100x100",
+        "cosine_spec_decode_drafts_late_total": "0+10x100", "cosine_spec_decode_num_drafts_total": "0+20x100",
+        "cosine_drafter_rounds_total": "0+10x100", "cosine_drafter_batched_requests_total": "0+20x100",
+    }
+    series: dict[str, str] = {}
+    for cluster in ("a", "b"):
+        for name, values in per_cluster.items():
+            series[f'{name}{{namespace="prod",cluster="{cluster}",pool="code",pod="{cluster}-1"}}'] = values
+        series[f'cosine_drafter_asks_skipped_total{{namespace="prod",cluster="{cluster}",pool="code",reason="down",'
+               f'pod="{cluster}-1"}}'] = "0+1x100"
+        for le, values in (("0.1", "0+90x100"), ("+Inf", "0+100x100")):
+            series[f'vllm:inter_token_latency_seconds_bucket{{namespace="prod",cluster="{cluster}",pod="{cluster}-1",'
+                   f'le="{le}"}}'] = values
+        series[f'vllm:inter_token_latency_seconds_count{{namespace="prod",cluster="{cluster}",pod="{cluster}-1"}}'] = (
+            "0+100x100")
+        series[VERIFIER_UP.replace('"demo', f'"{cluster}')] = "1+0x100"
+    exprs = []
+    for name in _recorded(rules):
+        pool = "pool" in name.split(":")[0]
+        exprs.append({"expr": f"count by (namespace, cluster) ({name})",
+                      "eval_time": "90m",
+                      "exp_samples": [{"labels": f'{{namespace="prod",cluster="{c}"}}', "value": 1} for c in "ab"]})
+        assert pool or name.startswith("namespace_cluster:"), name
+    _promtool(rules, [{"interval": "1m", "input_series": _series(series), "promql_expr_test": exprs}], tmp_path)
+
+
+def test_the_rules_watch_the_jobs_and_labels_the_monitors_make() -> None:
+    """Catches: CoSineOperatorDown or CoSineVerifierDown watching a job no monitor of the chart
+    makes (silent forever, or firing forever), and a PodMonitor whose relabelling reads pod labels
+    the operator does not set (no `cluster` on any series)."""
+    from cosine_operator import builders
+
+    values = {"metrics": {key: {"enabled": True} for key in ("serviceMonitor", "podMonitor", "prometheusRule")}}
+    objs = render(values)
+    service = next(d for d in objs if d["kind"] == "Service" and d["spec"]["ports"][0]["name"] == "metrics")
+    pod_monitor = next(d for d in objs if d["kind"] == "PodMonitor")
+    groups = next(d for d in objs if d["kind"] == "PrometheusRule")["spec"]["groups"]
+    operator_job = f'job="{service["metadata"]["name"]}", namespace="{service["metadata"]["namespace"]}"'
+    workloads_job = f'job="{pod_monitor["metadata"]["namespace"]}/{pod_monitor["metadata"]["name"]}"'
+    assert operator_job in _alerts(groups)["CoSineOperatorDown"]["expr"]
+    verifier_up = _recorded(groups)["namespace_cluster:cosine_verifier_up:max"]["expr"]
+    assert f'{workloads_job}, component="verifier"' in verifier_up
+    assert OPERATOR_UP.startswith(f'up{{{operator_job.replace(", ", ",")}')
+    assert VERIFIER_UP.startswith(f"up{{{workloads_job}")
+
+    def meta(label: str) -> str:  # Kubernetes service discovery's name for a pod label
+        return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+    relabelled = {(meta(builders.CLUSTER_LABEL), "cluster"), (meta(builders.COMPONENT_LABEL), "component")}
+    assert builders.labels("demo", "verifier")[builders.COMPONENT_LABEL] == "verifier"
+    assert builders.labels("demo", "verifier")[builders.CLUSTER_LABEL] == "demo"
+    for endpoint in pod_monitor["spec"]["podMetricsEndpoints"]:
+        assert {(r["sourceLabels"][0], r["targetLabel"]) for r in endpoint["relabelings"]} == relabelled, endpoint
+    overridden = {"metrics": {"prometheusRule": {"enabled": True, "operatorJob": "op", "workloadsJob": "pods"}}}
+    rule = next(d for d in render(overridden) if d["kind"] == "PrometheusRule")
+    assert 'up{job="op", namespace="cosine-system"}' in _alerts(rule["spec"]["groups"])["CoSineOperatorDown"]["expr"]
+    assert 'up{job="pods", component="verifier"}' in yaml.safe_dump(rule)
 
 
 def test_the_slo_and_its_burn_rates_come_from_the_values() -> None:
@@ -155,7 +290,9 @@ def test_the_slo_and_its_burn_rates_come_from_the_values() -> None:
     values = {"metrics": {"prometheusRule": {"enabled": True, "tpotSlo": {"seconds": "0.05", "objective": 0.999}}}}
     rule = next(d for d in render(values) if d["kind"] == "PrometheusRule")
     fast = _alerts(rule["spec"]["groups"])["CoSineTPOTBudgetBurn"]
-    assert 'le="0.05"' in fast["expr"] and "> 0.0144" in fast["expr"] and "__" not in yaml.safe_dump(rule)
+    assert "> 0.0144" in fast["expr"] and "__" not in yaml.safe_dump(rule)
+    windows = {name: r["expr"] for name, r in _recorded(rule["spec"]["groups"]).items() if "tpot_slo" in name}
+    assert len(windows) == 4 and all('le="0.05"' in expr for expr in windows.values()), windows
     assert "/blob/v" in _alerts(rule["spec"]["groups"])["CoSinePoolDown"]["annotations"]["runbook_url"]
 
 
@@ -190,9 +327,16 @@ _NAMESPACES = {"type": "object", "additionalProperties": False, "properties": {
     "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}}
 _DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
                                           "(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_RELABEL = {"type": "object", "additionalProperties": False, "properties": {
+    "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+    "separator": {"type": "string"}, "targetLabel": {"type": "string"}, "regex": {"type": "string"},
+    "modulus": {"type": "integer"}, "replacement": {"type": "string"},
+    "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap",
+                        "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase",
+                        "uppercase", "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]}}}
 _ENDPOINT = {"type": "object", "additionalProperties": False, "properties": {
     "port": {"type": "string"}, "path": {"type": "string"}, "interval": _DURATION, "scheme": {"type": "string"},
-    "honorLabels": {"type": "boolean"}}}
+    "honorLabels": {"type": "boolean"}, "relabelings": {"type": "array", "items": _RELABEL}}}
 _META = {"type": "object", "required": ["name"], "properties": {
     "name": {"type": "string"}, "namespace": {"type": "string"},
     "labels": {"type": "object", "additionalProperties": {"type": "string"}}}}

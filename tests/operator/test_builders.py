@@ -63,7 +63,7 @@ def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
         "ngram=dns:///demo-drafter-ngram.ns.svc:50052",
     ]
     assert {p["containerPort"] for p in c["ports"]} == {8000, 9091}
-    assert d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9091"  # cosine: series
+    assert d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9091"  # cosine_ series
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -647,7 +647,7 @@ def test_endpoint_picker_config_sums_the_spec_weights_and_scores_the_suffix_gaug
     defined = {p.get("name", p["type"]) for p in config["plugins"]}
     assert set(weights) <= defined  # every reference resolves
     scorer = next(p for p in config["plugins"] if p.get("name") == "suffix-affinity-scorer")
-    assert scorer["parameters"]["metricName"] == "cosine:suffix_tree_hit_rate"
+    assert scorer["parameters"]["metricName"] == "cosine_suffix_tree_hit_rate"
     assert scorer["parameters"]["optimizationMode"] == "Maximize"
     from cosine_spec import metric_names
     assert scorer["parameters"]["metricName"] == metric_names.SUFFIX_TREE_HIT_RATE

@@ -50,9 +50,23 @@ def test_every_query_names_known_series_and_every_panel_has_a_query() -> None:
         panels = [p for p in board["panels"] if p["type"] != "row"]
         assert panels and all(p["targets"] for p in panels), uid
         for title, expr in gen.queries(uid):
-            for metric in re.findall(r"\b((?:cosine|vllm):[a-z_:]+|cosine_operator_[a-z_]+)", expr):
+            for metric in re.findall(r"\b(vllm:[a-z_:]+|cosine_[a-z_]+)", expr):
                 assert metric in known, (uid, title, metric)
             assert set(re.findall(r"\$(\w+)", expr)) <= variables, (uid, title)
+
+
+def test_every_workload_query_keeps_clusters_apart() -> None:
+    """Catches: a query that sums two CoSineClusters of one namespace into one line (a `sum` or
+    `by (pool)` without `cluster`), or that ignores the $cluster variable. (On a real Prometheus,
+    two clusters give two series on every query: tests/runtime/test_serve.py.)"""
+    gen = _dashboards()
+    board = json.loads(gen.render("cosine-speculation"))
+    assert {"namespace", "cluster", "pool"} <= {v["name"] for v in board["templating"]["list"]}
+    for title, expr in gen.queries("cosine-speculation"):
+        groupings = re.findall(r"\b(?:sum|max|min|avg|count)\b(?: by \(([^)]*)\))?", expr)
+        assert groupings and all("cluster" in g.split(", ") for g in groupings), (title, expr)
+        selectors = re.findall(r"\{([^}]*)\}", expr)
+        assert selectors and all('cluster=~"$cluster"' in s for s in selectors), (title, expr)
 
 
 def test_the_chart_ships_the_dashboards_for_grafanas_sidecar() -> None:

@@ -413,20 +413,20 @@ def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(
     # it would be busy 1.2 serving all: 2 replicas at the target 0.7 (at most 2x per decision).
     verifier = Counters(
         **{
-            "cosine:verifier_busy_seconds_total": 1.0,
-            "cosine:verifier_steps_total": 10.0,
-            "cosine:drafter_calls_total|code": 20.0,
-            "cosine:spec_decode_drafts_late_total|code": 40.0,
-            "cosine:spec_decode_num_draft_tokens_total|code": 100.0,
-            "cosine:spec_decode_num_accepted_tokens_total|code": 80.0,
-            "cosine:verifier_tokens_verified_total": 100.0,
+            "cosine_verifier_busy_seconds_total": 1.0,
+            "cosine_verifier_steps_total": 10.0,
+            "cosine_drafter_calls_total|code": 20.0,
+            "cosine_spec_decode_drafts_late_total|code": 40.0,
+            "cosine_spec_decode_num_draft_tokens_total|code": 100.0,
+            "cosine_spec_decode_num_accepted_tokens_total|code": 80.0,
+            "cosine_verifier_tokens_verified_total": 100.0,
         }
     )
-    verifier.gauges["cosine:num_requests_running"] = 6
-    verifier.gauges["cosine:drafter_rtt_seconds|code"] = 0.03
+    verifier.gauges["cosine_num_requests_running"] = 6
+    verifier.gauges["cosine_drafter_rtt_seconds|code"] = 0.03
     drafter = Counters(
-        **{"cosine:drafter_draft_tokens_total": 100.0, "cosine:drafter_busy_seconds_total": 0.4,
-           "cosine:drafter_rounds_total": 20.0, "cosine:drafter_batched_requests_total": 60.0}
+        **{"cosine_drafter_draft_tokens_total": 100.0, "cosine_drafter_busy_seconds_total": 0.4,
+           "cosine_drafter_rounds_total": 20.0, "cosine_drafter_batched_requests_total": 60.0}
     )
     body = cluster_body(
         "delta",
@@ -474,9 +474,9 @@ def test_autoscaler_scales_a_pool_up_when_saturated_and_down_when_idle(
 
         # The verifier stays busy but the requests stop wanting the pool's drafts (they do not pay
         # there): it shrinks one step at a time.
-        verifier.set_rates(**{"cosine:drafter_calls_total|code": 1.0, "cosine:spec_decode_drafts_late_total|code": 0.0})
-        drafter.set_rates(**{"cosine:drafter_busy_seconds_total": 0.02, "cosine:drafter_rounds_total": 1.0,
-                             "cosine:drafter_batched_requests_total": 1.0})
+        verifier.set_rates(**{"cosine_drafter_calls_total|code": 1.0, "cosine_spec_decode_drafts_late_total|code": 0.0})
+        drafter.set_rates(**{"cosine_drafter_busy_seconds_total": 0.02, "cosine_drafter_rounds_total": 1.0,
+                             "cosine_drafter_batched_requests_total": 1.0})
         seen = [replicas(kube, "delta-drafter-code")]
         deadline = time.monotonic() + 30
         while seen[-1] > 1 and time.monotonic() < deadline:
@@ -546,9 +546,12 @@ def test_a_spot_pool_without_spot_capacity_gets_an_on_demand_sibling_and_returns
                                            spot={"provider": "gke", "pendingTimeoutSeconds": 1}))
     spot = wait_for(lambda: kube.get(DEPLOYMENTS, NS, "kappa-drafter-code"), what="spot Deployment")
     # the dashboards' per-pool-dollar panel reads the price the spec gives a spot replica
-    price = 'cosine:drafter_pool_price_usd_per_hour{cluster="kappa",namespace="default",pool="code"} 0.25'
+    price = 'cosine_drafter_pool_price_usd_per_hour{cluster="kappa",namespace="default",pool="code"} 0.25'
     wait_for(lambda: price in httpx.get(f"http://127.0.0.1:{operator_metrics_port}/metrics").text,
              what="the pool's spot price exported")
+    # CoSineVerifierDown's clusters: each one the operator reconciles
+    info = 'cosine_operator_cluster_info{cluster="kappa",namespace="default"} 1.0'
+    assert info in httpx.get(f"http://127.0.0.1:{operator_metrics_port}/metrics").text
     assert spot["spec"]["template"]["metadata"]["labels"]["cosine.dev/capacity"] == "spot"
     assert spot["spec"]["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
     for i in range(2):

@@ -17,48 +17,48 @@ from cosine_spec.metrics_scrape import (
 )
 from fake_metrics import Counters, serve
 
-VERIFIER_TEXT = """# HELP cosine:verifier_busy_seconds_total Busy.
-# TYPE cosine:verifier_busy_seconds_total counter
-cosine:verifier_busy_seconds_total{model_name="m"} 12.5
-cosine:verifier_steps_total{model_name="m"} 100
-cosine:num_requests_running{model_name="m"} 3
-cosine:num_requests_waiting{model_name="m"} 1
-cosine:spec_decode_num_draft_tokens_total{model_name="m",pool="code"} 1000
-cosine:spec_decode_num_accepted_tokens_total{model_name="m",pool="code"} 800
-cosine:drafter_calls_total{model_name="m",pool="code"} 200
-cosine:spec_decode_drafts_late_total{model_name="m",pool="code"} 50
-cosine:drafter_asks_skipped_total{model_name="m",pool="code",reason="late"} 30
-cosine:drafter_asks_skipped_total{model_name="m",pool="code",reason="yield"} 70
-cosine:drafter_rtt_seconds{model_name="m",pool="code"} 0.05
-cosine:verifier_tokens_verified_total{model_name="m"} 2000
+VERIFIER_TEXT = """# HELP cosine_verifier_busy_seconds_total Busy.
+# TYPE cosine_verifier_busy_seconds_total counter
+cosine_verifier_busy_seconds_total{model_name="m"} 12.5
+cosine_verifier_steps_total{model_name="m"} 100
+cosine_num_requests_running{model_name="m"} 3
+cosine_num_requests_waiting{model_name="m"} 1
+cosine_spec_decode_num_draft_tokens_total{model_name="m",pool="code"} 1000
+cosine_spec_decode_num_accepted_tokens_total{model_name="m",pool="code"} 800
+cosine_drafter_calls_total{model_name="m",pool="code"} 200
+cosine_spec_decode_drafts_late_total{model_name="m",pool="code"} 50
+cosine_drafter_asks_skipped_total{model_name="m",pool="code",reason="late"} 30
+cosine_drafter_asks_skipped_total{model_name="m",pool="code",reason="yield"} 70
+cosine_drafter_rtt_seconds{model_name="m",pool="code"} 0.05
+cosine_verifier_tokens_verified_total{model_name="m"} 2000
 """
 
 
 def _drafter(rounds: float, batched: float, busy: float, tokens: float) -> dict:
-    return parse(f'cosine:drafter_rounds_total{{pool="code"}} {rounds}\n'
-                 f'cosine:drafter_batched_requests_total{{pool="code"}} {batched}\n'
-                 f'cosine:drafter_busy_seconds_total{{pool="code"}} {busy}\n'
-                 f'cosine:drafter_draft_tokens_total{{pool="code"}} {tokens}\n')
+    return parse(f'cosine_drafter_rounds_total{{pool="code"}} {rounds}\n'
+                 f'cosine_drafter_batched_requests_total{{pool="code"}} {batched}\n'
+                 f'cosine_drafter_busy_seconds_total{{pool="code"}} {busy}\n'
+                 f'cosine_drafter_draft_tokens_total{{pool="code"}} {tokens}\n')
 
 
 def test_parse_keeps_pool_and_reason() -> None:
     v = parse(VERIFIER_TEXT)
-    assert v[("cosine:verifier_busy_seconds_total", "", "")] == 12.5
-    assert v[("cosine:drafter_asks_skipped_total", "code", "late")] == 30
-    assert v[("cosine:drafter_asks_skipped_total", "code", "yield")] == 70
+    assert v[("cosine_verifier_busy_seconds_total", "", "")] == 12.5
+    assert v[("cosine_drafter_asks_skipped_total", "code", "late")] == 30
+    assert v[("cosine_drafter_asks_skipped_total", "code", "yield")] == 70
 
 
 def test_observe_rates_demand_rounds_and_counter_reset() -> None:
     before = parse(VERIFIER_TEXT)
     after = dict(before)
-    for key, grow in ((("cosine:verifier_busy_seconds_total", "", ""), 5.0),
-                      (("cosine:verifier_steps_total", "", ""), 50.0),
-                      (("cosine:drafter_calls_total", "code", ""), 100.0),
-                      (("cosine:spec_decode_drafts_late_total", "code", ""), 40.0),
-                      (("cosine:drafter_asks_skipped_total", "code", "late"), 20.0),
-                      (("cosine:drafter_asks_skipped_total", "code", "yield"), 500.0),
-                      (("cosine:spec_decode_num_draft_tokens_total", "code", ""), 400.0),
-                      (("cosine:spec_decode_num_accepted_tokens_total", "code", ""), 300.0)):
+    for key, grow in ((("cosine_verifier_busy_seconds_total", "", ""), 5.0),
+                      (("cosine_verifier_steps_total", "", ""), 50.0),
+                      (("cosine_drafter_calls_total", "code", ""), 100.0),
+                      (("cosine_spec_decode_drafts_late_total", "code", ""), 40.0),
+                      (("cosine_drafter_asks_skipped_total", "code", "late"), 20.0),
+                      (("cosine_drafter_asks_skipped_total", "code", "yield"), 500.0),
+                      (("cosine_spec_decode_num_draft_tokens_total", "code", ""), 400.0),
+                      (("cosine_spec_decode_num_accepted_tokens_total", "code", ""), 300.0)):
         after[key] += grow
     prev = Scrape(0.0, {"v-1": before}, {"code": {"d-1": _drafter(100, 150, 4, 800), "d-2": _drafter(90, 90, 9, 900)}})
     cur = Scrape(10.0, {"v-1": after}, {"code": {"d-1": _drafter(150, 250, 6, 1000),  # +50 rounds of 2, 2 s
@@ -84,7 +84,7 @@ def test_observe_without_a_common_verifier_pod_has_no_verifier() -> None:
 
 
 def test_scrape_pods_reads_loopback_endpoints_and_skips_dead_ones() -> None:
-    counters = Counters(**{"cosine:drafter_draft_tokens_total": 10.0})
+    counters = Counters(**{"cosine_drafter_draft_tokens_total": 10.0})
     with serve(counters) as port:
         targets = [
             ScrapeTarget("d-1", "drafter", "code", f"http://127.0.0.1:{port}/metrics"),
@@ -102,11 +102,11 @@ def test_scrape_prometheus_takes_rates_from_prometheus() -> None:
     """Prometheus mode asks for ``rate()`` over a window (Prometheus divides by the samples' own
     timestamps, not the operator's clock) and reads the answers by pool and reason."""
     answers = {
-        "sum(rate(cosine:verifier_steps_total": [{"metric": {}, "value": [0, "10"]}],
-        "sum(rate(cosine:verifier_busy_seconds_total": [{"metric": {}, "value": [0, "0.8"]}],
-        "sum by (pool, reason) (rate(cosine:drafter_asks_skipped_total": [
+        "sum(rate(cosine_verifier_steps_total": [{"metric": {}, "value": [0, "10"]}],
+        "sum(rate(cosine_verifier_busy_seconds_total": [{"metric": {}, "value": [0, "0.8"]}],
+        "sum by (pool, reason) (rate(cosine_drafter_asks_skipped_total": [
             {"metric": {"pool": "code", "reason": "down"}, "value": [0, "3"]}],
-        "sum by (pool) (rate(cosine:drafter_rounds_total": [{"metric": {"pool": "code"}, "value": [0, "5"]}],
+        "sum by (pool) (rate(cosine_drafter_rounds_total": [{"metric": {"pool": "code"}, "value": [0, "5"]}],
     }
     seen: list[str] = []
 
@@ -133,7 +133,7 @@ def test_scrape_prometheus_takes_rates_from_prometheus() -> None:
         r = asyncio.run(scrape_prometheus(url, "ns", "c", 60.0, 2.0))
     finally:
         server.shutdown()
-    assert 'sum(rate(cosine:verifier_steps_total{namespace="ns",pod=~"c-verifier-.*"}[60s]))' in seen
-    assert r.verifier is not None and r.verifier["cosine:verifier_steps"] == 10
-    assert r.pools["code"][("cosine:drafter_asks_skipped", "down")] == 3
-    assert r.drafters["code"]["cosine:drafter_rounds"] == 5
+    assert 'sum(rate(cosine_verifier_steps_total{namespace="ns",pod=~"c-verifier-.*"}[60s]))' in seen
+    assert r.verifier is not None and r.verifier["cosine_verifier_steps"] == 10
+    assert r.pools["code"][("cosine_drafter_asks_skipped", "down")] == 3
+    assert r.drafters["code"]["cosine_drafter_rounds"] == 5

@@ -48,8 +48,8 @@ def test_a_scrape_that_raises_does_not_end_embedded_autoscaling(tmp_path, monkey
         assert [len(children) for children in pools.replicas.values()] == [0]  # idle: stays at zero
         # what `cosine serve --pools-metrics-port` shows: the failed stage counted, the passes going on
         registry = pools.metrics.registry
-        assert registry.get_sample_value("cosine:embedded_autoscaler_errors_total", {"stage": "observe"}) == 1
-        assert registry.get_sample_value("cosine:embedded_autoscaler_passes_total") >= 3
+        assert registry.get_sample_value("cosine_embedded_autoscaler_errors_total", {"stage": "observe"}) == 1
+        assert registry.get_sample_value("cosine_embedded_autoscaler_passes_total") >= 3
     finally:
         stop.set()
         thread.join(10)

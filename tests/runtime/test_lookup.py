@@ -60,7 +60,7 @@ def test_lookup_drafter_cuts_below_min_confidence():
 
 
 def test_what_the_trees_hold_and_how_often_they_draft_is_counted():
-    """The suffix-affinity signal (cosine:suffix_tree_*): a verifier that has seen an output drafts
+    """The suffix-affinity signal (cosine_suffix_tree_*): a verifier that has seen an output drafts
     it for a repeat and its hit rate rises; one that has not stays at 0. Catches: a hit rate that
     counts asks without a draft as hits, tokens that forget outputs kept for other requests."""
     from cosine.metrics import SuffixAffinity
@@ -80,9 +80,9 @@ def test_what_the_trees_hold_and_how_often_they_draft_is_counted():
     gauges = SuffixAffinity(seen, "m", period_s=10.0)
     gauges.update(0.0)
     families = {f.name: f.samples[0].value for f in gauges.families()}
-    assert families["cosine:suffix_tree_hit_rate"] == seen.hit_rate
-    assert families["cosine:suffix_tree_requests"] == 1
-    assert families["cosine:suffix_tree_tokens"] == len(answer) + 2 + 29  # turn 2's prompt and output so far
+    assert families["cosine_suffix_tree_hit_rate"] == seen.hit_rate
+    assert families["cosine_suffix_tree_requests"] == 1
+    assert families["cosine_suffix_tree_tokens"] == len(answer) + 2 + 29  # turn 2's prompt and output so far
     seen.propose("turn-2", [7, 8, *answer], 4)
     gauges.update(5.0)  # within the period: not read again
-    assert next(iter(gauges.families())).samples[0].value == families["cosine:suffix_tree_hit_rate"]
+    assert next(iter(gauges.families())).samples[0].value == families["cosine_suffix_tree_hit_rate"]

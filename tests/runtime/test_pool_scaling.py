@@ -142,9 +142,9 @@ def _run(tmp_path, args: dict) -> dict:
 
 def _contexts(metrics_port: int) -> float:
     for line in httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text.splitlines():
-        if line.startswith("cosine:drafter_contexts{"):
+        if line.startswith("cosine_drafter_contexts{"):
             return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no cosine:drafter_contexts series")
+    raise AssertionError("no cosine_drafter_contexts series")
 
 
 def test_pool_scales_out_and_in_under_load(tmp_path):

@@ -361,8 +361,8 @@ def test_collector_exports_pool_calls_and_yield():
     registry = CollectorRegistry()
     registry.register(ProposerCollector(p.stats, model_name="m"))
     text = generate_latest(registry).decode()
-    assert 'cosine:drafter_calls_total{model_name="m",pool="good"} 6.0' in text
-    assert f'cosine:drafter_yield_tokens{{model_name="m",pool="good"}} {p.stats.pool_yield["good"]}' in text
+    assert 'cosine_drafter_calls_total{model_name="m",pool="good"} 6.0' in text
+    assert f'cosine_drafter_yield_tokens{{model_name="m",pool="good"}} {p.stats.pool_yield["good"]}' in text
     assert p.stats.pool_yield["good"] > 1.0
     p.close()
 

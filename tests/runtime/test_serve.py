@@ -131,7 +131,7 @@ def _chat(client, prompt: str, stream: bool = False) -> str:
 
 
 def _counter(metrics_url: str, name: str, pool: str) -> float:
-    """A `cosine:` counter of one draft source (prompt lookup is pool="lookup")."""
+    """A `cosine_` counter of one draft source (prompt lookup is pool="lookup")."""
     for line in httpx.get(metrics_url).text.splitlines():
         if line.startswith(name + "{") and f'pool="{pool}"' in line:
             return float(line.rsplit(" ", 1)[1])
@@ -140,8 +140,8 @@ def _counter(metrics_url: str, name: str, pool: str) -> float:
 
 def _pool_asked(metrics_url: str, pool: str = "small") -> float:
     """Draft calls the proposer made to a pool that were in flight or verified."""
-    return (_counter(metrics_url, "cosine:spec_decode_drafts_late_total", pool)
-            + _counter(metrics_url, "cosine:spec_decode_num_drafts_total", pool))
+    return (_counter(metrics_url, "cosine_spec_decode_drafts_late_total", pool)
+            + _counter(metrics_url, "cosine_spec_decode_num_drafts_total", pool))
 
 
 class TestFixedCluster:
@@ -156,7 +156,7 @@ class TestFixedCluster:
             assert _chat(client, p, stream=True) == reference[p]
         # the pool's drafts (llama.cpp on the same model's GGUF, its own core) reached vLLM and were
         # accepted: the output above is still the target's own
-        assert _counter(metrics_url, "cosine:spec_decode_num_accepted_tokens_total", "small") > 0
+        assert _counter(metrics_url, "cosine_spec_decode_num_accepted_tokens_total", "small") > 0
         assert _pool_asked(metrics_url) > 0
         vllm_metrics = httpx.get(f"{base}/metrics").text
         assert "vllm:spec_decode_num_accepted_tokens_total" in vllm_metrics
@@ -164,10 +164,10 @@ class TestFixedCluster:
         # vLLM's series (written by the engine core, served by vLLM's server), and on CoSine's
         for text in (vllm_metrics, httpx.get(metrics_url).text):
             rates = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                     if line.startswith("cosine:suffix_tree_hit_rate{")]
+                     if line.startswith("cosine_suffix_tree_hit_rate{")]
             assert rates and 0 < rates[0] <= 1, text[-2000:]
             tokens = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                      if line.startswith("cosine:suffix_tree_tokens{")]
+                      if line.startswith("cosine_suffix_tree_tokens{")]
             assert tokens and tokens[0] > 0
 
     def test_api_contract(self, cluster):
@@ -201,10 +201,10 @@ class TestFixedCluster:
             assert time.monotonic() < deadline, "drafter was not restarted"
             time.sleep(1)
         time.sleep(8)  # model load + the proposer's down window for a failed pool
-        before = _counter(metrics_url, "cosine:drafter_calls_total", "small")
+        before = _counter(metrics_url, "cosine_drafter_calls_total", "small")
         for p in PROMPTS:
             assert _chat(client, p) == reference[p]
-        assert _counter(metrics_url, "cosine:drafter_calls_total", "small") > before, (
+        assert _counter(metrics_url, "cosine_drafter_calls_total", "small") > before, (
             "the restarted drafter answers draft calls again")
 
     def test_sigterm_to_a_replica_hands_its_requests_back(self, cluster, reference):
@@ -270,20 +270,26 @@ class TestFixedCluster:
         print(f"\n50 requests at concurrency 8: p50 {p50:.2f} s, p99 {p99:.2f} s")
         assert httpx.get(f"{base}/health").status_code == 200
 
-    def test_a_real_prometheus_reads_every_dashboard_panel_and_alert_series(self, cluster, tmp_path):
-        """Debian's Prometheus (cached, `tests/operator/prometheus_tools.py`) scrapes this cluster's
-        verifier (vLLM's `vllm:` series and the proposer's `cosine:`), its pool replicas and
-        `cosine serve`'s own series while requests run; every query of the speculation dashboard
-        (`tools/dashboards.py`, its variables set to match all) returns series through Prometheus's
-        HTTP API, and every `cosine:`/`vllm:` metric an alert names is among the scraped series.
-        Catches: a misspelled or renamed metric, a label a query groups by that no series has, a
-        counter that exists only once something went wrong (an empty panel on a healthy cluster)."""
+    def test_prometheus_2_and_3_read_every_dashboard_panel_and_alert_series(self, cluster, tmp_path):
+        """Debian's Prometheus 2.42 (bookworm) and 3.x (sid), side by side (cached,
+        `tests/operator/prometheus_tools.py`), scrape this cluster's verifier (vLLM's `vllm:`
+        series and the proposer's `cosine_`), its pool replicas and `cosine serve`'s own series
+        while requests run, each target twice: as CoSineClusters "a" and "b" of namespace "prod",
+        with the labels the chart's PodMonitor relabels on (`cluster`, `component`, its job), and
+        with the chart's rules loaded. On both servers, every query of the speculation dashboard
+        (`tools/dashboards.py`, its variables set to match all) returns a value for each of the two
+        clusters, and so does every recorded series and every series an alert on the runtime's
+        series reads. Catches: a name a server's scrape rewrites (Prometheus 2 stored CoSine's
+        former `cosine:` names as `cosine_`: 12 of 19 panels were empty there), a misspelled or
+        renamed metric, a label a query groups by that no series has, two clusters summed into
+        one line, a counter that exists only once something went wrong (an empty panel on a
+        healthy cluster)."""
         import importlib.util
         import json
         import re
         from pathlib import Path
 
-        from tests.operator.prometheus_tools import provision
+        from tests.operator.prometheus_tools import provision_all
 
         root = Path(__file__).resolve().parents[2]
         spec = importlib.util.spec_from_file_location("dashboards", root / "tools" / "dashboards.py")
@@ -296,55 +302,91 @@ class TestFixedCluster:
             args = open(f"/proc/{pid}/cmdline").read().split("\0")
             drafters.append(f"127.0.0.1:{args[args.index('--metrics-port') + 1]}")
         hostport = re.compile(r"http://([^/]+)/")
-        jobs = {"vllm": [hostport.match(base + "/").group(1)], "proposer": [hostport.match(metrics_url).group(1)],
-                "embedded": [hostport.match(pools_url).group(1)], "drafters": drafters}
-        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                  "scrape_configs": [{"job_name": j, "static_configs": [{"targets": t}]} for j, t in jobs.items()]}
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = free_port()
-        tools = provision()
-        prom = subprocess.Popen([str(tools.prometheus), f"--config.file={tmp_path / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        api = f"http://127.0.0.1:{port}/api/v1"
+        workloads = "cosine-system/cosine-workloads"  # the PodMonitor's job (the rules' __WORKLOADS_JOB__)
+        # job -> (targets, component, job label): as the chart's PodMonitor labels a verifier's two
+        # ports and a drafter's; `cosine serve`'s own series stand for the operator's
+        jobs = {"vllm": ([hostport.match(base + "/").group(1)], "verifier", workloads),
+                "proposer": ([hostport.match(metrics_url).group(1)], "verifier", workloads),
+                "drafters": (drafters, "drafter", workloads),
+                "embedded": ([hostport.match(pools_url).group(1)], "serve", "serve")}
+        clusters = ("a", "b")
+        scrape_configs = [
+            {"job_name": f"{job}-{c}", "static_configs": [{"targets": targets}],
+             "relabel_configs": [{"target_label": k, "replacement": v} for k, v in
+                                 (("job", label), ("namespace", "prod"), ("cluster", c), ("component", component))]}
+            for job, (targets, component, label) in jobs.items() for c in clusters]
+        rules = (root / "charts" / "cosine-operator" / "files" / "alerts.yaml").read_text()
+        for placeholder, value in (("__RUNBOOK_URL__", "https://example.com"), ("__TPOT_SLO_SECONDS__", "0.1"),
+                                   ("__FAST_BURN__", "0.144"), ("__SLOW_BURN__", "0.06"),
+                                   ("__OPERATOR_JOB__", "operator"), ("__OPERATOR_NAMESPACE__", "cosine-system"),
+                                   ("__WORKLOADS_JOB__", workloads)):
+            rules = rules.replace(placeholder, value)
+        groups = yaml.safe_load(rules)
+        (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(tmp_path / "rules.yaml")], "scrape_configs": scrape_configs}))
+        servers = []  # (version, API base, process)
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=2).status_code == 200:
+            for tools in provision_all():
+                port = free_port()
+                servers.append((tools.version, f"http://127.0.0.1:{port}/api/v1", subprocess.Popen(
+                    [str(tools.prometheus), f"--config.file={tmp_path / 'prometheus.yml'}",
+                     f"--storage.tsdb.path={tmp_path / tools.version}", f"--web.listen-address=127.0.0.1:{port}"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+            assert [v.split(".")[0] for v, _, _ in servers] == ["2", "3"], [v for v, _, _ in servers]
+            expected_targets = sum(len(targets) for targets, _, _ in jobs.values()) * len(clusters)
+            deadline = time.monotonic() + 90
+            for version, api, prom in servers:  # every target scraped once before the load
+                while True:
+                    try:
+                        targets = httpx.get(f"{api}/targets", timeout=2).json()["data"]["activeTargets"]
+                    except (httpx.HTTPError, ValueError, KeyError):
+                        targets = []
+                    if len(targets) == expected_targets and all(t["health"] == "up" for t in targets):
                         break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline and prom.poll() is None, "prometheus did not start"
-                time.sleep(0.5)
-            while True:  # every target scraped once before the load: rates see its increments
-                targets = httpx.get(f"{api}/targets").json()["data"]["activeTargets"]
-                if len(targets) == len(config["scrape_configs"]) - 1 + len(drafters) and all(
-                        t["health"] == "up" for t in targets):
-                    break
-                assert time.monotonic() < deadline + 30, targets
-                time.sleep(0.5)
+                    assert time.monotonic() < deadline and prom.poll() is None, (version, targets)
+                    time.sleep(0.5)
             client = _client(base)
             with cf.ThreadPoolExecutor(4) as pool:  # a pool under load while Prometheus scrapes
                 list(pool.map(lambda p: _chat(client, p), PROMPTS * 3))
-            time.sleep(3)
-            answers = {}
-            for title, expr in dashboards.queries("cosine-speculation"):
-                q = expr.replace("$namespace", ".*").replace("$pool", ".*").replace("$usd_per_hour", "1")
-                result = httpx.get(f"{api}/query", params={"query": q}).json()
-                assert result["status"] == "success", (title, result)
-                series = result["data"]["result"]
-                answers[f"{title}: {expr[:60]}"] = [(s["metric"], s["value"][1]) for s in series]
-                # a series of NaN (0/0: nothing counted in the window) draws nothing either
-                assert any(s["value"][1] not in ("NaN", "+Inf", "-Inf") for s in series), (title, q, series)
+            time.sleep(5)  # scraped after the load, and the rules evaluated on it
+
+            recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+            read_by_alerts = set()  # the series alerts on the runtime's series read
+            for g in groups:
+                for r in g["rules"]:
+                    if "alert" in r and "cosine_operator_" not in r["expr"].replace("cosine_operator_cluster_info", ""):
+                        expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\b(?:by|on)\s*\([^)]*\)", "", r["expr"])
+                        read_by_alerts |= set(re.findall(r"[a-z_]+:[a-z0-9_:]+\b(?!\s*\()", expr))
+            assert read_by_alerts and read_by_alerts - recorded == {"vllm:num_requests_waiting"}, read_by_alerts
+            checks = [(title, expr.replace("$namespace", ".*").replace("$cluster", ".*").replace("$pool", ".*")
+                       .replace("$usd_per_hour", "1")) for title, expr in dashboards.queries("cosine-speculation")]
+            checks += [(f"recorded by the rules{' and read by an alert' if n in read_by_alerts else ''}", n)
+                       for n in sorted(recorded | read_by_alerts)]
+            answers, empty = {}, []
+            for version, api, _ in servers:
+                for title, q in checks:
+                    result = httpx.get(f"{api}/query", params={"query": q}).json()
+                    assert result["status"] == "success", (version, title, result)
+                    series = result["data"]["result"]
+                    answers[f"{version} {title}: {q[:70]}"] = [(s["metric"], s["value"][1]) for s in series]
+                    # a series of NaN (0/0: nothing counted in the window) draws nothing either
+                    drawn = {s["metric"].get("cluster") for s in series if s["value"][1] not in ("NaN", "+Inf", "-Inf")}
+                    if drawn != set(clusters):
+                        empty.append((version, title, q, series))
             print("\n" + json.dumps(answers, indent=1))
-            names = set(httpx.get(f"{api}/label/__name__/values").json()["data"])
-            alerts = (root / "charts" / "cosine-operator" / "files" / "alerts.yaml").read_text()
-            named = set(re.findall(r"\b((?:cosine|vllm):[a-z_:]+)", alerts))
-            assert named and named <= names, sorted(named - names)
+            assert not empty, empty
+            exprs = "\n".join(r["expr"] for g in groups for r in g["rules"])
+            named = set(re.findall(r"(?<![:\w])(vllm:[a-z_]+|cosine_(?!operator_)[a-z_]+)\b", exprs))
+            for version, api, _ in servers:  # every raw series a rule names, by the name the rule spells
+                names = set(httpx.get(f"{api}/label/__name__/values").json()["data"])
+                assert named and named <= names, (version, sorted(named - names))
+                assert not {n for n in names if n.startswith("cosine:")}, version
         finally:
-            prom.terminate()
-            prom.wait(30)
+            for _, _, prom in servers:
+                prom.terminate()
+                prom.wait(30)
 
     def test_sigkill_while_serving_leaves_no_child(self, cluster):
         """Last of the class (it ends the cluster). Catches: vLLM's server, engine core and
@@ -366,12 +408,12 @@ def _address(pid: int) -> str:
 
 
 def _replica(metrics_url: str, address: str) -> dict[str, float] | None:
-    """The verifier's `cosine:drafter_replica_*` series of the replica at `address`: calls,
+    """The verifier's `cosine_drafter_replica_*` series of the replica at `address`: calls,
     errors, held (requests assigned now), rehomed; None before it is known."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    names = {"cosine:drafter_replica_calls_total": "calls", "cosine:drafter_replica_errors_total": "errors",
-             "cosine:drafter_replica_requests": "held", "cosine:drafter_replica_rehomed_total": "rehomed"}
+    names = {"cosine_drafter_replica_calls_total": "calls", "cosine_drafter_replica_errors_total": "errors",
+             "cosine_drafter_replica_requests": "held", "cosine_drafter_replica_rehomed_total": "rehomed"}
     out = {}
     for family in text_string_to_metric_families(httpx.get(metrics_url).text):
         for sample in family.samples:
@@ -386,17 +428,17 @@ def _exits(pools_url: str, code: str | None = None) -> float:
 
     return sum(sample.value for family in text_string_to_metric_families(httpx.get(pools_url).text)
                for sample in family.samples
-               if sample.name == "cosine:embedded_replica_exits_total" and code in (None, sample.labels["code"]))
+               if sample.name == "cosine_embedded_replica_exits_total" and code in (None, sample.labels["code"]))
 
 
 def _replica_calls(metrics_url: str) -> dict[str, dict[str, float]]:
-    """pool -> replica address -> draft calls that returned (`cosine:drafter_replica_calls_total`)."""
+    """pool -> replica address -> draft calls that returned (`cosine_drafter_replica_calls_total`)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(httpx.get(metrics_url).text):
         for s in family.samples:
-            if s.name == "cosine:drafter_replica_calls_total":
+            if s.name == "cosine_drafter_replica_calls_total":
                 out.setdefault(s.labels["pool"], {})[s.labels["replica"]] = s.value
     return out
 
@@ -409,9 +451,9 @@ def _embedded(url: str) -> tuple[dict[str, int], float]:
     passes = 0.0
     for family in text_string_to_metric_families(httpx.get(url, timeout=5).text):
         for sample in family.samples:
-            if sample.name == "cosine:embedded_pool_replicas":
+            if sample.name == "cosine_embedded_pool_replicas":
                 replicas[sample.labels["pool"]] = int(sample.value)
-            elif sample.name == "cosine:embedded_autoscaler_passes_total":
+            elif sample.name == "cosine_embedded_autoscaler_passes_total":
                 passes = sample.value
     return replicas, passes
 

@@ -133,8 +133,8 @@ def test_hung_drafter_is_cut_off_by_the_deadline():
             remote.propose("r", [1, 2], 2)
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # cut off, not the 3 s hang's answer
         sample = servicer.metrics.registry.get_sample_value  # the stuck round shows as busy before it ends
-        assert sample("cosine:drafter_rounds_total", {"pool": "stuck"}) == 0
-        assert sample("cosine:drafter_busy_seconds_total", {"pool": "stuck"}) >= 0.2
+        assert sample("cosine_drafter_rounds_total", {"pool": "stuck"}) == 0
+        assert sample("cosine_drafter_busy_seconds_total", {"pool": "stuck"}) >= 0.2
     finally:
         server.stop(None)
         servicer.close()

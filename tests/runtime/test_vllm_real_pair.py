@@ -68,7 +68,7 @@ def test_real_pair_identical_to_vllm_target_only(tmp_path):
     try:
         assert _chat_all(base, model) == reference
         metrics = f"http://127.0.0.1:{metrics_port}/metrics"
-        accepted = sum(_counter(metrics, "cosine:spec_decode_num_accepted_tokens_total", pool)
+        accepted = sum(_counter(metrics, "cosine_spec_decode_num_accepted_tokens_total", pool)
                        for pool in ("lookup", "coder"))
         assert accepted > 0, "drafts were verified and accepted"
     finally:

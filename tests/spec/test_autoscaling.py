@@ -127,9 +127,9 @@ def test_a_spot_pool_is_weighed_at_its_spot_price() -> None:
 
 def test_missing_data_holds_and_never_shrinks() -> None:
     d, _ = decide(pool(3), v=None)
-    assert (d.desired, d.condition) == (3, "MetricsMissing") and "cosine:verifier_steps_total" in d.reason
+    assert (d.desired, d.condition) == (3, "MetricsMissing") and "cosine_verifier_steps_total" in d.reason
     d, _ = decide(pool(3, asks=5, u=None))
-    assert (d.desired, d.condition) == (3, "MetricsMissing") and "cosine:drafter_busy_seconds_total" in d.reason
+    assert (d.desired, d.condition) == (3, "MetricsMissing") and "cosine_drafter_busy_seconds_total" in d.reason
 
 
 def test_growth_is_clamped_to_the_bounds_and_the_scale_up_factor() -> None:

@@ -959,7 +959,7 @@ def endpoint_picker_config(cluster: s.ClusterSpec) -> dict[str, Any]:
     """The endpoint picker's ``EndpointPickerConfig``: a single scheduling profile summing the
     weighted scorers of ``spec.router.weights`` (a weight of 0 leaves its scorer out), then the
     highest score picked. Suffix affinity is the EPP's custom-metric pipeline (data source ->
-    ``prometheus-metric`` extractor -> ``metric-scorer``, maximised) on ``cosine:suffix_tree_hit_rate``."""
+    ``prometheus-metric`` extractor -> ``metric-scorer``, maximised) on ``cosine_suffix_tree_hit_rate``."""
     w = cluster.router.weights
     plugins: list[dict[str, Any]] = []
     profile: list[dict[str, Any]] = []

@@ -323,6 +323,7 @@ async def _reconcile(
         memo.metrics.reconciles.labels(event, "invalid").inc()
         raise kopf.PermanentError(f"invalid spec: {e}") from e
     api = memo.api
+    memo.metrics.cluster_info.labels(namespace, name).set(1)  # a cluster whose verifier must be up
     for pool in cluster.drafter_pools:  # the dashboards' accepted tokens per pool dollar
         memo.metrics.pool_price.labels(namespace, name, pool.name).set(pool.replica_price_per_hour_usd)
     hand_scaled = _hand_scaled(cluster, old_spec)
@@ -486,6 +487,8 @@ async def cosinecluster_scale_verifier(
 async def cosinecluster_delete(spec: Any, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     """Forget the cluster's own series (the children go with it: owner references). ``optional``:
     no finalizer of its own; kopf's, held for the daemons, is what lets this run."""
+    with contextlib.suppress(KeyError):
+        memo.metrics.cluster_info.remove(namespace, name)
     for pool in (spec or {}).get("drafterPools") or ():
         for gauge in (memo.metrics.desired_replicas, memo.metrics.pool_price):
             with contextlib.suppress(KeyError):
@@ -648,7 +651,7 @@ class _ClusterScaling:
         direction = "up" if d.desired > d.current else "down"
         await kube.patch(self.api, s.POOL_KIND, self.namespace, builders.pool_object_name(self.name, d.pool),
                          {"spec": {"replicas": d.desired}})
-        self.memo.metrics.scale_decisions.labels(d.pool, direction).inc()
+        self.memo.metrics.scale_decisions.labels(self.namespace, self.name, d.pool, direction).inc()
         kopf.info(self.body, reason=f"Scaled{direction.capitalize()}",
                   message=f"drafter pool {d.pool}: {d.current} → {d.desired} replicas: {d.reason}")
         self.logger.info(f"pool {d.pool}: {d.current} -> {d.desired}: {d.reason}")

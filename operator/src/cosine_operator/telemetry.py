@@ -18,11 +18,12 @@ class OperatorMetrics:
 
     registry: CollectorRegistry
     reconciles: Counter  # labels: event (create/update/resume), outcome (ok/error)
-    scale_decisions: Counter  # labels: pool, direction (up/down)
+    scale_decisions: Counter  # labels: namespace, cluster, pool, direction (up/down)
     scrape_failures: Counter  # labels: role
     desired_replicas: Gauge  # labels: namespace, cluster, pool
     autoscaler_errors: Counter  # labels: stage (observe/actuate/report): passes that failed and went on
-    pool_price: Gauge  # cosine:drafter_pool_price_usd_per_hour{namespace, cluster, pool}: from the spec
+    pool_price: Gauge  # cosine_drafter_pool_price_usd_per_hour{namespace, cluster, pool}: from the spec
+    cluster_info: Gauge  # labels: namespace, cluster; 1 per CoSineCluster reconciled (CoSineVerifierDown's clusters)
 
     @classmethod
     def create(cls) -> OperatorMetrics:
@@ -39,7 +40,7 @@ class OperatorMetrics:
             scale_decisions=Counter(
                 "cosine_operator_scale_decisions",
                 "Drafter pool replica changes by the autoscaler.",
-                ["pool", "direction"],
+                ["namespace", "cluster", "pool", "direction"],
                 registry=registry,
             ),
             scrape_failures=Counter(
@@ -64,6 +65,12 @@ class OperatorMetrics:
                 names.POOL_PRICE,
                 "One drafter replica's price per hour from the spec, USD (spotPricePerHourUsd on spot).",
                 ["namespace", "cluster", "pool"],
+                registry=registry,
+            ),
+            cluster_info=Gauge(
+                "cosine_operator_cluster_info",
+                "1 for each CoSineCluster this replica has reconciled (and not seen deleted).",
+                ["namespace", "cluster"],
                 registry=registry,
             ),
         )

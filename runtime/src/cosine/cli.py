@@ -320,7 +320,7 @@ def _add_role_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[
                          "each of its replicas; repeatable)")
     ve.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in a pod)")
     ve.add_argument("--metrics-port", type=int, default=9091,
-                    help="CoSine's per-pool cosine: series (vLLM's vllm: series are on the HTTP port's /metrics)")
+                    help="CoSine's per-pool cosine_ series (vLLM's vllm: series are on the HTTP port's /metrics)")
     ve.add_argument("--drafter-tls-dir", default=None,
                     help="dial the drafters over TLS, trusting ca.crt from this directory; default: plaintext")
     ve.add_argument("--drafter-tls-server-name", default=None,
@@ -339,7 +339,7 @@ def _add_role_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     se.add_argument("--cluster", type=Path, default=None, help=cluster_help)
     se.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (OpenAI API)")
     se.add_argument("--host", default="127.0.0.1", help="the verifier's HTTP bind address")
-    se.add_argument("--metrics-port", type=int, default=9091, help="CoSine's per-pool cosine: series (0 = off)")
+    se.add_argument("--metrics-port", type=int, default=9091, help="CoSine's per-pool cosine_ series (0 = off)")
     se.add_argument("--pools-metrics-port", type=int, default=0,
                     help="the embedded cluster's own series: pool replicas, autoscaling passes (0 = off)")
     se.add_argument("--placement", choices=MODES, default=DEFAULT, help=placement_help)

@@ -58,7 +58,7 @@ class Child:
     restarts: int = 0
 
     cores: tuple[int, ...] = ()
-    metrics_port: int = 0  # its `cosine:drafter_*` series (the embedded autoscaler scrapes them)
+    metrics_port: int = 0  # its `cosine_drafter_*` series (the embedded autoscaler scrapes them)
 
     def start(self) -> None:
         """(Re)start the process with the same command, environment and cores."""

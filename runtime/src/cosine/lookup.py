@@ -104,7 +104,7 @@ class SuffixLookup:
     def held(self) -> tuple[int, int]:
         """(finished requests whose outputs the global tree holds, tokens indexed in the trees:
         running requests' prompts and outputs, finished requests' outputs). With ``hit_rate``, what
-        ``cosine:suffix_tree_*`` export: how much this verifier has seen and how often it drafts
+        ``cosine_suffix_tree_*`` export: how much this verifier has seen and how often it drafts
         from it (the router's suffix-affinity signal)."""
         cached = set(self.cache.cached_requests)
         for rid in [r for r in self._output_len if r not in cached and r not in self._indexed]:

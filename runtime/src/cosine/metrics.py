@@ -1,4 +1,4 @@
-"""Prometheus metrics of the serving runtime, named after vLLM's under a `cosine:` prefix.
+"""Prometheus metrics of the serving runtime, named after vLLM's under a `cosine_` prefix.
 
 The proposer counts (`proposer_stats.ProposerStats`); `ProposerCollector` turns the counts into series
 at scrape time; `ProposerExporter` serves them. The operator's autoscaler reads the same series
@@ -6,17 +6,17 @@ at scrape time; `ProposerExporter` serves them. The operator's autoscaler reads 
 
 Derived figures in PromQL:
 - acceptance rate per pool:
-    rate(cosine:spec_decode_num_accepted_tokens_total[1m]) / rate(cosine:spec_decode_num_draft_tokens_total[1m])
+    rate(cosine_spec_decode_num_accepted_tokens_total[1m]) / rate(cosine_spec_decode_num_draft_tokens_total[1m])
 - mean acceptance length (tokens emitted per verification that had a draft):
-    1 + rate(cosine:spec_decode_num_accepted_tokens_total[1m]) / rate(cosine:spec_decode_num_drafts_total[1m])
+    1 + rate(cosine_spec_decode_num_accepted_tokens_total[1m]) / rate(cosine_spec_decode_num_drafts_total[1m])
 - a pool replica's busy fraction (share of wall time with a draft call in flight) and its share of
   the pool's calls:
-    rate(cosine:drafter_replica_busy_seconds_total[1m])
-    rate(cosine:drafter_replica_calls_total[1m]) / ignoring(replica) group_left
-      sum without(replica) (rate(cosine:drafter_replica_calls_total[1m]))
+    rate(cosine_drafter_replica_busy_seconds_total[1m])
+    rate(cosine_drafter_replica_calls_total[1m]) / ignoring(replica) group_left
+      sum without(replica) (rate(cosine_drafter_replica_calls_total[1m]))
 - verifier idle ("bubble") fraction:
-    rate(cosine:verifier_idle_seconds_total[1m])
-      / (rate(cosine:verifier_idle_seconds_total[1m]) + rate(cosine:verifier_busy_seconds_total[1m]))
+    rate(cosine_verifier_idle_seconds_total[1m])
+      / (rate(cosine_verifier_idle_seconds_total[1m]) + rate(cosine_verifier_busy_seconds_total[1m]))
 Latency (TTFT, inter-token latency) is vLLM's own: its `vllm:` histograms on the OpenAI server.
 """
 
@@ -33,23 +33,23 @@ class ProposerCollector:
     `vllm:spec_decode_*` counters included) stay on the OpenAI server's `/metrics`; these are the
     per-pool series vLLM lacks, on the proposer's own port (`ProposerExporter`):
 
-    - cosine:spec_decode_num_drafts_total{pool}, cosine:spec_decode_num_draft_tokens_total{pool},
-      cosine:spec_decode_num_accepted_tokens_total{pool}: as above, per draft source ("lookup" =
+    - cosine_spec_decode_num_drafts_total{pool}, cosine_spec_decode_num_draft_tokens_total{pool},
+      cosine_spec_decode_num_accepted_tokens_total{pool}: as above, per draft source ("lookup" =
       in-process prompt lookup, else the drafter pool);
-    - cosine:spec_decode_drafts_late_total{pool}: steps a pool's draft was still in flight;
-    - cosine:drafter_errors_total{pool}, cosine:drafter_calls_total{pool};
-      cosine:drafter_rtt_seconds{pool} (EMA of a draft call); cosine:drafter_token_seconds{pool}
-      (EMA of a call's seconds per draft token it drafted); cosine:drafter_yield_tokens{pool}
-      (accepted tokens per draft call over recent calls); cosine:drafter_on_time_ratio{pool}
+    - cosine_spec_decode_drafts_late_total{pool}: steps a pool's draft was still in flight;
+    - cosine_drafter_errors_total{pool}, cosine_drafter_calls_total{pool};
+      cosine_drafter_rtt_seconds{pool} (EMA of a draft call); cosine_drafter_token_seconds{pool}
+      (EMA of a call's seconds per draft token it drafted); cosine_drafter_yield_tokens{pool}
+      (accepted tokens per draft call over recent calls); cosine_drafter_on_time_ratio{pool}
       (share of a pool's drafts that arrived in time and continued the context);
-      cosine:drafter_asks_skipped_total{pool,reason} (draft asks not made: `late`, `yield` or `down`,
+      cosine_drafter_asks_skipped_total{pool,reason} (draft asks not made: `late`, `yield` or `down`,
       `proposer.CoSineProposer`; the autoscaler's demand counts late and down);
-    - cosine:drafter_replica_calls_total{pool,replica}, cosine:drafter_replica_errors_total{pool,replica},
-      cosine:drafter_replica_busy_seconds_total{pool,replica} (wall seconds with a call in flight),
-      cosine:drafter_replica_requests{pool,replica} (requests assigned to the replica now),
-      cosine:drafter_replica_rehomed_total{pool,replica} (requests moved off it), from
+    - cosine_drafter_replica_calls_total{pool,replica}, cosine_drafter_replica_errors_total{pool,replica},
+      cosine_drafter_replica_busy_seconds_total{pool,replica} (wall seconds with a call in flight),
+      cosine_drafter_replica_requests{pool,replica} (requests assigned to the replica now),
+      cosine_drafter_replica_rehomed_total{pool,replica} (requests moved off it), from
       `replicas()`: pool -> replica address -> `transport.replica_pool.ReplicaStats`;
-    - cosine:verifier_steps_total, cosine:verifier_steps_with_draft_total.
+    - cosine_verifier_steps_total, cosine_verifier_steps_with_draft_total.
     """
 
     def __init__(self, stats, model_name: str = "", clock=None, replicas=None, suffix=None) -> None:
@@ -57,7 +57,7 @@ class ProposerCollector:
 
         self.stats = stats
         self.replicas = replicas or dict
-        self.suffix = suffix  # a `SuffixAffinity`: the cosine:suffix_tree_* gauges
+        self.suffix = suffix  # a `SuffixAffinity`: the cosine_suffix_tree_* gauges
         self.model_name = model_name
         self.clock = clock or time.monotonic
         self.started_s = self.clock()
@@ -171,7 +171,7 @@ SUFFIX_GAUGES = (
 
 class SuffixAffinity:
     """What the verifier's suffix trees (`lookup.SuffixLookup`) hold and how often they draft: the
-    cosine:suffix_tree_* gauges, the signal the router's endpoint picker scores suffix affinity on.
+    cosine_suffix_tree_* gauges, the signal the router's endpoint picker scores suffix affinity on.
 
     `update` reads the lookup from the engine's thread (its only user), at most once per
     `period_s`; exporters read the last values (`families`, on the proposer's port). With

@@ -52,7 +52,7 @@ follows the pool's measured seconds per draft token and the verifier's measured 
 
 A failed pool (`pool_down_after` failures in a row) is left out for `pool_retry_s`; that is one
 warning per pool at most every `pool_warn_every_s`, and a late or failed draft is otherwise only
-a metric (`cosine:drafter_errors_total`, `cosine:spec_decode_drafts_late_total`), never a log line.
+a metric (`cosine_drafter_errors_total`, `cosine_spec_decode_drafts_late_total`), never a log line.
 
 A pool is anything with the `Drafter` interface (`transport.replica_pool.ReplicaPool` over its
 replicas' gRPC channels in deployments, each request on one replica); its calls run on this
@@ -124,7 +124,7 @@ class ProposerSettings:
     `pool_down_after` failed calls in a row; pool_warn_every_s: at most one warning per pool in this many seconds.
     reroute_every: steps between re-routing a request. initial_step_s: the pass time assumed
     before any step was measured. pool_yield_decay: per-call decay of the yield's counts
-    (`cosine:drafter_yield_tokens`). max_model_len: the verifier's context limit (vLLM's
+    (`cosine_drafter_yield_tokens`). max_model_len: the verifier's context limit (vLLM's
     `max_model_len`): a request of n tokens gets at most `max_model_len - n - 1` draft tokens (the
     step computes them and a bonus token), as vLLM's own proposers clamp (None: no limit).
     calibration_decay: per-step decay of each source's (accepted, predicted) token counts that

@@ -13,7 +13,7 @@ from typing import Any
 
 @dataclass
 class ProposerStats:
-    """Counters since start (the metrics layer turns them into `cosine:` series).
+    """Counters since start (the metrics layer turns them into `cosine_` series).
 
     Written from the engine's thread (steps, the queue) and the pool calls' threads (calls,
     errors, speeds), read at scrape time from the metrics server's: every write goes through a

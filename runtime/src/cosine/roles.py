@@ -6,7 +6,7 @@ reconciles; in a pod it is the ConfigMap's `cluster.yaml`), loads its model and 
 - verifier: vLLM's OpenAI-compatible server on the target model (completions, chat, streaming,
   `/health`, `/metrics` with vLLM's `vllm:` series), CoSine's proposer under its engine
   (`runtime/src/cosine/vllm_hooks.py`) with the remote drafter pools at the given addresses, and CoSine's
-  per-pool `cosine:` series on `--metrics-port`;
+  per-pool `cosine_` series on `--metrics-port`;
 - serve: the embedded cluster (`cosine.embedded`): one `cosine drafter` process per drafter
   replica on loopback ports, then `cosine verifier` as a child, on the cores `placement.plan`
   gives them; every child dies with it however it dies (`cosine.processes`).
@@ -174,7 +174,7 @@ def verifier_command(
     env = {**os.environ, **vllm_cpu_env(spec.verifier, cores)}
     # prometheus_client's multi-process mode, fresh for this server: vLLM's OpenAI server then
     # serves on its /metrics what its engine-core process writes too, the proposer's
-    # cosine:suffix_tree_* gauges among it (`metrics.SuffixAffinity`), where an endpoint picker reads
+    # cosine_suffix_tree_* gauges among it (`metrics.SuffixAffinity`), where an endpoint picker reads
     env.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="cosine-verifier-metrics-"))
     if api_key:
         env["VLLM_API_KEY"] = api_key  # not on the command line, where `ps` shows it

@@ -226,7 +226,7 @@ def proposer_config(
             (`transport.replica_pool`); optional `tls_dir`, `tls_server_name`: TLS to that pool
             (`transport.tls`).
         model: the target's path (its tokenizer classifies prompts into domains for routing).
-        metrics_port: serve CoSine's `cosine:` series on this port (0 = none).
+        metrics_port: serve CoSine's `cosine_` series on this port (0 = none).
         engine_source: the engine drafter's source name (`spec.verifier.speculator.method`), or ""
             when the engine has none.
     """

@@ -13,7 +13,7 @@ Demand is counted where the proposer decides, so a late pool, which is asked les
 more, still shows what it is wanted for.
 
 **Capacity**: the pool's replicas were busy a fraction ``u`` of the interval (engine seconds per
-second per replica, ``cosine:drafter_busy_seconds_total``) serving ``A`` asks per second. Serving
+second per replica, ``cosine_drafter_busy_seconds_total``) serving ``A`` asks per second. Serving
 all of ``D`` would keep them busy ``u D / A``; the pool needs ``ceil(replicas u D / (A u*))``
 replicas to run at the target busy fraction ``u*`` (``spec.autoscaling.targetDrafterUtilization``):
 the Kubernetes HPA's rule, on the demand instead of on what was served. Under batching a
@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from cosine_spec import metric_names as names
 from cosine_spec.settings import ClusterSpec, clamp_replicas
 
-SKIP_REASONS = ("late", "yield", "down")  # cosine:drafter_asks_skipped_total{reason}
+SKIP_REASONS = ("late", "yield", "down")  # cosine_drafter_asks_skipped_total{reason}
 DEMAND_SKIPS = ("late", "down")  # skips that are demand: more replicas would have served them
 
 

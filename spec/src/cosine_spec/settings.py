@@ -28,7 +28,7 @@ POOL_KIND = "CoSineDrafterPool"
 
 # Port numbers of the runtime contract (see the runtime's CLI).
 VERIFIER_HTTP_PORT = 8000  # vLLM's OpenAI server: the API, /health and /metrics (vllm: series)
-VERIFIER_METRICS_PORT = 9091  # CoSine's proposer in vLLM's engine core: cosine: series (the autoscaler's)
+VERIFIER_METRICS_PORT = 9091  # CoSine's proposer in vLLM's engine core: cosine_ series (the autoscaler's)
 DRAFTER_GRPC_PORT = 50052
 DRAFTER_METRICS_PORT = 9090
 
@@ -746,7 +746,7 @@ class RouterWeights(_Checked):
     """``spec.router.weights``: each scorer's weight in the endpoint picker's sum (0 leaves it out).
     ``prefixCache``: the share of the prompt's prefix blocks a replica has served (its KV cache);
     ``sessionAffinity``: the replica that served the session's last request; ``suffixAffinity``:
-    CoSine's ``cosine:suffix_tree_hit_rate`` gauge (how often the replica's suffix tree drafts from
+    CoSine's ``cosine_suffix_tree_hit_rate`` gauge (how often the replica's suffix tree drafts from
     what it has seen); ``queue``: fewer waiting requests; ``kvCacheUtilization``: more free KV cache."""
 
     SPEC_PATH: ClassVar[str] = "spec.router.weights"

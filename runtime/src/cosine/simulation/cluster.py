@@ -190,7 +190,7 @@ def endpoint_score(weights: RouterWeights, prefix_hit: float, same_session: bool
     """A replica's score as the Gateway API Inference Extension's endpoint picker sums its scorers
     (each in [0, 1], weighted: `spec.router.weights`): prefix-cache (the share of the prompt the
     replica's cache holds), session-affinity (1 on the session's last replica), CoSine's
-    `cosine:suffix_tree_hit_rate` through the metric scorer (linear on [0, 1]), queue (the
+    `cosine_suffix_tree_hit_rate` through the metric scorer (linear on [0, 1]), queue (the
     emptiest waiting queue 1, the fullest 0) and KV-cache utilisation (free share)."""
     return (weights.prefix_cache * prefix_hit + weights.session_affinity * same_session
             + weights.suffix_affinity * suffix_hit_rate + weights.queue * queue_score
@@ -475,7 +475,7 @@ class _Cluster:
         self.prefix_cache: list[OrderedDict[int, int]] = [OrderedDict() for _ in range(replicas)]  # session -> tokens
         self.seen: list[set[int]] = [set() for _ in range(replicas)]  # sessions whose outputs a replica's tree holds
         self.last_replica: dict[int, int] = {}  # session -> the replica of its last turn
-        self.suffix_hit_rate = [0.0] * replicas  # each replica's cosine:suffix_tree_hit_rate (EMA)
+        self.suffix_hit_rate = [0.0] * replicas  # each replica's cosine_suffix_tree_hit_rate (EMA)
         self.route_rng = random.Random(f"{setup.seed}/router")
         self.seqs: dict[str, _Sequence] = {}  # request id -> the request, while it runs
         self.in_flight = 0

@@ -76,7 +76,7 @@ def _pct(values: Sequence[float], q: float) -> float | None:
 
 
 def _pool_figures(delta: Scrape, after: Scrape) -> dict[str, dict[str, float | None]]:
-    """Per draft source ("lookup" or a pool), from the verifier's `cosine:` series over the window."""
+    """Per draft source ("lookup" or a pool), from the verifier's `cosine_` series over the window."""
     names = set(_POOL_COUNTERS.values())
     pools = sorted({p for (n, p) in delta if n in names and p})
     out: dict[str, dict[str, float | None]] = {}

@@ -50,7 +50,7 @@ def ask(client, model: str, prompt: Prompt, max_tokens: int) -> Answer:
     return Answer(prompt, "".join(parts), tokens, ttft if ttft is not None else wall, wall)
 
 
-def spec_decode_counters(metrics_url: str, prefix: str = "cosine:spec_decode_") -> dict[str, float]:
+def spec_decode_counters(metrics_url: str, prefix: str = m.PREFIX + "spec_decode_") -> dict[str, float]:
     """Counters named `prefix*_total` from a Prometheus endpoint, summed over labels."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
@@ -64,8 +64,8 @@ def spec_decode_counters(metrics_url: str, prefix: str = "cosine:spec_decode_") 
 
 
 def per_pool_counters(metrics_url: str) -> dict[str, dict[str, float]]:
-    """`cosine:` per-pool counters by pool label ("lookup" = in-process prompt lookup):
-    drafts, draft_tokens, accepted, late (each `cosine:spec_decode_*_total`)."""
+    """`cosine_` per-pool counters by pool label ("lookup" = in-process prompt lookup):
+    drafts, draft_tokens, accepted, late (each `cosine_spec_decode_*_total`)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -68,7 +68,7 @@ settings (read from /proc once the server answered its warm-up request).
 
 Per system and level: output tokens/s, TPOT / TTFT / latency p50 and p99, acceptance length and
 draft tokens per step (from vLLM's `vllm:spec_decode_*` counters), outputs identical to the
-reference and throughput per domain; for the CoSine systems, from the verifier's `cosine:` series,
+reference and throughput per domain; for the CoSine systems, from the verifier's `cosine_` series,
 per draft source ("lookup" or a pool) draft and accepted tokens, drafts late, calls, errors and
 round trip, the share of steps with a draft and the verifier's seconds per engine step; and, from
 each drafter process's own /metrics, the pool's busy fraction and drafting seconds per draft token.
@@ -411,7 +411,7 @@ def _drafter_metrics(pids: Sequence[int]) -> list[tuple[str, str]]:
     return out
 
 
-def _scrape(url: str, prefixes: tuple[str, ...] = (m.VLLM_SPEC_DECODE_PREFIX, "cosine:")) -> Scrape:
+def _scrape(url: str, prefixes: tuple[str, ...] = (m.VLLM_SPEC_DECODE_PREFIX, m.PREFIX)) -> Scrape:
     """Counters and gauges named `prefixes*` at a Prometheus endpoint, per `pool` label ({} if unreachable)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families

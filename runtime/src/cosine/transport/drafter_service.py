@@ -42,10 +42,10 @@ SERVICE_NAME = "cosine.v1.Drafter"
 class DrafterMetrics:
     """Drafter-side series read by the operator's autoscaler (names: operator contract).
 
-    PromQL: busy fraction `rate(cosine:drafter_busy_seconds_total[1m])`; seconds per draft token
-    `rate(cosine:drafter_busy_seconds_total[1m]) / rate(cosine:drafter_draft_tokens_total[1m])`;
-    mean requests per batched round `rate(cosine:drafter_batched_requests_total[1m]) /
-    rate(cosine:drafter_rounds_total[1m])`.
+    PromQL: busy fraction `rate(cosine_drafter_busy_seconds_total[1m])`; seconds per draft token
+    `rate(cosine_drafter_busy_seconds_total[1m]) / rate(cosine_drafter_draft_tokens_total[1m])`;
+    mean requests per batched round `rate(cosine_drafter_batched_requests_total[1m]) /
+    rate(cosine_drafter_rounds_total[1m])`.
 
     Busy seconds are read at scrape time from `busy_seconds` (the servicer sets it to its
     batcher's `DraftBatcher.busy_seconds`), the running round included: a round longer than the

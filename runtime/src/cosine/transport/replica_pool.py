@@ -20,7 +20,7 @@ to one replica, round robin splits a request's context across replicas. Instead 
 - sends `Release` to the replica that holds the request's context (also to one it left).
 
 Per replica it counts draft calls, errors, busy seconds (wall time with at least one call in
-flight) and the requests it holds (`replica_stats`, exported as `cosine:drafter_replica_*`).
+flight) and the requests it holds (`replica_stats`, exported as `cosine_drafter_replica_*`).
 """
 
 from __future__ import annotations
