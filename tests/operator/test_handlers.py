@@ -12,9 +12,11 @@ from __future__ import annotations
 import copy
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 from conftest import RESYNC_S
 from fake_metrics import Counters, serve
 from k8s_emulator import (
@@ -35,6 +37,17 @@ from k8s_emulator import (
 )
 
 NS = "default"
+
+
+@pytest.fixture(autouse=True)
+def _delete_clusters_after(kube: Kube) -> Iterator[None]:
+    """Each test's clusters are deleted when it ends (not waited for): the module's operator
+    re-applies every live cluster's children each resync, and clusters left behind by earlier
+    tests kept it busy enough, on a loaded 2-core machine, that a deletion's finalizer waited
+    past its test's timeout."""
+    yield
+    for body in kube.list(CLUSTERS, NS):
+        kube.delete(CLUSTERS, NS, body["metadata"]["name"])
 
 
 def cluster_body(name: str, **spec_overrides: Any) -> dict[str, Any]:
@@ -507,7 +520,7 @@ def test_delete_cluster_removes_children(operator: Any, kube: Kube) -> None:
     kube.delete(CLUSTERS, NS, "zeta")
     # kopf removes its finalizer once the cluster's daemon and timer have stopped (a resync pass
     # in flight finishes first): seconds on a loaded machine
-    wait_for(lambda: kube.get(CLUSTERS, NS, "zeta") is None, timeout_s=30.0, what="cluster gone")
+    wait_for(lambda: kube.get(CLUSTERS, NS, "zeta") is None, timeout_s=60.0, what="cluster gone")
     for resource, name in [
         (DEPLOYMENTS, "zeta-verifier"),
         (DEPLOYMENTS, "zeta-drafter-code"),

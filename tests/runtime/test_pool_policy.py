@@ -75,3 +75,12 @@ def test_invalid_settings_raise():
         PoolPolicy(probe_every=0)
     with pytest.raises(ValueError, match="step_budget"):
         PoolPolicy(step_budget=1.5)
+
+
+def test_an_off_context_pool_is_not_late():
+    """Drafts back in time that no longer continue the context (the target went elsewhere) are no
+    demand for replicas: the skip is "yield"; drafts that miss the step are "late"."""
+    p = PoolPolicy(probe_every=100)
+    assert p.skip_reason(2, 0.8, 1.0, [(0.8, 0.2)], 8, on_context=1.0) is None
+    assert p.skip_reason(2, 0.8, 1.0, [(0.8, 0.2)], 8, on_context=0.05) == "yield"
+    assert p.skip_reason(2, 0.8, 0.05, [(0.8, 0.2)], 8, on_context=1.0) == "late"

@@ -418,10 +418,10 @@ def test_pool_drafts_past_the_draft_being_verified_and_from_its_rejection_points
     assert pool_and_first_draft().propose({"r": [1, 2, 3, 4, 5, 6, 7, 8]}) == {"r": [9, 10, 11]}
     # 5 accepted, 6 rejected and the target emitted 101 instead: the branch at position 1 continues
     assert pool_and_first_draft().propose({"r": [1, 2, 3, 4, 5, 101]}) == {"r": [102, 103, 104]}
-    # a rejection point the pool did not draft from: nothing usable, counted as not on time
+    # a rejection point the pool did not draft from: nothing usable, on time but off the context
     p = pool_and_first_draft()
     assert p.propose({"r": [1, 2, 3, 4, 5, 6, 99]}) == {"r": []}
-    assert p.stats.pool_on_time["coder"] < 1.0
+    assert p.stats.pool_on_time["coder"] == 1.0 and p.stats.pool_on_context["coder"] < 1.0
 
 
 def test_pool_asks_are_sized_from_the_pools_measured_speed_to_come_back_within_a_step():
@@ -517,3 +517,16 @@ def test_stats_writes_from_many_threads_all_count():
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(work, range(4)))
     assert stats.pool_calls == {"p0": 4000, "p1": 4000} and stats.steps == 8000 and stats.steps_with_draft == 4000
+
+
+def test_on_time_and_on_context_shares_are_kept_apart():
+    """A pool whose drafts arrive in time but continue a context the target left: on time, off context."""
+    pool = FakePool("coder", rule=lambda ctx, k: [7777 + i for i in range(k)])
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), lookup=False, pool=PoolPolicy(probe_every=1)), [pool])
+    ctx = [1, 2, 3]
+    for _ in range(30):
+        p.propose({"r": ctx})
+        _wait(lambda: all(f.done() for f in p._requests["r"].inflight.values()))
+        ctx = ctx + [ctx[-1] + 1]  # the target never emits the pool's tokens
+    assert p.stats.pool_on_time["coder"] > 0.9 and p.stats.pool_on_context["coder"] < 0.5
+    p.close()

@@ -98,8 +98,10 @@ class ProposerCollector:
             (names.POOL_TOKEN_SECONDS, "Draft call wall time per draft token drafted (EMA): what a "
              "pool's draft is sized by.", s.pool_token_s),
             (names.POOL_YIELD_TOKENS, "Accepted tokens per draft call, recent calls.", s.pool_yield),
-            (names.POOL_ON_TIME_RATIO, "Share of a pool's drafts that arrived in time and continued the "
-             "context (EMA).", s.pool_on_time),
+            (names.POOL_ON_CONTEXT_RATIO, "Share of a pool's drafts arrived in time that continued the context "
+             "(EMA).", s.pool_on_context),
+            (names.POOL_ON_TIME_RATIO, "Share of looks at a pool's draft for which it had arrived in time "
+             "(EMA).", s.pool_on_time),
         )
         for name, doc, values in gauges:
             fam = GaugeMetricFamily(name, doc, labels=["model_name", "pool"])

@@ -71,19 +71,22 @@ class PoolPolicy:
             raise ValueError(f"step_budget must be in (0, 1], got {self.step_budget}")
 
     def skip_reason(self, request_steps: int, pool_alpha: float, pool_on_time: float,
-                    local: Sequence[tuple[float, float]], k_max: int) -> str | None:
+                    local: Sequence[tuple[float, float]], k_max: int, on_context: float = 1.0) -> str | None:
         """Why not to ask the pool for this request now, or `None` to ask: it is asked on its probe
         steps (`request_steps`, counted from 1: the first, then every `probe_every`), else where
         `speculation_control.pool_pays` against the best local source (`local`: per source, its
         per-token acceptance for the request and its hit rate, the share of steps it has a draft).
         A pool that does not pay is skipped as `"late"` when it would pay if its drafts arrived in
         time (its on-time share is what fails: demand a faster or larger pool would serve, which
-        the autoscaler counts), else as `"yield"`. Alphas are per-token acceptance rates in [0, 1]."""
+        the autoscaler counts), else as `"yield"`. `on_context`: the share of the pool's drafts back
+        in time that still continued the context (the target went where the pool guessed): it
+        scales what the pool gives, but a faster pool would not raise it, so it never makes a skip
+        "late". Alphas are per-token acceptance rates in [0, 1]."""
         if (request_steps - 1) % self.probe_every == 0:
             return None
-        if sc.pool_pays(pool_alpha, pool_on_time, local, k_max, self.min_gain_tokens):
+        if sc.pool_pays(pool_alpha, pool_on_time * on_context, local, k_max, self.min_gain_tokens):
             return None
-        if sc.pool_pays(pool_alpha, 1.0, local, k_max, self.min_gain_tokens):
+        if sc.pool_pays(pool_alpha, on_context, local, k_max, self.min_gain_tokens):
             return "late"
         return "yield"
 

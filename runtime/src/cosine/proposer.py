@@ -444,25 +444,31 @@ class CoSineProposer:
         if d is None:
             if fut is not None and not fut.done():
                 self.stats.add(self.stats.drafts_late, name)
-                self._on_time(req, name, False, final=False)
+                self._on_time(req, name, None, final=False)
             return None
         best = continuation(d, ctx)
         self._on_time(req, name, best is not None, final=fut is None or fut.done())
         return best
 
-    def _on_time(self, req: _Request, name: str, usable: bool, final: bool) -> None:
+    def _on_time(self, req: _Request, name: str, usable: bool | None, final: bool) -> None:
         """Fold one look at a pool's draft for a request into the pool's on-time share (EMA over
-        looks, all requests: the share of steps a pool asked for has a usable draft): `usable` if
-        it has arrived and continues the context. Looks are judged from an ask until the first look
-        after its draft arrived (`final`); later looks, at a draft left behind while the pool is
+        looks, all requests: the share of steps a pool asked for has its draft back) and, once it
+        has arrived, its on-context share (EMA over arrived drafts: the share that continues the
+        context): `usable` None while the draft is in flight (late), else whether it continues.
+        Late drafts want a faster or larger pool; off-context ones do not (the target went
+        elsewhere than the pool guessed), so the two are kept apart. Looks are judged from an ask
+        until the first look after its draft arrived (`final`); later looks, at a draft left behind while the pool is
         not asked, are not: they say nothing of the pool's speed, and counting them held a skipped
         pool's share down for as long as it was skipped."""
         if name in req.judged:
             return
         if final:
             req.judged.add(name)
-        share = PoolPolicy.on_time(self.stats.pool_on_time.get(name, 1.0), usable)
-        self.stats.set(self.stats.pool_on_time, name, share)
+        self.stats.set(self.stats.pool_on_time, name,
+                       PoolPolicy.on_time(self.stats.pool_on_time.get(name, 1.0), usable is not None))
+        if usable is not None:
+            self.stats.set(self.stats.pool_on_context, name,
+                           PoolPolicy.on_time(self.stats.pool_on_context.get(name, 1.0), usable))
 
     def _request_pool_drafts(self, rid: str, req: _Request, ctx: Sequence[int], expected: Sequence[int]) -> None:
         """Ask each routed pool that is idle for this request to draft ahead from `ctx`, past the
@@ -495,4 +501,5 @@ class CoSineProposer:
         local = [(self._state(req, src.name).acceptance_rate, req.hits.get(src.name, 0.5)) for src in self.sources]
         return self.settings.pool.skip_reason(req.steps, self._state(req, name).acceptance_rate,
                                                self.stats.pool_on_time.get(name, 1.0), local,
-                                               self.settings.speculation.max_draft_len)
+                                               self.settings.speculation.max_draft_len,
+                                               on_context=self.stats.pool_on_context.get(name, 1.0))

@@ -32,7 +32,8 @@ class ProposerStats:
     pool_token_s: dict[str, float] = field(default_factory=dict)  # EMA of a call's wall time per draft token
     pool_calls: dict[str, int] = field(default_factory=dict)  # draft calls that returned
     pool_yield: dict[str, float] = field(default_factory=dict)  # accepted tokens per draft call (recent)
-    pool_on_time: dict[str, float] = field(default_factory=dict)  # EMA: a pool draft continued the context in time
+    pool_on_time: dict[str, float] = field(default_factory=dict)  # EMA over looks: a pool draft had arrived in time
+    pool_on_context: dict[str, float] = field(default_factory=dict)  # EMA over arrived drafts: it continued the context
     # asks not made, by (pool, reason): "late"/"yield" (`PoolPolicy.skip_reason`), "down" (no replica answers)
     pool_skipped: dict[tuple[str, str], int] = field(default_factory=dict)
     busy_s: float = 0.0  # seconds in engine steps

@@ -46,6 +46,7 @@ POOL_RTT_SECONDS = "cosine_drafter_rtt_seconds"  # gauge{pool}: a draft call's w
 POOL_TOKEN_SECONDS = "cosine_drafter_token_seconds"  # gauge{pool}: a call's seconds per draft token (EMA)
 POOL_YIELD_TOKENS = "cosine_drafter_yield_tokens"  # gauge{pool}: accepted tokens per draft call
 POOL_ON_TIME_RATIO = "cosine_drafter_on_time_ratio"  # gauge{pool}: share of drafts in time (EMA)
+POOL_ON_CONTEXT_RATIO = "cosine_drafter_on_context_ratio"  # gauge{pool}: share of arrived drafts continuing (EMA)
 REPLICA_CALLS = "cosine_drafter_replica_calls"  # counter{pool,replica}
 REPLICA_ERRORS = "cosine_drafter_replica_errors"  # counter{pool,replica}
 REPLICA_BUSY_SECONDS = "cosine_drafter_replica_busy_seconds"  # counter{pool,replica}: a call in flight
