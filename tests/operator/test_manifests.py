@@ -44,7 +44,8 @@ def to_jsonschema(node: Any) -> Any:
 
 
 def test_examples_exist() -> None:
-    assert {p.name for p in EXAMPLES} == {"embedded.yaml", "gke-gpu.yaml", "eks-gpu.yaml", "gke-gateway-multinode.yaml"}
+    assert {p.name for p in EXAMPLES} == {"embedded.yaml", "embedded-draft-model.yaml", "gke-gpu.yaml", "eks-gpu.yaml",
+                                          "gke-gateway-multinode.yaml"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

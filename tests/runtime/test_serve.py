@@ -37,7 +37,7 @@ PROMPTS = ["Name three colors.", "What is 7 times 6?", "Write a haiku about the 
 API_KEY = "test-key"
 
 
-def _manifest(tmp_path_factory, max_draft_len: int) -> str:
+def _manifest(tmp_path_factory, max_draft_len: int, speculator: dict | None = None) -> str:
     manifest = {
         "apiVersion": "cosine.dev/v1alpha1",
         "kind": "CoSineCluster",
@@ -51,6 +51,8 @@ def _manifest(tmp_path_factory, max_draft_len: int) -> str:
             "autoscaling": {"enabled": False},  # two replicas throughout (the autoscaler has its own test)
         },
     }
+    if speculator:
+        manifest["spec"]["verifier"]["speculator"] = speculator
     path = tmp_path_factory.mktemp("cluster") / "cluster.yaml"
     path.write_text(yaml.safe_dump(manifest))
     return str(path)
@@ -456,6 +458,27 @@ def _embedded(url: str) -> tuple[dict[str, int], float]:
             elif sample.name == "cosine_embedded_autoscaler_passes_total":
                 passes = sample.value
     return replicas, passes
+
+
+def test_the_engines_own_drafter_serves_beside_lookup_and_the_pool(tmp_path_factory, reference):
+    """`spec.verifier.speculator: {method: draftModel}`: vLLM drafts with the draft model inside the
+    verifier (here the target's own weights), CoSine takes its draft per request beside prompt
+    lookup's and the pool's; outputs stay the target's own, and every source's counters say it
+    drafted."""
+    path = _manifest(tmp_path_factory, 4, {"method": "draftModel", "model": MODEL})
+    port, metrics_port = free_port(), free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = _start([sys.executable, "-m", "cosine", "serve", "--cluster", path, "--port", str(port),
+                   "--metrics-port", str(metrics_port), "--placement", "split"], base, {"COSINE_API_KEY": API_KEY})
+    try:
+        client = _client(base)
+        for p in PROMPTS:
+            assert _chat(client, p) == reference[p]
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        assert _counter(metrics_url, "cosine_spec_decode_num_accepted_tokens_total", "draftModel") > 0
+        assert _counter(metrics_url, "cosine_spec_decode_num_draft_tokens_total", "lookup") > 0
+    finally:
+        _stop(proc)
 
 
 def test_the_autoscaler_closes_the_loop_on_real_processes(tmp_path, reference):
