@@ -498,6 +498,25 @@ def test_the_pull_has_the_memory_its_conversion_needs() -> None:
     assert pull["resources"]["limits"]["memory"] == f"{builders.pull_memory_gib(models)}Gi"
 
 
+def _gib(quantity: str) -> float:
+    return float(quantity[:-2]) / (1024 if quantity.endswith("Mi") else 1)
+
+
+def test_a_hub_download_streams_and_the_pull_fits_a_limit_range() -> None:
+    """Catches a 405B Hub model asking 1887 GiB (its conversion is for PyPI's GGUF files only) and
+    a limit 3,800 times the request, which a namespace LimitRange (maxLimitRequestRatio) refuses."""
+    assert builders.pull_memory_gib(["meta-llama/Llama-3.1-405B-Instruct"]) == 2
+    for models in (["meta-llama/Llama-3.1-405B-Instruct"], ["qwen2.5-coder-1.5b-instruct"]):
+        spec = copy.deepcopy(SPEC)
+        spec["verifier"]["model"] = models[0]
+        spec["modelCache"] = {"size": "2Ti"}
+        job = builders.build_model_job("demo", "ns", parse_cluster_spec(spec))
+        assert job is not None
+        resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
+        ratio = _gib(resources["limits"]["memory"]) / _gib(resources["requests"]["memory"])
+        assert ratio <= builders.PULL_LIMIT_REQUEST_RATIO
+
+
 def _spot(provider: str, **pool: Any) -> dict[str, Any]:
     spec = copy.deepcopy(SPEC)
     spec["drafterPools"][0].update(capacity="spot", **pool)

