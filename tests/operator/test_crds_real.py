@@ -38,12 +38,14 @@ EXTERNAL_CRDS = Path(__file__).resolve().parent / "data" / "external-crds"
 
 def apply_crds(routed: Any) -> None:
     """Our CRDs, and the schemas of the other projects' APIs the operator writes objects of
-    (``data/external-crds``: GIE's InferencePool, the Gateway API's HTTPRoute, LWS), established."""
+    (``data/external-crds``: GIE's InferencePool, the Gateway API's HTTPRoute, LWS, GKE's
+    GCPBackendPolicy and HealthCheckPolicy), established."""
     kubectl(routed, "apply", "--server-side", "-f", str(ROOT / "crds"), "-f", str(EXTERNAL_CRDS))
     kubectl(routed, "wait", "--for", "condition=Established", "--timeout", "30s",
             "crd/cosineclusters.cosine.dev", "crd/cosinedrafterpools.cosine.dev",
             "crd/inferencepools.inference.networking.k8s.io", "crd/httproutes.gateway.networking.k8s.io",
-            "crd/leaderworkersets.leaderworkerset.x-k8s.io")
+            "crd/leaderworkersets.leaderworkerset.x-k8s.io", "crd/gcpbackendpolicies.networking.gke.io",
+            "crd/healthcheckpolicies.networking.gke.io")
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 import yaml
 from cosine_spec import settings
+from node_affinity import admits
 
 from cosine_operator import builders
 from cosine_operator.webhook import validate_cluster
@@ -69,8 +70,8 @@ def test_examples_validate_against_the_crd_and_the_webhook(path: Path) -> None:
 
 K8S_VERSION = "1.30.0"  # the oldest minor GKE and EKS still run in standard support
 # Kinds of other projects' APIs, validated on the real CRD server under their schemas
-# (data/external-crds, test_operator_real), not by kubernetes-validate (core types only)
-EXTERNAL_KINDS = {settings.POOL_KIND, "InferencePool", "HTTPRoute"}
+# (data/external-crds, test_crds_real, test_operator_real), not by kubernetes-validate (core types only)
+EXTERNAL_KINDS = {settings.POOL_KIND, "InferencePool", "HTTPRoute", "GCPBackendPolicy", "HealthCheckPolicy"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -128,10 +129,12 @@ def test_gpu_examples_run_a_pool_on_spot_within_the_notice(example: str, provide
         fallback = builders.build_fallback_deployment(name, "ns", cluster, p.name, 1)
         kubernetes_validate.validate(fallback, K8S_VERSION, strict=True)
         fb_pod = fallback["spec"]["template"]["spec"]
-        assert not set(cap.node_selector) & set(fb_pod.get("nodeSelector") or {})
+        assert not dict(cap.node_selector).items() & (fb_pod.get("nodeSelector") or {}).items()
         assert cap.toleration is None or dict(cap.toleration) not in (fb_pod.get("tolerations") or [])
+        assert not admits(fb_pod, {**pod["nodeSelector"], **cap.node_selector})  # not on the pool's spot nodes
     verifier = children[builders.verifier_name(name)]["spec"]["template"]["spec"]
-    assert not set(cap.node_selector) & set(verifier.get("nodeSelector") or {})
+    assert not dict(cap.node_selector).items() & (verifier.get("nodeSelector") or {}).items()
+    assert not admits(verifier, {**(verifier.get("nodeSelector") or {}), **cap.node_selector})
 
 
 def test_the_restricted_check_refuses_what_psa_refuses() -> None:
