@@ -123,6 +123,18 @@ def _templates(spec: dict[str, Any]) -> dict[str, Any]:
     return {c["metadata"]["name"]: c["spec"]["template"] for c in children if c["kind"] == "Deployment"}
 
 
+def test_gateway_service_fields_make_an_internal_load_balancer() -> None:
+    spec = copy.deepcopy(SPEC)
+    spec["gateway"].update(annotations={"networking.gke.io/load-balancer-type": "Internal"},
+                           loadBalancerSourceRanges=["10.0.0.0/8"], loadBalancerClass="service.k8s.aws/nlb")
+    svc = builders.build_gateway_service("demo", "ns", parse_cluster_spec(spec))
+    assert svc["metadata"]["annotations"] == {"networking.gke.io/load-balancer-type": "Internal"}
+    assert svc["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/8"]
+    assert svc["spec"]["loadBalancerClass"] == "service.k8s.aws/nlb"
+    plain = builders.build_gateway_service("demo", "ns", CLUSTER)
+    assert "annotations" not in plain["metadata"] and "loadBalancerClass" not in plain["spec"]
+
+
 def test_scaling_does_not_change_the_pod_template_but_a_model_change_does() -> None:
     base = _templates(SPEC)
     scaled = copy.deepcopy(SPEC)

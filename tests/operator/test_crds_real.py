@@ -140,6 +140,8 @@ CEL_TABLE: list[tuple[str, Any, str]] = [
      lambda s: s["autoscaling"].update(stabilizationSeconds=10), "spec.autoscaling.stabilizationSeconds"),
     ("spec.spot.provider is required when a drafter pool asks for capacity spot",
      lambda s: _pool(s, capacity="spot"), "spec.spot"),
+    ("spec.gateway.loadBalancerSourceRanges and loadBalancerClass need serviceType LoadBalancer",
+     lambda s: s.update(gateway={"loadBalancerClass": "service.k8s.aws/nlb"}), "spec.gateway.serviceType"),
 ]
 
 
