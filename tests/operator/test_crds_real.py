@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cosine_spec.settings import parse_cluster_spec
 from test_chart import render
 
 pytestmark = pytest.mark.real_apiserver
@@ -329,3 +330,30 @@ def test_crd_upgrade_from_the_previous_release(crds: Any) -> None:
     finally:
         crds.http.delete(f"{CLUSTERS}/{name}")
         apply_crds(crds)
+
+
+_PLURALS = {"InferencePool": "inferencepools", "HTTPRoute": "httproutes",
+            "GCPBackendPolicy": "gcpbackendpolicies", "HealthCheckPolicy": "healthcheckpolicies"}
+
+
+def test_the_gke_routers_objects_are_valid_on_the_real_server(crds: Any) -> None:
+    """The router of the GKE example (spec.router.provider: gke): its InferencePool, HTTPRoute and
+    GKE's policies on the pool pass GIE's, the Gateway API's and GKE's schemas (data/external-crds)
+    as the real server checks them, unknown fields refused."""
+    from cosine_operator import builders
+
+    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "gke-gateway-multinode.yaml").read_text())
+    cluster = parse_cluster_spec(doc["spec"])
+    assert cluster.router.provider == "gke"
+    objs = [o for o in builders.build_router("llama405", "default", cluster) if o["kind"] in _PLURALS]
+    assert sorted(o["kind"] for o in objs) == sorted(_PLURALS)
+    for obj in objs:
+        path = f"/apis/{obj['apiVersion']}/namespaces/default/{_PLURALS[obj['kind']]}"
+        r = crds.http.post(path, json=obj, params={"dryRun": "All", "fieldValidation": "Strict"})
+        assert r.status_code == 201, (obj["kind"], r.text)
+    check = next(o for o in objs if o["kind"] == "HealthCheckPolicy")
+    bad = copy.deepcopy(check)
+    bad["spec"]["default"]["timeoutSec"] = 10  # beyond checkIntervalSec: GKE's rule refuses it
+    r = crds.http.post("/apis/networking.gke.io/v1/namespaces/default/healthcheckpolicies", json=bad,
+                       params={"dryRun": "All"})
+    assert r.status_code == 422 and "checkIntervalSec" in r.text
