@@ -141,3 +141,11 @@ def test_its_flags_exist_at_the_tag() -> None:
     _, args = _config_and_args(_with(endpointPickerReplicas=3, weights={"suffixAffinity": 1}))
     assert {a.split("=")[0] for a in args if a.startswith("--")} <= defined
     assert ENDPOINT_PICKER_IMAGE.endswith(":" + REGISTRY["tag"])  # the schema's tag is the one pinned
+
+
+def test_the_pickers_service_speaks_as_llm_ds() -> None:
+    """llm-d's routerlib/_service.yaml: ext_proc's port declared ``kubernetes.io/h2c``
+    (Kubernetes' standard appProtocol values, KEP-3726), not a bare ``http2``."""
+    service = _router(SPEC)[("Service", "demo-epp")]["spec"]
+    (grpc,) = [p for p in service["ports"] if p["port"] == 9002]
+    assert grpc["appProtocol"] == "kubernetes.io/h2c"

@@ -1047,8 +1047,9 @@ def build_router(name: str, namespace: str, cluster: s.ClusterSpec) -> list[Mani
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(name, ROUTER_COMPONENT),
+            # as llm-d's routerlib/_service.yaml declares ext_proc: Kubernetes' standard h2c value
             "ports": [{"name": "grpc", "port": EPP_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
-                       "appProtocol": "http2"},
+                       "appProtocol": "kubernetes.io/h2c"},
                       {"name": "metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
         },
     }
