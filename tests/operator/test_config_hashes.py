@@ -91,3 +91,18 @@ def test_a_pool_change_restarts_that_pool_and_its_fallback_only() -> None:
 
 def test_router_weights_restart_the_endpoint_picker_only() -> None:
     assert _changed(_set("router.weights", {"prefixCache": 5})) == {"demo-epp"}
+
+
+def test_a_price_reaches_the_running_pods_through_the_mounted_config_map() -> None:
+    """What no process needs at start still reaches the pods: the cluster's ConfigMap changes and is
+    mounted as a directory (no subPath), which the kubelet refreshes in place."""
+    edited = copy.deepcopy(SPEC)
+    _set("drafterPools.0.pricePerHourUsd", 1.4)(edited)
+    before = builders.build_config_map("demo", "ns", parse_cluster_spec(SPEC))["data"]["cluster.yaml"]
+    after = builders.build_config_map("demo", "ns", parse_cluster_spec(edited))["data"]["cluster.yaml"]
+    assert "1.4" in after and before != after
+    for name, template in _templates(SPEC).items():
+        if name == "demo-epp":
+            continue
+        (mount,) = [m for c in template["spec"]["containers"] for m in c["volumeMounts"] if m["name"] == "config"]
+        assert mount["mountPath"] == builders.CONFIG_DIR and "subPath" not in mount, name

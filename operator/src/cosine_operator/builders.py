@@ -866,7 +866,10 @@ def build_network_policies(
       Service, possibly a LoadBalancer) from anywhere; CoSine's metrics port from the metrics
       sources (:func:`metrics_sources`); nothing else;
     * per pool ``N-drafter-P`` on the pool's pods: gRPC only from this cluster's verifier pods,
-      the metrics port from the metrics sources; nothing else.
+      the metrics port from the metrics sources; nothing else;
+    * with ``spec.router``, ``N-epp`` on the endpoint picker: ext_proc from ``gatewayFrom``, the
+      metrics port from the metrics sources and, with ``provider: gke``, its gRPC health port
+      from GKE's health checkers.
 
     Empty when ``spec.networkPolicy.enabled`` is false. Traffic from a pod's own node (kubelet
     probes) is always allowed by Kubernetes."""
