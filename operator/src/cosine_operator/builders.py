@@ -1058,10 +1058,3 @@ def build_router(name: str, namespace: str, cluster: s.ClusterSpec) -> list[Mani
     }
     gke = endpoint_picker.gke_policies(router_name(name), meta(router_name(name))) if r.provider == "gke" else []
     return [account, role, binding, config, service, deployment, pool, route, *gke]
-
-
-# What the endpoint picker's Role grants at most (several replicas: leader election too); the
-# operator must hold these to grant them (Kubernetes' RBAC refuses a Role granting more than its
-# creator holds).
-EPP_READS = tuple((group, resource, verbs) for group, resources, verbs in endpoint_picker.reads(2)
-                  for resource in resources)
