@@ -149,3 +149,20 @@ def test_the_pickers_service_speaks_as_llm_ds() -> None:
     service = _router(SPEC)[("Service", "demo-epp")]["spec"]
     (grpc,) = [p for p in service["ports"] if p["port"] == 9002]
     assert grpc["appProtocol"] == "kubernetes.io/h2c"
+
+
+def test_on_gke_the_pool_gets_llm_ds_policies_and_the_route_no_timeout() -> None:
+    """llm-d-router-gateway's gke.yaml and httproute.yaml: a 300 s GCPBackendPolicy and a fast
+    HealthCheckPolicy on the InferencePool, the HTTPRoute's timeout left to the former. Catches
+    GKE's 30 s default backend timeout cutting long completions."""
+    objs = _router(_with(provider="gke"))
+    target = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "demo-router"}
+    backend = objs[("GCPBackendPolicy", "demo-router")]["spec"]
+    assert backend["targetRef"] == target and backend["default"]["timeoutSec"] == 300
+    check = objs[("HealthCheckPolicy", "demo-router")]["spec"]
+    assert check["targetRef"] == target
+    assert check["default"]["config"] == {"type": "HTTP", "httpHealthCheck": {"requestPath": "/health", "port": 8000}}
+    assert "timeouts" not in objs[("HTTPRoute", "demo-router")]["spec"]["rules"][0]
+    plain = _router(SPEC)
+    assert not {kind for kind, _ in plain} & {"GCPBackendPolicy", "HealthCheckPolicy"}
+    assert plain[("HTTPRoute", "demo-router")]["spec"]["rules"][0]["timeouts"] == {"request": "0s"}
