@@ -9,7 +9,8 @@ import pytest
 # builders and status are pure too but not yet strict (PyYAML has no stubs here).
 POLICY = ["cosine.speculation_control", "cosine.pool_policy", "cosine.routing", "cosine.fusion", "cosine.placement",
           "cosine.breaker", "cosine.sources", "cosine.sources.engine", "cosine_spec.autoscaling",
-          "cosine_spec.settings", "cosine_spec.scaling_loop"]
+          "cosine_spec.settings", "cosine_spec.scaling_loop", "cosine_operator.endpoint_picker",
+          "cosine_operator.config_hashes", "cosine_operator.capacity_placement"]
 
 
 def test_policy_modules_are_strictly_typed(tmp_path):

@@ -117,18 +117,36 @@ def test_gateway_service_maps_port_to_8000() -> None:
     assert svc["spec"]["selector"] == builders.selector_labels("demo", "verifier")
 
 
+def _templates(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every workload's pod template by the workload's name."""
+    children = builders.build_children("demo", "ns", parse_cluster_spec(spec), {})
+    return {c["metadata"]["name"]: c["spec"]["template"] for c in children if c["kind"] == "Deployment"}
+
+
+def test_gateway_service_fields_make_an_internal_load_balancer() -> None:
+    spec = copy.deepcopy(SPEC)
+    spec["gateway"].update(annotations={"networking.gke.io/load-balancer-type": "Internal"},
+                           loadBalancerSourceRanges=["10.0.0.0/8"], loadBalancerClass="service.k8s.aws/nlb")
+    svc = builders.build_gateway_service("demo", "ns", parse_cluster_spec(spec))
+    assert svc["metadata"]["annotations"] == {"networking.gke.io/load-balancer-type": "Internal"}
+    assert svc["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/8"]
+    assert svc["spec"]["loadBalancerClass"] == "service.k8s.aws/nlb"
+    plain = builders.build_gateway_service("demo", "ns", CLUSTER)
+    assert "annotations" not in plain["metadata"] and "loadBalancerClass" not in plain["spec"]
+
+
 def test_scaling_does_not_change_the_pod_template_but_a_model_change_does() -> None:
-    base = builders.config_hash(CLUSTER)
+    base = _templates(SPEC)
     scaled = copy.deepcopy(SPEC)
     scaled["drafterPools"][0]["replicas"] = 4
     scaled["autoscaling"] = {"enabled": False}
-    assert builders.config_hash(parse_cluster_spec(scaled)) == base
+    assert _templates(scaled) == base
     changed = copy.deepcopy(SPEC)
     changed["verifier"]["model"] = "qwen2.5-coder-3b-instruct"
-    assert builders.config_hash(parse_cluster_spec(changed)) != base
+    assert _templates(changed)["demo-verifier"] != base["demo-verifier"]
     resources = copy.deepcopy(SPEC)
     resources["drafterPools"][0]["resources"] = {"limits": {"cpu": "2"}}
-    assert builders.config_hash(parse_cluster_spec(resources)) != base
+    assert _templates(resources)["demo-drafter-code"] != base["demo-drafter-code"]
 
 
 def test_build_children_uses_the_scale_targets_replicas() -> None:
@@ -281,7 +299,7 @@ def test_network_policies_come_first_and_do_not_restart_pods() -> None:
     assert kinds.index("Deployment") > max(i for i, k in enumerate(kinds) if k == "NetworkPolicy")
     spec = copy.deepcopy(SPEC)
     spec["networkPolicy"] = {"enabled": False, "metricsFrom": [{"podSelector": {}}]}
-    assert builders.config_hash(parse_cluster_spec(spec)) == builders.config_hash(CLUSTER)
+    assert _templates(spec) == _templates(SPEC)
 
 
 def test_drafter_tls_secret_is_mounted_and_flags_set() -> None:
@@ -498,6 +516,25 @@ def test_the_pull_has_the_memory_its_conversion_needs() -> None:
     assert pull["resources"]["limits"]["memory"] == f"{builders.pull_memory_gib(models)}Gi"
 
 
+def _gib(quantity: str) -> float:
+    return float(quantity[:-2]) / (1024 if quantity.endswith("Mi") else 1)
+
+
+def test_a_hub_download_streams_and_the_pull_fits_a_limit_range() -> None:
+    """Catches a 405B Hub model asking 1887 GiB (its conversion is for PyPI's GGUF files only) and
+    a limit 3,800 times the request, which a namespace LimitRange (maxLimitRequestRatio) refuses."""
+    assert builders.pull_memory_gib(["meta-llama/Llama-3.1-405B-Instruct"]) == 2
+    for models in (["meta-llama/Llama-3.1-405B-Instruct"], ["qwen2.5-coder-1.5b-instruct"]):
+        spec = copy.deepcopy(SPEC)
+        spec["verifier"]["model"] = models[0]
+        spec["modelCache"] = {"size": "2Ti"}
+        job = builders.build_model_job("demo", "ns", parse_cluster_spec(spec))
+        assert job is not None
+        resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
+        ratio = _gib(resources["limits"]["memory"]) / _gib(resources["requests"]["memory"])
+        assert ratio <= builders.PULL_LIMIT_REQUEST_RATIO
+
+
 def _spot(provider: str, **pool: Any) -> dict[str, Any]:
     spec = copy.deepcopy(SPEC)
     spec["drafterPools"][0].update(capacity="spot", **pool)
@@ -624,33 +661,25 @@ def test_router_objects_pool_route_and_a_least_privilege_endpoint_picker() -> No
     assert route["rules"][0]["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
                                                  "name": "demo-router"}]
     role = objs[("Role", "demo-epp")]
-    assert {(r["apiGroups"][0], r["resources"][0]) for r in role["rules"]} == set(builders.EPP_READS)
-    assert all(r["verbs"] == ["get", "list", "watch"] for r in role["rules"])
+    granted = {(g, r): set(rule["verbs"])
+               for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    # llm-d-router v0.10.0's charts (llm-d-router-gateway/templates/rbac.yaml, routerlib/_rbac.yaml):
+    # the picker watches InferenceObjectives and InferenceModelRewrites in both groups
+    assert granted == {key: {"get", "list", "watch"} for key in (
+        ("", "pods"), ("inference.networking.k8s.io", "inferencepools"),
+        ("inference.networking.x-k8s.io", "inferenceobjectives"),
+        ("inference.networking.x-k8s.io", "inferencemodelrewrites"),
+        ("llm-d.ai", "inferenceobjectives"), ("llm-d.ai", "inferencemodelrewrites"))}
     # the operator holds what it grants (RBAC refuses a Role granting more than its creator has)
     from cosine_operator import kube
-    for key in builders.EPP_READS:
-        assert {"get", "list", "watch"} <= kube.GRANTS[key]
+    for key, verbs in granted.items():
+        assert verbs <= kube.GRANTS[key]
     binding = objs[("RoleBinding", "demo-epp")]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-epp", "namespace": "ns"}]
     pod = objs[("Deployment", "demo-epp")]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "demo-epp"
     args = pod["containers"][0]["args"]
     assert args[args.index("--pool-name") + 1] == "demo-router" and args[args.index("--pool-namespace") + 1] == "ns"
-
-
-def test_endpoint_picker_config_sums_the_spec_weights_and_scores_the_suffix_gauge() -> None:
-    config = yaml.safe_load(builders.build_router("demo", "ns", ROUTED)[3]["data"]["config.yaml"])
-    (profile,) = config["schedulingProfiles"]
-    weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
-    assert weights == {"queue-scorer": 1.0, "kv-cache-utilization-scorer": 1.0, "prefix-cache-scorer": 3.0,
-                       "suffix-affinity-scorer": 2.0, "max-score-picker": None}  # sessionAffinity 0: left out
-    defined = {p.get("name", p["type"]) for p in config["plugins"]}
-    assert set(weights) <= defined  # every reference resolves
-    scorer = next(p for p in config["plugins"] if p.get("name") == "suffix-affinity-scorer")
-    assert scorer["parameters"]["metricName"] == "cosine_suffix_tree_hit_rate"
-    assert scorer["parameters"]["optimizationMode"] == "Maximize"
-    from cosine_spec import metric_names
-    assert scorer["parameters"]["metricName"] == metric_names.SUFFIX_TREE_HIT_RATE
 
 
 def test_router_network_policy_admits_the_gateway_and_lets_the_picker_read_metrics() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cosine_spec.settings import parse_cluster_spec
 from test_chart import render
 
 pytestmark = pytest.mark.real_apiserver
@@ -38,12 +39,14 @@ EXTERNAL_CRDS = Path(__file__).resolve().parent / "data" / "external-crds"
 
 def apply_crds(routed: Any) -> None:
     """Our CRDs, and the schemas of the other projects' APIs the operator writes objects of
-    (``data/external-crds``: GIE's InferencePool, the Gateway API's HTTPRoute, LWS), established."""
+    (``data/external-crds``: GIE's InferencePool, the Gateway API's HTTPRoute, LWS, GKE's
+    GCPBackendPolicy and HealthCheckPolicy), established."""
     kubectl(routed, "apply", "--server-side", "-f", str(ROOT / "crds"), "-f", str(EXTERNAL_CRDS))
     kubectl(routed, "wait", "--for", "condition=Established", "--timeout", "30s",
             "crd/cosineclusters.cosine.dev", "crd/cosinedrafterpools.cosine.dev",
             "crd/inferencepools.inference.networking.k8s.io", "crd/httproutes.gateway.networking.k8s.io",
-            "crd/leaderworkersets.leaderworkerset.x-k8s.io")
+            "crd/leaderworkersets.leaderworkerset.x-k8s.io", "crd/gcpbackendpolicies.networking.gke.io",
+            "crd/healthcheckpolicies.networking.gke.io")
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +141,8 @@ CEL_TABLE: list[tuple[str, Any, str]] = [
      lambda s: s["autoscaling"].update(stabilizationSeconds=10), "spec.autoscaling.stabilizationSeconds"),
     ("spec.spot.provider is required when a drafter pool asks for capacity spot",
      lambda s: _pool(s, capacity="spot"), "spec.spot"),
+    ("spec.gateway.loadBalancerSourceRanges and loadBalancerClass need serviceType LoadBalancer",
+     lambda s: s.update(gateway={"loadBalancerClass": "service.k8s.aws/nlb"}), "spec.gateway.serviceType"),
 ]
 
 
@@ -325,3 +330,30 @@ def test_crd_upgrade_from_the_previous_release(crds: Any) -> None:
     finally:
         crds.http.delete(f"{CLUSTERS}/{name}")
         apply_crds(crds)
+
+
+_PLURALS = {"InferencePool": "inferencepools", "HTTPRoute": "httproutes",
+            "GCPBackendPolicy": "gcpbackendpolicies", "HealthCheckPolicy": "healthcheckpolicies"}
+
+
+def test_the_gke_routers_objects_are_valid_on_the_real_server(crds: Any) -> None:
+    """The router of the GKE example (spec.router.provider: gke): its InferencePool, HTTPRoute and
+    GKE's policies on the pool pass GIE's, the Gateway API's and GKE's schemas (data/external-crds)
+    as the real server checks them, unknown fields refused."""
+    from cosine_operator import builders
+
+    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "gke-gateway-multinode.yaml").read_text())
+    cluster = parse_cluster_spec(doc["spec"])
+    assert cluster.router.provider == "gke"
+    objs = [o for o in builders.build_router("llama405", "default", cluster) if o["kind"] in _PLURALS]
+    assert sorted(o["kind"] for o in objs) == sorted(_PLURALS)
+    for obj in objs:
+        path = f"/apis/{obj['apiVersion']}/namespaces/default/{_PLURALS[obj['kind']]}"
+        r = crds.http.post(path, json=obj, params={"dryRun": "All", "fieldValidation": "Strict"})
+        assert r.status_code == 201, (obj["kind"], r.text)
+    check = next(o for o in objs if o["kind"] == "HealthCheckPolicy")
+    bad = copy.deepcopy(check)
+    bad["spec"]["default"]["timeoutSec"] = 10  # beyond checkIntervalSec: GKE's rule refuses it
+    r = crds.http.post("/apis/networking.gke.io/v1/namespaces/default/healthcheckpolicies", json=bad,
+                       params={"dryRun": "All"})
+    assert r.status_code == 422 and "checkIntervalSec" in r.text

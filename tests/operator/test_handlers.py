@@ -36,6 +36,8 @@ from k8s_emulator import (
     wait_for,
 )
 
+from cosine_operator import capacity_placement
+
 NS = "default"
 
 
@@ -221,12 +223,15 @@ def test_a_field_removed_from_the_spec_leaves_the_child(operator: Any, kube: Kub
     kube.patch(CLUSTERS, NS, "sigma", {"spec": {"verifier": None, "drafterPools": None}})
     kube.patch(CLUSTERS, NS, "sigma", {"spec": {"verifier": spec["verifier"], "drafterPools": spec["drafterPools"]}})
     wait_for(lambda: "nodeSelector" not in template("sigma-drafter-code"), what="pool's nodeSelector removed")
-    wait_for(lambda: "affinity" not in template("sigma-verifier"), what="verifier's affinity removed")
+    # the verifier keeps the operator's own rule (off spot nodes), the spec's zone term goes
+    off_spot = capacity_placement.off_spot({})
+    wait_for(lambda: template("sigma-verifier").get("affinity") == off_spot, what="verifier's affinity removed")
     for name in ("sigma-verifier", "sigma-drafter-code"):
         pod = template(name)
-        assert "nodeSelector" not in pod and "affinity" not in pod, name
+        assert "nodeSelector" not in pod and pod.get("affinity", off_spot) == off_spot, name
         assert not any(t.get("key") == "dedicated" for t in pod.get("tolerations") or ()), name
         assert not any(e["name"] == "EXTRA" for e in pod["containers"][0]["env"]), name
+    assert "affinity" not in template("sigma-drafter-code")
     # the GPU toleration the operator adds stays while the verifier requests a GPU
     assert any(t["key"] == "nvidia.com/gpu" for t in template("sigma-verifier")["tolerations"])
     assert replicas(kube, "sigma-drafter-code") == 3  # the pool's scale survived the re-apply

@@ -174,6 +174,11 @@ def test_network_policy_and_drafter_tls_parse() -> None:
          r"^spec\.verifier\.speculator\.method is required"),
         ({"verifier": {"model": "m", "speculator": {"method": "mtp", "models": "h"}}},
          r"^spec\.verifier\.speculator\.models: unknown field; did you mean 'model'\?"),
+        ({"gateway": {"loadBalancerSourceRanges": ["10.0.0.0/8"]}},
+         r"^spec\.gateway\.loadBalancerSourceRanges needs spec\.gateway\.serviceType: LoadBalancer"),
+        ({"gateway": {"serviceType": "NodePort", "loadBalancerClass": "service.k8s.aws/nlb"}},
+         r"^spec\.gateway\.loadBalancerClass needs spec\.gateway\.serviceType: LoadBalancer"),
+        ({"router": {"provider": "gcp"}}, r"^spec\.router\.provider must be one of"),
     ],
 )
 def test_a_typo_or_a_wrong_type_is_refused_naming_the_field(spec: dict[str, Any], message: str) -> None:

@@ -106,7 +106,17 @@ app.kubernetes.io/component: operator
   verbs: ["list", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
+- apiGroups: ["networking.gke.io"]
+  resources: ["gcpbackendpolicies", "healthcheckpolicies"]
+  verbs: ["list", "create", "patch", "delete"]
+# held to grant them: the endpoint picker's Role (kube.GRANTS), as llm-d's charts write it
+- apiGroups: ["inference.networking.x-k8s.io", "llm-d.ai"]
+  resources: ["inferenceobjectives", "inferencemodelrewrites"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]

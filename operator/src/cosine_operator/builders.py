@@ -33,8 +33,9 @@ from dataclasses import replace
 from typing import Any
 
 import yaml
-from cosine_spec import metric_names
 from cosine_spec import settings as s
+
+from cosine_operator import capacity_placement, config_hashes, endpoint_picker
 
 CONFIG_DIR = "/etc/cosine"
 CONFIG_FILE = f"{CONFIG_DIR}/cluster.yaml"
@@ -133,19 +134,6 @@ def runtime_document(name: str, cluster: s.ClusterSpec) -> dict[str, Any]:
     }
 
 
-def config_hash(cluster: s.ClusterSpec) -> str:
-    """16 hex digits of the spec as written minus replica counts, autoscaling and networkPolicy
-    (a scale or a policy change must not restart pods)."""
-    doc = copy.deepcopy(dict(cluster.raw))
-    doc.pop("autoscaling", None)
-    doc.pop("networkPolicy", None)
-    doc.get("verifier", {}).pop("replicas", None)
-    for pool in doc.get("drafterPools", []):
-        for key in ("replicas", "minReplicas", "maxReplicas"):
-            pool.pop(key, None)
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def build_config_map(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
     """ConfigMap ``N-config`` with ``cluster.yaml``."""
     return {
@@ -193,11 +181,14 @@ def model_storage_gib(model: str) -> int:
 
 
 def pull_memory_gib(models: list[str]) -> int:
-    """Memory a ``cosine models pull`` of ``models`` needs, in GiB: a model fetched as GGUF (from
-    PyPI when the Hub is out of reach) is converted to float32 safetensors in memory, 4 bytes a
-    parameter plus a quarter, and 1 GiB for the process; at least 2 GiB (a Hub download streams)."""
+    """Memory a ``cosine models pull`` of ``models`` needs, in GiB: a model fetched as GGUF from
+    PyPI (:data:`cosine_spec.settings.GGUF_ON_PYPI`, when the Hub is out of reach) is converted to
+    float32 safetensors in memory, 4 bytes a parameter plus a quarter, and 1 GiB for the process;
+    at least 2 GiB. Any other model is a Hub download, which streams to disk whatever its size."""
     need = 2
     for model in models:
+        if s.gguf_source(model) != "pypi":
+            continue
         m = _PARAMS.search(model.lower().rsplit("/", 1)[-1])
         if m is not None:
             params = float(m.group(1)) * (1e9 if m.group(2) == "b" else 1e6)
@@ -236,6 +227,19 @@ def _hf_token_env(cluster: s.ClusterSpec) -> list[dict[str, Any]]:
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
+# A namespace LimitRange's maxLimitRequestRatio for memory, as Kubernetes' own example sets it
+# ("Configure Minimum and Maximum ... / limit-request ratio"): a limit at most twice the request.
+PULL_LIMIT_REQUEST_RATIO = 2
+
+
+def _pull_resources(limit_gib: int) -> dict[str, dict[str, str]]:
+    """The pull's resources: its memory limit, a request within :data:`PULL_LIMIT_REQUEST_RATIO`
+    of it (a LimitRange with that ratio admits the pod), no CPU limit."""
+    request_mib = math.ceil(limit_gib * 1024 / PULL_LIMIT_REQUEST_RATIO)
+    return {"requests": {"cpu": "250m", "memory": f"{request_mib}Mi", "ephemeral-storage": "1Gi"},
+            "limits": {"memory": f"{limit_gib}Gi"}}
+
+
 def _pull_container(cluster: s.ClusterSpec, models: list[str], env: list[dict[str, Any]]) -> dict[str, Any]:
     """``cosine models pull`` of ``models`` into the ``models`` volume (the CPU image: pulling needs
     no GPU); the Hugging Face token, if any, reaches this container only. A model already there is
@@ -248,10 +252,7 @@ def _pull_container(cluster: s.ClusterSpec, models: list[str], env: list[dict[st
         "command": ["cosine"],
         "args": ["models", "pull", *models],
         "env": [*env, *_hf_token_env(cluster)],
-        "resources": {
-            "requests": {"cpu": "250m", "memory": "512Mi", "ephemeral-storage": "1Gi"},
-            "limits": {"memory": f"{pull_memory_gib(models)}Gi"},
-        },
+        "resources": _pull_resources(pull_memory_gib(models)),
         "volumeMounts": [{"name": "models", "mountPath": MODEL_CACHE_DIR}],
         "securityContext": _restricted_container(),
     }
@@ -479,8 +480,10 @@ def _verifier_template(name: str, namespace: str, cluster: s.ClusterSpec) -> dic
         ],
         **_probes({"httpGet": {"path": "/health", "port": s.VERIFIER_HTTP_PORT}}, v.startup_timeout_s),
     }
-    pod_spec = _pod_spec(cluster, v.pod, v.image, container, name, [v.model], v.termination_grace_s, tls, shm=True)
-    return _template(name, "verifier", None, pod_spec, s.VERIFIER_METRICS_PORT, config_hash(cluster), v.pod)
+    pod = capacity_placement.on_demand(v.pod, None)  # the verifier stays off spot nodes
+    pod_spec = _pod_spec(cluster, pod, v.image, container, name, [v.model], v.termination_grace_s, tls, shm=True)
+    return _template(name, "verifier", None, pod_spec, s.VERIFIER_METRICS_PORT, config_hashes.verifier_hash(cluster),
+                     v.pod)
 
 
 def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
@@ -532,9 +535,10 @@ def build_verifier_group(name: str, namespace: str, cluster: s.ClusterSpec) -> M
         "env": _env(v.pod, []),
         "lifecycle": {"preStop": {"exec": {"command": _leader_wait_command(v.termination_grace_s)}}},
     }
-    worker_spec = _pod_spec(cluster, v.pod, v.image, worker_container, name, [v.model], v.termination_grace_s,
-                            None, shm=True)
-    worker = _template(name, WORKER_COMPONENT, None, worker_spec, s.VERIFIER_METRICS_PORT, config_hash(cluster), v.pod)
+    worker_spec = _pod_spec(cluster, capacity_placement.on_demand(v.pod, None), v.image, worker_container, name,
+                            [v.model], v.termination_grace_s, None, shm=True)
+    worker = _template(name, WORKER_COMPONENT, None, worker_spec, s.VERIFIER_METRICS_PORT,
+                       config_hashes.verifier_hash(cluster), v.pod)
     for key in ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path"):
         worker["metadata"]["annotations"].pop(key)  # a headless engine serves no metrics
     return {
@@ -614,7 +618,7 @@ def build_drafter_deployment(
         replicas,
         pod_spec,
         s.DRAFTER_METRICS_PORT,
-        config_hash(cluster),
+        config_hashes.pool_hash(cluster, p.name),
         _strategy(p.pod),
         p.pod,
     )
@@ -627,20 +631,21 @@ def build_fallback_deployment(
     name: str, namespace: str, cluster: s.ClusterSpec, pool: str, replicas: int
 ) -> Manifest:
     """A spot pool's on-demand sibling, ``N-drafter-P-ondemand``: the pool's pods as on demand
-    (no spot selector, toleration or grace cap), ``replicas`` of them, labelled
+    (no spot selector, toleration or grace cap; kept off spot nodes and, where the provider has
+    one, selecting on-demand capacity: :func:`capacity_placement.on_demand`), ``replicas`` of them, labelled
     ``CAPACITY_LABEL: onDemand`` in its selector, so it never counts the spot pods; they share the
     pool's Service and metrics. Sized by :func:`cosine_spec.capacity.on_demand_fallback`; the
     operator owns its replicas (no scaler writes them). ``KeyError`` if the cluster has no pool
     ``pool``."""
     p = cluster.pool(pool)
-    on_demand = replace(cluster, drafter_pools=tuple(replace(q, capacity="onDemand") if q.name == pool else q
+    pod = capacity_placement.on_demand(p.pod, cluster.spot)
+    on_demand = replace(cluster, drafter_pools=tuple(replace(q, capacity="onDemand", pod=pod) if q.name == pool else q
                                                      for q in cluster.drafter_pools))
     out = build_drafter_deployment(name, namespace, on_demand, pool, replicas)
     out["metadata"]["name"] = fallback_name(name, p.name)
     for labels_ in (out["metadata"]["labels"], out["spec"]["selector"]["matchLabels"],
                     out["spec"]["template"]["metadata"]["labels"]):
         labels_[CAPACITY_LABEL] = "onDemand"
-    out["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] = config_hash(cluster)
     return out
 
 
@@ -733,9 +738,10 @@ def build_verifier_service(name: str, namespace: str) -> Manifest:
 
 
 def build_gateway_service(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
-    """Service ``N-gateway``: the OpenAI API, ``spec.gateway.port`` → the verifier's 8000."""
+    """Service ``N-gateway``: the OpenAI API, ``spec.gateway.port`` → the verifier's 8000, with the
+    gateway's annotations, source ranges and load-balancer class as written."""
     gw = cluster.gateway
-    return {
+    out: Manifest = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": gateway_name(name), "namespace": namespace, "labels": labels(name, "gateway")},
@@ -745,6 +751,13 @@ def build_gateway_service(name: str, namespace: str, cluster: s.ClusterSpec) -> 
             "ports": [{"name": "http", "port": gw.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
+    if gw.annotations:
+        out["metadata"]["annotations"] = dict(gw.annotations)
+    if gw.load_balancer_source_ranges:
+        out["spec"]["loadBalancerSourceRanges"] = list(gw.load_balancer_source_ranges)
+    if gw.load_balancer_class:
+        out["spec"]["loadBalancerClass"] = gw.load_balancer_class
+    return out
 
 
 def build_drafter_service(name: str, namespace: str, pool: str) -> Manifest:
@@ -856,7 +869,10 @@ def build_network_policies(
       Service, possibly a LoadBalancer) from anywhere; CoSine's metrics port from the metrics
       sources (:func:`metrics_sources`); nothing else;
     * per pool ``N-drafter-P`` on the pool's pods: gRPC only from this cluster's verifier pods,
-      the metrics port from the metrics sources; nothing else.
+      the metrics port from the metrics sources; nothing else;
+    * with ``spec.router``, ``N-epp`` on the endpoint picker: ext_proc from ``gatewayFrom``, the
+      metrics port from the metrics sources and, with ``provider: gke``, its gRPC health port
+      from GKE's health checkers.
 
     Empty when ``spec.networkPolicy.enabled`` is false. Traffic from a pod's own node (kubelet
     probes) is always allowed by Kubernetes."""
@@ -880,10 +896,14 @@ def build_network_policies(
                                    [{"from": copy.deepcopy(group)}]))
     if router:
         gateway = [dict(p) for p in cluster.router.gateway_from]
-        out.append(_network_policy(name, namespace, endpoint_picker_name(name), ROUTER_COMPONENT, None, [
+        picker = [
             {**({"from": json.loads(json.dumps(gateway))} if gateway else {}), "ports": _tcp(EPP_GRPC_PORT)},
             {"from": copy.deepcopy(sources), "ports": _tcp(EPP_METRICS_PORT)},
-        ]))
+        ]
+        if cluster.router.provider == "gke":  # GKE's load balancer health-checks the picker on gRPC 9003
+            picker.append({"from": [{"ipBlock": {"cidr": c}} for c in endpoint_picker.GKE_HEALTH_CHECK_RANGES],
+                           "ports": _tcp(EPP_HEALTH_PORT)})
+        out.append(_network_policy(name, namespace, endpoint_picker_name(name), ROUTER_COMPONENT, None, picker))
     for pool in cluster.drafter_pools:
         drafter = [
             {
@@ -931,18 +951,16 @@ def build_children(
 
 
 # ---------------------------------------------------------------- router (spec.router)
-# The Gateway API Inference Extension's InferencePool (inference.networking.k8s.io/v1, GIE v1.0)
-# and the Gateway API's HTTPRoute (gateway.networking.k8s.io/v1, Gateway API v1.3).
+# The Gateway API Inference Extension's InferencePool (inference.networking.k8s.io/v1, GIE v1.0),
+# the Gateway API's HTTPRoute (gateway.networking.k8s.io/v1, Gateway API v1.3) and llm-d's endpoint
+# picker (what it needs: :mod:`cosine_operator.endpoint_picker`).
 INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1"
 HTTPROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
 ROUTER_COMPONENT = "router"
-EPP_GRPC_PORT = 9002  # ext_proc, which the gateway calls per request (GIE's default)
-EPP_HEALTH_PORT = 9003  # gRPC health
-EPP_METRICS_PORT = 9090
-EPP_CONFIG_DIR = "/etc/epp"
-# the gauge the endpoint picker scores suffix affinity on (cosine.metrics: exported on the
-# verifier's http port, where the EPP scrapes vLLM's series)
-SUFFIX_HIT_RATE_METRIC = metric_names.SUFFIX_TREE_HIT_RATE
+EPP_GRPC_PORT = endpoint_picker.GRPC_PORT
+EPP_HEALTH_PORT = endpoint_picker.HEALTH_PORT
+EPP_METRICS_PORT = endpoint_picker.METRICS_PORT
+EPP_CONFIG_DIR = endpoint_picker.CONFIG_DIR
 
 
 def router_name(cluster: str) -> str:
@@ -955,50 +973,13 @@ def endpoint_picker_name(cluster: str) -> str:
     return f"{cluster}-epp"
 
 
-def endpoint_picker_config(cluster: s.ClusterSpec) -> dict[str, Any]:
-    """The endpoint picker's ``EndpointPickerConfig``: a single scheduling profile summing the
-    weighted scorers of ``spec.router.weights`` (a weight of 0 leaves its scorer out), then the
-    highest score picked. Suffix affinity is the EPP's custom-metric pipeline (data source ->
-    ``prometheus-metric`` extractor -> ``metric-scorer``, maximised) on ``cosine_suffix_tree_hit_rate``."""
-    w = cluster.router.weights
-    plugins: list[dict[str, Any]] = []
-    profile: list[dict[str, Any]] = []
-    for plugin, weight in (("queue-scorer", w.queue), ("kv-cache-utilization-scorer", w.kv_cache_utilization),
-                           ("prefix-cache-scorer", w.prefix_cache), ("session-affinity-scorer", w.session_affinity)):
-        if weight > 0:
-            plugins.append({"type": plugin})
-            profile.append({"pluginRef": plugin, "weight": weight})
-    config: dict[str, Any] = {
-        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
-        "kind": "EndpointPickerConfig",
-    }
-    if w.suffix_affinity > 0:
-        config["featureGates"] = ["dataLayer"]
-        plugins += [
-            {"name": "verifier-metrics", "type": "metrics-data-source",
-             "parameters": {"path": "/metrics", "scheme": "http"}},
-            {"name": "suffix-hit-rate", "type": "prometheus-metric",
-             "parameters": {"metricName": SUFFIX_HIT_RATE_METRIC}},
-            {"name": "suffix-affinity-scorer", "type": "metric-scorer",
-             "parameters": {"metricName": SUFFIX_HIT_RATE_METRIC, "optimizationMode": "Maximize",
-                            "normalizationAlgo": "Linear", "min": 0, "max": 1}},
-        ]
-        profile.append({"pluginRef": "suffix-affinity-scorer", "weight": w.suffix_affinity})
-        config["data"] = {"sources": [{"pluginRef": "verifier-metrics",
-                                       "extractors": [{"pluginRef": "suffix-hit-rate"}]}]}
-    plugins += [{"type": "max-score-picker"}, {"type": "single-profile-handler"}]
-    profile.append({"pluginRef": "max-score-picker"})
-    config["plugins"] = plugins
-    config["schedulingProfiles"] = [{"name": "default", "plugins": profile}]
-    return config
-
-
 def build_router(name: str, namespace: str, cluster: s.ClusterSpec) -> list[Manifest]:
     """``spec.router.enabled``: the InferencePool ``N-router`` of the verifier pods (the leaders of a
-    multi-node verifier), its endpoint picker (ServiceAccount, Role and RoleBinding reading the
-    pool and pods only, the configuration ConfigMap, Deployment and Service ``N-epp``) and the
-    HTTPRoute ``N-router`` from ``spec.router.gatewayName`` to the pool; empty when off (the
-    operator then deletes the ones it made)."""
+    multi-node verifier), its endpoint picker (ServiceAccount, Role and RoleBinding as llm-d's
+    charts grant them, the configuration ConfigMap, Deployment and Service ``N-epp``), the
+    HTTPRoute ``N-router`` from ``spec.router.gatewayName`` to the pool and, with
+    ``spec.router.provider: gke``, GKE's policies on the pool; empty when off (the operator then
+    deletes the ones it made)."""
     r = cluster.router
     if not r.enabled:
         return []
@@ -1017,29 +998,21 @@ def build_router(name: str, namespace: str, cluster: s.ClusterSpec) -> list[Mani
     parent: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": r.gateway_name}
     if r.gateway_namespace:
         parent["namespace"] = r.gateway_namespace
+    rule: dict[str, Any] = {
+        "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+        "backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": router_name(name)}],
+    }
+    if r.provider != "gke":  # GKE's backend timeout is the GCPBackendPolicy's (llm-d's httproute.yaml)
+        rule["timeouts"] = {"request": "0s"}  # streamed completions outlive a gateway's default
     route = {
         "apiVersion": HTTPROUTE_API_VERSION,
         "kind": "HTTPRoute",
         "metadata": meta(router_name(name)),
-        "spec": {
-            "parentRefs": [parent],
-            "rules": [{
-                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
-                "backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
-                                 "name": router_name(name)}],
-                # streamed completions outlive a gateway's default request timeout
-                "timeouts": {"request": "0s"},
-            }],
-        },
+        "spec": {"parentRefs": [parent], "rules": [rule]},
     }
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(epp)}
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": meta(epp),
-        "rules": [{"apiGroups": [g], "resources": [r_], "verbs": ["get", "list", "watch"]}
-                  for g, r_ in EPP_READS],
-    }
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(epp),
+            "rules": endpoint_picker.role_rules(r.replicas)}
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
@@ -1047,23 +1020,21 @@ def build_router(name: str, namespace: str, cluster: s.ClusterSpec) -> list[Mani
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": epp},
         "subjects": [{"kind": "ServiceAccount", "name": epp, "namespace": namespace}],
     }
+    picker_config = endpoint_picker.config(cluster)
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(epp),
-              "data": {"config.yaml": yaml.safe_dump(endpoint_picker_config(cluster), sort_keys=False)}}
-    health = {"grpc": {"port": EPP_HEALTH_PORT, "service": "envoy.service.ext_proc.v3.ExternalProcessor"}}
+              "data": {"config.yaml": yaml.safe_dump(picker_config, sort_keys=False)}}
     container = {
         "name": "epp",
         "image": r.image,
         "imagePullPolicy": cluster.image.pull_policy,
-        "args": ["--pool-name", router_name(name), "--pool-namespace", namespace,
-                 "--pool-group", "inference.networking.k8s.io",
-                 "--grpc-port", str(EPP_GRPC_PORT), "--grpc-health-port", str(EPP_HEALTH_PORT),
-                 "--metrics-port", str(EPP_METRICS_PORT), "--config-file", f"{EPP_CONFIG_DIR}/config.yaml"],
+        "args": endpoint_picker.args(router_name(name), namespace, r.replicas, picker_config),
+        "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "ports": [{"name": "grpc", "containerPort": EPP_GRPC_PORT, "protocol": "TCP"},
                   {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"}],
-        "readinessProbe": {**health, "periodSeconds": 5},
-        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
-        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
+        **endpoint_picker.probes(),
+        "resources": json.loads(json.dumps(endpoint_picker.RESOURCES)),
         "securityContext": _restricted_container(),
         "volumeMounts": [{"name": "config", "mountPath": EPP_CONFIG_DIR, "readOnly": True}],
     }
@@ -1074,7 +1045,7 @@ def build_router(name: str, namespace: str, cluster: s.ClusterSpec) -> list[Mani
         "volumes": [{"name": "config", "configMap": {"name": epp}}],
     }
     deployment = _deployment(name, namespace, epp, ROUTER_COMPONENT, None, r.replicas, pod_spec, EPP_METRICS_PORT,
-                             config_hash(cluster), {"type": "RollingUpdate"})
+                             config_hashes.router_hash(cluster), {"type": "RollingUpdate"})
     service = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -1082,14 +1053,11 @@ def build_router(name: str, namespace: str, cluster: s.ClusterSpec) -> list[Mani
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(name, ROUTER_COMPONENT),
+            # as llm-d's routerlib/_service.yaml declares ext_proc: Kubernetes' standard h2c value
             "ports": [{"name": "grpc", "port": EPP_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
-                       "appProtocol": "http2"},
+                       "appProtocol": "kubernetes.io/h2c"},
                       {"name": "metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
         },
     }
-    return [account, role, binding, config, service, deployment, pool, route]
-
-
-# What the endpoint picker reads (its Role); the operator must hold these to grant them
-# (Kubernetes' RBAC refuses a Role granting more than its creator holds).
-EPP_READS = (("inference.networking.k8s.io", "inferencepools"), ("", "pods"))
+    gke = endpoint_picker.gke_policies(router_name(name), meta(router_name(name))) if r.provider == "gke" else []
+    return [account, role, binding, config, service, deployment, pool, route, *gke]

@@ -188,6 +188,22 @@ async def _replace_resized_group(api: Any, child: dict[str, Any], logger: Any) -
 
 ROUTER_KINDS = ("HTTPRoute", "InferencePool", "Deployment", "Service", "ConfigMap", "RoleBinding", "Role",
                 "ServiceAccount", "NetworkPolicy")
+GKE_POLICY_KINDS = ("GCPBackendPolicy", "HealthCheckPolicy")  # spec.router.provider: gke, named N-router
+
+
+async def _drop_gke_policies(api: Any, name: str, namespace: str, logger: Any) -> None:
+    """``spec.router.provider`` not ``gke``: delete GKE's policies on the pool if the operator made
+    them (one 404 per kind on a cluster without them, or without GKE's CRDs)."""
+    for kind in GKE_POLICY_KINDS:
+        try:
+            found = await kube.get(api, kind, namespace, builders.router_name(name))
+        except ApiException as e:  # GKE's CRDs are not installed: nothing of theirs to delete
+            if e.status not in (403, 404):
+                raise
+            continue
+        if found is not None and (found["metadata"].get("labels") or {}).get(builders.CLUSTER_LABEL) == name:
+            await kube.delete(api, kind, namespace, builders.router_name(name))
+            logger.info(f"deleted {kind} {builders.router_name(name)} (spec.router.provider is not gke)")
 
 
 async def _drop_router(api: Any, name: str, namespace: str, logger: Any) -> None:
@@ -196,14 +212,14 @@ async def _drop_router(api: Any, name: str, namespace: str, logger: Any) -> None
     if not [o for o in await kube.list_owned(api, "ServiceAccount", namespace, name)
             if (o["metadata"].get("labels") or {}).get(builders.COMPONENT_LABEL) == builders.ROUTER_COMPONENT]:
         return
-    names = {"HTTPRoute": builders.router_name(name), "InferencePool": builders.router_name(name)}
-    for kind in ROUTER_KINDS:
+    names = {kind: builders.router_name(name) for kind in ("HTTPRoute", "InferencePool", *GKE_POLICY_KINDS)}
+    for kind in (*ROUTER_KINDS, *GKE_POLICY_KINDS):
         child = names.get(kind, builders.endpoint_picker_name(name))
         try:
             if await kube.delete(api, kind, namespace, child):
                 logger.info(f"deleted {kind} {child} (spec.router is off)")
-        except ApiException as e:  # the Gateway API's or GIE's CRDs are gone: nothing left of that kind
-            if e.status != 404:
+        except ApiException as e:  # the Gateway API's, GIE's or GKE's CRDs are gone: nothing left of that kind
+            if e.status not in (403, 404):
                 raise
 
 
@@ -369,6 +385,8 @@ async def _reconcile(
     await _prune_verifier_kind(api, name, namespace, cluster, logger)
     if not cluster.router.enabled:
         await _drop_router(api, name, namespace, logger)
+    elif cluster.router.provider != "gke":
+        await _drop_gke_policies(api, name, namespace, logger)
     if not cluster.network_policy.enabled:
         await _drop_network_policies(api, name, namespace, logger)
     if removed:

@@ -16,6 +16,8 @@ from cosine_spec import settings as s
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from cosine_operator import endpoint_picker
+
 Body = dict[str, Any]
 
 # kind -> (API path prefix, plural)
@@ -35,6 +37,8 @@ _PATHS: dict[str, tuple[str, str]] = {
     "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
     "HTTPRoute": ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
     "LeaderWorkerSet": ("/apis/leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
+    "GCPBackendPolicy": ("/apis/networking.gke.io/v1", "gcpbackendpolicies"),  # spec.router.provider: gke
+    "HealthCheckPolicy": ("/apis/networking.gke.io/v1", "healthcheckpolicies"),
     s.POOL_KIND: (f"/apis/{s.GROUP}/{s.VERSION}", s.POOL_PLURAL),
     s.CLUSTER_KIND: (f"/apis/{s.GROUP}/{s.VERSION}", s.CLUSTER_PLURAL),
 }
@@ -56,6 +60,8 @@ CALLS: dict[tuple[str, str], set[str]] = {
     ("inference.networking.k8s.io", "inferencepools"): {"create", "patch", "list", "delete"},
     ("gateway.networking.k8s.io", "httproutes"): {"create", "patch", "list", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "create", "patch", "list", "delete"},
+    ("networking.gke.io", "gcpbackendpolicies"): {"create", "patch", "list", "delete"},
+    ("networking.gke.io", "healthcheckpolicies"): {"create", "patch", "list", "delete"},
     (s.GROUP, s.POOL_PLURAL): {"get", "create", "patch", "list", "delete"},
     (s.GROUP, f"{s.CLUSTER_PLURAL}/status"): {"patch"},
     (s.GROUP, s.CLUSTER_PLURAL): {"get"},
@@ -64,10 +70,10 @@ CALLS: dict[tuple[str, str], set[str]] = {
 
 # What the operator must hold beyond its calls to create the endpoint picker's Role: Kubernetes'
 # RBAC refuses a Role that grants more than its creator holds (privilege escalation prevention),
-# so every rule of ``builders.EPP_READS`` is the operator's too.
+# so every rule of the picker's Role (with several replicas, the largest) is the operator's too.
 GRANTS: dict[tuple[str, str], set[str]] = {
-    ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch"},
-    ("", "pods"): {"get", "list", "watch"},
+    (group, resource): set(verbs) for group, resources, verbs in endpoint_picker.reads(replicas=2)
+    for resource in resources
 }
 
 MERGE_PATCH = "application/merge-patch+json"

@@ -494,30 +494,48 @@ class SpotCapacity:
     reclaimed. ``node_selector``: the label its spot nodes carry; ``toleration``: the taint they
     carry, if any; ``notice_s``: the provider's notice before the node goes; ``pod_grace_s``: the
     part of it a pod's termination may take (a spot pool's ``terminationGracePeriodSeconds`` is
-    capped to it, so a preempted drafter exits on its own terms)."""
+    capped to it, so a preempted drafter exits on its own terms). ``spot_labels``: every node
+    label (and its values) by which the provider marks spot capacity, what the verifier and a
+    fallback are kept off (``NotIn``: a node without the label qualifies). ``pool_keys``: the
+    node-selector keys that pick one of the provider's pools of nodes, hence its capacity type,
+    which an on-demand fallback drops from its spot pool's selector (the ``NotIn`` rule then
+    leaves it any on-demand node: a Karpenter NodePool that allows on-demand, a managed node group)."""
 
     node_selector: Mapping[str, str]
     toleration: Mapping[str, str] | None
     notice_s: int
     pod_grace_s: int
+    spot_labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    pool_keys: tuple[str, ...] = ()
 
 
 SPOT_PROVIDERS: Mapping[str, SpotCapacity] = {
     # GKE Spot VMs: 30 s from the preemption notice, the first 15 s for non-system pods (the
     # kubelet's graceful node shutdown; GKE's "Spot VMs" concepts page). Standard pools on 1.35+
-    # may extend it to 120 s: set terminationGracePeriodSeconds lower than that yourself.
+    # may extend it to 120 s: set terminationGracePeriodSeconds lower than that yourself. Spot
+    # and preemptible nodes are labelled cloud.google.com/gke-spot / gke-preemptible "true"; a
+    # Standard pool is tainted only when created with --node-taints, so the label is the guard.
     "gke": SpotCapacity({"cloud.google.com/gke-spot": "true"},
                         {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
-                         "effect": "NoSchedule"}, 30, 15),
+                         "effect": "NoSchedule"}, 30, 15,
+                        spot_labels={"cloud.google.com/gke-spot": ("true",),
+                                     "cloud.google.com/gke-preemptible": ("true",)}),
     # EC2 Spot under Karpenter: a 2-minute interruption notice (plus a rebalance recommendation),
     # on which Karpenter's interruption handling drains the node; its NodePools put no taint on
-    # spot nodes by default.
-    "karpenter": SpotCapacity({"karpenter.sh/capacity-type": "spot"}, None, 120, 110),
+    # spot nodes by default. Karpenter labels karpenter.sh/capacity-type (spot, on-demand,
+    # reserved); EKS managed node groups eks.amazonaws.com/capacityType (SPOT, ON_DEMAND). A
+    # NodePool or node group decides which capacity types it launches: the fallback drops the spot
+    # pool's karpenter.sh/nodepool (or node group), and Karpenter honours its NotIn spot rule.
+    "karpenter": SpotCapacity({"karpenter.sh/capacity-type": "spot"}, None, 120, 110,
+                              spot_labels={"karpenter.sh/capacity-type": ("spot",),
+                                           "eks.amazonaws.com/capacityType": ("SPOT",)},
+                              pool_keys=("karpenter.sh/nodepool", "eks.amazonaws.com/nodegroup")),
     # AKS spot node pools: labelled and tainted scalesetpriority=spot; Azure's Scheduled Events
     # give at least 30 s before the eviction.
     "aks": SpotCapacity({"kubernetes.azure.com/scalesetpriority": "spot"},
                         {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot",
-                         "effect": "NoSchedule"}, 30, 25),
+                         "effect": "NoSchedule"}, 30, 25,
+                        spot_labels={"kubernetes.azure.com/scalesetpriority": ("spot",)}),
 }
 
 
@@ -697,13 +715,32 @@ class ModelCacheSpec(_Checked):
 @dataclass(frozen=True)
 class GatewaySpec(_Checked):
     """``spec.gateway``: the OpenAI-compatible front door, a Service (``N-gateway``) onto the verifier pods'
-    port 8000."""
+    port 8000. ``annotations``, ``load_balancer_source_ranges`` and ``load_balancer_class`` go to
+    the Service as written (an internal or restricted load balancer); the last two only with
+    ``serviceType: LoadBalancer``."""
 
     SPEC_PATH: ClassVar[str] = "spec.gateway"
     service_type: str = spec_field("serviceType", "ClusterIP", enum=("ClusterIP", "NodePort", "LoadBalancer"))
     port: int = spec_field("port", 8000, minimum=1, maximum=65535)
+    # the Service's metadata.annotations, as written: what a cloud's load-balancer controller
+    # reads (an internal load balancer: GKE's networking.gke.io/load-balancer-type: Internal,
+    # the AWS Load Balancer Controller's service.beta.kubernetes.io/aws-load-balancer-scheme)
+    annotations: Mapping[str, str] = spec_field("annotations", default_factory=dict, verbatim=True)
+    # Service.spec.loadBalancerSourceRanges: the client CIDRs a LoadBalancer admits (empty: any)
+    load_balancer_source_ranges: tuple[str, ...] = spec_field("loadBalancerSourceRanges", (), verbatim=True)
+    # Service.spec.loadBalancerClass: which controller implements the LoadBalancer (e.g. the AWS
+    # Load Balancer Controller's service.k8s.aws/nlb); None: the cloud's default
+    load_balancer_class: str | None = spec_field("loadBalancerClass", None, verbatim=True)
     # spec.gateway.apiKeySecretRef (None: no authentication)
     api_key_secret: ApiKeySecretRef | None = field(default=None, metadata={"key": "apiKeySecretRef"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key, value in (("loadBalancerSourceRanges", self.load_balancer_source_ranges),
+                           ("loadBalancerClass", self.load_balancer_class)):
+            if value and self.service_type != "LoadBalancer":
+                raise ValueError(f"spec.gateway.{key} needs spec.gateway.serviceType: LoadBalancer "
+                                 f"(got {self.service_type})")
 
 
 @dataclass(frozen=True)
@@ -739,6 +776,7 @@ class DrafterTLSSpec(_Checked):
 # reference EPP now lives in llm-d/llm-d-router), a release tag. Override: spec.router.endpointPickerImage.
 ENDPOINT_PICKER_IMAGE = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
 ENDPOINT_PICKER_FAILURE_MODES = ("FailOpen", "FailClose")
+ROUTER_PROVIDERS = ("none", "gke")
 
 
 @dataclass(frozen=True)
@@ -780,6 +818,10 @@ class RouterSpec(_Checked):
     # NetworkPolicyPeers of the Gateway's proxies, allowed to the EPP's ext_proc port (empty: any)
     gateway_from: tuple[Mapping[str, Any], ...] = spec_field("gatewayFrom", (), verbatim=True)
     weights: RouterWeights = field(default_factory=RouterWeights, metadata={"key": "weights"})
+    # the Gateway's implementation, for the objects it needs beside the route: gke adds GKE's
+    # GCPBackendPolicy and HealthCheckPolicy on the pool and opens the picker's gRPC health port
+    # to GKE's health checkers (ROUTER_PROVIDERS)
+    provider: str = spec_field("provider", "none", enum=ROUTER_PROVIDERS)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,0 +1,168 @@
+"""The endpoint picker's configuration, flags and RBAC against llm-d-router v0.10.0, the tag the
+operator pins: a schema and a plugin registry written from its source
+(data/llm-d-router/, each naming the files read), since its own loader is Go that no registry
+here serves. Catches: the deprecated config group, a plugin type the tag does not register, an
+alpha plugin without ``--allow-experimental-plugins`` (the picker refuses to start), an unknown
+key (its strict decoder refuses it, as the old ``data:`` key), an unregistered feature gate, a
+reference to an undefined plugin, several replicas without leader election."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from cosine_spec.settings import ENDPOINT_PICKER_IMAGE, parse_cluster_spec
+
+from cosine_operator import builders, endpoint_picker
+
+DATA = Path(__file__).resolve().parent / "data" / "llm-d-router"
+SCHEMA = json.loads((DATA / "endpoint-picker-config-v0.10.0.schema.json").read_text())
+REGISTRY = json.loads((DATA / "plugins-v0.10.0.json").read_text())
+WEIGHTS = ("prefixCache", "sessionAffinity", "suffixAffinity", "queue", "kvCacheUtilization")
+SPEC: dict[str, Any] = {
+    "verifier": {"model": "qwen2.5-coder-1.5b-instruct"},
+    "drafterPools": [{"name": "ngram", "kind": "ngram"}],
+    "router": {"enabled": True, "gatewayName": "gw"},
+}
+
+
+def _router(spec: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    objs = builders.build_router("demo", "ns", parse_cluster_spec(spec))
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+def _with(**router: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(SPEC)
+    spec["router"].update(router)
+    return spec
+
+
+def _check_like_the_picker(config: dict[str, Any], args: list[str]) -> None:
+    """What v0.10.0 checks before it serves: the strict decode (the schema), validatePlugins
+    (registered types, unique names), validateSchedulingProfiles and the data layer's references
+    (defined plugins), ValidatePluginStability (alpha needs the flag)."""
+    jsonschema.validate(config, SCHEMA)
+    names = [p.get("name") or p["type"] for p in config["plugins"]]
+    assert len(names) == len(set(names)), names
+    for plugin in config["plugins"]:
+        assert plugin["type"] in REGISTRY["plugins"], f"{plugin['type']} is not registered at v0.10.0"
+        if REGISTRY["plugins"][plugin["type"]] == "Alpha":
+            assert "--allow-experimental-plugins" in args, f"{plugin['type']} is alpha"
+    refs = [p["pluginRef"] for profile in config["schedulingProfiles"] for p in profile["plugins"]]
+    for source in (config.get("dataLayer") or {}).get("sources", []):
+        refs += [source["pluginRef"], *(e["pluginRef"] for e in source["extractors"])]
+    assert set(refs) <= set(names), set(refs) - set(names)
+
+
+def _config_and_args(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    objs = _router(spec)
+    config = yaml.safe_load(objs[("ConfigMap", "demo-epp")]["data"]["config.yaml"])
+    args = objs[("Deployment", "demo-epp")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    return config, args
+
+
+@pytest.mark.parametrize("weights", [{}, *({w: 2.0} for w in WEIGHTS),
+                                     {"sessionAffinity": 0}, {w: 1.5 for w in WEIGHTS}],
+                         ids=["defaults", *(f"{w}-on" for w in WEIGHTS), "beta-only", "all-on"])
+def test_the_picker_would_load_its_config(weights: dict[str, float]) -> None:
+    config, args = _config_and_args(_with(weights=weights))
+    _check_like_the_picker(config, args)
+    assert config["apiVersion"] == "llm-d.ai/v1alpha1"
+
+
+def test_the_schema_refuses_what_the_picker_refuses() -> None:
+    """The schema is no rubber stamp: the old operator's suffix-affinity config fails it."""
+    config, _ = _config_and_args(_with(weights={"suffixAffinity": 1}))
+    old = {**config, "apiVersion": "inference.networking.x-k8s.io/v1alpha1"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(old, SCHEMA)
+    with pytest.raises(jsonschema.ValidationError):  # the key v0.10.0's strict decoder refuses
+        jsonschema.validate({**config, "data": config["dataLayer"]}, SCHEMA)
+    with pytest.raises(jsonschema.ValidationError):  # a gate v0.10.0 does not register
+        jsonschema.validate({**config, "featureGates": ["dataLayer"]}, SCHEMA)
+    for gone in ("prometheus-metric", "metric-scorer"):  # types no llm-d or GIE tag checked has
+        assert gone not in REGISTRY["plugins"]
+
+
+def test_only_an_alpha_plugin_turns_on_experimental_plugins() -> None:
+    assert REGISTRY["plugins"]["session-affinity-scorer"] == "Alpha"  # the default weights use it
+    _, args = _config_and_args(SPEC)
+    assert "--allow-experimental-plugins" in args
+    _, args = _config_and_args(_with(weights={"sessionAffinity": 0}))
+    assert "--allow-experimental-plugins" not in args
+    for plugin, stability in endpoint_picker.STABILITY.items():  # the module's table is the tag's
+        assert REGISTRY["plugins"][plugin] == stability
+
+
+def test_suffix_affinity_scores_the_verifiers_gauge() -> None:
+    config, _ = _config_and_args(_with(weights={"suffixAffinity": 2}))
+    plugins = {p.get("name") or p["type"]: p for p in config["plugins"]}
+    scorer = plugins["suffix-affinity-scorer"]["parameters"]
+    assert scorer["algorithm"]["type"] == "linear_higher_is_better"
+    (engine,) = plugins["core-metrics-extractor"]["parameters"]["engineConfigs"]
+    from cosine_spec import metric_names
+    assert engine["customMetrics"] == [{"attributeKey": scorer["attributeKey"],
+                                        "metricSpec": metric_names.SUFFIX_TREE_HIT_RATE}]
+    # the built-in vLLM mapping kept, so the queue and KV-cache scorers still read their series
+    assert engine["queuedRequestsSpec"] == "vllm:num_requests_waiting"
+    assert plugins["core-metrics-extractor"]["parameters"]["defaultEngine"] == engine["name"]
+    weights = {p["pluginRef"]: p.get("weight") for p in config["schedulingProfiles"][0]["plugins"]}
+    assert weights["suffix-affinity-scorer"] == 2.0
+
+
+def test_leader_election_and_llm_ds_resources_above_one_replica() -> None:
+    one = _router(SPEC)
+    two = _router(_with(endpointPickerReplicas=2))
+    container = one[("Deployment", "demo-epp")]["spec"]["template"]["spec"]["containers"][0]
+    assert "--ha-enable-leader-election" not in container["args"]
+    assert container["resources"] == {"requests": {"cpu": "8", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
+    # a standby must stay live (not restarted) while only the leader is ready (health.go)
+    assert container["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
+    assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
+    args = two[("Deployment", "demo-epp")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--ha-enable-leader-election" in args
+    rules = {(g, r): set(rule["verbs"]) for rule in two[("Role", "demo-epp")]["rules"]
+             for g in rule["apiGroups"] for r in rule["resources"]}
+    assert {"create", "update", "get"} <= rules[("coordination.k8s.io", "leases")]
+    assert ("coordination.k8s.io", "leases") not in {
+        (g, r) for rule in one[("Role", "demo-epp")]["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+
+
+def test_its_flags_exist_at_the_tag() -> None:
+    """Every flag the operator passes is one v0.10.0 defines (pkg/epp/server/options.go, AddFlags)."""
+    defined = {"--pool-name", "--pool-namespace", "--pool-group", "--grpc-port", "--grpc-health-port",
+               "--metrics-port", "--metrics-endpoint-auth", "--config-file", "--ha-enable-leader-election",
+               "--allow-experimental-plugins"}
+    _, args = _config_and_args(_with(endpointPickerReplicas=3, weights={"suffixAffinity": 1}))
+    assert {a.split("=")[0] for a in args if a.startswith("--")} <= defined
+    assert ENDPOINT_PICKER_IMAGE.endswith(":" + REGISTRY["tag"])  # the schema's tag is the one pinned
+
+
+def test_the_pickers_service_speaks_as_llm_ds() -> None:
+    """llm-d's routerlib/_service.yaml: ext_proc's port declared ``kubernetes.io/h2c``
+    (Kubernetes' standard appProtocol values, KEP-3726), not a bare ``http2``."""
+    service = _router(SPEC)[("Service", "demo-epp")]["spec"]
+    (grpc,) = [p for p in service["ports"] if p["port"] == 9002]
+    assert grpc["appProtocol"] == "kubernetes.io/h2c"
+
+
+def test_on_gke_the_pool_gets_llm_ds_policies_and_the_route_no_timeout() -> None:
+    """llm-d-router-gateway's gke.yaml and httproute.yaml: a 300 s GCPBackendPolicy and a fast
+    HealthCheckPolicy on the InferencePool, the HTTPRoute's timeout left to the former. Catches
+    GKE's 30 s default backend timeout cutting long completions."""
+    objs = _router(_with(provider="gke"))
+    target = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "demo-router"}
+    backend = objs[("GCPBackendPolicy", "demo-router")]["spec"]
+    assert backend["targetRef"] == target and backend["default"]["timeoutSec"] == 300
+    check = objs[("HealthCheckPolicy", "demo-router")]["spec"]
+    assert check["targetRef"] == target
+    assert check["default"]["config"] == {"type": "HTTP", "httpHealthCheck": {"requestPath": "/health", "port": 8000}}
+    assert "timeouts" not in objs[("HTTPRoute", "demo-router")]["spec"]["rules"][0]
+    plain = _router(SPEC)
+    assert not {kind for kind, _ in plain} & {"GCPBackendPolicy", "HealthCheckPolicy"}
+    assert plain[("HTTPRoute", "demo-router")]["spec"]["rules"][0]["timeouts"] == {"request": "0s"}
