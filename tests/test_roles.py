@@ -132,3 +132,30 @@ def test_a_verifier_across_nodes_runs_vllm_multi_node_from_leader_worker_set_env
     one_node.write_text(manifest_path.read_text().replace('"nodes": 2', '"nodes": 1'))
     with pytest.raises(ValueError, match="parallelism.nodes is 1"):
         roles.worker_command(load_manifest(one_node), LWS_ENV)
+
+
+def test_the_engines_own_drafter_and_extra_engine_args_reach_vllm_serve(tmp_path, monkeypatch):
+    """`spec.verifier.speculator` and `engineArgs` as vLLM's own `serve` parser reads the verifier's
+    argv: vLLM's draft_model method on the draft model's path with greedy draft sampling, async
+    scheduling off (else the engine never hands the drafts to CoSine's scheduler), vLLM-CPU's
+    repaired worker on a CPU pod, and the extra arguments after CoSine's. Catches: flags `vllm
+    serve` does not know, `False` dropped instead of written as `--no-...`."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "d").mkdir()
+    monkeypatch.setattr("cosine.model_store.resolve", lambda model: tmp_path / model)
+    manifest = tmp_path / "cluster.yaml"
+    manifest.write_text(json.dumps({
+        "apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": "t"},
+        "spec": {"verifier": {"model": "m", "speculator": {"method": "draftModel", "model": "d"},
+                              "engineArgs": ["--kv-cache-dtype", "fp8", "--served-model-name", "team-model"]},
+                 "drafterPools": [{"name": "p", "kind": "ngram"}], "speculation": {"maxDraftLen": 3}}}))
+    argv, _ = roles.verifier_command(load_manifest(manifest), 8000, "127.0.0.1", [], None)
+    flags = argv[argv.index(roles.VLLM_SERVER) + 1:]
+    i = flags.index("--model")
+    _, engine = _vllm_serve_parse([flags[i + 1], *flags[:i], *flags[i + 2:]])
+    assert engine.speculative_config == {"method": "draft_model", "model": str(tmp_path / "d"),
+                                         "draft_sample_method": "greedy", "num_speculative_tokens": 3}
+    assert engine.async_scheduling is False and engine.worker_cls == "cosine.vllm_cpu_worker.LosslessCPUWorker"
+    assert engine.kv_cache_dtype == "fp8" and engine.served_model_name == ["team-model"]
+    config = json.loads(argv[argv.index("--additional-config") + 1])["cosine"]
+    assert config["engine_source"] == "draftModel"

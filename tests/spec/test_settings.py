@@ -213,3 +213,17 @@ def test_speculator_problems_name_what_the_spec_alone_shows() -> None:
     assert "pipeline" in problems({"method": "mtp"}, parallelism={"pipeline": 2})[0]
     parsed = _cluster({"name": "p", "kind": "ngram"}, verifier={"model": "m", "speculator": {"method": "mtp"}})
     assert parsed.verifier.speculator == s.SpeculatorSpec("mtp") and parsed.verifier.speculator.vllm_method == "mtp"
+
+
+def test_engine_args_that_cosine_sets_itself_are_refused_naming_the_entry() -> None:
+    """Catches: a user's `--speculative-config` or `--port` silently replacing CoSine's (its proposer
+    would be gone), or two ways to set the dtype."""
+    def problems(*args: str) -> list[str]:
+        return s.engine_args_problems(_cluster({"name": "p", "kind": "ngram"},
+                                               verifier={"model": "m", "engineArgs": list(args)}).verifier)
+
+    assert problems("--quantization", "fp8", "--kv-cache-dtype=fp8", "--served-model-name", "x") == []
+    got = problems("--kv-cache-dtype", "fp8", "--speculative-config={}", "--dtype", "half")
+    assert [p.split(":")[0] for p in got] == ["spec.verifier.engineArgs[2]", "spec.verifier.engineArgs[3]"]
+    with pytest.raises(ValueError, match=r"^spec\.verifier\.engineArgs: expected a string, got integer 8"):
+        _cluster({"name": "p", "kind": "ngram"}, verifier={"model": "m", "engineArgs": ["--x", 8]})

@@ -58,6 +58,7 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
     problems += pod_override_problems("spec.verifier", cluster.verifier.pod)
     problems += s.parallelism_problems(cluster.verifier)
     problems += s.speculator_problems(cluster.verifier)
+    problems += s.engine_args_problems(cluster.verifier)
     longest = builders.verifier_name(name) + "-worker"  # a multi-node verifier's worker NetworkPolicy
     if cluster.verifier.nodes > 1 and len(longest) > MAX_NAME_LENGTH:
         problems.append(f"spec.verifier.parallelism.nodes: child name {longest!r} is {len(longest)} characters, "

@@ -170,7 +170,7 @@ def verifier_command(
     model_path = str(resolve(spec.verifier.model))
     args = vllm_engine_args(spec.verifier, model_path, spec.speculation, pools, metrics_port)
     argv = [sys.executable, "-m", VLLM_SERVER, *cli_flags(args), "--host", host, "--port", str(http_port),
-            "--uvicorn-log-level", "warning"]
+            "--uvicorn-log-level", "warning", *spec.verifier.engine_args]
     env = {**os.environ, **vllm_cpu_env(spec.verifier, cores)}
     # prometheus_client's multi-process mode, fresh for this server: vLLM's OpenAI server then
     # serves on its /metrics what its engine-core process writes too, the proposer's
@@ -296,7 +296,8 @@ def worker_command(manifest: Manifest, env: Mapping[str, str] | None = None) -> 
     model_path = str(resolve(spec.verifier.model))
     args = vllm_engine_args(spec.verifier, model_path, spec.speculation, [], 0, env)
     model = args.pop("model")
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--headless", *cli_flags(args)]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--headless", *cli_flags(args),
+            *spec.verifier.engine_args]
 
 
 def run_verifier_worker(manifest: Manifest) -> int:

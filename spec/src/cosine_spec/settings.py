@@ -407,6 +407,9 @@ class VerifierSpec(_Checked):
     image: RoleImage = field(default_factory=RoleImage, metadata={"key": "image"})
     parallelism: ParallelismSpec = field(default_factory=ParallelismSpec, metadata={"key": "parallelism"})
     speculator: SpeculatorSpec | None = field(default=None, metadata={"key": "speculator"})
+    # more vLLM engine arguments, as `vllm serve` flags (quantization, KV-cache dtype, served model
+    # name ...), after CoSine's own; `engine_args_problems` refuses those CoSine must set itself
+    engine_args: tuple[str, ...] = spec_field("engineArgs", ())
     pod: PodOverrides = field(default_factory=PodOverrides)
 
     @property
@@ -442,6 +445,28 @@ class VerifierSpec(_Checked):
         the engine exits as soon as none is left): the grace period less the preStop wait and
         5 s for the processes to exit, at least 1 (0 would abort the requests)."""
         return max(1, self.termination_grace_s - self.pre_stop_s - 5)
+
+
+# vLLM flags CoSine sets itself, which `spec.verifier.engineArgs` may not (each has a field or is
+# how CoSine's proposer gets into the engine): vllm/engine/arg_utils.py's names
+RESERVED_ENGINE_ARGS = ("--speculative-config", "--scheduler-cls", "--additional-config", "--async-scheduling",
+                        "--no-async-scheduling", "--worker-cls", "--port", "--host", "--model", "--dtype",
+                        "--max-num-batched-tokens", "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization",
+                        "--tensor-parallel-size", "--pipeline-parallel-size", "--nnodes", "--node-rank",
+                        "--master-addr", "--master-port", "--headless", "--api-key", "-tp", "-pp")
+
+
+def engine_args_problems(verifier: VerifierSpec) -> list[str]:
+    """``spec.verifier.engineArgs`` entries CoSine sets itself (``RESERVED_ENGINE_ARGS``, in either
+    ``--flag value`` or ``--flag=value`` form), one message per entry naming its index and the
+    field to use instead where there is one. The admission webhook runs this check."""
+    problems = []
+    for i, arg in enumerate(verifier.engine_args):
+        flag = arg.split("=", 1)[0]
+        if flag in RESERVED_ENGINE_ARGS:
+            problems.append(f"spec.verifier.engineArgs[{i}]: {flag} is set by CoSine (from spec.verifier, "
+                            "spec.speculation and spec.verifier.parallelism); set it there, not as an engine argument")
+    return problems
 
 
 def speculator_problems(verifier: VerifierSpec) -> list[str]:
