@@ -151,3 +151,12 @@ def test_a_typo_or_a_coercible_value_is_refused_at_admission(pool, speculation, 
     body = {**spec({"name": "code", "model": "qwen2.5-coder-0.5b-instruct", **pool}), "speculation": speculation}
     (problem,) = validate_cluster("demo", body)
     assert problem.startswith(field + ":")
+
+
+def test_a_model_uri_of_an_unknown_scheme_is_refused_at_admission() -> None:
+    """The pull would fail in the cluster; admission names the field instead."""
+    got = validate_cluster("demo", {"verifier": {"model": "azure://c/qwen2.5-coder-1.5b-instruct"},
+                                    "drafterPools": [{"name": "p", "model": "s3://bucket/qwen2.5-coder-0.5b.gguf"}]})
+    assert len(got) == 1 and got[0].startswith("spec.verifier.model: unknown URI scheme 'azure'")
+    assert validate_cluster("demo", {"verifier": {"model": "hf://Qwen/Qwen2.5-Coder-1.5B-Instruct"},
+                                     "drafterPools": [{"name": "p", "model": "gs://b/Qwen2.5-Coder-0.5B-GGUF"}]}) == []
