@@ -255,7 +255,7 @@ def test_gguf_sources_of_uris() -> None:
     assert s.gguf_source("gs://b/Qwen2.5-0.5B-GGUF/") == "uri"
     assert s.gguf_source("s3://b/models/qwen2.5-0.5b") is None  # safetensors: llama.cpp cannot load it
     assert s.gguf_source("hf://Qwen/Qwen2.5-Coder-3B-Instruct-GGUF@main") == "hub"
-    assert s.gguf_source("hf://Qwen/Qwen2.5-Coder-0.5B-Instruct") == "pypi"
+    assert s.gguf_source("hf://Qwen/Qwen2.5-Coder-0.5B-Instruct") is None  # hf:// names the Hub alone, not PyPI
     assert s.gguf_source("hf://Qwen/Qwen2.5-Coder-3B-Instruct") is None
 
 

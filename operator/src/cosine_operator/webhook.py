@@ -84,7 +84,7 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
                 f"{field}.model: {pool.model!r} has no GGUF file for llama.cpp (this pool's engine: "
                 f"{'engine: llamacpp' if pool.engine else 'the default on a pod without nvidia.com/gpu'}); "
                 "name the model's GGUF repository (by convention '<repo>-GGUF' on the Hugging Face Hub) or "
-                f"a .gguf path, or set {field}.engine: vllm"
+                f"a .gguf path or s3:// or gs:// object, or set {field}.engine: vllm"
             )
     return problems + s.tokenizer_problems(cluster)
 

@@ -119,15 +119,16 @@ def gguf_source(model: str) -> str | None:
     drafter starts), ``"hub"`` (a Hugging Face repo of GGUF files, by convention named ``*-GGUF``,
     bare or as ``hf://``: the pull takes one of its files), ``"uri"`` (an ``s3://`` or ``gs://``
     object or prefix whose last part names a GGUF: ``*.gguf``, or ``*gguf*`` by the same
-    convention); ``None`` when there is none (a safetensors repo: llama.cpp cannot load it)."""
+    convention); ``None`` when there is none (a safetensors repo: llama.cpp cannot load it; an
+    ``hf://`` URI of a registry model too, as it names the Hub alone, never PyPI)."""
     name = model.strip()
     uri = model_uri(name)
     if uri is not None:
         scheme, rest = uri
-        if scheme == "hf":
-            name = rest.split("@", 1)[0]
-        else:
-            return "uri" if "gguf" in rest.rstrip("/").rsplit("/", 1)[-1].lower() else None
+        last = rest.split("@", 1)[0].rstrip("/").rsplit("/", 1)[-1].lower()
+        if "gguf" not in last:
+            return None
+        return "hub" if scheme == "hf" else "uri"
     if name.lower() in GGUF_ON_PYPI:
         return "pypi"
     if name.lower().endswith(".gguf") or name.startswith(("/", "./", "~")):
