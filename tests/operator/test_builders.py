@@ -451,6 +451,58 @@ def test_without_a_cache_the_pull_container_reserves_the_models_disk() -> None:
     assert builders.model_storage_gib("my-finetune") == 20  # no size in the name
 
 
+def test_object_store_credentials_reach_only_the_containers_that_pull() -> None:
+    """``spec.modelCredentialsSecretRef``: every key of the Secret an environment variable of the
+    pull (as the AWS and Google SDKs read them) and the Secret mounted read-only at
+    ``MODEL_CREDENTIALS_DIR`` (a GCS key file), in the pull Job and in a pod's pull init container;
+    never in the runtime containers. Catches: an s3:// pull with no credentials, keys leaking into
+    the serving containers, a Job not replaced when the Secret changes."""
+    spec = copy.deepcopy(SPEC)
+    spec["verifier"]["model"] = "s3://weights/models/qwen2.5-coder-1.5b-instruct"
+    spec["modelCredentialsSecretRef"] = {"name": "store-keys"}
+    mount = {"name": "model-credentials", "mountPath": "/var/run/secrets/cosine/model-credentials", "readOnly": True}
+    volume = {"name": "model-credentials", "secret": {"secretName": "store-keys"}}
+    p = _template(builders.build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
+    (pull,) = p["initContainers"]
+    assert pull["args"] == ["models", "pull", "s3://weights/models/qwen2.5-coder-1.5b-instruct"]
+    assert pull["envFrom"] == [{"secretRef": {"name": "store-keys"}}] and mount in pull["volumeMounts"]
+    assert volume in p["volumes"] and "store-keys" not in str(p["containers"])
+    spec["modelCache"] = {"size": "20Gi"}
+    cluster = parse_cluster_spec(spec)
+    job = builders.build_model_job("demo", "ns", cluster)
+    pod = job["spec"]["template"]["spec"]
+    (pull,) = pod["containers"]
+    assert pull["envFrom"] == [{"secretRef": {"name": "store-keys"}}] and mount in pull["volumeMounts"]
+    assert pod["volumes"] == [{"name": "models", "persistentVolumeClaim": {"claimName": "demo-models"}}, volume]
+    for d in (builders.build_verifier_deployment("demo", "ns", cluster),
+              builders.build_drafter_deployment("demo", "ns", cluster, "code", 1)):
+        assert "store-keys" not in str(_template(d))  # the cache is read as is: no pull, no keys
+    other = copy.deepcopy(spec)
+    other["modelCredentialsSecretRef"] = {"name": "other-keys"}
+    assert builders.build_model_job("demo", "ns", parse_cluster_spec(other))["metadata"]["name"] != job["metadata"][
+        "name"]
+    del spec["modelCredentialsSecretRef"]
+    pod = builders.build_model_job("demo", "ns", parse_cluster_spec(spec))["spec"]["template"]["spec"]
+    assert "envFrom" not in pod["containers"][0] and len(pod["volumes"]) == 1
+
+
+def test_a_prepopulated_cache_runs_no_pull_job() -> None:
+    """``spec.modelCache.prePopulated``: no pull Job among the children (so reconcile never waits
+    for one), no init container; the pods mount the claim read-only as it is."""
+    spec = copy.deepcopy(SPEC)
+    spec["modelCache"] = {"claimName": "weights", "prePopulated": True}
+    cluster = parse_cluster_spec(spec)
+    assert builders.build_model_job("demo", "ns", cluster) is None
+    assert builders.build_model_claim("demo", "ns", cluster) is None  # the user's claim
+    kinds = [c["kind"] for c in builders.build_children("demo", "ns", cluster, {})]
+    assert "Job" not in kinds and "PersistentVolumeClaim" not in kinds
+    p = _template(builders.build_verifier_deployment("demo", "ns", cluster))
+    assert "initContainers" not in p
+    assert {"name": "models", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in p["volumes"]
+    spec["modelCache"]["prePopulated"] = False
+    assert builders.build_model_job("demo", "ns", parse_cluster_spec(spec)) is not None
+
+
 def test_pod_template_fields_and_a_restricted_security_context() -> None:
     spec = copy.deepcopy(SPEC)
     spec["verifier"].update(

@@ -143,6 +143,8 @@ CEL_TABLE: list[tuple[str, Any, str]] = [
      lambda s: _pool(s, capacity="spot"), "spec.spot"),
     ("spec.gateway.loadBalancerSourceRanges and loadBalancerClass need serviceType LoadBalancer",
      lambda s: s.update(gateway={"loadBalancerClass": "service.k8s.aws/nlb"}), "spec.gateway.serviceType"),
+    ("modelCache.prePopulated needs modelCache.claimName, the claim that holds the models",
+     lambda s: s.update(modelCache={"prePopulated": True}), "spec.modelCache"),
 ]
 
 
@@ -297,6 +299,27 @@ def test_network_policy_and_drafter_tls_fields(crds: Any) -> None:
     body["spec"]["drafterTLS"] = {"serverName": "drafters"}
     r = crds.http.post(CLUSTERS, json=body, params={"dryRun": "All"})
     assert r.status_code == 422 and "spec.drafterTLS.secretName" in r.text, r.text
+
+
+def test_model_source_fields(crds: Any) -> None:
+    """Catches: model URIs, a pre-populated cache or the credentials Secret pruned or refused by
+    the schema (strict field validation: a field the CRD lacks is an error); prePopulated not
+    defaulted; the credentials Secret without its name."""
+    body = _valid()
+    body["spec"]["verifier"]["model"] = "s3://ml-weights/qwen2.5-coder-1.5b-instruct"
+    body["spec"]["modelCache"] = {"claimName": "weights", "prePopulated": True}
+    body["spec"]["modelCredentialsSecretRef"] = {"name": "model-store"}
+    out = crds.http.post(CLUSTERS, json=body, params={"dryRun": "All", "fieldValidation": "Strict"})
+    assert out.status_code == 201, out.text
+    spec = out.json()["spec"]
+    assert spec["verifier"]["model"] == "s3://ml-weights/qwen2.5-coder-1.5b-instruct"
+    assert spec["modelCache"]["prePopulated"] is True and spec["modelCredentialsSecretRef"] == {"name": "model-store"}
+    body["spec"]["modelCache"] = {"size": "10Gi"}
+    assert crds.http.post(CLUSTERS, json=body, params={"dryRun": "All"}).json()["spec"]["modelCache"][
+        "prePopulated"] is False
+    body["spec"]["modelCredentialsSecretRef"] = {}
+    r = crds.http.post(CLUSTERS, json=body, params={"dryRun": "All"})
+    assert r.status_code == 422 and "spec.modelCredentialsSecretRef.name" in r.text, r.text
 
 
 PREVIOUS_CRDS = Path(__file__).parent / "data" / "crds-previous"  # the CRDs of the release before this one

@@ -266,6 +266,8 @@ def test_operator_needs_only_its_own_dependencies() -> None:
     runtime = _requirements("runtime")
     assert {"torch", "transformers", "llama-cpp-python", "cosine-spec"} <= runtime
     assert "cosine-operator" not in runtime
+    stores = {"huggingface-hub", "s3fs", "gcsfs"}  # the model store's sources: the pull runs in the runtime image
+    assert stores <= runtime and not (stores | {"fsspec", "boto3", "botocore"}) & base
 
 
 def test_verifier_hpa_example_is_a_valid_hpa_on_the_example_clusters_scale() -> None:

@@ -151,3 +151,25 @@ def test_a_typo_or_a_coercible_value_is_refused_at_admission(pool, speculation, 
     body = {**spec({"name": "code", "model": "qwen2.5-coder-0.5b-instruct", **pool}), "speculation": speculation}
     (problem,) = validate_cluster("demo", body)
     assert problem.startswith(field + ":")
+
+
+def test_a_model_uri_of_an_unknown_scheme_is_refused_at_admission() -> None:
+    """The pull would fail in the cluster; admission names the field instead."""
+    got = validate_cluster("demo", {"verifier": {"model": "azure://c/qwen2.5-coder-1.5b-instruct"},
+                                    "drafterPools": [{"name": "p", "model": "s3://bucket/qwen2.5-coder-0.5b.gguf"}]})
+    assert len(got) == 1 and got[0].startswith("spec.verifier.model: unknown URI scheme 'azure'")
+    assert validate_cluster("demo", {"verifier": {"model": "hf://Qwen/Qwen2.5-Coder-1.5B-Instruct"},
+                                     "drafterPools": [{"name": "p", "model": "gs://b/Qwen2.5-Coder-0.5B-GGUF"}]}) == []
+
+
+def test_a_llamacpp_pool_by_uri_needs_a_gguf_there() -> None:
+    """An hf:// URI names the Hub alone: a registry model by hf:// has no GGUF from PyPI, so a
+    llama.cpp pool on it would crash-loop; an object store's .gguf object or *-GGUF repo passes."""
+    def problems(model: str) -> list[str]:
+        return validate_cluster("demo", spec({"name": "p", "model": model}))
+
+    (bad,) = problems("hf://Qwen/Qwen2.5-Coder-0.5B-Instruct")
+    assert bad.startswith("spec.drafterPools[0].model:") and "s3:// or gs:// object" in bad
+    assert problems("s3://b/models/qwen2.5-coder-0.5b-instruct") != []
+    assert problems("hf://Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF@main") == []
+    assert problems("s3://b/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") == []

@@ -324,3 +324,127 @@ def test_the_gguf_conversion_has_what_transformers_needs():
     from transformers.utils import is_accelerate_available, is_gguf_available
 
     assert is_accelerate_available() and is_gguf_available()
+
+
+# ---- model URIs: hf://, s3://, gs:// (cosine_spec.settings.MODEL_URI_SCHEMES) ----------------------
+
+# A small safetensors model directory as a store holds it (the bytes are not loaded here).
+TINY_MODEL = {
+    "config.json": b'{"model_type": "qwen2"}',
+    "model.safetensors": b"\x08\x00\x00\x00\x00\x00\x00\x00{}      " + bytes(64),
+    "tokenizer.json": b'{"version": "1.0"}',
+    "nested/extra.json": b"{}",
+}
+
+
+def _has_tiny_model(directory: Path) -> bool:
+    return all((directory / name).read_bytes() == body for name, body in TINY_MODEL.items())
+
+
+def test_cache_directories_of_uris_and_names(store):
+    models = model_store.cache_root() / "models"
+    assert model_store._cache_dir_for("s3://bucket/models/Qwen2.5-0.5B/") == models / "s3--bucket--models--Qwen2.5-0.5B"
+    assert model_store._cache_dir_for("gs://b/m") == models / "gs--b--m"
+    assert model_store._cache_dir_for("hf://Qwen/Qwen2.5-0.5B@v1") == models / "hf--Qwen--Qwen2.5-0.5B@v1"
+    assert model_store._cache_dir_for("Qwen/Qwen2.5-0.5B") == models / "Qwen--Qwen2.5-0.5B"
+
+
+def test_an_unknown_uri_scheme_is_refused_and_caches_nothing(store):
+    with pytest.raises(ModelPullError, match="unknown URI scheme 'azure'"):
+        model_store.pull("azure://container/model")
+    with pytest.raises(ModelNotAvailable, match="cosine models pull s3://b/m"):
+        model_store.resolve("s3://b/m")
+    assert _models_dir_entries() == []
+
+
+@pytest.fixture
+def s3_store(store, monkeypatch):
+    """moto's S3 server holding the tiny model under ``models/tiny-qwen`` of bucket ``weights``
+    and a GGUF object, with the environment as ``spec.modelCredentialsSecretRef`` gives it to the
+    pull (the SDK's variable names: credentials, region and an S3-compatible endpoint)."""
+    from tests.runtime.fake_stores import moto_s3
+
+    objects = {f"models/tiny-qwen/{k}": v for k, v in TINY_MODEL.items()}
+    objects["gguf/qwen2.5-0.5b-q4_k_m.gguf"] = b"GGUF" + bytes(32)
+    objects["models/tiny-qwen-other/config.json"] = b"{}"  # a sibling prefix: not part of the model
+    with moto_s3({"weights": objects}) as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", url)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        monkeypatch.setenv("AWS_REGION", "us-east-1")
+        yield url
+
+
+def test_a_model_by_s3_uri_reaches_the_cache(s3_store):
+    """Catches: an s3:// model the pods cannot resolve after the pull Job ran (another cache
+    directory, a sibling prefix mixed in, the prefix's own path kept, no completion marker)."""
+    uri = "s3://weights/models/tiny-qwen/"
+    directory = model_store.pull(uri)
+    assert _has_tiny_model(directory)
+    assert sorted(p.name for p in directory.iterdir()) == [".cosine-complete", "config.json", "model.safetensors",
+                                                           "nested", "tokenizer.json"]
+    assert model_store.resolve(uri) == directory == model_store.resolve("s3://weights/models/tiny-qwen")
+    meta = json.loads((directory / ".cosine-complete").read_text())
+    assert meta == {"source": uri, "tokenizer_family": None}
+    assert model_store.pull(uri) == directory  # cached: no second download
+    # one GGUF object: what a llama.cpp pool loads
+    gguf = "s3://weights/gguf/qwen2.5-0.5b-q4_k_m.gguf"
+    model_store.pull(gguf)
+    assert model_store.resolve_gguf(gguf).read_bytes().startswith(b"GGUF")
+    assert model_store.tokenizer_family(str(model_store.resolve(gguf))) == "qwen2"
+
+
+def test_an_s3_uri_without_a_model_fails_naming_it(s3_store, monkeypatch):
+    with pytest.raises(ModelPullError, match="s3://weights/nothing-here: no objects under it"):
+        model_store.pull("s3://weights/nothing-here")
+    with pytest.raises(ModelPullError, match="s3://no-such-bucket/m"):
+        model_store.pull("s3://no-such-bucket/m")
+    assert _models_dir_entries() == []
+
+
+def test_a_model_by_gs_uri_reaches_the_cache(store, monkeypatch):
+    """gcsfs against a GCS faked at the HTTP layer (``STORAGE_EMULATOR_HOST``, gcsfs's own switch),
+    anonymous (``NO_GCE_CHECK``: google-auth does not look for a metadata server)."""
+    from tests.runtime.fake_stores import fake_gcs
+
+    with fake_gcs({"weights": {f"llm/tiny/{k}": v for k, v in TINY_MODEL.items()}}) as (url, asked):
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+        monkeypatch.setenv("NO_GCE_CHECK", "True")
+        monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+        directory = model_store.pull("gs://weights/llm/tiny")
+    assert _has_tiny_model(directory)
+    assert directory.name == "gs--weights--llm--tiny"
+    assert any(a.startswith("GET /download/storage/v1/b/weights/o/llm/tiny/") for a in asked)
+
+
+def test_a_model_by_hf_uri_reaches_the_cache_from_a_hub_at_hf_endpoint(tmp_path):
+    """``cosine models pull hf://...`` as the pull Job runs it, in its own process with
+    ``HF_ENDPOINT`` at a Hub faked at the HTTP layer: ``huggingface_hub`` lists and downloads the
+    repo at the revision asked; a missing repo fails with no fallback to PyPI."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.runtime.fake_stores import fake_hub
+
+    repo_files = {k: v for k, v in TINY_MODEL.items() if "/" not in k} | {"README.md": b"# not pulled"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
+    env.update(COSINE_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "hf-home"))
+    script = ("import sys; from cosine.model_store import pull, resolve\n"
+              "print(pull(sys.argv[1])); assert resolve(sys.argv[1])")
+    with fake_hub({"acme/Qwen2.5-Tiny": repo_files}) as (url, asked):
+        env["HF_ENDPOINT"] = url
+        done = subprocess.run([sys.executable, "-c", script, "hf://acme/Qwen2.5-Tiny@main"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        missing = subprocess.run([sys.executable, "-c", script, "hf://acme/Nothing"], env=env,
+                                 capture_output=True, text=True, timeout=120)
+    directory = Path(done.stdout.strip().splitlines()[-1])
+    assert directory == tmp_path / "cache" / "models" / "hf--acme--Qwen2.5-Tiny@main"
+    assert all((directory / k).read_bytes() == v for k, v in repo_files.items() if k != "README.md")
+    assert not (directory / "README.md").exists()  # not a pattern a model needs
+    meta = json.loads((directory / ".cosine-complete").read_text())
+    assert meta == {"source": "hf:acme/Qwen2.5-Tiny@main", "tokenizer_family": "qwen2"}
+    assert "GET /api/models/acme/Qwen2.5-Tiny/revision/main" in asked
+    assert missing.returncode != 0
+    assert "hf://acme/Nothing: the Hugging Face Hub did not give it" in missing.stderr

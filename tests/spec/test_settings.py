@@ -227,3 +227,50 @@ def test_engine_args_that_cosine_sets_itself_are_refused_naming_the_entry() -> N
     assert [p.split(":")[0] for p in got] == ["spec.verifier.engineArgs[2]", "spec.verifier.engineArgs[3]"]
     with pytest.raises(ValueError, match=r"^spec\.verifier\.engineArgs: expected a string, got integer 8"):
         _cluster({"name": "p", "kind": "ngram"}, verifier={"model": "m", "engineArgs": ["--x", 8]})
+
+
+def test_a_model_uri_of_an_unknown_scheme_is_refused_naming_its_field() -> None:
+    """Catches: a pull Job that fails in the cluster (or a pod that waits for a model never pulled)
+    on a URI scheme no puller serves, or one naming no model, where admission could say which field."""
+    def problems(verifier: str, pool: str = "qwen2.5-coder-0.5b-instruct", speculator: str | None = None
+                 ) -> list[str]:
+        sp = {"speculator": {"method": "draftModel", "model": speculator}} if speculator else {}
+        return s.model_source_problems(_cluster({"name": "p", "model": pool}, verifier={"model": verifier, **sp}))
+
+    assert problems("hf://Qwen/Qwen2.5-Coder-1.5B-Instruct@main", "s3://bucket/models/qwen-0.5b",
+                    "gs://bucket/qwen/draft") == []
+    assert problems("/models/mine", "Qwen/Qwen2.5-Coder-0.5B-Instruct") == []
+    (bad,) = problems("azure://container/model")
+    assert bad.startswith("spec.verifier.model: unknown URI scheme 'azure'") and "hf://, s3://, gs://" in bad
+    assert [p.split(":")[0] for p in problems("m", "HTTP://host/x", "ftp://h/x")] == [
+        "spec.verifier.speculator.model", "spec.drafterPools[0].model"]
+    assert problems("s3://bucket-only/") == ["spec.verifier.model: 's3://bucket-only/' names no model: "
+                                             "s3:// takes BUCKET/PATH"]
+    assert "OWNER/NAME" in problems("hf://just-a-name")[0]
+
+
+def test_gguf_sources_of_uris() -> None:
+    """A llama.cpp pool's GGUF by URI: an object or prefix naming a GGUF, a Hub repo of GGUF files."""
+    assert s.gguf_source("s3://b/models/qwen2.5-0.5b-q4_k_m.gguf") == "uri"
+    assert s.gguf_source("gs://b/Qwen2.5-0.5B-GGUF/") == "uri"
+    assert s.gguf_source("s3://b/models/qwen2.5-0.5b") is None  # safetensors: llama.cpp cannot load it
+    assert s.gguf_source("hf://Qwen/Qwen2.5-Coder-3B-Instruct-GGUF@main") == "hub"
+    assert s.gguf_source("hf://Qwen/Qwen2.5-Coder-0.5B-Instruct") is None  # hf:// names the Hub alone, not PyPI
+    assert s.gguf_source("hf://Qwen/Qwen2.5-Coder-3B-Instruct") is None
+
+
+def test_a_prepopulated_cache_and_model_credentials_parse() -> None:
+    """Catches: a pre-populated cache on a claim the operator would create (empty: every pod would
+    wait for models nobody pulls), and a credentials Secret the spec drops."""
+    cluster = _cluster({"name": "p", "kind": "ngram"}, modelCache={"claimName": "weights", "prePopulated": True},
+                       modelCredentialsSecretRef={"name": "store-keys"})
+    assert cluster.model_cache is not None and cluster.model_cache.pre_populated
+    assert cluster.model_credentials == s.ModelCredentialsSecretRef("store-keys")
+    assert _cluster({"name": "p", "kind": "ngram"}, modelCache={}).model_cache == s.ModelCacheSpec()
+    with pytest.raises(ValueError, match=r"^spec\.modelCache\.prePopulated needs spec\.modelCache\.claimName"):
+        _cluster({"name": "p", "kind": "ngram"}, modelCache={"prePopulated": True})
+    with pytest.raises(ValueError, match=r"^spec\.modelCredentialsSecretRef\.key: unknown field"):
+        _cluster({"name": "p", "kind": "ngram"}, modelCredentialsSecretRef={"name": "x", "key": "y"})
+    schema = _spec_schema()["properties"]
+    assert schema["modelCredentialsSecretRef"]["required"] == ["name"]
+    assert "prePopulated" in schema["modelCache"]["properties"]

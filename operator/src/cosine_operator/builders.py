@@ -227,6 +227,18 @@ def _hf_token_env(cluster: s.ClusterSpec) -> list[dict[str, Any]]:
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
+MODEL_CREDENTIALS_VOLUME = "model-credentials"
+
+
+def _model_credentials_volumes(cluster: s.ClusterSpec) -> list[dict[str, Any]]:
+    """The pod volume of ``spec.modelCredentialsSecretRef``'s Secret, for a pod that runs
+    :func:`_pull_container` (none without one)."""
+    ref = cluster.model_credentials
+    if ref is None:
+        return []
+    return [{"name": MODEL_CREDENTIALS_VOLUME, "secret": {"secretName": ref.name}}]
+
+
 # A namespace LimitRange's maxLimitRequestRatio for memory, as Kubernetes' own example sets it
 # ("Configure Minimum and Maximum ... / limit-request ratio"): a limit at most twice the request.
 PULL_LIMIT_REQUEST_RATIO = 2
@@ -242,10 +254,12 @@ def _pull_resources(limit_gib: int) -> dict[str, dict[str, str]]:
 
 def _pull_container(cluster: s.ClusterSpec, models: list[str], env: list[dict[str, Any]]) -> dict[str, Any]:
     """``cosine models pull`` of ``models`` into the ``models`` volume (the CPU image: pulling needs
-    no GPU); the Hugging Face token, if any, reaches this container only. A model already there is
-    kept; a gated or unauthorised model fails it with that reason in its log."""
+    no GPU); the Hugging Face token and ``spec.modelCredentialsSecretRef``'s Secret (every key an
+    environment variable, and the Secret mounted at ``MODEL_CREDENTIALS_DIR``: its pod needs
+    :func:`_model_credentials_volumes`), if any, reach this container only. A model already there
+    is kept; a gated or unauthorised model fails it with that reason in its log."""
     image, policy = cluster.image.for_pod(s.RoleImage(), gpu=False)
-    return {
+    container: dict[str, Any] = {
         "name": "model-pull",
         "image": image,
         "imagePullPolicy": policy,
@@ -256,6 +270,12 @@ def _pull_container(cluster: s.ClusterSpec, models: list[str], env: list[dict[st
         "volumeMounts": [{"name": "models", "mountPath": MODEL_CACHE_DIR}],
         "securityContext": _restricted_container(),
     }
+    ref = cluster.model_credentials
+    if ref is not None:
+        container["envFrom"] = [{"secretRef": {"name": ref.name}}]
+        container["volumeMounts"].append({"name": MODEL_CREDENTIALS_VOLUME, "mountPath": s.MODEL_CREDENTIALS_DIR,
+                                          "readOnly": True})
+    return container
 
 
 # A role's container requests when its spec gives no `resources`: requests only (no limit), so its
@@ -322,6 +342,7 @@ def _pod_spec(
         # the download lands in the emptyDir: the pod's ephemeral storage, reserved here
         pull["resources"]["requests"]["ephemeral-storage"] = models_volume["emptyDir"]["sizeLimit"]
         spec["initContainers"] = [pull]
+        spec["volumes"] += _model_credentials_volumes(cluster)
     if shm:
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
         spec["volumes"].append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -669,10 +690,10 @@ def build_model_claim(name: str, namespace: str, cluster: s.ClusterSpec) -> Mani
 def build_model_job(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest | None:
     """Job ``N-models-<hash>`` (:func:`model_job_name`): ``cosine models pull`` of every model of the
     cluster (:func:`cluster_models`) into ``spec.modelCache``'s claim, before any pod that loads
-    them starts (reconcile waits for it to succeed); ``None`` without ``spec.modelCache``. Three
-    retries; its pods are kept for their logs."""
+    them starts (reconcile waits for it to succeed); ``None`` without ``spec.modelCache`` or with
+    ``prePopulated`` (the pods read the claim as it is). Three retries; its pods are kept for their logs."""
     cache = cluster.model_cache
-    if cache is None:
+    if cache is None or cache.pre_populated:
         return None
     models = cluster_models(cluster)
     pull = _pull_container(cluster, models, [{"name": "COSINE_CACHE", "value": MODEL_CACHE_DIR}])
@@ -685,8 +706,8 @@ def build_model_job(name: str, namespace: str, cluster: s.ClusterSpec) -> Manife
                 "automountServiceAccountToken": False,
                 "securityContext": _pod_security(),
                 "containers": [pull],
-                "volumes": [{"name": "models",
-                             "persistentVolumeClaim": {"claimName": model_claim_name(name, cache)}}],
+                "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": model_claim_name(name, cache)}},
+                            *_model_credentials_volumes(cluster)],
             },
         },
     }

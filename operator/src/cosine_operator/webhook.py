@@ -7,7 +7,8 @@ compatibility between each model drafter and the verifier (CEL cannot know model
 table is :data:`cosine_spec.settings.TOKENIZER_FAMILIES`), and
 the length of child names built from the object's name (CEL on ``spec`` cannot see
 ``metadata.name``), and verifier shapes vLLM cannot run (``spec.verifier.parallelism``: its ranks
-against the GPUs of a group, which CEL cannot read from the verbatim ``resources``).
+against the GPUs of a group, which CEL cannot read from the verbatim ``resources``), and model
+URIs of a scheme no puller serves (:func:`cosine_spec.settings.model_source_problems`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
     problems += s.parallelism_problems(cluster.verifier)
     problems += s.speculator_problems(cluster.verifier)
     problems += s.engine_args_problems(cluster.verifier)
+    problems += s.model_source_problems(cluster)
     longest = builders.verifier_name(name) + "-worker"  # a multi-node verifier's worker NetworkPolicy
     if cluster.verifier.nodes > 1 and len(longest) > MAX_NAME_LENGTH:
         problems.append(f"spec.verifier.parallelism.nodes: child name {longest!r} is {len(longest)} characters, "
@@ -82,7 +84,7 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
                 f"{field}.model: {pool.model!r} has no GGUF file for llama.cpp (this pool's engine: "
                 f"{'engine: llamacpp' if pool.engine else 'the default on a pod without nvidia.com/gpu'}); "
                 "name the model's GGUF repository (by convention '<repo>-GGUF' on the Hugging Face Hub) or "
-                f"a .gguf path, or set {field}.engine: vllm"
+                f"a .gguf path or s3:// or gs:// object, or set {field}.engine: vllm"
             )
     return problems + s.tokenizer_problems(cluster)
 

@@ -217,8 +217,9 @@ def _add_models_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         dest="models_command", required=True
     )
     pull = models.add_parser("pull", help="make models available offline (default: target and drafter)")
-    pull.add_argument("names", nargs="*", help=f"registry names, HF repo ids or local dirs (default: "
-                      f"{DEFAULT_TARGET} {DEFAULT_DRAFTER})")
+    pull.add_argument("names", nargs="*", help=f"registry names, HF repo ids, local dirs, or URIs: hf://OWNER/NAME"
+                      f"[@REVISION], s3://BUCKET/PREFIX, gs://BUCKET/PREFIX (credentials from the environment, "
+                      f"as the AWS and Google SDKs read it) (default: {DEFAULT_TARGET} {DEFAULT_DRAFTER})")
     pull.set_defaults(func=_models_pull)
     models.add_parser("list", help="known models and whether they are cached").set_defaults(func=_models_list)
 

