@@ -39,3 +39,28 @@ def test_all_pairs_of_children_are_visited_in_priority_order():
     tree = fuse([DraftPath("a", (1,), (0.2,)), DraftPath("b", (2,), (0.9,)), DraftPath("c", (3,), (0.5,))], 3)
     assert [tree.nodes[i].token_id for i in tree.children(-1)] == [2, 3, 1]
     assert list(itertools.chain.from_iterable(tree.path_of(n) for n in "abc")) == [0, 1, 2]
+
+
+def test_fused_chain_is_the_trees_chain_of_first_children():
+    """`fused_chain` (what the proposer verifies) equals following the token tree's first children,
+    on random drafts that share prefixes, tie and diverge."""
+    import random
+
+    from cosine.fusion import fused_chain
+
+    rng = random.Random(7)
+    for _ in range(300):
+        k = rng.randint(1, 6)
+        drafts = []
+        for n in range(rng.randint(1, 4)):
+            tokens = tuple(rng.choice((1, 2, 3)) for _ in range(rng.randint(0, k)))
+            drafts.append(DraftPath(f"d{n}", tokens, tuple(rng.choice((0.3, 0.5, 0.9)) for _ in tokens)))
+        weights = {d.drafter: rng.choice((0.5, 1.0)) for d in drafts}
+        tree = fuse(drafts, budget=k * len(drafts), weights=weights)
+        chain, winners, node = [], [], -1
+        while len(chain) < k and tree.children(node):
+            node = tree.children(node)[0]
+            chain.append(tree.nodes[node].token_id)
+            winners.append(tree.nodes[node].proposals[0].drafter)
+        got_chain, got_winners = fused_chain(drafts, k, weights)
+        assert list(got_chain) == chain and [w.drafter for w in got_winners] == winners, drafts

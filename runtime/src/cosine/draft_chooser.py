@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from cosine_spec.settings import SpeculationSpec
 
 from cosine import speculation_control as sc
-from cosine.fusion import DraftPath, fuse
+from cosine.fusion import DraftPath, fused_chain
 
 Counts = dict[str, tuple[float, float]]  # source -> decayed (accepted, predicted) tokens
 
@@ -92,26 +92,15 @@ class DraftChooser:
         """The chain of `paths` (candidates, each token's probability given the ones before it),
         at most `max_draft_len` long, the source of its first token and each token's path
         probability: one candidate as it is; several fused by confidence, `weights` (each
-        source's acceptance rate for the request) breaking ties (`fusion.fuse`)."""
+        source's acceptance rate for the request) breaking ties (`fusion.fused_chain`)."""
         k_max = self.speculation.max_draft_len
         if not paths:
             return (), "", ()
         if len(paths) == 1:
             return paths[0].token_ids[:k_max], paths[0].drafter, path_of(paths[0].confidences[:k_max])
-        tree = fuse(paths, budget=k_max * len(paths), weights=weights)
-        by_source = {p.drafter: p for p in paths}
-        chain, confs, node, source = [], [], -1, ""
-        while len(chain) < k_max:
-            children = tree.children(node)
-            if not children:
-                break
-            node = children[0]  # the first child is the most confident candidate at this position
-            if not chain:
-                source = tree.nodes[node].proposals[0].drafter
-            chain.append(tree.nodes[node].token_id)
-            winner = tree.nodes[node]
-            confs.append(by_source[winner.proposals[0].drafter].confidences[winner.depth - 1])
-        return tuple(chain), source, path_of(confs)
+        chain, winners = fused_chain(paths, k_max, weights)
+        confs = [w.confidences[i] for i, w in enumerate(winners)]
+        return chain, winners[0].drafter if winners else "", path_of(confs)
 
     def draft_len(self, state: sc.SpeculationState, path: Sequence[float], other_tokens: int,
                   num_requests: int) -> tuple[sc.SpeculationState, int]:

@@ -99,6 +99,45 @@ def token_score(confidence: float, weight: float) -> float:
     return math.sqrt(min(1.0, max(0.0, confidence)) * min(1.0, max(0.0, weight)))
 
 
+def fused_chain(drafts: Sequence[DraftPath], max_len: int,
+                weights: Mapping[str, float] | None = None) -> tuple[tuple[int, ...], tuple[DraftPath, ...]]:
+    """The chain of `fuse(drafts, budget, weights)`'s first children (the most confident candidate
+    per position, each continuing the chain before it), at most `max_len` long, with the draft that
+    wins each position (the node's best proposal): what the proposer verifies through vLLM, which
+    takes chains. Computed position by position over the drafts still agreeing with the chain,
+    without building the tree (equal to the tree's chain whenever `budget` keeps every node, as
+    the proposer's `max_len` x drafts does; ties go to the earlier draft, as in the tree).
+
+    Raises:
+        ValueError: a draft whose confidences do not match its tokens.
+    """
+    weights = weights or {}
+    for d in drafts:
+        if len(d.confidences) != len(d.token_ids):
+            raise ValueError(f"draft of {d.drafter}: {len(d.token_ids)} tokens but {len(d.confidences)} confidences")
+    alive = [(d, 1.0) for d in drafts]
+    chain: list[int] = []
+    winners: list[DraftPath] = []
+    for depth in range(max_len):
+        best: dict[int, tuple[float, DraftPath]] = {}  # token -> (its best path priority, that draft)
+        scored = []
+        for d, priority in alive:
+            if depth >= len(d.token_ids):
+                continue
+            p = priority * token_score(d.confidences[depth], weights.get(d.drafter, 1.0))
+            token = int(d.token_ids[depth])
+            scored.append((d, p, token))
+            if token not in best or p > best[token][0]:
+                best[token] = (p, d)
+        if not best:
+            break
+        token = max(best, key=lambda t: best[t][0])  # the first of equals: dicts keep first appearance
+        chain.append(token)
+        winners.append(best[token][1])
+        alive = [(d, p) for d, p, t in scored if t == token]
+    return tuple(chain), tuple(winners)
+
+
 def fuse(drafts: Sequence[DraftPath], budget: int, weights: Mapping[str, float] | None = None) -> TokenTree:
     """Merge drafts into a token tree of at most `budget` nodes (see the module docstring).
 

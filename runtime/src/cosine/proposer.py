@@ -279,6 +279,7 @@ class CoSineProposer:
         """
         base = sum(1 for _ in contexts)  # each request's pending token
         drafts: dict[str, list[int]] = {}
+        drafted = 0  # draft tokens given to the requests before this one (a running sum: O(1) per request)
         for rid, ctx in contexts.items():
             req = self._requests.get(rid)
             if req is None:
@@ -290,10 +291,11 @@ class CoSineProposer:
                 state = req.states.get(source) or self._initial_state(source, req.domain)
                 req.states[source], k = self.chooser.draft_len(
                     state, self.chooser.calibrated(source, req.domain, req.calibration, path),
-                    other_tokens=base - 1 + sum(len(d) for d in drafts.values()), num_requests=len(contexts))
+                    other_tokens=base - 1 + drafted, num_requests=len(contexts))
             if self.settings.max_model_len is not None:
                 k = min(k, max(0, self.settings.max_model_len - len(ctx) - 1))
             drafts[rid] = list(tokens[:k])
+            drafted += len(drafts[rid])
             if k:
                 req.unverified.pop(source, None)  # verified: its outcome is the engine's to report
             req.last_source = source if k else ""
