@@ -23,18 +23,20 @@ What serves, modelled step by step:
 - the operator's `autoscaling.desired_replicas` scales pools every `interval_s` on the series it
   scrapes (the proposers' counters, the pools' busy time).
 
-Modes: `target-only` (vLLM, no speculation); `cosine` (the proposer: prompt lookup if the setup
-has a `LookupModel`, and the pools); `vanilla` (a drafter co-located on the verifier drafts
-`max_draft_len` tokens for every request before each step: vLLM's draft-model speculation, whose
-k is fixed); `eagle3` (the same with a draft head inside the verifier, vLLM's `eagle3` method:
-its acceptance is the `eagle3` key of the `AcceptanceModel`, its forward per draft token
-`VerifierModel.colocated_draft_s`).
+Modes: `target-only` (vLLM, no speculation); `vanilla` (vLLM's own speculation: the engine's
+drafter, `SimSetup.engine_drafter`, drafts its fixed k for every request before each step: vLLM's
+`draft_model`, or `eagle3`/`mtp` with a head); `cosine` (the proposer, with every draft source the
+setup has: the engine's drafter as an `EngineSource` offered its drafts each step, as
+`vllm_hooks.CoSineScheduler.update_draft_token_ids` offers vLLM's; prompt lookup if the setup has
+a `LookupModel`; the pools). An engine drafter is paid for its k forwards over the whole batch
+every step, whichever draft the step verifies (its forward runs even where k = 0 wins).
 """
 
 from __future__ import annotations
 
 import random
 import statistics
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
@@ -51,10 +53,12 @@ from cosine.drafter import Draft, DraftBranch
 from cosine.pool_policy import PoolPolicy, assign_replica
 from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 from cosine.simulation.cost_models import AcceptanceModel
+from cosine.sources import DraftSource
+from cosine.sources.engine import EngineSource
 from cosine.sources.lookup import LOOKUP, LookupSource
 
-MODES = ("target-only", "vanilla", "eagle3", "cosine")
-EAGLE3 = "eagle3"  # the draft source name of an in-verifier draft head
+MODES = ("target-only", "vanilla", "cosine")
+EAGLE3 = "eagle3"  # the draft source name of an in-verifier draft head (vLLM's method)
 DRAFT_BYTES_PER_TOKEN = 8  # a draft token on the wire: its id and its confidence (no distribution)
 
 
@@ -98,17 +102,39 @@ class LookupModel:
 
 
 @dataclass(frozen=True)
+class EngineDrafterModel:
+    """The verifier engine's own drafter (vLLM's `eagle3`, `mtp` or `draft_model`): `name`, its
+    source name and its key in the `AcceptanceModel`; `k`, vLLM's `num_speculative_tokens` (fixed
+    when the engine starts: it drafts k tokens for every running request after every step);
+    `draft_token_s(batch)`, one draft token's forward for a batch of `batch` requests, seconds."""
+
+    name: str
+    k: int
+    draft_token_s: Callable[[int], float]
+
+    def step_s(self, batch: int) -> float:
+        """What the drafter adds to a step of `batch` decoding requests: k forwards over the batch."""
+        return self.k * self.draft_token_s(batch) if batch else 0.0
+
+
+@dataclass(frozen=True)
 class VerifierModel:
     """pass_s(tokens, kv_tokens) -> seconds of one engine step; max_batch_tokens: vLLM's
-    `max_num_batched_tokens`; max_requests: its `max_num_seqs`. `colocated_draft_s(batch)`: one
-    draft token for each of `batch` requests by a co-located drafter (vanilla mode)."""
+    `max_num_batched_tokens`; max_requests: its `max_num_seqs`. `sync_step_s`: what a step costs
+    more with vLLM's async scheduling off (its CPU work no longer overlaps the GPU's pass): paid by
+    every engine running speculation vLLM cannot overlap (`suffix`, `ngram`, a `custom_class`
+    proposer, CoSine's scheduler, which turns async scheduling off to receive the head's drafts),
+    not by target-only nor by vLLM's own `eagle3`/`mtp`/`draft_model` (`SimSetup.async_scheduling`).
+    `proposer_step_s(batch)`: the drafting plane's own CPU time per step of `batch` decoding
+    requests, on the step's critical path (cosine mode)."""
 
     pass_s: Callable[[int, int], float]
     replicas: int = 1
     max_batch_tokens: int = 2048
     max_requests: int = 256
     price_per_hour_usd: float = 0.0
-    colocated_draft_s: Callable[[int], float] = lambda batch: 0.0
+    sync_step_s: float = 0.0
+    proposer_step_s: Callable[[int], float] = lambda batch: 0.0
     # tokens of context each replica's prefix cache keeps after requests finish (vLLM's automatic
     # prefix caching in its free KV blocks, least recently used evicted); 0: not modelled
     prefix_cache_tokens: int = 0
@@ -173,6 +199,8 @@ class SimSetup:
     preemption: Preemption | None = None
     router: str = "shared"  # ROUTERS: how requests reach verifier replicas
     router_weights: RouterWeights = RouterWeights()  # the `affinity` router's scorer weights
+    engine_drafter: EngineDrafterModel | None = None  # the verifier engine's own drafter (a head, a draft model)
+    async_scheduling: bool = True  # vLLM's async scheduling on (False: each step pays `VerifierModel.sync_step_s`)
 
 
 # How requests reach the verifier replicas:
@@ -426,6 +454,11 @@ class SimResult:
     verifier_replicas: int = 1
     prompt_tokens: int = 0  # prompt tokens of the finished requests
     prefix_cached_tokens: int = 0  # ... of them found in the replica's prefix cache (not prefilled)
+    # MEASURED in this process, on this machine's CPU (wall seconds, not simulated time): the
+    # proposer's observe_step + propose over the run's steps (with the simulated sources' own
+    # work), and the steps it ran; the simulated clock charges `VerifierModel.proposer_step_s`
+    proposer_cpu_s: float = 0.0
+    proposer_steps: int = 0
 
     def summary(self) -> dict[str, float | int]:
         lat, tpot = sorted(self.latencies_s), sorted(self.tpot_s)
@@ -452,6 +485,7 @@ class SimResult:
             "scale_events": len(self.scale_events),
             "usd_per_million_tokens": self.gpu_cost_usd / self.tokens * 1e6 if self.tokens else 0.0,
             "prefix_cache_hit_fraction": self.prefix_cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            "proposer_cpu_ms_per_step": 1e3 * self.proposer_cpu_s / self.proposer_steps if self.proposer_steps else 0.0,
         }
 
 
@@ -487,7 +521,10 @@ class _Cluster:
         self.executor = SimExecutor(self.env)
         self.sim_pools = {p.name: _SimPool(p, self) for p in setup.pools}
         self.proposers: list[CoSineProposer] = []  # one per verifier replica, as each serving replica has its own
+        self.engines: list[EngineSource] = []  # each proposer's engine-drafter source (one per replica)
         if setup.mode == "cosine":
+            if setup.engine_drafter is not None:
+                self.engines = [EngineSource(setup.engine_drafter.name) for _ in range(setup.verifier.replicas)]
             settings = ProposerSettings(speculation=setup.speculation, control=setup.control,
                                         routing=setup.routing_settings, lookup=setup.lookup is not None,
                                         pool=setup.pool_policy)
@@ -496,12 +533,20 @@ class _Cluster:
                 CoSineProposer(settings, list(self.sim_pools.values()), expertise,
                                classify=lambda prompt: self.w.requests[prompt[0]].domain, clock=lambda: self.env.now,
                                seed=setup.seed + i, executor=self.executor,
-                               sources=[LookupSource(_SimLookup(setup.lookup, self))] if setup.lookup else [])
+                               sources=self._sources(i))
                 for i in range(setup.verifier.replicas)]
         self._counted = self._proposer_counts()  # the proposers' counters at the window's start
         self.window = self._new_window(list(self.pools))
         for p in setup.pools:
             self.out.replicas_timeline[p.name] = [(0.0, p.replicas)]
+
+    def _sources(self, replica: int) -> list[DraftSource]:
+        """A replica's proposer's local sources, as `cosine serve` builds them: the engine's own
+        drafter first (when the verifier runs one), then prompt lookup."""
+        out: list[DraftSource] = [self.engines[replica]] if self.engines else []
+        if self.s.lookup is not None:
+            out.append(LookupSource(_SimLookup(self.s.lookup, self)))
+        return out
 
     # ------------------------------------------------------------------ requests
     def _start(self, i: int, spec: RequestSpec) -> _Sequence:
@@ -616,7 +661,7 @@ class _Cluster:
         self.out.prefix_cached_tokens += max(0, cached)
 
     def _verifier(self, replica: int) -> simpy.events.ProcessGenerator:
-        s, v = self.s, self.s.verifier
+        v = self.s.verifier
         running = self.running[replica]
         proposer = self.proposers[replica] if self.proposers else None
         queue = self.queues[replica] if self.queues else self.waiting
@@ -631,8 +676,7 @@ class _Cluster:
             kv = sum(seq.spec.prompt_tokens - seq.prefill_left + seq.emitted for seq, _ in step)
             pass_s = v.pass_s(tokens, kv)
             decodes = [seq for seq, _ in step if seq.prefill_left == 0]
-            if s.mode in ("vanilla", EAGLE3) and decodes:  # the co-located drafter drafts before the step
-                pass_s += max(len(seq.draft) for seq in decodes) * v.colocated_draft_s(len(decodes))
+            pass_s += self._overheads_s(len(decodes))
             yield self.env.timeout(pass_s)
             self.out.verifier_busy_s += pass_s
             self.window["busy_s"] += pass_s
@@ -642,9 +686,24 @@ class _Cluster:
                 self.out.steps_with_draft += 1
             outcomes = [self._after_step(seq, n, running) for seq, n in step]
             if proposer is not None:
+                t0 = time.perf_counter()
                 proposer.observe_step(StepRecord(pass_s, tokens, tuple(o for o in outcomes if o is not None),
                                                  has_prefill=len(decodes) < len(step)))
+                self.out.proposer_cpu_s += time.perf_counter() - t0
+                self.out.proposer_steps += 1
             self._draft(running, proposer)
+
+    def _overheads_s(self, decodes: int) -> float:
+        """What a step of `decodes` decoding requests costs beyond the target's pass: the engine
+        drafter's k forwards over the batch (vanilla and cosine alike, whichever draft wins),
+        async scheduling off, and CoSine's proposer's own CPU time."""
+        s, v = self.s, self.s.verifier
+        out = 0.0 if s.async_scheduling else v.sync_step_s
+        if s.engine_drafter is not None and s.mode != "target-only":
+            out += s.engine_drafter.step_s(decodes)
+        if self.proposers and decodes:
+            out += v.proposer_step_s(decodes)
+        return out
 
     def _after_step(self, seq: _Sequence, n: int, running: list[_Sequence]) -> RequestOutcome | None:
         """The target's side of a step for one request: a prefill chunk, or its draft verified
@@ -679,20 +738,27 @@ class _Cluster:
         return outcome
 
     def _draft(self, running: list[_Sequence], proposer: CoSineProposer | None) -> None:
-        """The next step's drafts: CoSine's proposer itself (cosine), or the co-located drafter's
-        `max_draft_len` tokens for every request (vanilla: vLLM's draft-model speculation; eagle3:
-        its draft head)."""
+        """The next step's drafts. The engine's drafter (if any) drafts its k for every decoding
+        request; vanilla verifies that draft, cosine offers it to the proposer (as
+        `vllm_hooks.CoSineScheduler` does) and verifies what the proposer chooses."""
         decodes = [seq for seq in running if seq.prefill_left == 0]
-        if proposer is not None and decodes:
+        if not decodes:
+            return
+        head = self.s.engine_drafter
+        drafted = {seq.rid: seq.guess(seq.emitted, head.k, self.alpha(seq, head.name)) for seq in decodes} \
+            if head is not None and self.s.mode != "target-only" else {}
+        if proposer is not None:
+            if self.engines:
+                self.engines[decodes[0].replica].offer(drafted)
+            t0 = time.perf_counter()
             drafts = proposer.propose({seq.rid: seq.tokens for seq in decodes},
                                       {seq.rid: seq.spec.prompt_tokens for seq in decodes})
+            self.out.proposer_cpu_s += time.perf_counter() - t0  # with the simulated sources' own time
             for seq in decodes:
                 seq.draft, seq.source = drafts[seq.rid], proposer.source_of(seq.rid)
-        elif self.s.mode == EAGLE3 or self.s.mode == "vanilla" and self.pools:
-            name = EAGLE3 if self.s.mode == EAGLE3 else next(iter(self.pools))
+        elif head is not None:
             for seq in decodes:
-                seq.draft = seq.guess(seq.emitted, self.s.speculation.max_draft_len, self.alpha(seq, name))
-                seq.source = name
+                seq.draft, seq.source = drafted[seq.rid], head.name
 
     def _finish(self, seq: _Sequence) -> None:
         self.in_flight -= 1
