@@ -322,7 +322,7 @@ SPOT_TARGETS: dict[str, tuple[str, tuple[str, str] | None]] = {
 SPOT_SYSTEMS = ("target-only", "lookup", "eagle3", "eagle3-best", "cosine-head", "cosine", "cosine-spot")
 
 
-def spot_study(profiles: Profiles | None = None, concurrency: tuple[int, ...] = (16, 64), duration_s: float = 600.0,
+def spot_study(profiles: Profiles | None = None, concurrency: tuple[int, ...] = (16, 64), duration_s: float = 300.0,
                preemptions_per_replica_hour: float = 6.0, notice_s: float = 30.0, replacement_s: float = 120.0,
                pool_replicas: int = 2, targets: tuple[str, ...] | None = None, seed: int = 0) -> dict[str, Any]:
     """Drafter pools on spot capacity against the systems a user would pick instead, per target of
