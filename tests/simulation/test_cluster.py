@@ -168,3 +168,56 @@ def test_routers_keep_conversations_where_their_prefix_is_cached():
     assert seen["session"]["steps_with_draft_fraction"] > seen["random"]["steps_with_draft_fraction"]
     with pytest.raises(ValueError, match="router"):
         simulate(_routed("round-robin"), w)
+
+
+def _head(k=4, token_s=0.05):
+    from cosine.simulation.cluster import EAGLE3, EngineDrafterModel
+
+    return EngineDrafterModel(EAGLE3, k, lambda batch: token_s)
+
+
+def test_the_engines_drafter_is_a_source_inside_cosine(monkeypatch):
+    """EAGLE-3 is a source of `cosine`, not a mode beside it: every step its draft for each decoding
+    request is offered to the proposer (`EngineSource.offer`, as `vllm_hooks` does), the proposer
+    verifies what it chooses, and the head's k forwards are paid on every decode step whichever
+    draft wins. vLLM's own `eagle3` (mode `vanilla` with the head) verifies the head's k tokens."""
+    import dataclasses
+
+    from cosine.simulation.cluster import EAGLE3, LookupModel
+    from cosine.sources.engine import EngineSource
+
+    offered = []
+    offer = EngineSource.offer
+    monkeypatch.setattr(EngineSource, "offer", lambda self, drafts: offered.append(dict(drafts)) or offer(self, drafts))
+    reqs = (RequestSpec(0.0, 50, 40, "chat"),)
+    setup = dataclasses.replace(_flat_setup("cosine", lookup=LookupModel(0.5, 4)), engine_drafter=_head())
+    res = simulate(setup, Workload(reqs, 1))
+    assert res.tokens == 40 and len(offered) == res.passes - 1  # after every step but the last
+    assert all(len(d["r0"]) == 4 for d in offered)
+    assert res.by_source.get(EAGLE3) and res.accepted > 0
+    # the prefill step alone has no decode: 1 s; every decode step pays the head's 4 x 0.05 s
+    assert res.verifier_busy_s == pytest.approx(1.0 + 1.2 * (res.passes - 1))
+    vllm = simulate(dataclasses.replace(setup, mode="vanilla", lookup=None), Workload(reqs, 1))
+    assert set(vllm.by_source) == {EAGLE3} and vllm.draft_tokens == 4 * vllm.spec_steps
+    assert vllm.verifier_busy_s == pytest.approx(1.0 + 1.2 * (vllm.passes - 1))
+    without = simulate(dataclasses.replace(setup, engine_drafter=None), Workload(reqs, 1))
+    assert EAGLE3 not in without.by_source and without.verifier_busy_s == pytest.approx(without.passes)
+
+
+def test_async_scheduling_off_and_the_proposers_time_are_paid_per_step():
+    """A step with async scheduling off pays `sync_step_s`; a cosine step also pays the proposer's
+    time for its decoding requests; target-only keeps async scheduling and has no proposer."""
+    import dataclasses
+
+    from cosine.simulation.cluster import LookupModel
+
+    reqs = tuple(RequestSpec(0.0, 50, 10, "chat") for _ in range(2))
+    setup = _flat_setup("cosine", lookup=LookupModel(0.0, 4))
+    setup = dataclasses.replace(setup, async_scheduling=False, verifier=dataclasses.replace(
+        setup.verifier, sync_step_s=0.1, proposer_step_s=lambda batch: 0.01 * batch))
+    res = simulate(setup, Workload(reqs, 2))
+    decode_steps = res.passes - 1  # both prompts in one prefill step, then both decode together
+    assert res.verifier_busy_s == pytest.approx(1.1 + 1.12 * decode_steps)
+    assert res.summary()["proposer_cpu_ms_per_step"] > 0  # measured, wall time of this process
+    plain = simulate(dataclasses.replace(setup, mode="target-only", async_scheduling=True), Workload(reqs, 2))
+    assert plain.verifier_busy_s == pytest.approx(plain.passes)

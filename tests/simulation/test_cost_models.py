@@ -105,3 +105,21 @@ def test_eagle3_head_fraction_follows_the_measurement():
     assert 0.015 < f(1) <= f(64) <= f(128) < 0.035 and f(1000) == f(128)
     with pytest.raises(KeyError):
         eagle3_head_fraction("gpt-5")
+
+
+def test_the_proposers_own_time_follows_its_measurement():
+    """The proposer's CPU time per step is the measured one (`data/proposer_step_cost.json`), linear
+    between the measured batches and grows with the batch; lookup alone costs less than the
+    proposer with the engine's drafter and lookup."""
+    import json
+    from importlib import resources
+
+    from cosine.simulation.cost_models import lookup_step_s, proposer_step_s
+
+    raw = json.loads(resources.files("cosine.simulation").joinpath("data/proposer_step_cost.json").read_text())
+    f, g = proposer_step_s(), lookup_step_s()
+    for batch, s in raw["step_s"].items():
+        assert f(int(batch)) == pytest.approx(s)
+    assert f(16) < f(64) < f(128) < f(256)
+    assert all(g(b) < f(b) for b in (4, 16, 64))
+    assert f(40) == pytest.approx((raw["step_s"]["16"] + raw["step_s"]["64"]) / 2)

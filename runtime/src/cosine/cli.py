@@ -372,10 +372,9 @@ def _simulate(args: argparse.Namespace) -> int:
     unknown = [s for s in studies if s not in STUDIES]
     if unknown:
         raise ValueError(f"--studies: unknown {', '.join(unknown)}; choose from {','.join(STUDIES)}")
-    manifest_modes = [m for m in SIM_MODES if m != "eagle3"]  # eagle3's head is priced for the studies' shapes only
-    if args.mode is not None and args.mode not in manifest_modes:
-        raise ValueError(f"--mode: unknown {args.mode!r}; choose from {', '.join(manifest_modes)} "
-                         "(eagle3 runs in --studies paper,spot)")
+    if args.mode is not None and args.mode not in SIM_MODES:
+        raise ValueError(f"--mode: unknown {args.mode!r}; choose from {', '.join(SIM_MODES)} "
+                         "(a head, eagle3, runs in --studies paper,spot)")
     out = run_simulate(args.cluster, args.workload, args.trace, args.duration, args.request_rate, args.concurrency,
                        args.mode, studies, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,11 @@ What serves, modelled step by step:
   one and its pool calls run on a `SimExecutor` in simulated time, so routing, fusion, the draft
   length by path probability against the learnt pass curve, calibration, when and how much a pool
   is asked (`pool_policy.PoolPolicy`) and late drafts are the serving path's, not a copy;
-- what the proposer cannot tell from a model is simulated: the target's output (`_Sequence.truth`,
-  greedy: a draft is accepted up to its first token that is not the target's); prompt lookup
-  (`_SimLookup`: a draft on a share of steps, `LookupModel`); pools (`_SimPool`: replicas, each
+- what the proposer cannot tell from a model is simulated: the target's output
+  (`target.SimRequest`, greedy: a draft is accepted up to its first token that is not the
+  target's); the engine's own drafter (`setup.EngineDrafterModel`: k tokens for every decoding
+  request after every step); prompt lookup (`drafting.SimLookup`: a draft on a share of steps,
+  `LookupModel`); pools (`drafting.SimPool`: replicas, each
   `slots` requests at once behind a network (RTT, bandwidth), requests assigned for their lifetime
   by `pool_policy.assign_replica` as `ReplicaPool` does, drafts past the draft being verified and
   from its rejection points). Each draft token is the target's at the request's acceptance rate for
@@ -23,436 +25,54 @@ What serves, modelled step by step:
 - the operator's `autoscaling.desired_replicas` scales pools every `interval_s` on the series it
   scrapes (the proposers' counters, the pools' busy time).
 
-Modes: `target-only` (vLLM, no speculation); `cosine` (the proposer: prompt lookup if the setup
-has a `LookupModel`, and the pools); `vanilla` (a drafter co-located on the verifier drafts
-`max_draft_len` tokens for every request before each step: vLLM's draft-model speculation, whose
-k is fixed); `eagle3` (the same with a draft head inside the verifier, vLLM's `eagle3` method:
-its acceptance is the `eagle3` key of the `AcceptanceModel`, its forward per draft token
-`VerifierModel.colocated_draft_s`).
+Modes: `target-only` (vLLM, no speculation); `vanilla` (vLLM's own speculation: the engine's
+drafter, `SimSetup.engine_drafter`, drafts its fixed k for every request before each step: vLLM's
+`draft_model`, or `eagle3`/`mtp` with a head); `cosine` (the proposer, with every draft source the
+setup has: the engine's drafter as an `EngineSource` offered its drafts each step, as
+`vllm_hooks.CoSineScheduler.update_draft_token_ids` offers vLLM's; prompt lookup if the setup has
+a `LookupModel`; the pools). An engine drafter is paid for its k forwards over the whole batch
+every step, whichever draft the step verifies (its forward runs even where k = 0 wins).
+
+The simulator's inputs are `setup`'s (re-exported here), its drafters `drafting`'s, its output
+`results.SimResult`.
 """
 
 from __future__ import annotations
 
 import random
-import statistics
+import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
 
 import simpy
 from cosine_spec import autoscaling
 from cosine_spec.scaling_loop import ScalingLoop
-from cosine_spec.settings import RouterWeights, SpeculationSpec
 
-from cosine import routing, speculation_control
-from cosine.drafter import Draft, DraftBranch
-from cosine.pool_policy import PoolPolicy, assign_replica
 from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
-from cosine.simulation.cost_models import AcceptanceModel
-from cosine.sources.lookup import LOOKUP, LookupSource
+from cosine.simulation.drafting import SimExecutor, SimLookup, SimPool
+from cosine.simulation.results import SimResult
+from cosine.simulation.setup import (  # re-exported: the simulator's inputs, where they were
+    EAGLE3,
+    MODES,
+    ROUTERS,
+    EngineDrafterModel,
+    LookupModel,
+    PoolModel,
+    Preemption,
+    RequestSpec,
+    SimSetup,
+    VerifierModel,
+    Workload,
+    endpoint_score,
+)
+from cosine.simulation.target import SimRequest
+from cosine.sources import DraftSource
+from cosine.sources.engine import EngineSource
+from cosine.sources.lookup import LookupSource
 
-MODES = ("target-only", "vanilla", "eagle3", "cosine")
-EAGLE3 = "eagle3"  # the draft source name of an in-verifier draft head
-DRAFT_BYTES_PER_TOKEN = 8  # a draft token on the wire: its id and its confidence (no distribution)
-
-
-@dataclass(frozen=True)
-class PoolModel:
-    """A drafter pool: `slots` requests drafted at once per replica, `draft_token_s` per token per
-    request at that load, `catch_up_token_s` per unseen context token; the link to the verifier.
-    How many tokens a call drafts is the proposer's `PoolPolicy.ask`; whether a draft back in time
-    still continues the context follows from what the target accepted meanwhile (`_SimPool`)."""
-
-    name: str
-    expertise: tuple[str, ...]
-    replicas: int
-    min_replicas: int
-    max_replicas: int
-    draft_token_s: float
-    catch_up_token_s: float = 0.0
-    slots: int = 1
-    rtt_s: float = 0.0
-    bandwidth_bytes_per_s: float = 1.25e9
-    price_per_hour_usd: float = 0.0
-
-
-@dataclass(frozen=True)
-class LookupModel:
-    """Prompt lookup: on a decode step it finds a draft with probability `hit_rate`, of up to
-    `draft_tokens` tokens (acceptance: the `lookup` key of the `AcceptanceModel`); `per_domain`
-    overrides both for a domain: domain -> (hit_rate, draft_tokens). `seen_hit_factor`: the hit
-    rate's factor on a later turn of a conversation whose earlier turns this verifier replica
-    served (its global suffix tree holds their outputs; `Workload.sessions`)."""
-
-    hit_rate: float
-    draft_tokens: int
-    per_domain: dict[str, tuple[float, int]] = field(default_factory=dict)
-    seen_hit_factor: float = 1.0
-
-    def on(self, domain: str, seen: bool = False) -> tuple[float, int]:
-        """(hit rate, draft tokens) on a domain; `seen`: the replica served the conversation before."""
-        hit, tokens = self.per_domain.get(domain, (self.hit_rate, self.draft_tokens))
-        return (min(1.0, hit * self.seen_hit_factor), tokens) if seen else (hit, tokens)
-
-
-@dataclass(frozen=True)
-class VerifierModel:
-    """pass_s(tokens, kv_tokens) -> seconds of one engine step; max_batch_tokens: vLLM's
-    `max_num_batched_tokens`; max_requests: its `max_num_seqs`. `colocated_draft_s(batch)`: one
-    draft token for each of `batch` requests by a co-located drafter (vanilla mode)."""
-
-    pass_s: Callable[[int, int], float]
-    replicas: int = 1
-    max_batch_tokens: int = 2048
-    max_requests: int = 256
-    price_per_hour_usd: float = 0.0
-    colocated_draft_s: Callable[[int], float] = lambda batch: 0.0
-    # tokens of context each replica's prefix cache keeps after requests finish (vLLM's automatic
-    # prefix caching in its free KV blocks, least recently used evicted); 0: not modelled
-    prefix_cache_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    """One request. `session`: the conversation it is a turn of (-1: none); `history_tokens`:
-    the leading prompt tokens that are that conversation's earlier turns (a replica holding them
-    in its prefix cache prefills only the rest)."""
-
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    domain: str
-    session: int = -1
-    history_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class Workload:
-    """`requests` in arrival order; with `concurrency` set, a closed loop (arrival times ignored):
-    `concurrency` clients, each sending the next request when its last one completes; with
-    `sessions` too, each client takes a whole conversation and sends its turns in order."""
-
-    requests: tuple[RequestSpec, ...]
-    concurrency: int | None = None
-    sessions: bool = False
-
-
-@dataclass(frozen=True)
-class Preemption:
-    """Spot capacity under every pool: each ready replica is preempted at `per_replica_hour`
-    (Poisson), with `notice_s` of notice, and replaced after `replacement_s` (a new node and pod).
-    At the notice the replica drains as `drafter_service.drain` does: it takes no new calls, its
-    requests are re-homed at their next call (their whole context resent), the calls it holds
-    finish. Its price stops at the notice (the seconds it drains are not charged)."""
-
-    per_replica_hour: float
-    notice_s: float = 30.0
-    replacement_s: float = 120.0
-
-
-@dataclass(frozen=True)
-class SimSetup:
-    """speculation (the CRD's `spec.speculation`), control, pool_policy: the proposer's settings of
-    the same names (`proposer.ProposerSettings`)."""
-
-    mode: str
-    verifier: VerifierModel
-    pools: tuple[PoolModel, ...]
-    acceptance: AcceptanceModel
-    speculation: SpeculationSpec
-    routing_settings: routing.RoutingSettings = routing.RoutingSettings()
-    scaling: autoscaling.ScalingPolicy | None = None
-    interval_s: float = 30.0
-    pod_start_s: float = 30.0
-    lookup: LookupModel | None = None
-    pool_policy: PoolPolicy = PoolPolicy()
-    control: speculation_control.SpeculationSettings = speculation_control.SpeculationSettings()
-    seed: int = 0
-    preemption: Preemption | None = None
-    router: str = "shared"  # ROUTERS: how requests reach verifier replicas
-    router_weights: RouterWeights = RouterWeights()  # the `affinity` router's scorer weights
-
-
-# How requests reach the verifier replicas:
-# - shared: one queue every replica takes from when it has room (an ideal balancer, no affinity);
-# - random: each request to a replica drawn at random (a Service's kube-proxy, a client that
-#   reconnects per request);
-# - session: every turn of a conversation to the replica of its first turn (drawn at random);
-# - affinity: the endpoint picker's weighted scorers (`RouterWeights`, `endpoint_score`), the
-#   highest score taken.
-ROUTERS = ("shared", "random", "session", "affinity")
-
-
-def endpoint_score(weights: RouterWeights, prefix_hit: float, same_session: bool, suffix_hit_rate: float,
-                   queue_score: float, kv_free: float) -> float:
-    """A replica's score as the Gateway API Inference Extension's endpoint picker sums its scorers
-    (each in [0, 1], weighted: `spec.router.weights`): prefix-cache (the share of the prompt the
-    replica's cache holds), session-affinity (1 on the session's last replica), CoSine's
-    `cosine_suffix_tree_hit_rate` through the metric scorer (linear on [0, 1]), queue (the
-    emptiest waiting queue 1, the fullest 0) and KV-cache utilisation (free share)."""
-    return (weights.prefix_cache * prefix_hit + weights.session_affinity * same_session
-            + weights.suffix_affinity * suffix_hit_rate + weights.queue * queue_score
-            + weights.kv_cache_utilization * kv_free)
-
-
-TRUTH_IDS = 1 << 30  # the target's tokens are drawn from [0, TRUTH_IDS); a missed guess is -1, never the target's
-
-
-@dataclass
-class _Sequence:
-    """One request as vLLM's scheduler holds it, and what the simulated target will emit: `truth`,
-    its greedy output (drawn as needed), and per draft source the request's per-token acceptance
-    rate (drawn once from the `AcceptanceModel`). `tokens` is what the proposer sees: the prompt
-    (its first id names the request, for the proposer's `classify`) and the output so far."""
-
-    rid: str
-    spec: RequestSpec
-    arrival_s: float
-    prefill_left: int
-    tokens: list[int]
-    rng: random.Random
-    truth: list[int] = field(default_factory=list)
-    alphas: dict[str, float] = field(default_factory=dict)
-    emitted: int = 0
-    draft: list[int] = field(default_factory=list)  # the draft scheduled with its next step
-    source: str = ""  # the draft's source
-    replica: int = 0  # the verifier replica running it
-    first_token_s: float | None = None
-    done: simpy.Event | None = None
-
-    def target_token(self, position: int) -> int:
-        """The target's output token at output `position` (0 = the first generated)."""
-        while len(self.truth) <= position:
-            self.truth.append(self.rng.randrange(TRUTH_IDS))
-        return self.truth[position]
-
-    def guess(self, start: int, n: int, alpha: float, aligned: bool = True) -> list[int]:
-        """A drafter's `n` tokens for output positions `start`, ...: each the target's with
-        probability `alpha` while every one before it was (an `aligned` start: the drafter's context
-        is the target's), after the first miss nothing more is (i.i.d. acceptance, Leviathan et al.
-        2023, arXiv:2211.17192, §3.1)."""
-        out = []
-        for j in range(start, start + n):
-            aligned = aligned and self.rng.random() < alpha
-            out.append(self.target_token(j) if aligned else -1)
-        return out
-
-    def verify(self, draft: Sequence[int]) -> int:
-        """Draft tokens the target accepts: the longest prefix that is its own output (greedy)."""
-        n = 0
-        while n < len(draft) and draft[n] == self.target_token(self.emitted + n):
-            n += 1
-        return n
-
-
-class SimExecutor(Executor):
-    """`CoSineProposer`'s pool-call executor in simulated time. A submitted call runs at once (at
-    the ask: the simulated pool computes its draft from the context it was sent) and registers its
-    simulated work (`defer`); its future resolves when that work has elapsed, so the proposer finds
-    the draft arrived (or still in flight) and learns the round trip as it does over gRPC."""
-
-    def __init__(self, env: simpy.Environment) -> None:
-        self.env = env
-        self._work: list[simpy.events.ProcessGenerator] = []
-
-    def defer(self, work: simpy.events.ProcessGenerator) -> None:
-        """Simulated time the running call takes (a SimPy generator), before its future resolves."""
-        self._work.append(work)
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
-        fut: Future = Future()
-        fut.set_running_or_notify_cancel()
-        self._work = []
-        try:
-            result, error = fn(*args, **kwargs), None
-        except Exception as e:  # noqa: BLE001 - delivered through the future, as a thread pool does
-            result, error = None, e
-        self.env.process(self._finish(fut, self._work, result, error))
-        self._work = []
-        return fut
-
-    def _finish(self, fut: Future, work: list, result: Any, error: Exception | None) -> simpy.events.ProcessGenerator:
-        for w in work:
-            yield from w
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
-
-
-class _SimLookup:
-    """Prompt lookup as `lookup.SuffixLookup`'s interface: on a share `hit_rate` of calls it finds a
-    draft of up to `draft_tokens`, each token the target's at the request's lookup acceptance rate;
-    its path probabilities are the domain's mean rate compounded (the tree's counts would be the
-    request's own: the proposer's per-request calibration learns the difference, as it does live)."""
-
-    def __init__(self, model: LookupModel, cluster: _Cluster) -> None:
-        self.model, self.cluster = model, cluster
-
-    def start(self, request_id: str, prompt: Sequence[int]) -> None:
-        pass
-
-    def propose(self, request_id: str, context: Sequence[int], max_tokens: int) -> tuple[list[int], list[float]]:
-        seq = self.cluster.seqs[request_id]
-        hit_rate, draft_tokens = self.model.on(seq.spec.domain, self.cluster.seen_by(seq))
-        if max_tokens <= 0:
-            return [], []
-        hit = seq.rng.random() < hit_rate
-        self.cluster.observe_lookup(seq.replica, hit)
-        if not hit:
-            return [], []
-        n = min(max_tokens, draft_tokens)
-        mean = self.cluster.s.acceptance.mean(LOOKUP, seq.spec.domain)
-        tokens = seq.guess(len(context) - seq.spec.prompt_tokens, n, self.cluster.alpha(seq, LOOKUP))
-        return tokens, [mean ** (i + 1) for i in range(n)]
-
-    def release(self, request_id: str) -> None:
-        pass
-
-
-class _SimPool:
-    """A drafter pool as the proposer calls it (`drafter.Drafter`, like `ReplicaPool`): each
-    request assigned to one replica for its lifetime (`pool_policy.assign_replica`; a request whose
-    replica was removed is re-homed and sends its whole context again), a call queued for one of the
-    replica's `slots`, then drafting. Its draft continues the context past `expected` (the draft the
-    verifier checks meanwhile) and branches at `expected`'s rejection points where the pool's own
-    guess differs (PEARL's post-verify drafting); confidences are the pool's mean acceptance on
-    the domain. No replica: `RuntimeError`, as `ReplicaPool` raises."""
-
-    def __init__(self, model: PoolModel, cluster: _Cluster) -> None:
-        self.model, self.name, self.cluster = model, model.name, cluster
-        env = cluster.env
-        self.slots = [simpy.Container(env, capacity=model.slots, init=model.slots) for _ in range(model.replicas)]
-        self.active = list(range(model.replicas))  # the replicas taking requests
-        self.held: dict[str, int] = {}  # replica -> requests assigned to it
-        self.home: dict[str, int] = {}  # request -> its replica
-        self.seen: dict[str, int] = {}  # request -> context tokens its replica holds
-        self.calls: list[int] = []  # draft calls per replica
-
-    def propose(self, request_id: str, context_ids: Sequence[int], max_tokens: int, *, min_confidence: float = 0.0,
-                expected: Sequence[int] = (), max_branches: int = 0) -> Draft:
-        replica = self._replica_of(request_id)
-        seq = self.cluster.seqs[request_id]
-        alpha = self.cluster.alpha(seq, self.name)
-        conf = self.cluster.s.acceptance.mean(self.name, seq.spec.domain)
-        start = len(context_ids) - seq.spec.prompt_tokens  # output position the draft starts at
-        ok = 0  # expected tokens that are the target's
-        while ok < len(expected) and expected[ok] == seq.target_token(start + ok):
-            ok += 1
-        k = max_tokens if conf >= min_confidence else 0
-        main = tuple(seq.guess(start + len(expected), k, alpha, aligned=ok == len(expected)))
-        branches = []
-        for j in range(min(ok + 1, len(expected))):  # where the pool's guess differs from `expected`
-            if len(branches) >= max_branches or not k:
-                break
-            right = seq.rng.random() < alpha
-            if j < ok and right or j == ok and not right:
-                continue  # it agrees with the verified token (or misses the target's as `expected` does)
-            tokens = (seq.target_token(start + j) if right else -1, *seq.guess(start + j + 1, k - 1, alpha, right))
-            branches.append(DraftBranch(j, tokens, (conf,) * k))
-        drafted = len(main) + sum(len(b.token_ids) for b in branches)
-        self.cluster.executor.defer(self._work(request_id, replica, len(context_ids), drafted))
-        return Draft(main, (conf,) * len(main), self.name, 0.0, len(expected), tuple(branches))
-
-    def release(self, request_id: str) -> None:
-        home = self.home.pop(request_id, None)
-        self.seen.pop(request_id, None)
-        if home is not None:
-            self.held[str(home)] -= 1
-
-    def _replica_of(self, rid: str) -> int:
-        home = self.home.get(rid)
-        if home is not None and home in self.active:
-            return home
-        if not self.active:
-            raise RuntimeError(f"pool {self.name!r} has no replica to draft on")
-        if home is not None:
-            self.held[str(home)] -= 1
-            self.seen[rid] = 0
-            self.cluster.out.rehomes += 1
-            self.cluster.out.rehomed_requests.add(rid)
-        new = int(assign_replica(self.held, [str(i) for i in self.active]))  # type: ignore[arg-type]
-        self.held[str(new)] = self.held.get(str(new), 0) + 1
-        self.home[rid] = new
-        return new
-
-    def _work(self, rid: str, replica: int, ctx_len: int, drafted: int) -> simpy.events.ProcessGenerator:
-        p, env = self.model, self.cluster.env
-        unseen = ctx_len - self.seen.get(rid, 0)
-        yield env.timeout(p.rtt_s / 2 + 4 * unseen / p.bandwidth_bytes_per_s)  # the context delta: token ids
-        slots = self.slots[replica]
-        yield slots.get(1)
-        work_s = unseen * p.catch_up_token_s + drafted * p.draft_token_s
-        yield env.timeout(work_s)
-        yield slots.put(1)
-        w = self.cluster.window  # the interval's, when the work ends
-        w["pool_busy_s"][p.name] += work_s
-        w["rounds"][p.name] += 1
-        w["drafted"][p.name] += drafted
-        self.calls.extend([0] * (replica + 1 - len(self.calls)))
-        self.calls[replica] += 1
-        if rid in self.home:
-            self.seen[rid] = ctx_len
-        yield env.timeout(p.rtt_s / 2 + drafted * DRAFT_BYTES_PER_TOKEN / p.bandwidth_bytes_per_s)
-
-
-@dataclass
-class SimResult:
-    """Per-request latencies and cluster counters; `summary()` for the JSON."""
-
-    latencies_s: list[float] = field(default_factory=list)
-    ttft_s: list[float] = field(default_factory=list)
-    tpot_s: list[float] = field(default_factory=list)  # per request: (latency - TTFT) / (output tokens - 1)
-    tokens: int = 0
-    makespan_s: float = 0.0
-    verifier_busy_s: float = 0.0
-    passes: int = 0
-    steps_with_draft: int = 0
-    draft_tokens: int = 0
-    accepted: int = 0
-    spec_steps: int = 0
-    drafts_late: int = 0
-    rehomes: int = 0  # requests moved to another replica of a pool (theirs was removed)
-    preemptions: int = 0  # pool replicas preempted (`Preemption`)
-    rehomed_requests: set[str] = field(default_factory=set)  # requests that were re-homed at least once
-    replica_calls: dict[str, list[int]] = field(default_factory=dict)  # pool -> draft calls per replica
-    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafts, draft tokens, accepted]
-    replicas_timeline: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
-    scale_events: list[tuple[float, str, int, int]] = field(default_factory=list)
-    conditions: list[tuple[float, str, str, str]] = field(default_factory=list)  # (t, pool, condition, reason)
-    gpu_cost_usd: float = 0.0
-    verifier_replicas: int = 1
-    prompt_tokens: int = 0  # prompt tokens of the finished requests
-    prefix_cached_tokens: int = 0  # ... of them found in the replica's prefix cache (not prefilled)
-
-    def summary(self) -> dict[str, float | int]:
-        lat, tpot = sorted(self.latencies_s), sorted(self.tpot_s)
-        return {
-            "requests": len(lat),
-            "tokens": self.tokens,
-            "throughput_tok_s": self.tokens / self.makespan_s if self.makespan_s else 0.0,
-            "latency_p50_s": statistics.median(lat) if lat else 0.0,
-            "latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else 0.0,
-            "ttft_p50_s": statistics.median(self.ttft_s) if self.ttft_s else 0.0,
-            "tpot_p50_s": statistics.median(tpot) if tpot else 0.0,
-            "tpot_p99_s": tpot[min(len(tpot) - 1, int(0.99 * len(tpot)))] if tpot else 0.0,
-            "mean_accepted_per_step": self.accepted / self.spec_steps if self.spec_steps else 0.0,
-            "draft_tokens": self.draft_tokens,
-            "acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else 0.0,
-            "steps_with_draft_fraction": self.steps_with_draft / self.passes if self.passes else 0.0,
-            "verifier_step_s": self.verifier_busy_s / self.passes if self.passes else 0.0,
-            "drafts_late": self.drafts_late,
-            "rehomes": self.rehomes,
-            "preemptions": self.preemptions,
-            "rehomed_requests": len(self.rehomed_requests),
-            "verifier_utilization": self.verifier_busy_s / (self.makespan_s * self.verifier_replicas)
-            if self.makespan_s else 0.0,
-            "scale_events": len(self.scale_events),
-            "usd_per_million_tokens": self.gpu_cost_usd / self.tokens * 1e6 if self.tokens else 0.0,
-            "prefix_cache_hit_fraction": self.prefix_cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
-        }
+__all__ = ["EAGLE3", "MODES", "ROUTERS", "EngineDrafterModel", "LookupModel", "PoolModel", "Preemption",
+           "RequestSpec", "SimExecutor", "SimResult", "SimSetup", "VerifierModel", "Workload", "endpoint_score",
+           "poisson_requests", "simulate"]
 
 
 class _Cluster:
@@ -468,16 +88,16 @@ class _Cluster:
         if setup.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {setup.router!r}")
         replicas = setup.verifier.replicas
-        self.waiting: list[_Sequence] = []  # vLLM's waiting queue, shared by the replicas (router `shared`)
+        self.waiting: list[SimRequest] = []  # vLLM's waiting queue, shared by the replicas (router `shared`)
         # else one waiting queue per replica, filled by the router
-        self.queues: list[list[_Sequence]] = [[] for _ in range(replicas)] if setup.router != "shared" else []
-        self.running: list[list[_Sequence]] = [[] for _ in range(replicas)]
+        self.queues: list[list[SimRequest]] = [[] for _ in range(replicas)] if setup.router != "shared" else []
+        self.running: list[list[SimRequest]] = [[] for _ in range(replicas)]
         self.prefix_cache: list[OrderedDict[int, int]] = [OrderedDict() for _ in range(replicas)]  # session -> tokens
         self.seen: list[set[int]] = [set() for _ in range(replicas)]  # sessions whose outputs a replica's tree holds
         self.last_replica: dict[int, int] = {}  # session -> the replica of its last turn
-        self.suffix_hit_rate = [0.0] * replicas  # each replica's cosine_suffix_tree_hit_rate (EMA)
+        self.suffix_hit_rate = [0.0] * replicas  # each replica's cosine:suffix_tree_hit_rate (EMA)
         self.route_rng = random.Random(f"{setup.seed}/router")
-        self.seqs: dict[str, _Sequence] = {}  # request id -> the request, while it runs
+        self.seqs: dict[str, SimRequest] = {}  # request id -> the request, while it runs
         self.in_flight = 0
         self.idle_verifiers: list[simpy.Event] = []  # one wake-up event per idle verifier replica
         self.all_done = self.env.event()
@@ -485,9 +105,13 @@ class _Cluster:
         self.replicas = {p.name: p.replicas for p in setup.pools}
         self.pods_ready = dict(self.replicas)  # replicas whose pods have started
         self.executor = SimExecutor(self.env)
-        self.sim_pools = {p.name: _SimPool(p, self) for p in setup.pools}
+        self.acceptance = setup.acceptance
+        self.sim_pools = {p.name: SimPool(p, self) for p in setup.pools}
         self.proposers: list[CoSineProposer] = []  # one per verifier replica, as each serving replica has its own
+        self.engines: list[EngineSource] = []  # each proposer's engine-drafter source (one per replica)
         if setup.mode == "cosine":
+            if setup.engine_drafter is not None:
+                self.engines = [EngineSource(setup.engine_drafter.name) for _ in range(setup.verifier.replicas)]
             settings = ProposerSettings(speculation=setup.speculation, control=setup.control,
                                         routing=setup.routing_settings, lookup=setup.lookup is not None,
                                         pool=setup.pool_policy)
@@ -496,16 +120,24 @@ class _Cluster:
                 CoSineProposer(settings, list(self.sim_pools.values()), expertise,
                                classify=lambda prompt: self.w.requests[prompt[0]].domain, clock=lambda: self.env.now,
                                seed=setup.seed + i, executor=self.executor,
-                               sources=[LookupSource(_SimLookup(setup.lookup, self))] if setup.lookup else [])
+                               sources=self._sources(i))
                 for i in range(setup.verifier.replicas)]
         self._counted = self._proposer_counts()  # the proposers' counters at the window's start
         self.window = self._new_window(list(self.pools))
         for p in setup.pools:
             self.out.replicas_timeline[p.name] = [(0.0, p.replicas)]
 
+    def _sources(self, replica: int) -> list[DraftSource]:
+        """A replica's proposer's local sources, as `cosine serve` builds them: the engine's own
+        drafter first (when the verifier runs one), then prompt lookup."""
+        out: list[DraftSource] = [self.engines[replica]] if self.engines else []
+        if self.s.lookup is not None:
+            out.append(LookupSource(SimLookup(self.s.lookup, self)))
+        return out
+
     # ------------------------------------------------------------------ requests
-    def _start(self, i: int, spec: RequestSpec) -> _Sequence:
-        seq = _Sequence(f"r{i}", spec, self.env.now, spec.prompt_tokens, [i] + [0] * (spec.prompt_tokens - 1),
+    def _start(self, i: int, spec: RequestSpec) -> SimRequest:
+        seq = SimRequest(f"r{i}", spec, self.env.now, spec.prompt_tokens, [i] + [0] * (spec.prompt_tokens - 1),
                         random.Random(f"{self.s.seed}/{i}"), done=self.env.event())
         self.seqs[seq.rid] = seq
         self.in_flight += 1
@@ -519,7 +151,7 @@ class _Cluster:
         self.idle_verifiers = []
         return seq
 
-    def _route(self, seq: _Sequence) -> int:
+    def _route(self, seq: SimRequest) -> int:
         """The replica a request is sent to (`SimSetup.router`)."""
         n, session = len(self.queues), seq.spec.session
         if self.s.router == "random":
@@ -542,7 +174,7 @@ class _Cluster:
         best = max(scores)
         return self.route_rng.choice([r for r, x in enumerate(scores) if x == best])
 
-    def seen_by(self, seq: _Sequence) -> bool:
+    def seen_by(self, seq: SimRequest) -> bool:
         """Whether the request's replica served an earlier turn of its conversation."""
         return seq.spec.session >= 0 and seq.spec.session in self.seen[seq.replica]
 
@@ -570,14 +202,31 @@ class _Cluster:
             assert seq.done is not None
             yield seq.done
 
-    def alpha(self, seq: _Sequence, source: str) -> float:
+    # ------------------------------------------------------------------ what the modelled drafters see (`World`)
+    def request(self, request_id: str) -> SimRequest:
+        """The running request of that id."""
+        return self.seqs[request_id]
+
+    def rehomed(self, request_id: str) -> None:
+        """A pool re-homed the request (its replica was removed)."""
+        self.out.rehomes += 1
+        self.out.rehomed_requests.add(request_id)
+
+    def pool_work(self, pool: str, work_s: float, drafted: int) -> None:
+        """A pool's call finished `work_s` seconds of work, `drafted` tokens: the interval's counters."""
+        w = self.window
+        w["pool_busy_s"][pool] += work_s
+        w["rounds"][pool] += 1
+        w["drafted"][pool] += drafted
+
+    def alpha(self, seq: SimRequest, source: str) -> float:
         """The request's per-token acceptance rate for a draft source (drawn once)."""
         if source not in seq.alphas:
             seq.alphas[source] = self.s.acceptance.sample(source, seq.spec.domain, seq.rng)
         return seq.alphas[source]
 
     # ------------------------------------------------------------------ verifier (vLLM's scheduler)
-    def _schedule(self, running: list[_Sequence], replica: int) -> list[tuple[_Sequence, int]]:
+    def _schedule(self, running: list[SimRequest], replica: int) -> list[tuple[SimRequest, int]]:
         """One engine step: running requests first (pending token + draft, or the next prefill
         chunk), then waiting ones admitted while the token budget and `max_requests` allow."""
         v = self.s.verifier
@@ -603,7 +252,7 @@ class _Cluster:
             budget -= n
         return step
 
-    def _use_prefix_cache(self, seq: _Sequence, replica: int) -> None:
+    def _use_prefix_cache(self, seq: SimRequest, replica: int) -> None:
         """A request admitted on `replica` prefills only what the replica's prefix cache lacks of its
         conversation's history (vLLM's automatic prefix caching; at least its last token is computed)."""
         spec = seq.spec
@@ -616,7 +265,7 @@ class _Cluster:
         self.out.prefix_cached_tokens += max(0, cached)
 
     def _verifier(self, replica: int) -> simpy.events.ProcessGenerator:
-        s, v = self.s, self.s.verifier
+        v = self.s.verifier
         running = self.running[replica]
         proposer = self.proposers[replica] if self.proposers else None
         queue = self.queues[replica] if self.queues else self.waiting
@@ -631,8 +280,7 @@ class _Cluster:
             kv = sum(seq.spec.prompt_tokens - seq.prefill_left + seq.emitted for seq, _ in step)
             pass_s = v.pass_s(tokens, kv)
             decodes = [seq for seq, _ in step if seq.prefill_left == 0]
-            if s.mode in ("vanilla", EAGLE3) and decodes:  # the co-located drafter drafts before the step
-                pass_s += max(len(seq.draft) for seq in decodes) * v.colocated_draft_s(len(decodes))
+            pass_s += self._overheads_s(len(decodes))
             yield self.env.timeout(pass_s)
             self.out.verifier_busy_s += pass_s
             self.window["busy_s"] += pass_s
@@ -642,11 +290,26 @@ class _Cluster:
                 self.out.steps_with_draft += 1
             outcomes = [self._after_step(seq, n, running) for seq, n in step]
             if proposer is not None:
+                t0 = time.perf_counter()
                 proposer.observe_step(StepRecord(pass_s, tokens, tuple(o for o in outcomes if o is not None),
                                                  has_prefill=len(decodes) < len(step)))
+                self.out.proposer_cpu_s += time.perf_counter() - t0
+                self.out.proposer_steps += 1
             self._draft(running, proposer)
 
-    def _after_step(self, seq: _Sequence, n: int, running: list[_Sequence]) -> RequestOutcome | None:
+    def _overheads_s(self, decodes: int) -> float:
+        """What a step of `decodes` decoding requests costs beyond the target's pass: the engine
+        drafter's k forwards over the batch (vanilla and cosine alike, whichever draft wins),
+        async scheduling off, and CoSine's proposer's own CPU time."""
+        s, v = self.s, self.s.verifier
+        out = 0.0 if s.async_scheduling else v.sync_step_s
+        if s.engine_drafter is not None and s.mode != "target-only":
+            out += s.engine_drafter.step_s(decodes)
+        if self.proposers and decodes:
+            out += v.proposer_step_s(decodes)
+        return out
+
+    def _after_step(self, seq: SimRequest, n: int, running: list[SimRequest]) -> RequestOutcome | None:
         """The target's side of a step for one request: a prefill chunk, or its draft verified
         (accepted prefix plus the target's own token)."""
         outcome = None
@@ -678,23 +341,30 @@ class _Cluster:
             self._finish(seq)
         return outcome
 
-    def _draft(self, running: list[_Sequence], proposer: CoSineProposer | None) -> None:
-        """The next step's drafts: CoSine's proposer itself (cosine), or the co-located drafter's
-        `max_draft_len` tokens for every request (vanilla: vLLM's draft-model speculation; eagle3:
-        its draft head)."""
+    def _draft(self, running: list[SimRequest], proposer: CoSineProposer | None) -> None:
+        """The next step's drafts. The engine's drafter (if any) drafts its k for every decoding
+        request; vanilla verifies that draft, cosine offers it to the proposer (as
+        `vllm_hooks.CoSineScheduler` does) and verifies what the proposer chooses."""
         decodes = [seq for seq in running if seq.prefill_left == 0]
-        if proposer is not None and decodes:
+        if not decodes:
+            return
+        head = self.s.engine_drafter
+        drafted = {seq.rid: seq.guess(seq.emitted, head.k, self.alpha(seq, head.name)) for seq in decodes} \
+            if head is not None and self.s.mode != "target-only" else {}
+        if proposer is not None:
+            if self.engines:
+                self.engines[decodes[0].replica].offer(drafted)
+            t0 = time.perf_counter()
             drafts = proposer.propose({seq.rid: seq.tokens for seq in decodes},
                                       {seq.rid: seq.spec.prompt_tokens for seq in decodes})
+            self.out.proposer_cpu_s += time.perf_counter() - t0  # with the simulated sources' own time
             for seq in decodes:
                 seq.draft, seq.source = drafts[seq.rid], proposer.source_of(seq.rid)
-        elif self.s.mode == EAGLE3 or self.s.mode == "vanilla" and self.pools:
-            name = EAGLE3 if self.s.mode == EAGLE3 else next(iter(self.pools))
+        elif head is not None:
             for seq in decodes:
-                seq.draft = seq.guess(seq.emitted, self.s.speculation.max_draft_len, self.alpha(seq, name))
-                seq.source = name
+                seq.draft, seq.source = drafted[seq.rid], head.name
 
-    def _finish(self, seq: _Sequence) -> None:
+    def _finish(self, seq: SimRequest) -> None:
         self.in_flight -= 1
         self.out.latencies_s.append(self.env.now - seq.arrival_s)
         self.out.ttft_s.append((seq.first_token_s or self.env.now) - seq.arrival_s)
@@ -806,8 +476,7 @@ class _Cluster:
             self.env.process(self._add_replicas(name, desired - current))
         else:  # the newest replicas leave; their requests are re-homed at their next call
             for _ in range(current - desired):
-                if self.sim_pools[name].active:
-                    self.sim_pools[name].active.pop()
+                if self.sim_pools[name].remove_replica():
                     self.pods_ready[name] -= 1
 
     def _preemptions(self, name: str, pre: Preemption) -> simpy.events.ProcessGenerator:
@@ -817,9 +486,8 @@ class _Cluster:
         pool = self.sim_pools[name]
         while True:
             yield self.env.timeout(rng.expovariate(pre.per_replica_hour / 3600 * max(1, self.pods_ready[name])))
-            if not pool.active:
+            if not pool.remove_replica(rng):  # drained: its requests re-home at their next call
                 continue
-            pool.active.remove(rng.choice(pool.active))  # drained: its requests re-home at their next call
             self.pods_ready[name] -= 1
             self.out.preemptions += 1
             self.out.replicas_timeline[name].append((self.env.now, self.pods_ready[name]))  # charged: ready pods
@@ -829,10 +497,9 @@ class _Cluster:
     def _add_replicas(self, name: str, count: int, delay_s: float | None = None,
                       timeline: bool = False) -> simpy.events.ProcessGenerator:
         yield self.env.timeout(self.s.pod_start_s if delay_s is None else delay_s)  # a new pod pulls, loads, is ready
-        p, pool = self.pools[name], self.sim_pools[name]
+        pool = self.sim_pools[name]
         for _ in range(count):  # once ready, the proposer's next re-resolve finds it
-            pool.slots.append(simpy.Container(self.env, capacity=p.slots, init=p.slots))
-            pool.active.append(len(pool.slots) - 1)
+            pool.add_replica()
             self.pods_ready[name] += 1
         if timeline:  # a replacement is charged from when it is ready
             self.out.replicas_timeline[name].append((self.env.now, self.pods_ready[name]))

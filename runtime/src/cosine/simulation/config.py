@@ -6,7 +6,7 @@ section says what Kubernetes would know from node labels: which hardware each ro
 the network. Example (`cosine/simulation/default_cluster.yaml`):
 
     simulation:
-      mode: cosine                      # target-only | vanilla | cosine
+      mode: cosine                      # target-only | vanilla (vLLM's draft_model) | cosine
       verifier: {hardware: a100-80gb, gpus: 4}
       pools:
         code: {hardware: rtx-4090, slots: 16, acceptance: llama-68m-specialist}
@@ -28,7 +28,7 @@ from cosine_spec.settings import parse_cluster_spec
 
 from cosine.pool_policy import PoolPolicy
 from cosine.routing import DOMAINS, RoutingSettings
-from cosine.simulation.cluster import PoolModel, SimSetup, VerifierModel
+from cosine.simulation.cluster import EngineDrafterModel, PoolModel, SimSetup, VerifierModel
 from cosine.simulation.cost_models import Profiles, load_profiles
 
 
@@ -94,17 +94,22 @@ def build_setup(obj: dict[str, Any], profiles: Profiles | None = None, mode: str
         acceptance_keys[p.name] = (ps.get("acceptance", p.model or "ngram"), p.expertise)
     mode = mode or sim.get("mode", "cosine")
     colocated = tuple(pools)
-    col_roof = None
+    engine_drafter = None
     first = (sim.get("pools") or {}).get(spec.drafter_pools[0].name) or {}
-    if first.get("model"):
-        col_roof = profiles.roofline(first["model"], vs.get("hardware", "a100-80gb"), 1)
+    if mode == "vanilla" and spec.drafter_pools:  # vLLM's draft_model: the first pool's drafter on the verifier
+        # priced only where the manifest names its model under `simulation.pools`
+        col_roof = profiles.roofline(first["model"], vs.get("hardware", "a100-80gb"), 1) if first.get("model") else None
+
+        def token_s(batch: int) -> float:
+            return col_roof.pass_s(batch, batch * ref_kv) if col_roof else 0.0
+
+        engine_drafter = EngineDrafterModel(spec.drafter_pools[0].name, spec.speculation.max_draft_len, token_s)
     verifier = VerifierModel(
         pass_s=vroof.pass_s,
         replicas=spec.verifier.replicas,
         max_batch_tokens=spec.verifier.max_batch_tokens,
         max_requests=spec.verifier.max_num_seqs or 256,
         price_per_hour_usd=vroof.price_per_hour_usd,
-        colocated_draft_s=(lambda b: col_roof.pass_s(b, b * ref_kv)) if col_roof else (lambda b: 0.0),
     )
     scaling = None
     if spec.autoscaling.enabled and mode == "cosine":
@@ -126,5 +131,6 @@ def build_setup(obj: dict[str, Any], profiles: Profiles | None = None, mode: str
         interval_s=float(spec.autoscaling.interval_s),
         pod_start_s=float(sim.get("podStartSeconds", 60)),
         seed=seed,
+        engine_drafter=engine_drafter,
     )
     return setup, workload

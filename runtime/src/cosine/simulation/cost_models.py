@@ -183,6 +183,50 @@ def eagle3_head_fraction(shape: str) -> Callable[[int], float]:
     return fraction
 
 
+def _piecewise(points: list[tuple[float, float]]) -> Callable[[int], float]:
+    """Linear between `points` (x ascending), flat below the first, along the last segment above."""
+
+    def f(x: int) -> float:
+        if x <= points[0][0]:
+            return points[0][1]
+        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+            if x <= x1:
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = points[-2], points[-1]
+        return y1 + (y1 - y0) * (x - x1) / (x1 - x0)
+
+    return f
+
+
+def proposer_step_s() -> Callable[[int], float]:
+    """CoSine's proposer per engine step (`observe_step` + `propose`, wall seconds) by running
+    requests, linear between the measured batches: MEASURED on this project's development machine's
+    CPU, not a GPU host's (`data/proposer_step_cost.json`, `tools/proposer_step_cost.py`: the
+    engine's drafter and the served suffix lookup as sources, no pools)."""
+    return _step_cost("step_s")
+
+
+def lookup_step_s() -> Callable[[int], float]:
+    """Prompt lookup alone per engine step, as `proposer_step_s` measures it (the proposer with the
+    lookup source only): what vLLM's `suffix` proposer stands for. MEASURED on CPU, as above."""
+    return _step_cost("lookup_only_step_s")
+
+
+def _step_cost(series: str) -> Callable[[int], float]:
+    raw = json.loads(resources.files("cosine.simulation").joinpath("data/proposer_step_cost.json").read_text())
+    return _piecewise(sorted((int(b), float(s)) for b, s in raw[series].items()))
+
+
+# ASSUMED, from a published measurement: what a step costs more with vLLM's async scheduling off.
+# vLLM PR #25872 (EAGLE-3 on Llama-3.1-8B, one L20, MT-bench, concurrency 1): inter-token latency
+# 28.14 ms with the scheduler's CPU work between steps, 27.17 ms with it overlapped (async
+# scheduling), ~1.0 ms a step. vLLM's own `eagle3`, `mtp` and `draft_model` run with async
+# scheduling on by default on GPU (vLLM 0.32 `VllmConfig`, and PR #31998), as target-only does;
+# `suffix`, `ngram` and `custom_class` cannot, and CoSine turns it off to receive the head's drafts
+# (`EngineCore.post_step` hands them to the scheduler only then).
+SYNC_STEP_S = 0.001
+
+
 def load_profiles(path: Path | None = None) -> Profiles:
     """The profiles YAML (default: the one shipped with the package)."""
     if path is None:

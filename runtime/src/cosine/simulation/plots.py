@@ -26,14 +26,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.set(title=f"{result['run']['mode']}: drafter replicas", xlabel="time (s)", ylabel="replicas")
             ax.legend()
         elif key == "paper_testbed":
-            pairs = result["paper_testbed"]["pairs"]
-            systems = [s for s in next(iter(pairs.values())) if s != "ratios"]
+            study = result["paper_testbed"]
+            c = str(study["concurrency"][0])
+            cells = [(f"{pair}\n{workload}", levels[c]) for pair, workloads in study["pairs"].items()
+                     for workload, levels in workloads.items()]
+            systems = [s for s in cells[0][1] if s not in ("ratios", "gains")]
             width = 0.8 / len(systems)
-            for i, system in enumerate(systems):
-                ax.bar([j + i * width for j in range(len(pairs))],
-                       [pairs[p][system]["tok_s_per_usd_h"] for p in pairs], width, label=system)
-            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(pairs))], list(pairs))
-            ax.set(title="paper testbed: throughput per dollar, concurrency 16", ylabel="tok/s per $/h")
+            for i, system in enumerate(systems):  # per dollar against vLLM's own eagle3 in each cell
+                ax.bar([j + i * width for j in range(len(cells))],
+                       [rows[system]["tok_s_per_usd_h"] / rows["eagle3"]["tok_s_per_usd_h"] for _, rows in cells],
+                       width, label=system)
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], [name for name, _ in cells], fontsize=7)
+            ax.set(title=f"paper testbed: per dollar × eagle3, concurrency {c}", ylabel="× eagle3")
             ax.legend(fontsize=7)
         elif key == "rtt_sweep":
             cells = result["rtt_sweep"]["cells"]

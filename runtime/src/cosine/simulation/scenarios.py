@@ -19,6 +19,7 @@ from cosine.routing import DOMAINS
 from cosine.simulation import calibration, config
 from cosine.simulation.cluster import (
     EAGLE3,
+    EngineDrafterModel,
     LookupModel,
     Preemption,
     RequestSpec,
@@ -28,7 +29,15 @@ from cosine.simulation.cluster import (
     poisson_requests,
     simulate,
 )
-from cosine.simulation.cost_models import AcceptanceModel, Profiles, eagle3_head_fraction, load_profiles
+from cosine.simulation.cost_models import (
+    SYNC_STEP_S,
+    AcceptanceModel,
+    Profiles,
+    eagle3_head_fraction,
+    load_profiles,
+    lookup_step_s,
+    proposer_step_s,
+)
 from cosine.sources.lookup import LOOKUP
 
 # The paper's headline figures (Gao et al., arXiv:2503.10325, abstract and §6).
@@ -145,30 +154,60 @@ def with_lookup(setup: SimSetup, path: Path | None = None) -> SimSetup:
     return dataclasses.replace(setup, mode="cosine", lookup=model, acceptance=acceptance)
 
 
-def eagle3_setup(target_only: SimSetup, shape: str, acceptance_key: str, k: int,
-                 profiles: Profiles, ref_kv_tokens: int = 320) -> SimSetup:
-    """An EAGLE-3 head inside the verifier (vLLM's `eagle3` method, a chain of `k` draft tokens
-    for every request before each step): acceptance from `profiles.yaml` (`acceptance_key`,
-    PUBLISHED figures for Llama-3.3-70B heads), each draft token one forward of the head at the
-    batch's size, priced as a MEASURED fraction of the target's decode pass
-    (`cost_models.eagle3_head_fraction(shape)`) on the setup's own roofline."""
+def eagle3_head(target_only: SimSetup, shape: str, k: int, ref_kv_tokens: int = 320) -> EngineDrafterModel:
+    """An EAGLE-3 head inside the verifier drafting `k` tokens a step (vLLM's `eagle3`), each draft
+    token one forward of the head at the batch's size, priced as a MEASURED fraction of the
+    target's decode pass (`cost_models.eagle3_head_fraction(shape)`) on the setup's own roofline."""
     fraction = eagle3_head_fraction(shape)
     v = target_only.verifier
 
-    def head(batch: int) -> float:
+    def token_s(batch: int) -> float:
         return fraction(batch) * v.pass_s(batch, batch * ref_kv_tokens)
 
+    return EngineDrafterModel(EAGLE3, k, token_s)
+
+
+def _with_acceptance(setup: SimSetup, extra: AcceptanceModel) -> SimSetup:
+    acc = setup.acceptance
+    return dataclasses.replace(setup, acceptance=AcceptanceModel(
+        {**acc.means, **extra.means}, {**acc.concentration, **extra.concentration}, acc.default_mean))
+
+
+def eagle3_setup(target_only: SimSetup, shape: str, acceptance_key: str, k: int,
+                 profiles: Profiles) -> SimSetup:
+    """vLLM's own `eagle3`: the head (`eagle3_head`) drafts a chain of `k` tokens for every request
+    before each step, with async scheduling on (vLLM's default for it on GPU). Acceptance from
+    `profiles.yaml` (`acceptance_key`: PUBLISHED figures for Llama-3.3-70B heads)."""
     return dataclasses.replace(
-        target_only, mode=EAGLE3, pools=(), acceptance=profiles.acceptance({EAGLE3: (acceptance_key, ())}, DOMAINS),
-        speculation=dataclasses.replace(target_only.speculation, max_draft_len=k),
-        verifier=dataclasses.replace(v, colocated_draft_s=head))
+        target_only, mode="vanilla", pools=(), engine_drafter=eagle3_head(target_only, shape, k),
+        acceptance=profiles.acceptance({EAGLE3: (acceptance_key, ())}, DOMAINS),
+        speculation=dataclasses.replace(target_only.speculation, max_draft_len=k))
 
 
-PAPER_SYSTEMS = ("target-only", "vanilla", "lookup", "eagle3", "eagle3-best", "cosine", "cosine-pools",
-                 "cosine-equal-acceptance")
-BASELINES = ("vanilla", "lookup", "eagle3", "eagle3-best")
-COSINE_SYSTEMS = ("cosine", "cosine-pools", "cosine-equal-acceptance")
+def served(setup: SimSetup, head: EngineDrafterModel | None, profiles: Profiles, head_key: str = "eagle3-public",
+           lookup: bool = True) -> SimSetup:
+    """`setup` as CoSine serves it on GPU: its proposer with the engine's drafter `head` as a source
+    (None: no head), prompt lookup (`with_lookup`) if `lookup`, and the setup's pools; async
+    scheduling off (`cost_models.SYNC_STEP_S`, assumed) and the proposer's own time per step
+    (`cost_models.proposer_step_s`, measured on CPU) on every step."""
+    out = with_lookup(setup) if lookup else dataclasses.replace(setup, mode="cosine")
+    if head is not None:
+        out = _with_acceptance(dataclasses.replace(out, engine_drafter=head),
+                               profiles.acceptance({EAGLE3: (head_key, ())}, DOMAINS))
+    return dataclasses.replace(out, async_scheduling=False, verifier=dataclasses.replace(
+        out.verifier, sync_step_s=SYNC_STEP_S, proposer_step_s=proposer_step_s()))
+
+
+# The study's systems: what a user would run, and CoSine as served with its ablations.
+PAPER_SYSTEMS = ("target-only", "lookup", "eagle3", "eagle3-best", "cosine", "cosine-head", "cosine-no-head",
+                 "cosine-no-lookup", "cosine-head-free")
+BASELINES = ("lookup", "eagle3", "eagle3-best")
+COSINE_SYSTEMS = ("cosine", "cosine-head", "cosine-no-head", "cosine-no-lookup", "cosine-head-free")
+# Each part of `cosine` and the ablation without it (`cosine-head` is `cosine` without pools)
+ABLATIONS = {"head": "cosine-no-head", "lookup": "cosine-no-lookup", "pools": "cosine-head"}
 EAGLE3_K = (2, 3, 5, 7)  # vLLM's num_speculative_tokens tried; the best per dollar is kept
+# The workloads: the paper's chat and question answering, and code (HumanEval-like)
+WORKLOADS = {"chat": ("chat",), "qa": ("math",), "code": ("code",)}
 
 
 def _best_k(setups: dict[int, SimSetup], workload: Workload) -> int:
@@ -177,75 +216,96 @@ def _best_k(setups: dict[int, SimSetup], workload: Workload) -> int:
 
 
 def paper_setups(pair: str, profiles: Profiles, closed: Workload, seed: int = 0,
-                 hardware: tuple[str, str] | None = None, pool_replicas: int = 1) -> dict[str, SimSetup]:
+                 hardware: tuple[str, str] | None = None, pool_replicas: int = 1,
+                 domains: tuple[str, ...] = PAPER_DOMAINS) -> dict[str, SimSetup]:
     """Every system of the paper study for one pair (see `paper_testbed`), on the paper's hardware
-    or `hardware` (verifier GPU, drafter GPU), each pool of `pool_replicas` replicas."""
-    def build(mode: str, specialists: bool = True) -> SimSetup:
-        m = _pair_manifest(pair, mode, specialists, PAPER_DOMAINS, hardware, pool_replicas)
+    or `hardware` (verifier GPU, drafter GPU), each pool of `pool_replicas` replicas, with the
+    specialist pools `domains` asks for. vLLM's `eagle3` heads run at their best k of `EAGLE3_K`
+    on `closed`; CoSine's head (the public one, as `eagle3`'s) at the k best for `cosine-head`."""
+    def build(mode: str) -> SimSetup:
+        m = _pair_manifest(pair, mode, True, domains, hardware, pool_replicas)
         return config.build_setup(m, profiles, seed=seed)[0]
 
-    out = {"target-only": build("target-only"), "vanilla": build("vanilla"), "cosine-pools": build("cosine")}
-    out["lookup"] = with_lookup(dataclasses.replace(out["target-only"], pools=()))
-    out["cosine"] = with_lookup(out["cosine-pools"])
-    out["cosine-equal-acceptance"] = with_lookup(build("cosine", specialists=False))
+    target_only, pooled = build("target-only"), build("cosine")
+    shape = PAIRS[pair]["shape"]
+    out = {"target-only": target_only}
+    lookup = dataclasses.replace(target_only, pools=())
+    out["lookup"] = dataclasses.replace(  # vLLM's `suffix`: no async scheduling; lookup's own time per step
+        with_lookup(lookup), async_scheduling=False,
+        verifier=dataclasses.replace(lookup.verifier, sync_step_s=SYNC_STEP_S, proposer_step_s=lookup_step_s()))
     for name, key in (("eagle3", "eagle3-public"), ("eagle3-best", "eagle3-best")):
-        by_k = {k: eagle3_setup(out["target-only"], PAIRS[pair]["shape"], key, k, profiles) for k in EAGLE3_K}
+        by_k = {k: eagle3_setup(target_only, shape, key, k, profiles) for k in EAGLE3_K}
         out[name] = by_k[_best_k(by_k, closed)]
+    heads = {k: served(lookup, eagle3_head(target_only, shape, k), profiles) for k in EAGLE3_K}
+    k = _best_k(heads, closed)
+    out["cosine-head"] = heads[k]
+    head = heads[k].engine_drafter  # the same head, at the same k, in every CoSine system
+    out["cosine"] = served(pooled, head, profiles)
+    out["cosine-no-head"] = served(pooled, None, profiles)
+    out["cosine-no-lookup"] = served(pooled, head, profiles, lookup=False)
+    ch = out["cosine-head"]  # what the rule alone gives: no proposer time, async scheduling kept
+    out["cosine-head-free"] = dataclasses.replace(ch, async_scheduling=True, verifier=dataclasses.replace(
+        ch.verifier, proposer_step_s=lambda batch: 0.0))
     return out
 
 
-def paper_testbed(profiles: Profiles | None = None, low_rate: float = 1.0, high_concurrency: int = 16,
-                  saturation_concurrency: int = 96, requests: int = 96, seed: int = 0) -> dict[str, Any]:
-    """Latency at low load (Poisson `low_rate` req/s, 120 s) and throughput closed-loop at
-    `high_concurrency` (and at `saturation_concurrency`), 256 in / 128 out, chat and QA prompts
-    (`PAPER_DOMAINS`), for each of `PAPER_SYSTEMS`, each what a user would run:
-    - `target-only`; `vanilla` (a co-located draft model, vLLM's `draft_model`);
+def _row(setup: SimSetup, summ: dict[str, Any]) -> dict[str, Any]:
+    usd_h = _cost_per_hour(setup)
+    return {"throughput_tok_s": summ["throughput_tok_s"], "tpot_p50_s": summ["tpot_p50_s"],
+            "tpot_p99_s": summ["tpot_p99_s"], "usd_per_hour": usd_h,
+            "tok_s_per_usd_h": float(summ["throughput_tok_s"]) / usd_h,
+            "mean_accepted_per_step": summ["mean_accepted_per_step"],
+            "proposer_cpu_ms_per_step": summ["proposer_cpu_ms_per_step"],
+            "draft_len": (setup.engine_drafter.k if setup.engine_drafter else setup.speculation.max_draft_len)
+            if setup.mode != "target-only" else 0}
+
+
+def paper_testbed(profiles: Profiles | None = None, concurrency: tuple[int, ...] = (16, 64),
+                  requests_per_client: int = 6, workloads: tuple[str, ...] = tuple(WORKLOADS),
+                  seed: int = 0) -> dict[str, Any]:
+    """Goodput per dollar closed-loop at each `concurrency` (`requests_per_client` requests per
+    client), 256 in / 128 out, on each workload of `WORKLOADS` (the paper's chat and QA prompts,
+    and code), for each of `PAPER_SYSTEMS`, each what a user would run:
+    - `target-only`;
     - `lookup` (vLLM's `suffix` on the verifier, measured per domain: `lookup_on_references`);
     - `eagle3` / `eagle3-best` (a draft head in the verifier, vLLM's `eagle3`: the public
       Llama-3.3-70B head's published acceptance and the best published head's, the head's cost
       measured; its k the best of `EAGLE3_K`);
-    - `cosine` as served: lookup and specialist pools (with the assumed specialist edge), fused;
-    - the ablations `cosine-pools` (the pools alone: CoSine as the paper argues it) and
-      `cosine-equal-acceptance` (lookup and pools with the generic drafter's acceptance: the
-      architecture without the assumed edge).
-    Ratios to target-only, and per dollar to the best baseline (of `BASELINES`, the one with the
-    most tokens/s per dollar)."""
+    - `cosine` as served: the public head (as `eagle3`'s), lookup and specialist pools (with the
+      assumed specialist edge), every candidate fused by the proposer;
+    - its ablations (`ABLATIONS`): `cosine-head` (head and lookup, no pools: what a team with a head
+      and no pool budget runs), `cosine-no-head` (lookup and pools), `cosine-no-lookup` (head and pools);
+    - `cosine-head-free`: `cosine-head` without the proposer's CPU time and with async scheduling
+      kept, what the proposer's rule gives apart from what running it costs.
+    Per cell, ratios per dollar to `eagle3`, to target-only and to `cosine-head`, and each part's
+    gain: `cosine` per dollar over the ablation without it."""
     profiles = profiles or load_profiles()
-    rng = random.Random(seed)
-    closed = tuple(RequestSpec(0.0, 256, 128, rng.choice(PAPER_DOMAINS)) for _ in range(requests))
-    open_loop = poisson_requests(low_rate, 120.0, 256, 128, PAPER_DOMAINS, seed)
     table: dict[str, Any] = {}
     for pair in PAIRS:
-        setups = paper_setups(pair, profiles, Workload(closed, high_concurrency), seed)
-        rows: dict[str, Any] = {}
-        for system in PAPER_SYSTEMS:
-            setup = setups[system]
-            lat = simulate(setup, Workload(open_loop)).summary()
-            thr = simulate(setup, Workload(closed, high_concurrency)).summary()
-            sat = simulate(setup, Workload(closed, saturation_concurrency)).summary()
-            usd_h = _cost_per_hour(setup)
-            rows[system] = {"latency_p50_s": lat["latency_p50_s"], "throughput_tok_s": thr["throughput_tok_s"],
-                            "tpot_p50_s": thr["tpot_p50_s"], "tpot_p99_s": thr["tpot_p99_s"],
-                            "saturated_tok_s": sat["throughput_tok_s"],
-                            "usd_per_hour": usd_h, "tok_s_per_usd_h": float(thr["throughput_tok_s"]) / usd_h,
-                            "mean_accepted_per_step": thr["mean_accepted_per_step"],
-                            "draft_len": setup.speculation.max_draft_len if setup.mode != "target-only" else 0}
-        base = rows["target-only"]
-        best = max(BASELINES, key=lambda m: float(rows[m]["tok_s_per_usd_h"]))
-        rows["ratios"] = {}
-        for system in COSINE_SYSTEMS:
-            co = rows[system]
-            rows["ratios"][system] = {
-                "latency_vs_target_only": float(co["latency_p50_s"]) / float(base["latency_p50_s"]) - 1,
-                "throughput_vs_target_only": float(co["throughput_tok_s"]) / float(base["throughput_tok_s"]) - 1,
-                "throughput_per_usd_vs_target_only": co["tok_s_per_usd_h"] / base["tok_s_per_usd_h"] - 1,
-                "best_baseline": best,
-                "latency_vs_best_baseline": float(co["latency_p50_s"]) / float(rows[best]["latency_p50_s"]) - 1,
-                "throughput_per_usd_vs_best_baseline": co["tok_s_per_usd_h"] / rows[best]["tok_s_per_usd_h"] - 1,
-                "throughput_per_usd_vs_lookup": co["tok_s_per_usd_h"] / rows["lookup"]["tok_s_per_usd_h"] - 1,
-            }
-        table[pair] = rows
-    return {"paper": PAPER, "domains": list(PAPER_DOMAINS), "pairs": table}
+        for workload in workloads:
+            rng = random.Random(f"{seed}/{workload}")
+            domains = WORKLOADS[workload]
+            for c in concurrency:
+                closed = tuple(RequestSpec(0.0, 256, 128, rng.choice(domains))
+                               for _ in range(requests_per_client * c))
+                setups = paper_setups(pair, profiles, Workload(closed[: 4 * c], c), seed, domains=domains)
+                rows = {system: _row(setups[system], simulate(setups[system], Workload(closed, c)).summary())
+                        for system in PAPER_SYSTEMS}
+
+                def per_usd(a: str, b: str, rows: dict[str, Any] = rows) -> float:
+                    return float(rows[a]["tok_s_per_usd_h"]) / float(rows[b]["tok_s_per_usd_h"])
+
+                rows["ratios"] = {system: {"vs_eagle3": per_usd(system, "eagle3"),
+                                           "vs_eagle3_best": per_usd(system, "eagle3-best"),
+                                           "vs_target_only": per_usd(system, "target-only"),
+                                           "vs_lookup": per_usd(system, "lookup"),
+                                           "vs_cosine_head": per_usd(system, "cosine-head")}
+                                  for system in COSINE_SYSTEMS}
+                rows["gains"] = {part: per_usd("cosine", without) - 1 for part, without in ABLATIONS.items()}
+                table.setdefault(pair, {}).setdefault(workload, {})[str(c)] = rows
+    return {"workloads": {w: list(d) for w, d in WORKLOADS.items() if w in workloads},
+            "concurrency": list(concurrency), "pairs": table,
+            "assumed": {"sync_step_s": SYNC_STEP_S}}
 
 
 # ------------------------------------------------------------------ drafter pools on spot capacity
@@ -259,17 +319,18 @@ SPOT_TARGETS: dict[str, tuple[str, tuple[str, str] | None]] = {
     "qwen-32b on 2x A100 (paper)": ("qwen-32b", None),
     "llama-70b on 4x H100, pools on L4": ("llama-70b", ("h100-sxm", "l4")),
 }
-SPOT_SYSTEMS = ("target-only", "lookup", "eagle3", "eagle3-best", "cosine", "cosine-spot")
+SPOT_SYSTEMS = ("target-only", "lookup", "eagle3", "eagle3-best", "cosine-head", "cosine", "cosine-spot")
 
 
-def spot_study(profiles: Profiles | None = None, concurrency: tuple[int, ...] = (16, 64), duration_s: float = 600.0,
+def spot_study(profiles: Profiles | None = None, concurrency: tuple[int, ...] = (16, 64), duration_s: float = 300.0,
                preemptions_per_replica_hour: float = 6.0, notice_s: float = 30.0, replacement_s: float = 120.0,
                pool_replicas: int = 2, targets: tuple[str, ...] | None = None, seed: int = 0) -> dict[str, Any]:
     """Drafter pools on spot capacity against the systems a user would pick instead, per target of
     `SPOT_TARGETS`, closed loop at each `concurrency` for `duration_s` (chat and QA, 256 in / 128
     out, as `paper_testbed`): target-only, `lookup` (vLLM's `suffix`), `eagle3` and `eagle3-best`
-    (a draft head in the verifier, `eagle3_setup`), `cosine` as served on on-demand pools of
-    `pool_replicas` replicas, and `cosine-spot`: the same pools at `SPOT_PRICE_RATIO` of the price,
+    (a draft head in the verifier, `eagle3_setup`), `cosine-head` (the same head inside CoSine, with
+    lookup, no pools), `cosine` as served (head, lookup and on-demand pools of `pool_replicas`
+    replicas), and `cosine-spot`: the same pools at `SPOT_PRICE_RATIO` of the price,
     each replica preempted at `preemptions_per_replica_hour` with `notice_s` of notice and
     replaced after `replacement_s` (`cluster.Preemption`). Reports goodput per dollar (output
     tokens per second per USD per hour), TPOT p50/p99, the preemptions and the requests whose
@@ -302,13 +363,13 @@ def spot_study(profiles: Profiles | None = None, concurrency: tuple[int, ...] = 
                                  "tpot_p50_s": summ["tpot_p50_s"], "tpot_p99_s": summ["tpot_p99_s"],
                                  "requests": summ["requests"], "preemptions": summ["preemptions"],
                                  "rehomed_requests": summ["rehomed_requests"], "drafts_late": summ["drafts_late"],
-                                 "draft_len": setups[system].speculation.max_draft_len
-                                 if setups[system].mode != "target-only" else 0}
+                                 "draft_len": _row(setups[system], summ)["draft_len"]}
             level["winner"] = max(SPOT_SYSTEMS, key=lambda m: float(level[m]["tok_s_per_usd_h"]))
             spot = level["cosine-spot"]["tok_s_per_usd_h"]
             level["cosine_spot_vs_eagle3"] = spot / level["eagle3"]["tok_s_per_usd_h"] - 1
             level["cosine_spot_vs_eagle3_best"] = spot / level["eagle3-best"]["tok_s_per_usd_h"] - 1
             level["spot_vs_on_demand"] = spot / level["cosine"]["tok_s_per_usd_h"] - 1
+            level["cosine_spot_vs_cosine_head"] = spot / level["cosine-head"]["tok_s_per_usd_h"] - 1
             rows[str(c)] = level
         out["targets"][target] = rows
     return out
@@ -453,9 +514,8 @@ def rtt_sweep(profiles: Profiles | None = None, rtts_ms: tuple[float, ...] = (0.
         for ratio in speed_ratios:
             t_d = ratio * t_v
             pools = tuple(dataclasses.replace(p, draft_token_s=t_d) for p in base.pools)
-            vanilla = dataclasses.replace(base, mode="vanilla", pools=pools,
-                                          verifier=dataclasses.replace(base.verifier,
-                                                                       colocated_draft_s=lambda b, t=t_d: t))
+            vanilla = dataclasses.replace(base, mode="vanilla", pools=pools, engine_drafter=EngineDrafterModel(
+                pools[0].name, gamma, lambda b, t=t_d: t))
             van = simulate(vanilla, Workload(reqs)).summary()
             for rtt in rtts_ms:
                 remote = dataclasses.replace(base, pools=tuple(dataclasses.replace(p, rtt_s=rtt / 1000) for p in pools))

@@ -18,26 +18,33 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.0f}%".replace("-", "−")
 
 
+def _x(x: float) -> str:
+    return f"{x:.2f}"
+
+
 def paper_markdown(study: dict[str, Any]) -> str:
-    """The paper study (`scenarios.paper_testbed`) as one table per pair and a line on who wins."""
+    """The paper study (`scenarios.paper_testbed`) as one table per pair and workload: every
+    system's goodput per dollar at each concurrency, and what each part of `cosine` adds."""
+    cs = [str(c) for c in study["concurrency"]]
     out = []
-    for pair, rows in study["pairs"].items():
-        base = rows["target-only"]
-        out += [f"**{pair}**", "",
-                "| system | k | tok/s per $/h, c=16 | vs target-only | latency p50, 1 req/s | TPOT p50 / p99, c=16 "
-                "| accepted per step |",
-                "|---|---|---|---|---|---|---|"]
-        for system in PAPER_SYSTEMS:
-            r = rows[system]
-            out.append(f"| `{system}` | {r['draft_len']} | {r['tok_s_per_usd_h']:.1f} "
-                       f"| {_pct(r['tok_s_per_usd_h'] / base['tok_s_per_usd_h'] - 1)} | {r['latency_p50_s']:.2f} s "
-                       f"| {r['tpot_p50_s'] * 1e3:.1f} / {r['tpot_p99_s'] * 1e3:.1f} ms "
-                       f"| {r['mean_accepted_per_step']:.2f} |")
-        ratios = rows["ratios"]
-        out += ["", f"Best baseline per dollar: `{ratios['cosine']['best_baseline']}`. Per dollar against it: "
-                + ", ".join(f"`{s}` {_pct(r['throughput_per_usd_vs_best_baseline'])}" for s, r in ratios.items())
-                + "; against `lookup`: "
-                + ", ".join(f"`{s}` {_pct(r['throughput_per_usd_vs_lookup'])}" for s, r in ratios.items()) + ".", ""]
+    for pair, workloads in study["pairs"].items():
+        for workload, levels in workloads.items():
+            out += [f"**{pair}, {workload}**", "",
+                    "| system | k | " + " | ".join(f"tok/s per $/h, c={c} | × `eagle3`" for c in cs)
+                    + f" | TPOT p50, c={cs[0]} | accepted per step, c={cs[0]} |",
+                    "|---|---|" + "---|---|" * len(cs) + "---|---|"]
+            first = levels[cs[0]]
+            for system in PAPER_SYSTEMS:
+                cells = []
+                for c in cs:
+                    r, e = levels[c][system], levels[c]["eagle3"]
+                    cells.append(f"{r['tok_s_per_usd_h']:.1f} | {_x(r['tok_s_per_usd_h'] / e['tok_s_per_usd_h'])}")
+                r = first[system]
+                out.append(f"| `{system}` | {r['draft_len']} | " + " | ".join(cells)
+                           + f" | {r['tpot_p50_s'] * 1e3:.1f} ms | {r['mean_accepted_per_step']:.2f} |")
+            out += ["", "What each part adds to `cosine` per dollar (`cosine` over the ablation without it): "
+                    + "; ".join(f"c={c}: " + ", ".join(f"{part} {_pct(g)}" for part, g in levels[c]["gains"].items())
+                                for c in cs) + ".", ""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -57,7 +64,8 @@ def spot_markdown(study: dict[str, Any]) -> str:
                 out.append(f"| `{system}` | {r['draft_len']} | {r['tok_s_per_usd_h']:.1f} | {r['usd_per_hour']:.2f} "
                            f"| {r['tpot_p50_s'] * 1e3:.1f} / {r['tpot_p99_s'] * 1e3:.1f} ms | {r['preemptions']} "
                            f"| {r['rehomed_requests']} of {r['requests']} |")
-            out += ["", f"Winner per dollar: `{level['winner']}`. `cosine-spot` against `eagle3` "
+            out += ["", f"Winner per dollar: `{level['winner']}`. `cosine-spot` against `cosine-head` "
+                    f"{_pct(level['cosine_spot_vs_cosine_head'])}, against `eagle3` "
                     f"{_pct(level['cosine_spot_vs_eagle3'])}, against `eagle3-best` "
                     f"{_pct(level['cosine_spot_vs_eagle3_best'])}, against on-demand pools "
                     f"{_pct(level['spot_vs_on_demand'])}.", ""]
@@ -65,19 +73,21 @@ def spot_markdown(study: dict[str, Any]) -> str:
 
 
 def paper_summary_markdown(study: dict[str, Any]) -> str:
-    """The paper study in one line per pair: `cosine` as served, per dollar, against each system a
-    user would run instead."""
-    out = ["| pair, concurrency 16 | per dollar × target-only | × `lookup` | × `eagle3` | × `eagle3-best` "
-           "| latency p50 × target-only |",
-           "|---|---|---|---|---|---|"]
-    for pair, rows in study["pairs"].items():
-        co = rows["cosine"]
+    """The paper study in one line per pair and workload: per dollar, `cosine-head` against vLLM's
+    `eagle3` with the same head, `cosine` (with pools) against `cosine-head` and target-only, at each
+    concurrency (c=16 / c=64)."""
+    cs = [str(c) for c in study["concurrency"]]
+    levels = " / ".join(f"c={c}" for c in cs)
+    out = [f"| pair | workload | `cosine-head` × `eagle3` ({levels}) | `cosine` × `cosine-head` "
+           "| `cosine` × target-only | `cosine` × `lookup` | `cosine` × `eagle3-best` |",
+           "|---|---|---|---|---|---|---|"]
+    for pair, workloads in study["pairs"].items():
+        for workload, by_c in workloads.items():
+            def ratio(key: str, system: str = "cosine", by_c: dict[str, Any] = by_c) -> str:
+                return " / ".join(_x(by_c[c]["ratios"][system][key]) for c in cs)
 
-        def per_usd(system: str, co: dict[str, Any] = co, rows: dict[str, Any] = rows) -> str:
-            return f"{co['tok_s_per_usd_h'] / rows[system]['tok_s_per_usd_h']:.2f}"
-
-        out.append(f"| {pair} | {per_usd('target-only')} | {per_usd('lookup')} | {per_usd('eagle3')} "
-                   f"| {per_usd('eagle3-best')} | {co['latency_p50_s'] / rows['target-only']['latency_p50_s']:.2f} |")
+            out.append(f"| {pair} | {workload} | {ratio('vs_eagle3', 'cosine-head')} | {ratio('vs_cosine_head')} "
+                       f"| {ratio('vs_target_only')} | {ratio('vs_lookup')} | {ratio('vs_eagle3_best')} |")
     return "\n".join(out) + "\n"
 
 

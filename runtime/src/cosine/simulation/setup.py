@@ -1,0 +1,182 @@
+"""What a simulation is given: the cluster's parts as models (`SimSetup`: the verifier, its own
+drafter, prompt lookup, the pools, spot preemptions, the router in front) and the requests
+(`RequestSpec`, `Workload`). Plain data, each field with its unit; `cluster.simulate` runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cosine_spec import autoscaling
+from cosine_spec.settings import RouterWeights, SpeculationSpec
+
+from cosine import routing, speculation_control
+from cosine.pool_policy import PoolPolicy
+from cosine.simulation.cost_models import AcceptanceModel
+
+MODES = ("target-only", "vanilla", "cosine")
+EAGLE3 = "eagle3"  # the draft source name of an in-verifier draft head (vLLM's method)
+
+
+@dataclass(frozen=True)
+class PoolModel:
+    """A drafter pool: `slots` requests drafted at once per replica, `draft_token_s` per token per
+    request at that load, `catch_up_token_s` per unseen context token; the link to the verifier.
+    How many tokens a call drafts is the proposer's `PoolPolicy.ask`; whether a draft back in time
+    still continues the context follows from what the target accepted meanwhile (`_SimPool`)."""
+
+    name: str
+    expertise: tuple[str, ...]
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+    draft_token_s: float
+    catch_up_token_s: float = 0.0
+    slots: int = 1
+    rtt_s: float = 0.0
+    bandwidth_bytes_per_s: float = 1.25e9
+    price_per_hour_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class LookupModel:
+    """Prompt lookup: on a decode step it finds a draft with probability `hit_rate`, of up to
+    `draft_tokens` tokens (acceptance: the `lookup` key of the `AcceptanceModel`); `per_domain`
+    overrides both for a domain: domain -> (hit_rate, draft_tokens). `seen_hit_factor`: the hit
+    rate's factor on a later turn of a conversation whose earlier turns this verifier replica
+    served (its global suffix tree holds their outputs; `Workload.sessions`)."""
+
+    hit_rate: float
+    draft_tokens: int
+    per_domain: dict[str, tuple[float, int]] = field(default_factory=dict)
+    seen_hit_factor: float = 1.0
+
+    def on(self, domain: str, seen: bool = False) -> tuple[float, int]:
+        """(hit rate, draft tokens) on a domain; `seen`: the replica served the conversation before."""
+        hit, tokens = self.per_domain.get(domain, (self.hit_rate, self.draft_tokens))
+        return (min(1.0, hit * self.seen_hit_factor), tokens) if seen else (hit, tokens)
+
+
+@dataclass(frozen=True)
+class EngineDrafterModel:
+    """The verifier engine's own drafter (vLLM's `eagle3`, `mtp` or `draft_model`): `name`, its
+    source name and its key in the `AcceptanceModel`; `k`, vLLM's `num_speculative_tokens` (fixed
+    when the engine starts: it drafts k tokens for every running request after every step);
+    `draft_token_s(batch)`, one draft token's forward for a batch of `batch` requests, seconds."""
+
+    name: str
+    k: int
+    draft_token_s: Callable[[int], float]
+
+    def step_s(self, batch: int) -> float:
+        """What the drafter adds to a step of `batch` decoding requests: k forwards over the batch."""
+        return self.k * self.draft_token_s(batch) if batch else 0.0
+
+
+@dataclass(frozen=True)
+class VerifierModel:
+    """pass_s(tokens, kv_tokens) -> seconds of one engine step; max_batch_tokens: vLLM's
+    `max_num_batched_tokens`; max_requests: its `max_num_seqs`. `sync_step_s`: what a step costs
+    more with vLLM's async scheduling off (its CPU work no longer overlaps the GPU's pass): paid by
+    every engine running speculation vLLM cannot overlap (`suffix`, `ngram`, a `custom_class`
+    proposer, CoSine's scheduler, which turns async scheduling off to receive the head's drafts),
+    not by target-only nor by vLLM's own `eagle3`/`mtp`/`draft_model` (`SimSetup.async_scheduling`).
+    `proposer_step_s(batch)`: the drafting plane's own CPU time per step of `batch` decoding
+    requests, on the step's critical path (cosine mode)."""
+
+    pass_s: Callable[[int, int], float]
+    replicas: int = 1
+    max_batch_tokens: int = 2048
+    max_requests: int = 256
+    price_per_hour_usd: float = 0.0
+    sync_step_s: float = 0.0
+    proposer_step_s: Callable[[int], float] = lambda batch: 0.0
+    # tokens of context each replica's prefix cache keeps after requests finish (vLLM's automatic
+    # prefix caching in its free KV blocks, least recently used evicted); 0: not modelled
+    prefix_cache_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request. `session`: the conversation it is a turn of (-1: none); `history_tokens`:
+    the leading prompt tokens that are that conversation's earlier turns (a replica holding them
+    in its prefix cache prefills only the rest)."""
+
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    domain: str
+    session: int = -1
+    history_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """`requests` in arrival order; with `concurrency` set, a closed loop (arrival times ignored):
+    `concurrency` clients, each sending the next request when its last one completes; with
+    `sessions` too, each client takes a whole conversation and sends its turns in order."""
+
+    requests: tuple[RequestSpec, ...]
+    concurrency: int | None = None
+    sessions: bool = False
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """Spot capacity under every pool: each ready replica is preempted at `per_replica_hour`
+    (Poisson), with `notice_s` of notice, and replaced after `replacement_s` (a new node and pod).
+    At the notice the replica drains as `drafter_service.drain` does: it takes no new calls, its
+    requests are re-homed at their next call (their whole context resent), the calls it holds
+    finish. Its price stops at the notice (the seconds it drains are not charged)."""
+
+    per_replica_hour: float
+    notice_s: float = 30.0
+    replacement_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """speculation (the CRD's `spec.speculation`), control, pool_policy: the proposer's settings of
+    the same names (`proposer.ProposerSettings`)."""
+
+    mode: str
+    verifier: VerifierModel
+    pools: tuple[PoolModel, ...]
+    acceptance: AcceptanceModel
+    speculation: SpeculationSpec
+    routing_settings: routing.RoutingSettings = routing.RoutingSettings()
+    scaling: autoscaling.ScalingPolicy | None = None
+    interval_s: float = 30.0
+    pod_start_s: float = 30.0
+    lookup: LookupModel | None = None
+    pool_policy: PoolPolicy = PoolPolicy()
+    control: speculation_control.SpeculationSettings = speculation_control.SpeculationSettings()
+    seed: int = 0
+    preemption: Preemption | None = None
+    router: str = "shared"  # ROUTERS: how requests reach verifier replicas
+    router_weights: RouterWeights = RouterWeights()  # the `affinity` router's scorer weights
+    engine_drafter: EngineDrafterModel | None = None  # the verifier engine's own drafter (a head, a draft model)
+    async_scheduling: bool = True  # vLLM's async scheduling on (False: each step pays `VerifierModel.sync_step_s`)
+
+
+# How requests reach the verifier replicas:
+# - shared: one queue every replica takes from when it has room (an ideal balancer, no affinity);
+# - random: each request to a replica drawn at random (a Service's kube-proxy, a client that
+#   reconnects per request);
+# - session: every turn of a conversation to the replica of its first turn (drawn at random);
+# - affinity: the endpoint picker's weighted scorers (`RouterWeights`, `endpoint_score`), the
+#   highest score taken.
+ROUTERS = ("shared", "random", "session", "affinity")
+
+
+def endpoint_score(weights: RouterWeights, prefix_hit: float, same_session: bool, suffix_hit_rate: float,
+                   queue_score: float, kv_free: float) -> float:
+    """A replica's score as the Gateway API Inference Extension's endpoint picker sums its scorers
+    (each in [0, 1], weighted: `spec.router.weights`): prefix-cache (the share of the prompt the
+    replica's cache holds), session-affinity (1 on the session's last replica), CoSine's
+    `cosine:suffix_tree_hit_rate` through the metric scorer (linear on [0, 1]), queue (the
+    emptiest waiting queue 1, the fullest 0) and KV-cache utilisation (free share)."""
+    return (weights.prefix_cache * prefix_hit + weights.session_affinity * same_session
+            + weights.suffix_affinity * suffix_hit_rate + weights.queue * queue_score
+            + weights.kv_cache_utilization * kv_free)
