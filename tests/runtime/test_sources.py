@@ -139,3 +139,25 @@ def test_fit_problems_name_what_cannot_run_on_the_target():
     assert len(wrong) == 2 and "hidden size 4096" in wrong[0] and "128256" in wrong[1]
     assert fit_problems("draftModel", qwen, {"hidden_size": 896, "vocab_size": 151936}) == []
     assert "vocabulary" in fit_problems("draftModel", qwen, {"vocab_size": 49152})[0]
+
+
+def test_the_engine_drafters_paid_draft_is_not_cut_by_the_path_floor():
+    """The engine drafts every step whatever wins (vLLM's eagle3 verifies every token it drafted):
+    on a pass that prices extra tokens at nothing, its whole draft is verified even where its
+    path probabilities fall under `min_path_prob`; a lookup draft of the same confidences is cut."""
+    engine = EngineSource("eagle3")
+    p = CoSineProposer(_settings(4), sources=[engine])
+    p.observe_step(StepRecord(0.1, 1))  # a flat pass curve: a draft token adds nothing to the pass
+    low = p._initial_state("eagle3", "chat")
+    from dataclasses import replace as dc_replace
+
+    ctx = list(range(20))
+    p.propose({"r": ctx})  # the request exists; now make its estimate for the head low
+    req = p._requests["r"]
+    req.states["eagle3"] = dc_replace(low, accepted_ema=0.3, trials_ema=1.0)
+    engine.offer({"r": [20, 21, 22, 23]})
+    assert p.propose({"r": ctx}) == {"r": [20, 21, 22, 23]}
+    lookup = ScriptedSource("lookup", lambda c, k: [20, 21, 22, 23][:k], 0.3)
+    q = CoSineProposer(_settings(4), sources=[lookup])
+    q.observe_step(StepRecord(0.1, 1))
+    assert 0 < len(q.propose({"r": ctx})["r"]) < 4

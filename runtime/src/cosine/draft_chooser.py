@@ -17,6 +17,7 @@ goodput on the measured pass curve (`speculation_control.next_draft_len`), down 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from cosine_spec.settings import SpeculationSpec
 
@@ -39,6 +40,8 @@ class DraftChooser:
     def __init__(self, speculation: SpeculationSpec, control: sc.SpeculationSettings, initial_step_s: float,
                  calibration_decay: float, calibration_prior_tokens: float) -> None:
         self.speculation, self.control = speculation, control
+        # a draft already paid for (the engine's own drafter ran whatever wins): no path floor
+        self._paid_control = replace(control, min_path_prob=0.0)
         self.initial_step_s = initial_step_s
         self.curve: sc.PassCurve | None = None
         self._curve_observations = 0
@@ -103,15 +106,19 @@ class DraftChooser:
         return chain, winners[0].drafter if winners else "", path_of(confs)
 
     def draft_len(self, state: sc.SpeculationState, path: Sequence[float], other_tokens: int,
-                  num_requests: int) -> tuple[sc.SpeculationState, int]:
+                  num_requests: int, paid: bool = False) -> tuple[sc.SpeculationState, int]:
         """(the request's new state for the source, k) for a draft of calibrated path
         probabilities `path`: each token against what it adds to this batch's pass, whose other
-        requests carry `other_tokens` tokens (`speculation_control.next_draft_len`, probes included)."""
+        requests carry `other_tokens` tokens (`speculation_control.next_draft_len`, probes included).
+        `paid`: the draft was made whatever is verified (the engine's own drafter drafts every
+        step, as vLLM's eagle3 verifies every token it drafted), so only the pass prices its tokens
+        and the control's `min_path_prob` floor does not cut it."""
         curve = self.curve or sc.PassCurve(((1, self.initial_step_s),))
         cost = sc.BatchedCost(draft_token_s=0.0, curve=curve, other_tokens=max(0, other_tokens),
                               num_requests=max(1, num_requests))
         by_path = self.speculation.draft_length == "pathProbability"
-        state, k = sc.next_draft_len(state, self.speculation, self.control, cost, path if by_path else None)
+        control = self._paid_control if paid else self.control
+        state, k = sc.next_draft_len(state, self.speculation, control, cost, path if by_path else None)
         return state, min(k, len(path))
 
 

@@ -80,7 +80,7 @@ from cosine.lookup import SuffixLookup, SuffixSettings
 from cosine.pool_clients import PoolClients, PoolDraft, continuation
 from cosine.pool_policy import PoolPolicy
 from cosine.proposer_stats import ProposerStats
-from cosine.sources import DraftSource
+from cosine.sources import DraftSource, Where
 from cosine.sources.lookup import LookupSource
 
 log = logging.getLogger(__name__)
@@ -222,6 +222,7 @@ class CoSineProposer:
             raise ValueError(f"draft sources need distinct names, got {everything}")
         s = settings
         self.sources = list(sources)
+        self._paid = {src.name for src in self.sources if src.where == Where.ENGINE}  # drafted whatever wins
         self.settings = s
         self.profiles = [routing.DrafterProfile(n, tuple((expertise or {}).get(n, ()))) for n in names]
         self.classify = classify
@@ -291,7 +292,7 @@ class CoSineProposer:
                 state = req.states.get(source) or self._initial_state(source, req.domain)
                 req.states[source], k = self.chooser.draft_len(
                     state, self.chooser.calibrated(source, req.domain, req.calibration, path),
-                    other_tokens=base - 1 + drafted, num_requests=len(contexts))
+                    other_tokens=base - 1 + drafted, num_requests=len(contexts), paid=source in self._paid)
             if self.settings.max_model_len is not None:
                 k = min(k, max(0, self.settings.max_model_len - len(ctx) - 1))
             drafts[rid] = list(tokens[:k])
