@@ -89,9 +89,19 @@ class PassCurve:
             raise ValueError(f"pass curve tokens must start at 1 and increase strictly, got {xs}")
         if any(y <= 0 for _, y in self.points):
             raise ValueError(f"pass curve seconds must be positive, got {self.points}")
+        # seconds by token count, filled as asked: the proposer prices every request's draft on
+        # one curve per step (tens of thousands of calls a second at 64 requests)
+        object.__setattr__(self, "_memo", {})
 
     def seconds(self, num_tokens: float) -> float:
         """Pass time for `num_tokens` tokens (at least one)."""
+        memo: dict[float, float] = self._memo  # type: ignore[attr-defined]
+        got = memo.get(num_tokens)
+        if got is None:
+            got = memo[num_tokens] = self._interpolate(num_tokens)
+        return got
+
+    def _interpolate(self, num_tokens: float) -> float:
         pts, n = self.points, max(1.0, float(num_tokens))
         if len(pts) == 1:
             return pts[0][1]
@@ -324,7 +334,7 @@ def next_draft_len(
     else:
         k = best_path_len(path_probs, cost, max_k, settings.min_path_prob)
     if k > 0:
-        return replace(state, steps_since_probe=0), k
+        return (state if state.steps_since_probe == 0 else replace(state, steps_since_probe=0)), k
     if state.steps_since_probe + 1 >= settings.probe_interval_steps:
         return replace(state, steps_since_probe=0), min(settings.probe_draft_tokens, max_k)
     return replace(state, steps_since_probe=state.steps_since_probe + 1), 0
