@@ -6,7 +6,8 @@ import copy
 from typing import Any
 
 import yaml
-from cosine_spec.settings import parse_cluster_spec
+from cosine_spec.cluster_spec import parse_cluster_spec
+from cosine_spec.contract import COMPONENT_LABEL, CONFIG_FILE, POOL_LABEL
 
 from cosine_operator import builders
 
@@ -270,7 +271,7 @@ def test_network_policies_allow_what_each_port_needs_and_nothing_else() -> None:
     assert allowed(policies, _pod("drafter", "code", cluster="other"), 50052, neighbour)
     (code_policy,) = [p for p in policies if p["metadata"]["name"] == "demo-drafter-code"]
     assert allowed([code_policy], ngram, 50052, neighbour)  # code's policy does not select ngram pods
-    assert code_policy["metadata"]["labels"][builders.POOL_LABEL] == "code"  # pruned with its pool
+    assert code_policy["metadata"]["labels"][POOL_LABEL] == "code"  # pruned with its pool
 
 
 def test_metrics_from_replaces_the_namespace_peer_and_disabled_creates_none() -> None:
@@ -374,7 +375,7 @@ def test_lifecycle_probes_strategy_grace_and_disruption_budgets() -> None:
     # vLLM finishes its in-flight requests within what the grace period leaves, refusing new ones
     assert c["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "10"]}}
     assert cluster.verifier.shutdown_timeout_s == 120 - 10 - 5
-    from cosine_spec.settings import VerifierSpec
+    from cosine_spec.verifier_spec import VerifierSpec
     assert (VerifierSpec(model="m", termination_grace_s=8).pre_stop_s,
             VerifierSpec(model="m", termination_grace_s=8).shutdown_timeout_s) == (2, 1)
     # probes sized for a loaded server, not the kubelet's 1 s
@@ -670,10 +671,10 @@ def test_a_verifier_across_nodes_is_a_leader_worker_set_of_leader_and_engine_wor
     assert group["size"] == 2 and group["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader, worker = group["leaderTemplate"], group["workerTemplate"]
     assert leader == builders.build_verifier_deployment("demo", "ns", MULTINODE)["spec"]["template"]
-    assert worker["metadata"]["labels"][builders.COMPONENT_LABEL] == "verifier-worker"
+    assert worker["metadata"]["labels"][COMPONENT_LABEL] == "verifier-worker"
     assert not set(builders.selector_labels("demo", "verifier").items()) <= set(worker["metadata"]["labels"].items())
     (w,) = worker["spec"]["containers"]
-    assert w["args"] == ["verifier-worker", "--cluster", builders.CONFIG_FILE]
+    assert w["args"] == ["verifier-worker", "--cluster", CONFIG_FILE]
     assert w["resources"]["limits"]["nvidia.com/gpu"] == 8 and "ports" not in w
     wait = w["lifecycle"]["preStop"]["exec"]["command"]
     assert wait[:2] == ["python3", "-c"] and "LWS_LEADER_ADDRESS" in wait[2] and "8000" in wait[2]
@@ -685,12 +686,12 @@ def test_a_group_drains_one_at_a_time_and_talks_only_to_itself() -> None:
     pdb = builders.build_disruption_budgets("demo", "ns", MULTINODE)[0]
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"]["matchExpressions"] == [
-        {"key": builders.COMPONENT_LABEL, "operator": "In", "values": ["verifier", "verifier-worker"]}]
+        {"key": COMPONENT_LABEL, "operator": "In", "values": ["verifier", "verifier-worker"]}]
     policies = {p["metadata"]["name"]: p for p in builders.build_network_policies("demo", "ns", MULTINODE)}
     worker = policies["demo-verifier-worker"]["spec"]
-    assert worker["podSelector"]["matchLabels"][builders.COMPONENT_LABEL] == "verifier-worker"
+    assert worker["podSelector"]["matchLabels"][COMPONENT_LABEL] == "verifier-worker"
     (rule,) = worker["ingress"]
-    assert "ports" not in rule and {p["podSelector"]["matchLabels"][builders.COMPONENT_LABEL]
+    assert "ports" not in rule and {p["podSelector"]["matchLabels"][COMPONENT_LABEL]
                                     for p in rule["from"]} == {"verifier", "verifier-worker"}
     drafter = policies["demo-drafter-code"]["spec"]["ingress"][0]["from"]
     assert drafter == [{"podSelector": {"matchLabels": builders.selector_labels("demo", "verifier")}}]

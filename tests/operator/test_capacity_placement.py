@@ -9,7 +9,8 @@ import copy
 from typing import Any
 
 import pytest
-from cosine_spec.settings import SPOT_PROVIDERS, parse_cluster_spec
+from cosine_spec.cluster_spec import parse_cluster_spec
+from cosine_spec.spot import SPOT_PROVIDERS
 from node_affinity import admits
 
 from cosine_operator import builders, capacity_placement

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from cosine_spec.settings import parse_cluster_spec
+from cosine_spec.cluster_spec import parse_cluster_spec
+from cosine_spec.contract import CONFIG_DIR
 
 from cosine_operator import builders
 
@@ -105,4 +106,4 @@ def test_a_price_reaches_the_running_pods_through_the_mounted_config_map() -> No
         if name == "demo-epp":
             continue
         (mount,) = [m for c in template["spec"]["containers"] for m in c["volumeMounts"] if m["name"] == "config"]
-        assert mount["mountPath"] == builders.CONFIG_DIR and "subPath" not in mount, name
+        assert mount["mountPath"] == CONFIG_DIR and "subPath" not in mount, name

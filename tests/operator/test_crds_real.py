@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from cosine_spec.settings import parse_cluster_spec
+from cosine_spec.cluster_spec import parse_cluster_spec
 from test_chart import render
 
 pytestmark = pytest.mark.real_apiserver

@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from cosine_spec.settings import ENDPOINT_PICKER_IMAGE, parse_cluster_spec
+from cosine_spec.cluster_spec import ENDPOINT_PICKER_IMAGE, parse_cluster_spec
 
 from cosine_operator import builders, endpoint_picker
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from cosine_spec import settings as s
+from cosine_spec.cluster_spec import ClusterSpec, parse_cluster_spec
 from k8s_emulator import DEPLOYMENTS, JOBS, PVCS, SERVICES, Kube
 
 from cosine_operator import builders
@@ -27,8 +27,8 @@ def _apply(kube: Kube, resource: str, body: dict[str, Any]) -> httpx.Response:
                            params={"fieldManager": "cosine-operator", "force": "true"})
 
 
-def _cluster(image: str) -> s.ClusterSpec:
-    return s.parse_cluster_spec({"verifier": {"model": "qwen2.5-coder-1.5b-instruct"},
+def _cluster(image: str) -> ClusterSpec:
+    return parse_cluster_spec({"verifier": {"model": "qwen2.5-coder-1.5b-instruct"},
                                  "drafterPools": [{"name": "lookup", "kind": "ngram"}],
                                  "image": {"repository": "ghcr.io/cosine-project/cosine", "tag": image},
                                  "modelCache": {"size": "20Gi"}})

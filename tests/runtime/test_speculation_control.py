@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 import pytest
-from cosine_spec.settings import SpeculationSpec
+from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine.speculation_control import (
     BatchedCost,
@@ -90,7 +90,7 @@ def test_one_speculation_config_with_the_crds_defaults_and_bounds():
     runtime default is its default. Catches: a default written twice and drifting apart."""
     import dataclasses
 
-    from cosine_spec.settings import MAX_DRAFT_LEN
+    from cosine_spec.cluster_spec import MAX_DRAFT_LEN
 
     from cosine import vllm_hooks
     from cosine.pool_policy import PoolPolicy

@@ -17,7 +17,7 @@ For a cluster ``N`` in namespace ``NS`` (the runtime contract):
   metrics from the metrics sources): :func:`build_network_policies`;
 * with ``spec.drafterTLS``, its Secret mounted read-only at ``TLS_DIR`` in drafter and verifier pods.
 
-Every builder takes the spec parsed once (:class:`~cosine_spec.settings.ClusterSpec`).
+Every builder takes the spec parsed once (:class:`~cosine_spec.cluster_spec.ClusterSpec`).
 Owner references are not set here; the handlers ``kopf.adopt()`` every child.
 """
 
@@ -33,27 +33,40 @@ from dataclasses import replace
 from typing import Any
 
 import yaml
-from cosine_spec import settings as s
+from cosine_spec.catalogue import gguf_source
+from cosine_spec.cluster_spec import ClusterSpec, DrafterPoolSpec, DrafterTLSSpec, ModelCacheSpec, SpotSpec
+from cosine_spec.contract import (
+    CAPACITY_LABEL,
+    CLUSTER_KIND,
+    CLUSTER_LABEL,
+    COMPONENT_LABEL,
+    CONFIG_DIR,
+    CONFIG_FILE,
+    COSINE_API_KEY_ENV,
+    COSINE_CACHE_ENV,
+    DRAFTER_GRPC_PORT,
+    DRAFTER_METRICS_PORT,
+    GPU_RESOURCE,
+    GROUP,
+    LWS_LEADER_ADDRESS,
+    MODEL_CACHE_DIR,
+    MODEL_CREDENTIALS_DIR,
+    POOL_KIND,
+    POOL_LABEL,
+    TLS_DIR,
+    VERIFIER_HTTP_PORT,
+    VERIFIER_METRICS_PORT,
+    VERSION,
+)
+from cosine_spec.pods import PodOverrides, RoleImage
 
 from cosine_operator import capacity_placement, config_hashes, endpoint_picker
 
-CONFIG_DIR = "/etc/cosine"
-CONFIG_FILE = f"{CONFIG_DIR}/cluster.yaml"
-MODEL_CACHE_DIR = "/models"
-GPU_RESOURCE = s.GPU_RESOURCE
 # The taint GKE puts on GPU node pools and the one EKS GPU node groups are usually given.
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 CONFIG_HASH_ANNOTATION = "cosine.dev/config-hash"
 MANAGED_BY = "cosine-operator"
-CLUSTER_LABEL = "cosine.dev/cluster"
-POOL_LABEL = "cosine.dev/pool"
-COMPONENT_LABEL = "app.kubernetes.io/component"
-# A spot pool's pods: ``spot`` on the pool's own Deployment's, ``onDemand`` on its fallback sibling's
-# (`build_fallback_deployment`), so each Deployment's pods can be told apart.
-CAPACITY_LABEL = "cosine.dev/capacity"
 RUN_AS_USER = 10001  # the image's non-root user (Dockerfile)
-# spec.drafterTLS's Secret in drafter and verifier pods (not under CONFIG_DIR: a read-only volume)
-TLS_DIR = "/etc/cosine-tls"
 TLS_VOLUME = "drafter-tls"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by Kubernetes on every namespace
 
@@ -85,7 +98,7 @@ def fallback_name(cluster: str, pool: str) -> str:
     return f"{drafter_name(cluster, pool)}-ondemand"
 
 
-def model_claim_name(cluster: str, cache: s.ModelCacheSpec) -> str:
+def model_claim_name(cluster: str, cache: ModelCacheSpec) -> str:
     """The model cache's PersistentVolumeClaim: ``spec.modelCache.claimName``, else ``N-models``
     (created by the operator)."""
     return cache.claim_name or f"{cluster}-models"
@@ -124,17 +137,17 @@ def selector_labels(cluster: str, component: str, pool: str | None = None) -> di
     return out
 
 
-def runtime_document(name: str, cluster: s.ClusterSpec) -> dict[str, Any]:
+def runtime_document(name: str, cluster: ClusterSpec) -> dict[str, Any]:
     """The CoSineCluster as the runtime reads it: apiVersion, kind, metadata.name, spec (as written)."""
     return {
-        "apiVersion": f"{s.GROUP}/{s.VERSION}",
-        "kind": s.CLUSTER_KIND,
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": CLUSTER_KIND,
         "metadata": {"name": name},
         "spec": copy.deepcopy(dict(cluster.raw)),
     }
 
 
-def build_config_map(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
+def build_config_map(name: str, namespace: str, cluster: ClusterSpec) -> Manifest:
     """ConfigMap ``N-config`` with ``cluster.yaml``."""
     return {
         "apiVersion": "v1",
@@ -144,11 +157,11 @@ def build_config_map(name: str, namespace: str, cluster: s.ClusterSpec) -> Manif
     }
 
 
-def on_capacity(pool: s.DrafterPoolSpec, spot: s.SpotSpec | None) -> tuple[s.PodOverrides, int]:
+def on_capacity(pool: DrafterPoolSpec, spot: SpotSpec | None) -> tuple[PodOverrides, int]:
     """(pod overrides, termination grace in s) of ``pool``'s pods on its capacity: on spot, the
     provider's node selector and toleration are added to the pool's own (a key the pool sets
     itself wins) and the grace is capped to what the provider's notice leaves a pod
-    (:data:`cosine_spec.settings.SPOT_PROVIDERS`); on demand, the pool's as written."""
+    (:data:`cosine_spec.spot.SPOT_PROVIDERS`); on demand, the pool's as written."""
     if pool.capacity != "spot" or spot is None:
         return pool.pod, pool.grace_s(spot)
     cap = spot.capacity
@@ -159,7 +172,7 @@ def on_capacity(pool: s.DrafterPoolSpec, spot: s.SpotSpec | None) -> tuple[s.Pod
     return pod, pool.grace_s(spot)
 
 
-def _tolerations(pod: s.PodOverrides) -> list[dict[str, Any]]:
+def _tolerations(pod: PodOverrides) -> list[dict[str, Any]]:
     tolerations = [dict(t) for t in pod.tolerations]
     if pod.requests_gpu and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
         tolerations.append(dict(GPU_TOLERATION))
@@ -182,12 +195,12 @@ def model_storage_gib(model: str) -> int:
 
 def pull_memory_gib(models: list[str]) -> int:
     """Memory a ``cosine models pull`` of ``models`` needs, in GiB: a model fetched as GGUF from
-    PyPI (:data:`cosine_spec.settings.GGUF_ON_PYPI`, when the Hub is out of reach) is converted to
+    PyPI (:data:`cosine_spec.catalogue.GGUF_ON_PYPI`, when the Hub is out of reach) is converted to
     float32 safetensors in memory, 4 bytes a parameter plus a quarter, and 1 GiB for the process;
     at least 2 GiB. Any other model is a Hub download, which streams to disk whatever its size."""
     need = 2
     for model in models:
-        if s.gguf_source(model) != "pypi":
+        if gguf_source(model) != "pypi":
             continue
         m = _PARAMS.search(model.lower().rsplit("/", 1)[-1])
         if m is not None:
@@ -196,7 +209,7 @@ def pull_memory_gib(models: list[str]) -> int:
     return need
 
 
-def cluster_models(cluster: s.ClusterSpec) -> list[str]:
+def cluster_models(cluster: ClusterSpec) -> list[str]:
     """Every model a cluster's pods load, once each, in spec order (the verifier's first, then the
     engine drafter's, which the verifier loads beside the target)."""
     sp = cluster.verifier.speculator
@@ -220,7 +233,7 @@ def _pod_security() -> dict[str, Any]:
     }
 
 
-def _hf_token_env(cluster: s.ClusterSpec) -> list[dict[str, Any]]:
+def _hf_token_env(cluster: ClusterSpec) -> list[dict[str, Any]]:
     ref = cluster.hf_token
     if ref is None:
         return []
@@ -230,7 +243,7 @@ def _hf_token_env(cluster: s.ClusterSpec) -> list[dict[str, Any]]:
 MODEL_CREDENTIALS_VOLUME = "model-credentials"
 
 
-def _model_credentials_volumes(cluster: s.ClusterSpec) -> list[dict[str, Any]]:
+def _model_credentials_volumes(cluster: ClusterSpec) -> list[dict[str, Any]]:
     """The pod volume of ``spec.modelCredentialsSecretRef``'s Secret, for a pod that runs
     :func:`_pull_container` (none without one)."""
     ref = cluster.model_credentials
@@ -252,13 +265,13 @@ def _pull_resources(limit_gib: int) -> dict[str, dict[str, str]]:
             "limits": {"memory": f"{limit_gib}Gi"}}
 
 
-def _pull_container(cluster: s.ClusterSpec, models: list[str], env: list[dict[str, Any]]) -> dict[str, Any]:
+def _pull_container(cluster: ClusterSpec, models: list[str], env: list[dict[str, Any]]) -> dict[str, Any]:
     """``cosine models pull`` of ``models`` into the ``models`` volume (the CPU image: pulling needs
     no GPU); the Hugging Face token and ``spec.modelCredentialsSecretRef``'s Secret (every key an
     environment variable, and the Secret mounted at ``MODEL_CREDENTIALS_DIR``: its pod needs
     :func:`_model_credentials_volumes`), if any, reach this container only. A model already there
     is kept; a gated or unauthorised model fails it with that reason in its log."""
-    image, policy = cluster.image.for_pod(s.RoleImage(), gpu=False)
+    image, policy = cluster.image.for_pod(RoleImage(), gpu=False)
     container: dict[str, Any] = {
         "name": "model-pull",
         "image": image,
@@ -273,7 +286,7 @@ def _pull_container(cluster: s.ClusterSpec, models: list[str], env: list[dict[st
     ref = cluster.model_credentials
     if ref is not None:
         container["envFrom"] = [{"secretRef": {"name": ref.name}}]
-        container["volumeMounts"].append({"name": MODEL_CREDENTIALS_VOLUME, "mountPath": s.MODEL_CREDENTIALS_DIR,
+        container["volumeMounts"].append({"name": MODEL_CREDENTIALS_VOLUME, "mountPath": MODEL_CREDENTIALS_DIR,
                                           "readOnly": True})
     return container
 
@@ -287,17 +300,17 @@ DEFAULT_RESOURCES: dict[str, dict[str, dict[str, str]]] = {
 
 
 def _pod_spec(
-    cluster: s.ClusterSpec,
-    pod: s.PodOverrides,
-    role_image: s.RoleImage,
+    cluster: ClusterSpec,
+    pod: PodOverrides,
+    role_image: RoleImage,
     container: dict[str, Any],
     name: str,
     models: list[str],
     termination_grace_s: int,
-    tls: s.DrafterTLSSpec | None = None,
+    tls: DrafterTLSSpec | None = None,
     shm: bool = False,
 ) -> dict[str, Any]:
-    """A pod spec around ``container``: the role's image for its device (:meth:`s.ImageSpec.for_pod`),
+    """A pod spec around ``container``: the role's image for its device (:meth:`ImageSpec.for_pod`),
     its models from ``spec.modelCache``'s claim mounted read-only or else pulled into an
     ``emptyDir`` by an init container, the pod template fields of ``pod`` verbatim, and a security
     context Pod Security ``restricted`` admits. ``shm``: a memory-backed ``/dev/shm`` (vLLM's
@@ -368,11 +381,11 @@ def _pod_spec(
     return spec
 
 
-def _env(pod: s.PodOverrides, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"name": "COSINE_CACHE", "value": MODEL_CACHE_DIR}, *extra, *[dict(e) for e in pod.env]]
+def _env(pod: PodOverrides, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"name": COSINE_CACHE_ENV, "value": MODEL_CACHE_DIR}, *extra, *[dict(e) for e in pod.env]]
 
 
-def _strategy(pod: s.PodOverrides) -> dict[str, Any]:
+def _strategy(pod: PodOverrides) -> dict[str, Any]:
     """The pod's ``strategy`` as written; else, for a GPU pod, a rolling update that surges none
     (a new pod takes the old one's GPU: an update needs no spare GPU); else Kubernetes' default."""
     if pod.strategy:
@@ -389,7 +402,7 @@ def _template(
     pod_spec: dict[str, Any],
     metrics_port: int,
     spec_hash: str,
-    pod: s.PodOverrides | None = None,
+    pod: PodOverrides | None = None,
 ) -> dict[str, Any]:
     """A pod template; ``pod``'s ``podLabels`` and ``podAnnotations`` join ours (ours win on a
     clash: the selector and the scrape annotations must stay)."""
@@ -421,7 +434,7 @@ def _deployment(
     metrics_port: int,
     spec_hash: str,
     strategy: dict[str, Any],
-    pod: s.PodOverrides | None = None,
+    pod: PodOverrides | None = None,
 ) -> Manifest:
     """A Deployment of :func:`_template`'s pods."""
     return _deployment_of(name, namespace, deployment, component, pool, replicas, strategy,
@@ -459,7 +472,7 @@ def _probes(check: dict[str, Any], startup_timeout_s: int) -> dict[str, Any]:
     }
 
 
-def _verifier_template(name: str, namespace: str, cluster: s.ClusterSpec) -> dict[str, Any]:
+def _verifier_template(name: str, namespace: str, cluster: ClusterSpec) -> dict[str, Any]:
     """The verifier's pod template (labels, scrape annotations, spec): a Deployment's pods, or a
     LeaderWorkerSet group's leader."""
     v = cluster.verifier
@@ -468,14 +481,14 @@ def _verifier_template(name: str, namespace: str, cluster: s.ClusterSpec) -> dic
         "--cluster",
         CONFIG_FILE,
         "--http-port",
-        str(s.VERIFIER_HTTP_PORT),
+        str(VERIFIER_HTTP_PORT),
         "--metrics-port",
-        str(s.VERIFIER_METRICS_PORT),
+        str(VERIFIER_METRICS_PORT),
         "--host",
         "0.0.0.0",  # the runtime binds loopback unless told otherwise
     ]
     for pool in cluster.drafter_pools:
-        target = f"dns:///{drafter_name(name, pool.name)}.{namespace}.svc:{s.DRAFTER_GRPC_PORT}"
+        target = f"dns:///{drafter_name(name, pool.name)}.{namespace}.svc:{DRAFTER_GRPC_PORT}"
         args += ["--drafter", f"{pool.name}={target}"]
     tls = cluster.drafter_tls
     if tls is not None:
@@ -486,7 +499,7 @@ def _verifier_template(name: str, namespace: str, cluster: s.ClusterSpec) -> dic
     gw = cluster.gateway
     if gw.api_key_secret is not None:
         ref = {"name": gw.api_key_secret.name, "key": gw.api_key_secret.key}
-        extra_env.append({"name": "COSINE_API_KEY", "valueFrom": {"secretKeyRef": ref}})
+        extra_env.append({"name": COSINE_API_KEY_ENV, "valueFrom": {"secretKeyRef": ref}})
     container = {
         "name": "verifier",
         "command": ["cosine"],
@@ -496,18 +509,18 @@ def _verifier_template(name: str, namespace: str, cluster: s.ClusterSpec) -> dic
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(v.pre_stop_s)]}}},
         "env": _env(v.pod, extra_env),
         "ports": [
-            {"name": "http", "containerPort": s.VERIFIER_HTTP_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": s.VERIFIER_METRICS_PORT, "protocol": "TCP"},
+            {"name": "http", "containerPort": VERIFIER_HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": VERIFIER_METRICS_PORT, "protocol": "TCP"},
         ],
-        **_probes({"httpGet": {"path": "/health", "port": s.VERIFIER_HTTP_PORT}}, v.startup_timeout_s),
+        **_probes({"httpGet": {"path": "/health", "port": VERIFIER_HTTP_PORT}}, v.startup_timeout_s),
     }
     pod = capacity_placement.on_demand(v.pod, None)  # the verifier stays off spot nodes
     pod_spec = _pod_spec(cluster, pod, v.image, container, name, [v.model], v.termination_grace_s, tls, shm=True)
-    return _template(name, "verifier", None, pod_spec, s.VERIFIER_METRICS_PORT, config_hashes.verifier_hash(cluster),
+    return _template(name, "verifier", None, pod_spec, VERIFIER_METRICS_PORT, config_hashes.verifier_hash(cluster),
                      v.pod)
 
 
-def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
+def build_verifier_deployment(name: str, namespace: str, cluster: ClusterSpec) -> Manifest:
     """Deployment ``N-verifier``: vLLM's OpenAI server with CoSine's proposer, one ``--drafter`` per pool;
     Prometheus scrapes CoSine's series on the metrics port (vLLM's are on the http port).
     ``replicas``: ``spec.verifier.replicas``, at creation only (then whoever scales it writes them:
@@ -519,7 +532,6 @@ def build_verifier_deployment(name: str, namespace: str, cluster: s.ClusterSpec)
 
 # LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, LWS v0.7): the env it gives every container of a group
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
-LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
 WORKER_COMPONENT = "verifier-worker"
 
 
@@ -527,7 +539,7 @@ def _leader_wait_command(grace_s: int) -> list[str]:
     """A worker's preStop: wait (at most ``grace_s`` - 5 s) until its leader's API port refuses
     connections, i.e. the leader has drained its requests; a group's pods get SIGTERM together,
     and a worker that exits first would fail the leader's in-flight requests."""
-    leader = f"(os.environ['{LWS_LEADER_ADDRESS}'],{s.VERIFIER_HTTP_PORT})"
+    leader = f"(os.environ['{LWS_LEADER_ADDRESS}'],{VERIFIER_HTTP_PORT})"
     script = ("import os,socket,time\n"
               f"end=time.monotonic()+{max(0, grace_s - 5)}\n"
               "while time.monotonic()<end:\n"
@@ -537,7 +549,7 @@ def _leader_wait_command(grace_s: int) -> list[str]:
     return ["python3", "-c", script]
 
 
-def build_verifier_group(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
+def build_verifier_group(name: str, namespace: str, cluster: ClusterSpec) -> Manifest:
     """LeaderWorkerSet ``N-verifier`` (``spec.verifier.parallelism.nodes`` > 1): ``spec.verifier.replicas``
     groups (at creation only, as the Deployment's) of ``nodes`` pods running vLLM's multi-node mode
     without Ray. The leader is the verifier pod (the API, CoSine's proposer in its engine core, the
@@ -558,7 +570,7 @@ def build_verifier_group(name: str, namespace: str, cluster: s.ClusterSpec) -> M
     }
     worker_spec = _pod_spec(cluster, capacity_placement.on_demand(v.pod, None), v.image, worker_container, name,
                             [v.model], v.termination_grace_s, None, shm=True)
-    worker = _template(name, WORKER_COMPONENT, None, worker_spec, s.VERIFIER_METRICS_PORT,
+    worker = _template(name, WORKER_COMPONENT, None, worker_spec, VERIFIER_METRICS_PORT,
                        config_hashes.verifier_hash(cluster), v.pod)
     for key in ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path"):
         worker["metadata"]["annotations"].pop(key)  # a headless engine serves no metrics
@@ -581,7 +593,7 @@ def build_verifier_group(name: str, namespace: str, cluster: s.ClusterSpec) -> M
     }
 
 
-def build_verifier(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
+def build_verifier(name: str, namespace: str, cluster: ClusterSpec) -> Manifest:
     """The verifier's workload: a Deployment, or a LeaderWorkerSet when a replica spans nodes."""
     if cluster.verifier.nodes > 1:
         return build_verifier_group(name, namespace, cluster)
@@ -589,7 +601,7 @@ def build_verifier(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifes
 
 
 def build_drafter_deployment(
-    name: str, namespace: str, cluster: s.ClusterSpec, pool: str, replicas: int
+    name: str, namespace: str, cluster: ClusterSpec, pool: str, replicas: int
 ) -> Manifest:
     """Deployment ``N-drafter-P`` created with ``replicas`` pods (the scale target's value, not the
     spec's); afterwards its replicas follow the pool's ``CoSineDrafterPool``. ``KeyError`` if the
@@ -606,20 +618,20 @@ def build_drafter_deployment(
             "--pool",
             p.name,
             "--grpc-port",
-            str(s.DRAFTER_GRPC_PORT),
+            str(DRAFTER_GRPC_PORT),
             "--metrics-port",
-            str(s.DRAFTER_METRICS_PORT),
+            str(DRAFTER_METRICS_PORT),
             "--host",
             "0.0.0.0",
         ],
         "env": _env(p.pod, []),
         "ports": [
-            {"name": "grpc", "containerPort": s.DRAFTER_GRPC_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": s.DRAFTER_METRICS_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": DRAFTER_GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": DRAFTER_METRICS_PORT, "protocol": "TCP"},
         ],
         # the kubelet's gRPC probe speaks plaintext only: with TLS, the port being open (the
         # server starts once the engine is loaded) is the signal
-        **_probes({"tcpSocket": {"port": s.DRAFTER_GRPC_PORT}} if tls else {"grpc": {"port": s.DRAFTER_GRPC_PORT}},
+        **_probes({"tcpSocket": {"port": DRAFTER_GRPC_PORT}} if tls else {"grpc": {"port": DRAFTER_GRPC_PORT}},
                   p.startup_timeout_s),
     }
     if tls is not None:
@@ -638,7 +650,7 @@ def build_drafter_deployment(
         p.name,
         replicas,
         pod_spec,
-        s.DRAFTER_METRICS_PORT,
+        DRAFTER_METRICS_PORT,
         config_hashes.pool_hash(cluster, p.name),
         _strategy(p.pod),
         p.pod,
@@ -649,7 +661,7 @@ def build_drafter_deployment(
 
 
 def build_fallback_deployment(
-    name: str, namespace: str, cluster: s.ClusterSpec, pool: str, replicas: int
+    name: str, namespace: str, cluster: ClusterSpec, pool: str, replicas: int
 ) -> Manifest:
     """A spot pool's on-demand sibling, ``N-drafter-P-ondemand``: the pool's pods as on demand
     (no spot selector, toleration or grace cap; kept off spot nodes and, where the provider has
@@ -670,7 +682,7 @@ def build_fallback_deployment(
     return out
 
 
-def build_model_claim(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest | None:
+def build_model_claim(name: str, namespace: str, cluster: ClusterSpec) -> Manifest | None:
     """PersistentVolumeClaim ``N-models`` when ``spec.modelCache`` names no existing claim; else
     ``None`` (no cache, or the user's claim)."""
     cache = cluster.model_cache
@@ -687,7 +699,7 @@ def build_model_claim(name: str, namespace: str, cluster: s.ClusterSpec) -> Mani
     }
 
 
-def build_model_job(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest | None:
+def build_model_job(name: str, namespace: str, cluster: ClusterSpec) -> Manifest | None:
     """Job ``N-models-<hash>`` (:func:`model_job_name`): ``cosine models pull`` of every model of the
     cluster (:func:`cluster_models`) into ``spec.modelCache``'s claim, before any pod that loads
     them starts (reconcile waits for it to succeed); ``None`` without ``spec.modelCache`` or with
@@ -696,7 +708,7 @@ def build_model_job(name: str, namespace: str, cluster: s.ClusterSpec) -> Manife
     if cache is None or cache.pre_populated:
         return None
     models = cluster_models(cluster)
-    pull = _pull_container(cluster, models, [{"name": "COSINE_CACHE", "value": MODEL_CACHE_DIR}])
+    pull = _pull_container(cluster, models, [{"name": COSINE_CACHE_ENV, "value": MODEL_CACHE_DIR}])
     spec = {
         "backoffLimit": 3,
         "template": {
@@ -719,7 +731,7 @@ def build_model_job(name: str, namespace: str, cluster: s.ClusterSpec) -> Manife
     }
 
 
-def build_disruption_budgets(name: str, namespace: str, cluster: s.ClusterSpec) -> list[Manifest]:
+def build_disruption_budgets(name: str, namespace: str, cluster: ClusterSpec) -> list[Manifest]:
     """PodDisruptionBudgets ``N-verifier`` and per pool ``N-drafter-P``: a node drain or upgrade
     evicts one pod of each at a time (a lone verifier still goes: it is evicted, not blocked)."""
     roles = [(verifier_name(name), "verifier", None)] + [
@@ -752,13 +764,13 @@ def build_verifier_service(name: str, namespace: str) -> Manifest:
             "type": "ClusterIP",
             "selector": selector_labels(name, "verifier"),
             "ports": [
-                {"name": "http", "port": s.VERIFIER_HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "http", "port": VERIFIER_HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
             ],
         },
     }
 
 
-def build_gateway_service(name: str, namespace: str, cluster: s.ClusterSpec) -> Manifest:
+def build_gateway_service(name: str, namespace: str, cluster: ClusterSpec) -> Manifest:
     """Service ``N-gateway``: the OpenAI API, ``spec.gateway.port`` → the verifier's 8000, with the
     gateway's annotations, source ranges and load-balancer class as written."""
     gw = cluster.gateway
@@ -795,10 +807,10 @@ def build_drafter_service(name: str, namespace: str, pool: str) -> Manifest:
             "clusterIP": "None",
             "selector": selector_labels(name, "drafter", pool),
             "ports": [
-                {"name": "grpc", "port": s.DRAFTER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+                {"name": "grpc", "port": DRAFTER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
                 {
                     "name": "metrics",
-                    "port": s.DRAFTER_METRICS_PORT,
+                    "port": DRAFTER_METRICS_PORT,
                     "targetPort": "metrics",
                     "protocol": "TCP",
                 },
@@ -808,14 +820,14 @@ def build_drafter_service(name: str, namespace: str, pool: str) -> Manifest:
 
 
 def build_pool_scaler(
-    name: str, namespace: str, cluster: s.ClusterSpec, pool: str, replicas: int
+    name: str, namespace: str, cluster: ClusterSpec, pool: str, replicas: int
 ) -> Manifest:
     """``CoSineDrafterPool`` ``N-P``: the pool's scale target, created with ``replicas``; its
     ``spec.replicas`` drives the Deployment. ``KeyError`` if the cluster has no pool ``pool``."""
     p = cluster.pool(pool)
     return {
-        "apiVersion": f"{s.GROUP}/{s.VERSION}",
-        "kind": s.POOL_KIND,
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": POOL_KIND,
         "metadata": {
             "name": pool_object_name(name, pool),
             "namespace": namespace,
@@ -852,7 +864,7 @@ def operator_peer(namespace: str, pod_labels: Mapping[str, str]) -> dict[str, An
     }
 
 
-def metrics_sources(cluster: s.ClusterSpec, operator: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def metrics_sources(cluster: ClusterSpec, operator: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Who may reach the metrics ports: ``spec.networkPolicy.metricsFrom`` as written, else every
     pod of the cluster's namespace; plus the operator's pods (``operator``, see :func:`operator_peer`)."""
     given = cluster.network_policy.metrics_from
@@ -882,7 +894,7 @@ def _tcp(port: int) -> list[dict[str, Any]]:
 
 
 def build_network_policies(
-    name: str, namespace: str, cluster: s.ClusterSpec, operator: Mapping[str, Any] | None = None
+    name: str, namespace: str, cluster: ClusterSpec, operator: Mapping[str, Any] | None = None
 ) -> list[Manifest]:
     """NetworkPolicies (ingress only; egress stays open: model downloads, the verifier's calls):
 
@@ -901,8 +913,8 @@ def build_network_policies(
         return []
     sources = metrics_sources(cluster, operator)
     verifier = [
-        {"ports": _tcp(s.VERIFIER_HTTP_PORT)},  # no `from`: every source
-        {"from": sources, "ports": _tcp(s.VERIFIER_METRICS_PORT)},
+        {"ports": _tcp(VERIFIER_HTTP_PORT)},  # no `from`: every source
+        {"from": sources, "ports": _tcp(VERIFIER_METRICS_PORT)},
     ]
     router = cluster.router.enabled
     if router:  # the endpoint picker reads the verifiers' metrics (vLLM's on http, CoSine's here)
@@ -929,9 +941,9 @@ def build_network_policies(
         drafter = [
             {
                 "from": [{"podSelector": {"matchLabels": selector_labels(name, "verifier")}}],
-                "ports": _tcp(s.DRAFTER_GRPC_PORT),
+                "ports": _tcp(DRAFTER_GRPC_PORT),
             },
-            {"from": copy.deepcopy(sources), "ports": _tcp(s.DRAFTER_METRICS_PORT)},
+            {"from": copy.deepcopy(sources), "ports": _tcp(DRAFTER_METRICS_PORT)},
         ]
         out.append(_network_policy(name, namespace, drafter_name(name, pool.name), "drafter", pool.name, drafter))
     return out
@@ -940,7 +952,7 @@ def build_network_policies(
 def build_children(
     name: str,
     namespace: str,
-    cluster: s.ClusterSpec,
+    cluster: ClusterSpec,
     pool_replicas: Mapping[str, int],
     operator: Mapping[str, Any] | None = None,
 ) -> list[Manifest]:
@@ -994,7 +1006,7 @@ def endpoint_picker_name(cluster: str) -> str:
     return f"{cluster}-epp"
 
 
-def build_router(name: str, namespace: str, cluster: s.ClusterSpec) -> list[Manifest]:
+def build_router(name: str, namespace: str, cluster: ClusterSpec) -> list[Manifest]:
     """``spec.router.enabled``: the InferencePool ``N-router`` of the verifier pods (the leaders of a
     multi-node verifier), its endpoint picker (ServiceAccount, Role and RoleBinding as llm-d's
     charts grant them, the configuration ConfigMap, Deployment and Service ``N-epp``), the
@@ -1012,7 +1024,7 @@ def build_router(name: str, namespace: str, cluster: s.ClusterSpec) -> list[Mani
         "metadata": meta(router_name(name)),
         "spec": {
             "selector": {"matchLabels": selector_labels(name, "verifier")},
-            "targetPorts": [{"number": s.VERIFIER_HTTP_PORT}],
+            "targetPorts": [{"number": VERIFIER_HTTP_PORT}],
             "endpointPickerRef": {"name": epp, "port": {"number": EPP_GRPC_PORT}, "failureMode": r.failure_mode},
         },
     }

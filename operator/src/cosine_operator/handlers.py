@@ -39,24 +39,39 @@ from typing import Any
 
 import aiohttp
 import kopf
-from cosine_spec import settings as s
 from cosine_spec.autoscaling import Observations, ScaleDecision, policy_from_spec
 from cosine_spec.capacity import on_demand_fallback
+from cosine_spec.cluster_spec import ClusterSpec, clamp_replicas, parse_cluster_spec
+from cosine_spec.contract import (
+    CAPACITY_LABEL,
+    CLUSTER_KIND,
+    CLUSTER_LABEL,
+    CLUSTER_PLURAL,
+    COMPONENT_LABEL,
+    DRAFTER_METRICS_PORT,
+    GROUP,
+    POOL_KIND,
+    POOL_LABEL,
+    POOL_PLURAL,
+    VERIFIER_METRICS_PORT,
+    VERSION,
+)
 from cosine_spec.metrics_scrape import Rates, Scrape, ScrapeTarget, rates, scrape_pods, scrape_prometheus
 from cosine_spec.metrics_scrape import observations as observations_of
 from cosine_spec.scaling_loop import ScalingLoop
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from cosine_operator import builders, kube, status
+from cosine_operator.config import OperatorConfig
 from cosine_operator.telemetry import OperatorMetrics
 
-CLUSTER = (s.GROUP, s.VERSION, s.CLUSTER_PLURAL)
-POOL = (s.GROUP, s.VERSION, s.POOL_PLURAL)
+CLUSTER = (GROUP, VERSION, CLUSTER_PLURAL)
+POOL = (GROUP, VERSION, POOL_PLURAL)
 MANAGED = {"app.kubernetes.io/managed-by": builders.MANAGED_BY}
 # The resync timer's interval (``COSINE_OPERATOR_RESYNC_S``): kopf takes a timer's interval when
 # its handler is registered, at import, so it is read from the environment then; the rest of the
 # operator's config at startup.
-RESYNC_S = s.OperatorConfig.from_env(os.environ).resync_s
+RESYNC_S = OperatorConfig.from_env(os.environ).resync_s
 
 
 def _now() -> str:
@@ -72,7 +87,7 @@ def operator_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.startup()
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """Typed config from the environment, API client, progress storage, webhook server, metrics."""
-    config = s.OperatorConfig.from_env(os.environ)
+    config = OperatorConfig.from_env(os.environ)
     memo.config = config
     memo.api = await kube.connect()
     memo.metrics = OperatorMetrics.create()
@@ -106,7 +121,7 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
         await api.close()
 
 
-async def _creation_replicas(api: Any, name: str, namespace: str, cluster: s.ClusterSpec,
+async def _creation_replicas(api: Any, name: str, namespace: str, cluster: ClusterSpec,
                              hand_scaled: set[str]) -> dict[str, int]:
     """Each pool's replicas for a child created now: its ``CoSineDrafterPool``'s ``spec.replicas``
     if the pool exists and was not just scaled by hand, else the spec's; within its bounds. Only a
@@ -115,18 +130,18 @@ async def _creation_replicas(api: Any, name: str, namespace: str, cluster: s.Clu
     for pool in cluster.drafter_pools:
         current = None
         if pool.name not in hand_scaled:
-            current = await kube.get(api, s.POOL_KIND, namespace, builders.pool_object_name(name, pool.name))
+            current = await kube.get(api, POOL_KIND, namespace, builders.pool_object_name(name, pool.name))
         replicas = pool.replicas if current is None else int(current["spec"].get("replicas", pool.replicas))
         out[pool.name] = pool.clamp(replicas)
     return out
 
 
-def _hand_scaled(cluster: s.ClusterSpec, old_spec: Any) -> set[str]:
+def _hand_scaled(cluster: ClusterSpec, old_spec: Any) -> set[str]:
     """Pools whose ``spec.drafterPools[].replicas`` this update changed (the user scaled by hand)."""
     if not old_spec:
         return set()
     try:
-        old = {p.name: p.replicas for p in s.parse_cluster_spec(old_spec).drafter_pools}
+        old = {p.name: p.replicas for p in parse_cluster_spec(old_spec).drafter_pools}
     except ValueError:
         return set()
     return {p.name for p in cluster.drafter_pools if p.name in old and old[p.name] != p.replicas}
@@ -135,10 +150,10 @@ def _hand_scaled(cluster: s.ClusterSpec, old_spec: Any) -> set[str]:
 async def _prune(api: Any, name: str, namespace: str, pools: set[str], logger: Any) -> list[str]:
     """Delete the children of drafter pools no longer in the spec; returns the pools removed."""
     removed: set[str] = set()
-    for kind in (s.POOL_KIND, "Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget"):
+    for kind in (POOL_KIND, "Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget"):
         for obj in await kube.list_owned(api, kind, namespace, name):
             meta = obj["metadata"]
-            pool = (meta.get("labels") or {}).get(builders.POOL_LABEL)
+            pool = (meta.get("labels") or {}).get(POOL_LABEL)
             if pool is not None and pool not in pools:
                 await kube.delete(api, kind, namespace, meta["name"])
                 removed.add(pool)
@@ -153,7 +168,7 @@ async def _drop_network_policies(api: Any, name: str, namespace: str, logger: An
         logger.info(f"deleted NetworkPolicy {obj['metadata']['name']} (spec.networkPolicy.enabled is false)")
 
 
-async def _prune_verifier_kind(api: Any, name: str, namespace: str, cluster: s.ClusterSpec, logger: Any) -> None:
+async def _prune_verifier_kind(api: Any, name: str, namespace: str, cluster: ClusterSpec, logger: Any) -> None:
     """The verifier is a Deployment on one node and a LeaderWorkerSet across several: when
     ``spec.verifier.parallelism.nodes`` crosses 1, delete the other kind's ``N-verifier``."""
     other = "Deployment" if cluster.verifier.nodes > 1 else "LeaderWorkerSet"
@@ -163,7 +178,7 @@ async def _prune_verifier_kind(api: Any, name: str, namespace: str, cluster: s.C
         if e.status not in (403, 404):
             raise
         return
-    if found is not None and found["metadata"].get("labels", {}).get(builders.CLUSTER_LABEL) == name:
+    if found is not None and found["metadata"].get("labels", {}).get(CLUSTER_LABEL) == name:
         await kube.delete(api, other, namespace, builders.verifier_name(name))
         logger.info(f"deleted {other} {builders.verifier_name(name)} (spec.verifier.parallelism.nodes is "
                     f"{cluster.verifier.nodes})")
@@ -201,7 +216,7 @@ async def _drop_gke_policies(api: Any, name: str, namespace: str, logger: Any) -
             if e.status not in (403, 404):
                 raise
             continue
-        if found is not None and (found["metadata"].get("labels") or {}).get(builders.CLUSTER_LABEL) == name:
+        if found is not None and (found["metadata"].get("labels") or {}).get(CLUSTER_LABEL) == name:
             await kube.delete(api, kind, namespace, builders.router_name(name))
             logger.info(f"deleted {kind} {builders.router_name(name)} (spec.router.provider is not gke)")
 
@@ -210,7 +225,7 @@ async def _drop_router(api: Any, name: str, namespace: str, logger: Any) -> None
     """``spec.router`` off: delete the router's children if any is left (looked up through its
     ServiceAccount, so a cluster that never had a router costs one list per pass)."""
     if not [o for o in await kube.list_owned(api, "ServiceAccount", namespace, name)
-            if (o["metadata"].get("labels") or {}).get(builders.COMPONENT_LABEL) == builders.ROUTER_COMPONENT]:
+            if (o["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == builders.ROUTER_COMPONENT]:
         return
     names = {kind: builders.router_name(name) for kind in ("HTTPRoute", "InferencePool", *GKE_POLICY_KINDS)}
     for kind in (*ROUTER_KINDS, *GKE_POLICY_KINDS):
@@ -238,7 +253,7 @@ def _unscheduled(pod: dict[str, Any]) -> bool:
     return not any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in st.get("conditions") or ())
 
 
-async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, cluster: s.ClusterSpec,
+async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, cluster: ClusterSpec,
                           drafters: dict[str, dict[str, Any]], generation: int | None,
                           logger: Any) -> list[dict[str, Any]]:
     """Size each spot pool's on-demand sibling (``cosine_spec.capacity.on_demand_fallback``: the
@@ -246,9 +261,9 @@ async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, 
     none as spot replicas become Ready); delete a sibling no longer needed (its pods drain on
     SIGTERM). Returns the ``SpotFallback`` condition (none without spot pools)."""
     spot_pools = [p for p in cluster.drafter_pools if p.capacity == "spot" and cluster.spot is not None]
-    siblings = {(o["metadata"].get("labels") or {}).get(builders.POOL_LABEL): o
+    siblings = {(o["metadata"].get("labels") or {}).get(POOL_LABEL): o
                 for o in await kube.list_owned(api, "Deployment", namespace, name)
-                if (o["metadata"].get("labels") or {}).get(builders.CAPACITY_LABEL) == "onDemand"}
+                if (o["metadata"].get("labels") or {}).get(CAPACITY_LABEL) == "onDemand"}
     for pool, obj in siblings.items():  # a pool back on demand, or gone: its sibling goes
         if pool not in {p.name for p in spot_pools}:
             await kube.delete(api, "Deployment", namespace, obj["metadata"]["name"])
@@ -263,8 +278,8 @@ async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, 
                                                              builders.drafter_name(name, pool.name))
         if primary is None:
             continue
-        mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(builders.POOL_LABEL) == pool.name
-                and (p["metadata"].get("labels") or {}).get(builders.CAPACITY_LABEL) == "spot"]
+        mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(POOL_LABEL) == pool.name
+                and (p["metadata"].get("labels") or {}).get(CAPACITY_LABEL) == "spot"]
         sibling = siblings.get(pool.name)
         current = int((sibling or {}).get("spec", {}).get("replicas") or 0)
         fallback = on_demand_fallback(
@@ -286,7 +301,7 @@ async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, 
 
 
 async def _children_status(
-    api: Any, name: str, namespace: str, generation: int | None, cluster: s.ClusterSpec
+    api: Any, name: str, namespace: str, generation: int | None, cluster: ClusterSpec
 ) -> Any:
     """The status's part that comes from the children's Deployments, as a function of the live
     status (``status.build_status``: the autoscaler's fields and conditions are kept)."""
@@ -308,13 +323,13 @@ async def _write_status(api: Any, name: str, namespace: str, update: Any, attemp
     Raises ``kopf.TemporaryError`` after ``attempts`` conflicts in a row, ``ApiException`` on
     any other failure."""
     for _ in range(attempts):
-        live = await kube.get(api, s.CLUSTER_KIND, namespace, name)
+        live = await kube.get(api, CLUSTER_KIND, namespace, name)
         if live is None or live["metadata"].get("deletionTimestamp"):
             return
         body = {"metadata": {"resourceVersion": live["metadata"]["resourceVersion"]},
                 "status": update(dict(live.get("status") or {}))}
         try:
-            await kube.patch(api, s.CLUSTER_KIND, namespace, name, body, subresource="status")
+            await kube.patch(api, CLUSTER_KIND, namespace, name, body, subresource="status")
             return
         except ApiException as e:
             if e.status != 409:
@@ -334,7 +349,7 @@ async def _reconcile(
 ) -> None:
     """One pass: every child applied (scale-free: see the module docstring), the status written once."""
     try:
-        cluster = s.parse_cluster_spec(spec)
+        cluster = parse_cluster_spec(spec)
     except ValueError as e:
         memo.metrics.reconciles.labels(event, "invalid").inc()
         raise kopf.PermanentError(f"invalid spec: {e}") from e
@@ -352,17 +367,17 @@ async def _reconcile(
     children = builders.build_children(name, namespace, cluster, created, operator)
     for child in children:
         kopf.adopt(child, owner=body)
-        kind, pool = child["kind"], child["metadata"]["labels"].get(builders.POOL_LABEL)
-        loads_models = kind in ("Deployment", "LeaderWorkerSet", s.POOL_KIND)
+        kind, pool = child["kind"], child["metadata"]["labels"].get(POOL_LABEL)
+        loads_models = kind in ("Deployment", "LeaderWorkerSet", POOL_KIND)
         if loads_models and models is not None and models["status"] != "True":
             continue  # no pod that loads a model before the cache holds it
-        if kind == s.POOL_KIND:
+        if kind == POOL_KIND:
             applied = await kube.apply_scale_free(api, child)  # its scale: its scaler's after creation
             if pool in hand_scaled:  # spec.drafterPools[].replicas changed: the pool's new scale
                 await kube.patch(api, kind, namespace, child["metadata"]["name"],
                                  {"spec": {"replicas": child["spec"]["replicas"]}})
             # the selector from the start (HPA needs it before any pod)
-            await kube.patch(api, s.POOL_KIND, namespace, applied["metadata"]["name"],
+            await kube.patch(api, POOL_KIND, namespace, applied["metadata"]["name"],
                              {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
             continue
         if kind == "PersistentVolumeClaim":
@@ -370,7 +385,7 @@ async def _reconcile(
             continue
         if kind == "LeaderWorkerSet":
             await _replace_resized_group(api, child, logger)
-        component = child["metadata"]["labels"].get(builders.COMPONENT_LABEL)
+        component = child["metadata"]["labels"].get(COMPONENT_LABEL)
         scaled_by_others = kind == "LeaderWorkerSet" or (
             kind == "Deployment" and component != builders.ROUTER_COMPONENT)
         applied = await (kube.apply_scale_free(api, child) if scaled_by_others else kube.apply(api, child))
@@ -436,7 +451,7 @@ async def _prune_replaced(api: Any, name: str, namespace: str, children: list[di
     for kind in ("Job", "PersistentVolumeClaim"):
         for obj in await kube.list_owned(api, kind, namespace, name):
             meta = obj["metadata"]
-            component = (meta.get("labels") or {}).get(builders.COMPONENT_LABEL)
+            component = (meta.get("labels") or {}).get(COMPONENT_LABEL)
             if (kind, meta["name"]) not in wanted and component == "models":
                 await kube.delete(api, kind, namespace, meta["name"])
                 logger.info(f"deleted {kind} {meta['name']} (no longer in the spec)")
@@ -538,24 +553,24 @@ async def cosinecluster_resync(
 async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """A child Deployment changed (its pods): refresh the owner's status and its pool's status."""
     labels = body.metadata.labels
-    cluster_name = labels.get(builders.CLUSTER_LABEL)
+    cluster_name = labels.get(CLUSTER_LABEL)
     if not cluster_name or body.metadata.get("deletionTimestamp"):
         return
     api = memo.api
-    owner = await kube.get(api, s.CLUSTER_KIND, namespace, cluster_name)
+    owner = await kube.get(api, CLUSTER_KIND, namespace, cluster_name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return
     try:
-        cluster = s.parse_cluster_spec(owner.get("spec") or {})
+        cluster = parse_cluster_spec(owner.get("spec") or {})
     except ValueError:
         return
     update = await _children_status(api, cluster_name, namespace, owner["metadata"].get("generation"), cluster)
     await _write_status(api, cluster_name, namespace, update)
-    pool = labels.get(builders.POOL_LABEL)
+    pool = labels.get(POOL_LABEL)
     if pool and body.metadata.name == builders.drafter_name(cluster_name, pool):  # not a spot pool's sibling
         await kube.patch(
             api,
-            s.POOL_KIND,
+            POOL_KIND,
             namespace,
             builders.pool_object_name(cluster_name, pool),
             {"status": status.pool_status(cluster_name, pool, body)},
@@ -573,7 +588,7 @@ async def cosinedrafterpool_follow(
     ``spec.replicas`` within ``[minReplicas, maxReplicas]``, the only write of that Deployment's
     replicas after its creation. Retried (``kopf.TemporaryError``) while the Deployment is absent."""
     lo, hi = int(spec.get("minReplicas", 0)), int(spec.get("maxReplicas", 1 << 20))
-    replicas = s.clamp_replicas(int(spec.get("replicas", lo)), lo, hi)
+    replicas = clamp_replicas(int(spec.get("replicas", lo)), lo, hi)
     deployment = builders.drafter_name(spec["clusterName"], spec["pool"])
     done = await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}})
     if done is None:
@@ -582,7 +597,7 @@ async def cosinedrafterpool_follow(
 
 
 async def _scrape(
-    api: Any, name: str, namespace: str, cluster: s.ClusterSpec, config: s.OperatorConfig
+    api: Any, name: str, namespace: str, cluster: ClusterSpec, config: OperatorConfig
 ) -> Scrape:
     """Every Running verifier and drafter pod's ``/metrics`` (failures listed, not raised)."""
     targets = []
@@ -592,20 +607,20 @@ async def _scrape(
         if not ip or pod_status.get("phase", "Running") != "Running" or meta.get("deletionTimestamp"):
             continue
         labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-        role = labels.get(builders.COMPONENT_LABEL)
+        role = labels.get(COMPONENT_LABEL)
         if role not in ("verifier", "drafter"):
             continue
-        default_port = s.VERIFIER_METRICS_PORT if role == "verifier" else s.DRAFTER_METRICS_PORT
+        default_port = VERIFIER_METRICS_PORT if role == "verifier" else DRAFTER_METRICS_PORT
         port = annotations.get("prometheus.io/port", str(default_port))
         path = annotations.get("prometheus.io/path", "/metrics")
         targets.append(
-            ScrapeTarget(meta["name"], role, labels.get(builders.POOL_LABEL), f"http://{ip}:{port}{path}")
+            ScrapeTarget(meta["name"], role, labels.get(POOL_LABEL), f"http://{ip}:{port}{path}")
         )
     return await scrape_pods(targets, config.scrape_timeout_s, time.monotonic())
 
 
 async def _measure(
-    api: Any, name: str, namespace: str, cluster: s.ClusterSpec, previous: Scrape | None, memo: kopf.Memo,
+    api: Any, name: str, namespace: str, cluster: ClusterSpec, previous: Scrape | None, memo: kopf.Memo,
     logger: Any,
 ) -> tuple[Rates | None, Scrape | None]:
     """This interval's rates (``None``: a first scrape, rates need two) and the scrape to keep:
@@ -636,7 +651,7 @@ class _ClusterScaling:
     ``ScalingActive`` condition, each pool's ``PoolTooSlow``/``MetricsMissing`` and its desired
     replicas."""
 
-    def __init__(self, api: Any, body: kopf.Body, name: str, namespace: str, cluster: s.ClusterSpec,
+    def __init__(self, api: Any, body: kopf.Body, name: str, namespace: str, cluster: ClusterSpec,
                  memo: kopf.Memo, logger: Any) -> None:
         self.api, self.body, self.name, self.namespace = api, body, name, namespace
         self.memo, self.logger, self.cluster = memo, logger, cluster
@@ -645,7 +660,7 @@ class _ClusterScaling:
                                 on_error=lambda stage, _: memo.metrics.autoscaler_errors.labels(stage).inc(),
                                 log=logger)
 
-    def follow(self, cluster: s.ClusterSpec) -> None:
+    def follow(self, cluster: ClusterSpec) -> None:
         """The live spec for the next pass (bounds, prices, interval may have changed)."""
         self.cluster, self.loop.policy = cluster, policy_from_spec(cluster)
 
@@ -657,7 +672,7 @@ class _ClusterScaling:
         pool_replicas: dict[str, tuple[int, int]] = {}
         api, ns, name = self.api, self.namespace, self.name
         for pool in self.cluster.drafter_pools:
-            scaler = await kube.get(api, s.POOL_KIND, ns, builders.pool_object_name(name, pool.name))
+            scaler = await kube.get(api, POOL_KIND, ns, builders.pool_object_name(name, pool.name))
             deployment = await kube.get(api, "Deployment", ns, builders.drafter_name(name, pool.name))
             if scaler is None:
                 continue
@@ -667,7 +682,7 @@ class _ClusterScaling:
 
     async def actuate(self, d: ScaleDecision) -> None:
         direction = "up" if d.desired > d.current else "down"
-        await kube.patch(self.api, s.POOL_KIND, self.namespace, builders.pool_object_name(self.name, d.pool),
+        await kube.patch(self.api, POOL_KIND, self.namespace, builders.pool_object_name(self.name, d.pool),
                          {"spec": {"replicas": d.desired}})
         self.memo.metrics.scale_decisions.labels(self.namespace, self.name, d.pool, direction).inc()
         kopf.info(self.body, reason=f"Scaled{direction.capitalize()}",
@@ -738,7 +753,7 @@ async def cosinecluster_autoscaler(
     last_scrape_s = float("-inf")
     while not stopped:
         try:
-            cluster = s.parse_cluster_spec(body.spec)
+            cluster = parse_cluster_spec(body.spec)
         except ValueError:
             cluster = None  # reconcile reports an invalid spec
         try:

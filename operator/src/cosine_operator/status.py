@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from cosine_spec import settings as s
 from cosine_spec.autoscaling import Observations, ScaleDecision
+from cosine_spec.cluster_spec import ClusterSpec
 
 from cosine_operator import builders
 
@@ -92,7 +92,7 @@ def build_status(
     name: str,
     namespace: str,
     generation: int | None,
-    cluster: s.ClusterSpec,
+    cluster: ClusterSpec,
     deployments: Mapping[str, Mapping[str, Any] | None],
     previous: Mapping[str, Any] | None,
     now: str,

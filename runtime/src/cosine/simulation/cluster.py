@@ -43,8 +43,8 @@ from typing import Any
 
 import simpy
 from cosine_spec import autoscaling
+from cosine_spec.cluster_spec import RouterWeights, SpeculationSpec
 from cosine_spec.scaling_loop import ScalingLoop
-from cosine_spec.settings import RouterWeights, SpeculationSpec
 
 from cosine import routing, speculation_control
 from cosine.drafter import Draft, DraftBranch
