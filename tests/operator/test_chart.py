@@ -310,14 +310,14 @@ def test_operator_pod_conventions() -> None:
 def test_helm_test_sends_a_completion_through_the_sample_clusters_gateway() -> None:
     """`helm test` with a sample cluster: one hook Pod, restricted, that asks the gateway Service the
     operator creates for that cluster (its name, namespace and port) for a completion."""
-    from cosine_operator import builders
+    from cosine_operator.builders.networking import build_gateway_service
 
     spec = {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}], "gateway": {"port": 8080}}
     docs = render({"sampleCluster": {"name": "demo", "spec": spec}})
     (pod,) = [d for d in docs if d["kind"] == "Pod"]
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
-    gateway = builders.build_gateway_service("demo", "cosine-system", parse_cluster_spec(spec))
+    gateway = build_gateway_service("demo", "cosine-system", parse_cluster_spec(spec))
     port = gateway["spec"]["ports"][0]["port"]
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     assert env["GATEWAY"] == f"http://{gateway['metadata']['name']}.cosine-system.svc:{port}/v1"

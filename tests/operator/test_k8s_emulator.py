@@ -16,7 +16,7 @@ import pytest
 from cosine_spec.cluster_spec import ClusterSpec, parse_cluster_spec
 from k8s_emulator import DEPLOYMENTS, JOBS, PVCS, SERVICES, Kube
 
-from cosine_operator import builders
+from cosine_operator.builders.storage import build_model_job
 
 NS = "default"
 
@@ -35,7 +35,7 @@ def _cluster(image: str) -> ClusterSpec:
 
 
 def test_a_changed_job_template_under_the_same_name_is_refused(kube: Kube) -> None:
-    old = builders.build_model_job("img", NS, _cluster("0.1.0"))
+    old = build_model_job("img", NS, _cluster("0.1.0"))
     assert old is not None
     assert _apply(kube, JOBS, old).status_code == 200
     # the old naming (a hash of the model list only): an image change kept the name
@@ -45,7 +45,7 @@ def test_a_changed_job_template_under_the_same_name_is_refused(kube: Kube) -> No
     assert refused.status_code == 422, refused.text
     assert "spec.template" in refused.text and "immutable" in refused.text
     # today's naming: the new template is a new Job
-    new = builders.build_model_job("img", NS, _cluster("0.2.0"))
+    new = build_model_job("img", NS, _cluster("0.2.0"))
     assert new is not None and new["metadata"]["name"] != old["metadata"]["name"]
     assert _apply(kube, JOBS, new).status_code == 200
     # the Job's own status and metadata still change

@@ -22,7 +22,9 @@ from cosine_spec.contract import POOL_KIND
 from cosine_spec.spot import SPOT_PROVIDERS
 from node_affinity import admits
 
-from cosine_operator import builders
+from cosine_operator.builders.inventory import build_children
+from cosine_operator.builders.names import drafter_name, verifier_name
+from cosine_operator.builders.workloads import build_fallback_deployment
 from cosine_operator.webhook import validate_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +58,7 @@ def test_examples_validate_against_the_crd_and_the_webhook(path: Path) -> None:
     doc = yaml.safe_load(path.read_text())
     jsonschema.validate(doc, to_jsonschema(crd_schema()))
     assert validate_cluster(doc["metadata"]["name"], doc["spec"]) == []
-    children = builders.build_children(doc["metadata"]["name"], "ns", parse_cluster_spec(doc["spec"]), {})
+    children = build_children(doc["metadata"]["name"], "ns", parse_cluster_spec(doc["spec"]), {})
     gpu_pods = [
         c
         for c in children
@@ -87,7 +89,7 @@ def test_examples_render_to_valid_restricted_objects_with_an_image_per_device(pa
     from pod_security import pod_specs, restricted_violations
 
     doc = yaml.safe_load(path.read_text())
-    children = builders.build_children(doc["metadata"]["name"], "ns", parse_cluster_spec(doc["spec"]), {})
+    children = build_children(doc["metadata"]["name"], "ns", parse_cluster_spec(doc["spec"]), {})
     for child in children:
         if child["kind"] == "LeaderWorkerSet":  # its CRD is LWS's (test_operator_real); its pods are core's
             for role in ("leaderTemplate", "workerTemplate"):
@@ -121,21 +123,21 @@ def test_gpu_examples_run_a_pool_on_spot_within_the_notice(example: str, provide
     name, cluster = doc["metadata"]["name"], parse_cluster_spec(doc["spec"])
     assert cluster.spot is not None and cluster.spot.provider == provider
     cap = SPOT_PROVIDERS[provider]
-    children = {c["metadata"]["name"]: c for c in builders.build_children(name, "ns", cluster, {})}
+    children = {c["metadata"]["name"]: c for c in build_children(name, "ns", cluster, {})}
     spot_pools = [p for p in cluster.drafter_pools if p.capacity == "spot"]
     assert spot_pools
     for p in spot_pools:
-        pod = children[builders.drafter_name(name, p.name)]["spec"]["template"]["spec"]
+        pod = children[drafter_name(name, p.name)]["spec"]["template"]["spec"]
         assert dict(cap.node_selector).items() <= pod["nodeSelector"].items()
         assert cap.toleration is None or dict(cap.toleration) in pod["tolerations"]
         assert pod["terminationGracePeriodSeconds"] <= cap.pod_grace_s < cap.notice_s
-        fallback = builders.build_fallback_deployment(name, "ns", cluster, p.name, 1)
+        fallback = build_fallback_deployment(name, "ns", cluster, p.name, 1)
         kubernetes_validate.validate(fallback, K8S_VERSION, strict=True)
         fb_pod = fallback["spec"]["template"]["spec"]
         assert not dict(cap.node_selector).items() & (fb_pod.get("nodeSelector") or {}).items()
         assert cap.toleration is None or dict(cap.toleration) not in (fb_pod.get("tolerations") or [])
         assert not admits(fb_pod, {**pod["nodeSelector"], **cap.node_selector})  # not on the pool's spot nodes
-    verifier = children[builders.verifier_name(name)]["spec"]["template"]["spec"]
+    verifier = children[verifier_name(name)]["spec"]["template"]["spec"]
     assert not dict(cap.node_selector).items() & (verifier.get("nodeSelector") or {}).items()
     assert not admits(verifier, {**(verifier.get("nodeSelector") or {}), **cap.node_selector})
 

@@ -14,7 +14,7 @@ operator pins (:data:`cosine_spec.cluster_spec.ENDPOINT_PICKER_IMAGE`, llm-d/llm
   the Role, the leader-election Role, 8 CPU / 8 GiB, and on GKE a ``GCPBackendPolicy``
   (``timeoutSec: 300``) and a ``HealthCheckPolicy`` on the pool.
 
-Pure: a spec goes in, dicts come out; :func:`cosine_operator.builders.build_router` assembles them.
+Pure: a spec goes in, dicts come out; :func:`cosine_operator.builders.router.build_router` assembles them.
 """
 
 from __future__ import annotations

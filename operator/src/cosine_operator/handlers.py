@@ -61,13 +61,25 @@ from cosine_spec.metrics_scrape import observations as observations_of
 from cosine_spec.scaling_loop import ScalingLoop
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from cosine_operator import builders, kube, status
+from cosine_operator import kube, status
+from cosine_operator.builders.inventory import build_children
+from cosine_operator.builders.names import (
+    MANAGED_BY,
+    ROUTER_COMPONENT,
+    drafter_name,
+    endpoint_picker_name,
+    pool_object_name,
+    router_name,
+    verifier_name,
+)
+from cosine_operator.builders.networking import operator_peer
+from cosine_operator.builders.workloads import build_fallback_deployment
 from cosine_operator.config import OperatorConfig
 from cosine_operator.telemetry import OperatorMetrics
 
 CLUSTER = (GROUP, VERSION, CLUSTER_PLURAL)
 POOL = (GROUP, VERSION, POOL_PLURAL)
-MANAGED = {"app.kubernetes.io/managed-by": builders.MANAGED_BY}
+MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 # The resync timer's interval (``COSINE_OPERATOR_RESYNC_S``): kopf takes a timer's interval when
 # its handler is registered, at import, so it is read from the environment then; the rest of the
 # operator's config at startup.
@@ -130,7 +142,7 @@ async def _creation_replicas(api: Any, name: str, namespace: str, cluster: Clust
     for pool in cluster.drafter_pools:
         current = None
         if pool.name not in hand_scaled:
-            current = await kube.get(api, POOL_KIND, namespace, builders.pool_object_name(name, pool.name))
+            current = await kube.get(api, POOL_KIND, namespace, pool_object_name(name, pool.name))
         replicas = pool.replicas if current is None else int(current["spec"].get("replicas", pool.replicas))
         out[pool.name] = pool.clamp(replicas)
     return out
@@ -173,14 +185,14 @@ async def _prune_verifier_kind(api: Any, name: str, namespace: str, cluster: Clu
     ``spec.verifier.parallelism.nodes`` crosses 1, delete the other kind's ``N-verifier``."""
     other = "Deployment" if cluster.verifier.nodes > 1 else "LeaderWorkerSet"
     try:
-        found = await kube.get(api, other, namespace, builders.verifier_name(name))
+        found = await kube.get(api, other, namespace, verifier_name(name))
     except ApiException as e:  # LeaderWorkerSet's API not installed: nothing of it to delete
         if e.status not in (403, 404):
             raise
         return
     if found is not None and found["metadata"].get("labels", {}).get(CLUSTER_LABEL) == name:
-        await kube.delete(api, other, namespace, builders.verifier_name(name))
-        logger.info(f"deleted {other} {builders.verifier_name(name)} (spec.verifier.parallelism.nodes is "
+        await kube.delete(api, other, namespace, verifier_name(name))
+        logger.info(f"deleted {other} {verifier_name(name)} (spec.verifier.parallelism.nodes is "
                     f"{cluster.verifier.nodes})")
 
 
@@ -211,25 +223,25 @@ async def _drop_gke_policies(api: Any, name: str, namespace: str, logger: Any) -
     them (one 404 per kind on a cluster without them, or without GKE's CRDs)."""
     for kind in GKE_POLICY_KINDS:
         try:
-            found = await kube.get(api, kind, namespace, builders.router_name(name))
+            found = await kube.get(api, kind, namespace, router_name(name))
         except ApiException as e:  # GKE's CRDs are not installed: nothing of theirs to delete
             if e.status not in (403, 404):
                 raise
             continue
         if found is not None and (found["metadata"].get("labels") or {}).get(CLUSTER_LABEL) == name:
-            await kube.delete(api, kind, namespace, builders.router_name(name))
-            logger.info(f"deleted {kind} {builders.router_name(name)} (spec.router.provider is not gke)")
+            await kube.delete(api, kind, namespace, router_name(name))
+            logger.info(f"deleted {kind} {router_name(name)} (spec.router.provider is not gke)")
 
 
 async def _drop_router(api: Any, name: str, namespace: str, logger: Any) -> None:
     """``spec.router`` off: delete the router's children if any is left (looked up through its
     ServiceAccount, so a cluster that never had a router costs one list per pass)."""
     if not [o for o in await kube.list_owned(api, "ServiceAccount", namespace, name)
-            if (o["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == builders.ROUTER_COMPONENT]:
+            if (o["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == ROUTER_COMPONENT]:
         return
-    names = {kind: builders.router_name(name) for kind in ("HTTPRoute", "InferencePool", *GKE_POLICY_KINDS)}
+    names = {kind: router_name(name) for kind in ("HTTPRoute", "InferencePool", *GKE_POLICY_KINDS)}
     for kind in (*ROUTER_KINDS, *GKE_POLICY_KINDS):
-        child = names.get(kind, builders.endpoint_picker_name(name))
+        child = names.get(kind, endpoint_picker_name(name))
         try:
             if await kube.delete(api, kind, namespace, child):
                 logger.info(f"deleted {kind} {child} (spec.router is off)")
@@ -275,7 +287,7 @@ async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, 
     messages, standing_in = [], 0
     for pool in spot_pools:
         primary = drafters.get(pool.name) or await kube.get(api, "Deployment", namespace,
-                                                             builders.drafter_name(name, pool.name))
+                                                             drafter_name(name, pool.name))
         if primary is None:
             continue
         mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(POOL_LABEL) == pool.name
@@ -286,7 +298,7 @@ async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, 
             int(primary["spec"].get("replicas") or 0), int((primary.get("status") or {}).get("readyReplicas") or 0),
             [_age_s(p, now) for p in mine if _unscheduled(p)], float(cluster.spot.pending_timeout_s), current)
         if fallback.replicas > 0:
-            child = builders.build_fallback_deployment(name, namespace, cluster, pool.name, fallback.replicas)
+            child = build_fallback_deployment(name, namespace, cluster, pool.name, fallback.replicas)
             kopf.adopt(child, owner=body)
             await kube.apply(api, child)
             if fallback.replicas != current:
@@ -305,12 +317,12 @@ async def _children_status(
 ) -> Any:
     """The status's part that comes from the children's Deployments, as a function of the live
     status (``status.build_status``: the autoscaler's fields and conditions are kept)."""
-    names = [builders.drafter_name(name, p.name) for p in cluster.drafter_pools]
+    names = [drafter_name(name, p.name) for p in cluster.drafter_pools]
     deployments = {n: await kube.get(api, "Deployment", namespace, n) for n in names}
     # a LeaderWorkerSet's replicas and readyReplicas count groups as a Deployment's count pods
     verifier_kind = "LeaderWorkerSet" if cluster.verifier.nodes > 1 else "Deployment"
-    deployments[builders.verifier_name(name)] = await kube.get(api, verifier_kind, namespace,
-                                                               builders.verifier_name(name))
+    deployments[verifier_name(name)] = await kube.get(api, verifier_kind, namespace,
+                                                               verifier_name(name))
     now = _now()
     return lambda live: status.build_status(name, namespace, generation, cluster, deployments, live, now)
 
@@ -360,11 +372,11 @@ async def _reconcile(
     hand_scaled = _hand_scaled(cluster, old_spec)
     created = await _creation_replicas(api, name, namespace, cluster, hand_scaled)
     drafters: dict[str, dict[str, Any]] = {}  # pool -> its Deployment as applied
-    operator = builders.operator_peer(memo.config.namespace, memo.config.pod_labels)
+    operator = operator_peer(memo.config.namespace, memo.config.pod_labels)
     generation = body.metadata.get("generation")
     models: dict[str, Any] | None = None  # ModelsReady, with spec.modelCache
     claim: dict[str, Any] | None = None  # ModelCacheReady, with a claim the operator makes
-    children = builders.build_children(name, namespace, cluster, created, operator)
+    children = build_children(name, namespace, cluster, created, operator)
     for child in children:
         kopf.adopt(child, owner=body)
         kind, pool = child["kind"], child["metadata"]["labels"].get(POOL_LABEL)
@@ -387,7 +399,7 @@ async def _reconcile(
             await _replace_resized_group(api, child, logger)
         component = child["metadata"]["labels"].get(COMPONENT_LABEL)
         scaled_by_others = kind == "LeaderWorkerSet" or (
-            kind == "Deployment" and component != builders.ROUTER_COMPONENT)
+            kind == "Deployment" and component != ROUTER_COMPONENT)
         applied = await (kube.apply_scale_free(api, child) if scaled_by_others else kube.apply(api, child))
         if kind == "Deployment" and pool:
             drafters[pool] = applied
@@ -508,7 +520,7 @@ async def cosinecluster_scale_verifier(
     CoSineCluster's scale subresource, an edit): the verifier Deployment follows. The operator's
     only write of that Deployment's replicas after creation; retried while it is absent."""
     replicas = int(new) if new is not None else 1
-    deployment = builders.verifier_name(name)
+    deployment = verifier_name(name)
     nodes = int(((body.get("spec") or {}).get("verifier") or {}).get("parallelism", {}).get("nodes") or 1)
     kind = "LeaderWorkerSet" if nodes > 1 else "Deployment"  # a group's replicas are groups
     if await kube.patch(memo.api, kind, namespace, deployment, {"spec": {"replicas": replicas}}) is None:
@@ -567,12 +579,12 @@ async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, log
     update = await _children_status(api, cluster_name, namespace, owner["metadata"].get("generation"), cluster)
     await _write_status(api, cluster_name, namespace, update)
     pool = labels.get(POOL_LABEL)
-    if pool and body.metadata.name == builders.drafter_name(cluster_name, pool):  # not a spot pool's sibling
+    if pool and body.metadata.name == drafter_name(cluster_name, pool):  # not a spot pool's sibling
         await kube.patch(
             api,
             POOL_KIND,
             namespace,
-            builders.pool_object_name(cluster_name, pool),
+            pool_object_name(cluster_name, pool),
             {"status": status.pool_status(cluster_name, pool, body)},
             subresource="status",
         )
@@ -589,7 +601,7 @@ async def cosinedrafterpool_follow(
     replicas after its creation. Retried (``kopf.TemporaryError``) while the Deployment is absent."""
     lo, hi = int(spec.get("minReplicas", 0)), int(spec.get("maxReplicas", 1 << 20))
     replicas = clamp_replicas(int(spec.get("replicas", lo)), lo, hi)
-    deployment = builders.drafter_name(spec["clusterName"], spec["pool"])
+    deployment = drafter_name(spec["clusterName"], spec["pool"])
     done = await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}})
     if done is None:
         raise kopf.TemporaryError(f"Deployment {deployment} does not exist (yet)", delay=2)
@@ -672,8 +684,8 @@ class _ClusterScaling:
         pool_replicas: dict[str, tuple[int, int]] = {}
         api, ns, name = self.api, self.namespace, self.name
         for pool in self.cluster.drafter_pools:
-            scaler = await kube.get(api, POOL_KIND, ns, builders.pool_object_name(name, pool.name))
-            deployment = await kube.get(api, "Deployment", ns, builders.drafter_name(name, pool.name))
+            scaler = await kube.get(api, POOL_KIND, ns, pool_object_name(name, pool.name))
+            deployment = await kube.get(api, "Deployment", ns, drafter_name(name, pool.name))
             if scaler is None:
                 continue
             ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
@@ -682,7 +694,7 @@ class _ClusterScaling:
 
     async def actuate(self, d: ScaleDecision) -> None:
         direction = "up" if d.desired > d.current else "down"
-        await kube.patch(self.api, POOL_KIND, self.namespace, builders.pool_object_name(self.name, d.pool),
+        await kube.patch(self.api, POOL_KIND, self.namespace, pool_object_name(self.name, d.pool),
                          {"spec": {"replicas": d.desired}})
         self.memo.metrics.scale_decisions.labels(self.namespace, self.name, d.pool, direction).inc()
         kopf.info(self.body, reason=f"Scaled{direction.capitalize()}",

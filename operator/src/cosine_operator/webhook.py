@@ -23,7 +23,7 @@ from cosine_spec.contract import CLUSTER_PLURAL, GROUP, VERSION
 from cosine_spec.pods import PodOverrides
 from cosine_spec.verifier_spec import engine_args_problems, parallelism_problems, speculator_problems
 
-from cosine_operator import builders
+from cosine_operator.builders.names import drafter_name, model_job_name, verifier_name
 
 MAX_NAME_LENGTH = 63  # DNS-1035 label: Services and Deployments of the children
 # The volume types Pod Security's `restricted` profile admits ("Volume Types" control,
@@ -65,19 +65,19 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
     problems += speculator_problems(cluster.verifier)
     problems += engine_args_problems(cluster.verifier)
     problems += model_source_problems(cluster)
-    longest = builders.verifier_name(name) + "-worker"  # a multi-node verifier's worker NetworkPolicy
+    longest = verifier_name(name) + "-worker"  # a multi-node verifier's worker NetworkPolicy
     if cluster.verifier.nodes > 1 and len(longest) > MAX_NAME_LENGTH:
         problems.append(f"spec.verifier.parallelism.nodes: child name {longest!r} is {len(longest)} characters, "
                         f"over {MAX_NAME_LENGTH}; shorten the cluster name")
     if cluster.model_cache is not None:  # the pull Job's name is also its pods' job-name label: a label value
-        job = builders.model_job_name(name, {})  # the length of any of its names
+        job = model_job_name(name, {})  # the length of any of its names
         if len(job) > MAX_NAME_LENGTH:
             problems.append(f"spec.modelCache: the model pull Job's name {job!r} is {len(job)} characters, over "
                             f"{MAX_NAME_LENGTH}; shorten the cluster name")
     for i, pool in enumerate(cluster.drafter_pools):
         field = f"spec.drafterPools[{i}]"
         problems += pod_override_problems(field, pool.pod)
-        longest = builders.drafter_name(name, pool.name)
+        longest = drafter_name(name, pool.name)
         if len(longest) > MAX_NAME_LENGTH:
             problems.append(
                 f"{field}.name: child name {longest!r} is {len(longest)} characters, over "
