@@ -12,7 +12,7 @@ POLICY = ["cosine.speculation_control", "cosine.pool_policy", "cosine.routing", 
           "cosine_spec.contract", "cosine_spec.schema", "cosine_spec.catalogue", "cosine_spec.spot",
           "cosine_spec.pods", "cosine_spec.verifier_spec", "cosine_spec.cluster_spec", "cosine_spec.scaling_loop",
           "cosine_operator.endpoint_picker",
-          "cosine_operator.config_hashes", "cosine_operator.capacity_placement"]
+          "cosine_operator.config_hashes", "cosine_operator.capacity_placement", "cosine_operator.apply_plan"]
 
 
 def test_policy_modules_are_strictly_typed(tmp_path):

@@ -20,6 +20,9 @@ One writer per field:
   (``spec.verifier.replicas``), which :func:`cosinecluster_scale_verifier` alone follows. A spot
   pool's on-demand sibling (``N-drafter-P-ondemand``) is sized by reconcile alone
   (:func:`_spot_fallbacks`, the pure rule ``cosine_spec.capacity.on_demand_fallback``).
+- **Children.** One inventory says which exist (``builders.inventory.build_children``); each is
+  applied as :func:`cosine_operator.apply_plan.apply_step` plans for its kind, and whatever the
+  cluster owns beyond them is deleted (``builders.inventory.leftovers``: owned minus desired).
 - **Status.** Each writer (reconcile and its resync, the Deployment watch, the autoscaler)
   computes its part against the live object and writes it once, with the live
   ``resourceVersion`` as a precondition, retried on conflict (:func:`_write_status`): conditions
@@ -62,14 +65,12 @@ from cosine_spec.scaling_loop import ScalingLoop
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from cosine_operator import kube, status
-from cosine_operator.builders.inventory import build_children
+from cosine_operator.apply_plan import ApplyStep, apply_step
+from cosine_operator.builders.inventory import CHILD_KINDS, build_children, leftovers
 from cosine_operator.builders.names import (
     MANAGED_BY,
-    ROUTER_COMPONENT,
     drafter_name,
-    endpoint_picker_name,
     pool_object_name,
-    router_name,
     verifier_name,
 )
 from cosine_operator.builders.networking import operator_peer
@@ -159,41 +160,27 @@ def _hand_scaled(cluster: ClusterSpec, old_spec: Any) -> set[str]:
     return {p.name for p in cluster.drafter_pools if p.name in old and old[p.name] != p.replicas}
 
 
-async def _prune(api: Any, name: str, namespace: str, pools: set[str], logger: Any) -> list[str]:
-    """Delete the children of drafter pools no longer in the spec; returns the pools removed."""
+async def _prune(api: Any, name: str, namespace: str, cluster: ClusterSpec, children: list[dict[str, Any]],
+                 logger: Any) -> list[str]:
+    """Delete what the cluster owns and its spec no longer implies (:func:`leftovers`: owned minus
+    desired); returns the drafter pools whose children went."""
+    owned: list[tuple[str, dict[str, Any]]] = []
+    for kind in CHILD_KINDS:
+        try:
+            owned += [(kind, obj) for obj in await kube.list_owned(api, kind, namespace, name)]
+        except ApiException as e:  # another project's API not installed: nothing of it to delete
+            if kind not in kube.FOREIGN_KINDS or e.status not in (403, 404):
+                raise
+    pools = {p.name for p in cluster.drafter_pools}
     removed: set[str] = set()
-    for kind in (POOL_KIND, "Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget"):
-        for obj in await kube.list_owned(api, kind, namespace, name):
-            meta = obj["metadata"]
-            pool = (meta.get("labels") or {}).get(POOL_LABEL)
-            if pool is not None and pool not in pools:
-                await kube.delete(api, kind, namespace, meta["name"])
-                removed.add(pool)
-                logger.info(f"deleted {kind} {meta['name']} of removed pool {pool}")
+    for kind, obj in leftovers(name, cluster, children, owned):
+        meta = obj["metadata"]
+        if await kube.delete(api, kind, namespace, meta["name"]):
+            logger.info(f"deleted {kind} {meta['name']} (no longer in the spec)")
+        pool = (meta.get("labels") or {}).get(POOL_LABEL)
+        if pool is not None and pool not in pools:
+            removed.add(pool)
     return sorted(removed)
-
-
-async def _drop_network_policies(api: Any, name: str, namespace: str, logger: Any) -> None:
-    """``spec.networkPolicy.enabled: false``: delete the NetworkPolicies this cluster owns."""
-    for obj in await kube.list_owned(api, "NetworkPolicy", namespace, name):
-        await kube.delete(api, "NetworkPolicy", namespace, obj["metadata"]["name"])
-        logger.info(f"deleted NetworkPolicy {obj['metadata']['name']} (spec.networkPolicy.enabled is false)")
-
-
-async def _prune_verifier_kind(api: Any, name: str, namespace: str, cluster: ClusterSpec, logger: Any) -> None:
-    """The verifier is a Deployment on one node and a LeaderWorkerSet across several: when
-    ``spec.verifier.parallelism.nodes`` crosses 1, delete the other kind's ``N-verifier``."""
-    other = "Deployment" if cluster.verifier.nodes > 1 else "LeaderWorkerSet"
-    try:
-        found = await kube.get(api, other, namespace, verifier_name(name))
-    except ApiException as e:  # LeaderWorkerSet's API not installed: nothing of it to delete
-        if e.status not in (403, 404):
-            raise
-        return
-    if found is not None and found["metadata"].get("labels", {}).get(CLUSTER_LABEL) == name:
-        await kube.delete(api, other, namespace, verifier_name(name))
-        logger.info(f"deleted {other} {verifier_name(name)} (spec.verifier.parallelism.nodes is "
-                    f"{cluster.verifier.nodes})")
 
 
 async def _replace_resized_group(api: Any, child: dict[str, Any], logger: Any) -> None:
@@ -211,43 +198,6 @@ async def _replace_resized_group(api: Any, child: dict[str, Any], logger: Any) -
                 break
             await asyncio.sleep(0.1)
         logger.info(f"LeaderWorkerSet {meta['name']}: group size {size} -> {want}, recreated")
-
-
-ROUTER_KINDS = ("HTTPRoute", "InferencePool", "Deployment", "Service", "ConfigMap", "RoleBinding", "Role",
-                "ServiceAccount", "NetworkPolicy")
-GKE_POLICY_KINDS = ("GCPBackendPolicy", "HealthCheckPolicy")  # spec.router.provider: gke, named N-router
-
-
-async def _drop_gke_policies(api: Any, name: str, namespace: str, logger: Any) -> None:
-    """``spec.router.provider`` not ``gke``: delete GKE's policies on the pool if the operator made
-    them (one 404 per kind on a cluster without them, or without GKE's CRDs)."""
-    for kind in GKE_POLICY_KINDS:
-        try:
-            found = await kube.get(api, kind, namespace, router_name(name))
-        except ApiException as e:  # GKE's CRDs are not installed: nothing of theirs to delete
-            if e.status not in (403, 404):
-                raise
-            continue
-        if found is not None and (found["metadata"].get("labels") or {}).get(CLUSTER_LABEL) == name:
-            await kube.delete(api, kind, namespace, router_name(name))
-            logger.info(f"deleted {kind} {router_name(name)} (spec.router.provider is not gke)")
-
-
-async def _drop_router(api: Any, name: str, namespace: str, logger: Any) -> None:
-    """``spec.router`` off: delete the router's children if any is left (looked up through its
-    ServiceAccount, so a cluster that never had a router costs one list per pass)."""
-    if not [o for o in await kube.list_owned(api, "ServiceAccount", namespace, name)
-            if (o["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == ROUTER_COMPONENT]:
-        return
-    names = {kind: router_name(name) for kind in ("HTTPRoute", "InferencePool", *GKE_POLICY_KINDS)}
-    for kind in (*ROUTER_KINDS, *GKE_POLICY_KINDS):
-        child = names.get(kind, endpoint_picker_name(name))
-        try:
-            if await kube.delete(api, kind, namespace, child):
-                logger.info(f"deleted {kind} {child} (spec.router is off)")
-        except ApiException as e:  # the Gateway API's, GIE's or GKE's CRDs are gone: nothing left of that kind
-            if e.status not in (403, 404):
-                raise
 
 
 def _age_s(pod: dict[str, Any], now: datetime.datetime) -> float:
@@ -379,43 +329,26 @@ async def _reconcile(
     children = build_children(name, namespace, cluster, created, operator)
     for child in children:
         kopf.adopt(child, owner=body)
-        kind, pool = child["kind"], child["metadata"]["labels"].get(POOL_LABEL)
-        loads_models = kind in ("Deployment", "LeaderWorkerSet", POOL_KIND)
-        if loads_models and models is not None and models["status"] != "True":
+        step = apply_step(child, hand_scaled, None if models is None else models["status"] == "True")
+        if step.how == "skip":
             continue  # no pod that loads a model before the cache holds it
-        if kind == POOL_KIND:
-            applied = await kube.apply_scale_free(api, child)  # its scale: its scaler's after creation
-            if pool in hand_scaled:  # spec.drafterPools[].replicas changed: the pool's new scale
-                await kube.patch(api, kind, namespace, child["metadata"]["name"],
-                                 {"spec": {"replicas": child["spec"]["replicas"]}})
-            # the selector from the start (HPA needs it before any pod)
-            await kube.patch(api, POOL_KIND, namespace, applied["metadata"]["name"],
-                             {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
+        if step.how == "scale_target":
+            await _apply_scale_target(api, name, child, step, drafters)
             continue
-        if kind == "PersistentVolumeClaim":
+        if step.how == "claim":
             claim = await _apply_claim(api, child, generation)
             continue
-        if kind == "LeaderWorkerSet":
+        if step.replace_if_resized:
             await _replace_resized_group(api, child, logger)
-        component = child["metadata"]["labels"].get(COMPONENT_LABEL)
-        scaled_by_others = kind == "LeaderWorkerSet" or (
-            kind == "Deployment" and component != ROUTER_COMPONENT)
-        applied = await (kube.apply_scale_free(api, child) if scaled_by_others else kube.apply(api, child))
-        if kind == "Deployment" and pool:
-            drafters[pool] = applied
-        elif kind == "Job":
+        scale_free = step.how == "apply_scale_free"
+        applied = await (kube.apply_scale_free(api, child) if scale_free else kube.apply(api, child))
+        if step.drafter_of:
+            drafters[step.drafter_of] = applied
+        elif step.models_job:
             models = status.models_condition(applied, generation, _now())
     fallbacks = [] if models is not None and models["status"] != "True" else await _spot_fallbacks(
         api, body, name, namespace, cluster, drafters, generation, logger)
-    removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
-    await _prune_replaced(api, name, namespace, children, logger)
-    await _prune_verifier_kind(api, name, namespace, cluster, logger)
-    if not cluster.router.enabled:
-        await _drop_router(api, name, namespace, logger)
-    elif cluster.router.provider != "gke":
-        await _drop_gke_policies(api, name, namespace, logger)
-    if not cluster.network_policy.enabled:
-        await _drop_network_policies(api, name, namespace, logger)
+    removed = await _prune(api, name, namespace, cluster, children, logger)
     if removed:
         kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
     children_status = await _children_status(api, name, namespace, generation, cluster)
@@ -436,6 +369,21 @@ async def _reconcile(
     log(f"reconciled: {len(cluster.drafter_pools)} pool(s), hand-scaled {sorted(hand_scaled)}")
 
 
+async def _apply_scale_target(api: Any, name: str, child: dict[str, Any], step: ApplyStep,
+                              drafters: dict[str, dict[str, Any]]) -> None:
+    """A pool's ``CoSineDrafterPool``: applied without its scale (its scaler's after creation), its
+    replicas set to the spec's when they changed by hand (``step.rescale``), and its status (the
+    selector, which HPA needs before any pod) written from the start."""
+    meta = child["metadata"]
+    pool = meta["labels"][POOL_LABEL]
+    applied = await kube.apply_scale_free(api, child)
+    if step.rescale:  # spec.drafterPools[].replicas changed: the pool's new scale
+        await kube.patch(api, POOL_KIND, meta["namespace"], meta["name"],
+                         {"spec": {"replicas": child["spec"]["replicas"]}})
+    await kube.patch(api, POOL_KIND, meta["namespace"], applied["metadata"]["name"],
+                     {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
+
+
 async def _apply_claim(api: Any, claim: dict[str, Any], generation: int | None) -> dict[str, Any]:
     """Apply the model cache's claim; ``ModelCacheReady``. A claim's spec is immutable once created
     but for growing its storage request: the API server refuses any other change (422), which
@@ -454,19 +402,6 @@ async def _apply_claim(api: Any, claim: dict[str, Any], generation: int | None) 
                                 generation, _now())
     return status.condition("ModelCacheReady", True, "Applied", f"claim {name} as spec.modelCache asks",
                             generation, _now())
-
-
-async def _prune_replaced(api: Any, name: str, namespace: str, children: list[dict[str, Any]], logger: Any) -> None:
-    """Delete this cluster's model pull Jobs and claims the spec no longer names (a changed model
-    list is a new Job; a dropped or renamed cache leaves a claim the operator made)."""
-    wanted = {(c["kind"], c["metadata"]["name"]) for c in children}
-    for kind in ("Job", "PersistentVolumeClaim"):
-        for obj in await kube.list_owned(api, kind, namespace, name):
-            meta = obj["metadata"]
-            component = (meta.get("labels") or {}).get(COMPONENT_LABEL)
-            if (kind, meta["name"]) not in wanted and component == "models":
-                await kube.delete(api, kind, namespace, meta["name"])
-                logger.info(f"deleted {kind} {meta['name']} (no longer in the spec)")
 
 
 @kopf.on.create(*CLUSTER)

@@ -42,6 +42,9 @@ _PATHS: dict[str, tuple[str, str]] = {
     POOL_KIND: (f"/apis/{GROUP}/{VERSION}", POOL_PLURAL),
     CLUSTER_KIND: (f"/apis/{GROUP}/{VERSION}", CLUSTER_PLURAL),
 }
+# Kinds of other projects' APIs: a cluster without their CRDs answers 404 (or 403) for them, and
+# holds none of them.
+FOREIGN_KINDS = ("InferencePool", "HTTPRoute", "LeaderWorkerSet", "GCPBackendPolicy", "HealthCheckPolicy")
 
 # (apiGroup, resource) -> verbs this module uses; kopf's own needs are in the chart's RBAC test.
 CALLS: dict[tuple[str, str], set[str]] = {

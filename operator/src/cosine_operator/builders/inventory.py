@@ -1,14 +1,17 @@
-"""The one inventory of a cluster's children: :func:`build_children` says what a spec implies."""
+"""The one inventory of a cluster's children: :func:`build_children` says what a spec implies, and
+:func:`leftovers` what the cluster owns beyond it (owned minus desired: the children the handlers
+delete, whichever part of the spec stopped implying them)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cosine_spec.cluster_spec import ClusterSpec
+from cosine_spec.contract import POOL_KIND
 
 from cosine_operator.builders.multinode import build_verifier
-from cosine_operator.builders.names import Manifest
+from cosine_operator.builders.names import Manifest, fallback_name
 from cosine_operator.builders.networking import (
     build_drafter_service,
     build_gateway_service,
@@ -23,6 +26,13 @@ from cosine_operator.builders.workloads import (
     build_drafter_deployment,
     build_pool_scaler,
 )
+
+# Every kind :func:`build_children` makes (a test holds it to every example's children), in the
+# order leftovers are deleted: a pool's scale target before its Deployment, workloads before the
+# Services, policies and configuration they use.
+CHILD_KINDS = (POOL_KIND, "Deployment", "LeaderWorkerSet", "Job", "PersistentVolumeClaim", "Service",
+               "PodDisruptionBudget", "NetworkPolicy", "ConfigMap", "HTTPRoute", "InferencePool", "GCPBackendPolicy",
+               "HealthCheckPolicy", "RoleBinding", "Role", "ServiceAccount")
 
 
 def build_children(
@@ -57,3 +67,25 @@ def build_children(
     children.append(build_verifier(name, namespace, cluster))
     children += build_router(name, namespace, cluster)
     return children
+
+
+def pass_made(name: str, cluster: ClusterSpec) -> set[tuple[str, str]]:
+    """``(kind, name)`` of the children a pass may make from what it observes rather than from the
+    spec alone: each spot pool's on-demand fallback (sized from its pods: the handlers'
+    ``_spot_fallbacks``, which also deletes one no longer needed)."""
+    if cluster.spot is None:
+        return set()
+    return {("Deployment", fallback_name(name, p.name)) for p in cluster.drafter_pools if p.capacity == "spot"}
+
+
+def leftovers(
+    name: str, cluster: ClusterSpec, desired: Iterable[Manifest], owned: Iterable[tuple[str, Manifest]]
+) -> list[tuple[str, Manifest]]:
+    """The ``(kind, object)`` pairs of ``owned`` (the objects of each of :data:`CHILD_KINDS`
+    labelled as this cluster's children, as listed: a list's items carry no ``kind``) that neither
+    ``desired`` (:func:`build_children`'s children) nor :func:`pass_made` names, in ``owned``'s
+    order: a removed pool's children, a replaced model Job, the verifier's other kind once
+    ``parallelism.nodes`` crosses 1, the router's and GKE's objects once off, the NetworkPolicies
+    once disabled."""
+    keep = {(c["kind"], c["metadata"]["name"]) for c in desired} | pass_made(name, cluster)
+    return [(kind, obj) for kind, obj in owned if (kind, obj["metadata"]["name"]) not in keep]
