@@ -11,7 +11,8 @@ from cosine_operator.builders.names import WORKER_COMPONENT, Manifest, labels, v
 from cosine_operator.builders.pods import build_pod_spec, container_env, pod_template
 from cosine_operator.builders.workloads import build_verifier_deployment, verifier_template
 
-# LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, LWS v0.7): the env it gives every container of a group
+# LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, LWS v0.7); the variables it gives every container of a
+# group are the contract's (LWS_LEADER_ADDRESS, LWS_WORKER_INDEX)
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 
 

@@ -12,8 +12,11 @@ from cosine_spec.cluster_spec import ModelCacheSpec
 from cosine_spec.contract import CLUSTER_LABEL, COMPONENT_LABEL, POOL_LABEL
 
 CONFIG_HASH_ANNOTATION = "cosine.dev/config-hash"
-
 MANAGED_BY = "cosine-operator"
+# the components beside "verifier", "drafter", "gateway", "config" and "models": a multi-node
+# verifier's workers (a LeaderWorkerSet's) and spec.router's objects
+WORKER_COMPONENT = "verifier-worker"
+ROUTER_COMPONENT = "router"
 
 Manifest = dict[str, Any]
 
@@ -82,9 +85,6 @@ def selector_labels(cluster: str, component: str, pool: str | None = None) -> di
     return out
 
 
-WORKER_COMPONENT = "verifier-worker"
-
-
 def pool_selector(cluster: str, pool: str) -> str:
     """The label selector of a pool's pods as a string (``status.selector``, for HPA)."""
     return ",".join(f"{k}={v}" for k, v in selector_labels(cluster, "drafter", pool).items())
@@ -93,9 +93,6 @@ def pool_selector(cluster: str, pool: str) -> str:
 def verifier_selector(cluster: str) -> str:
     """The label selector of the verifier's pods as a string (``status.verifier.selector``, for HPA)."""
     return ",".join(f"{k}={v}" for k, v in selector_labels(cluster, "verifier").items())
-
-
-ROUTER_COMPONENT = "router"
 
 
 def router_name(cluster: str) -> str:

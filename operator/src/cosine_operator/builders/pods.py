@@ -26,7 +26,6 @@ from cosine_operator.builders.storage import model_credentials_volumes, model_st
 
 # The taint GKE puts on GPU node pools and the one EKS GPU node groups are usually given.
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-
 TLS_VOLUME = "drafter-tls"
 
 

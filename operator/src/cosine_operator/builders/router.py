@@ -5,6 +5,7 @@ llm-d's endpoint picker (what it needs: :mod:`cosine_operator.endpoint_picker`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -24,15 +25,10 @@ from cosine_operator.builders.pods import build_deployment
 from cosine_operator.builders.security import pod_security, restricted_container
 
 INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1"
-
 HTTPROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
-
 EPP_GRPC_PORT = endpoint_picker.GRPC_PORT
-
 EPP_HEALTH_PORT = endpoint_picker.HEALTH_PORT
-
 EPP_METRICS_PORT = endpoint_picker.METRICS_PORT
-
 EPP_CONFIG_DIR = endpoint_picker.CONFIG_DIR
 
 
@@ -73,6 +69,17 @@ def build_router(name: str, namespace: str, cluster: ClusterSpec) -> list[Manife
         "metadata": meta(router_name(name)),
         "spec": {"parentRefs": [parent], "rules": [rule]},
     }
+    picker = _endpoint_picker(name, namespace, cluster, meta)
+    gke = endpoint_picker.gke_policies(router_name(name), meta(router_name(name))) if r.provider == "gke" else []
+    return [*picker, pool, route, *gke]
+
+
+def _endpoint_picker(name: str, namespace: str, cluster: ClusterSpec,
+                     meta: Callable[[str], dict[str, Any]]) -> list[Manifest]:
+    """The endpoint picker ``N-epp``: its ServiceAccount, Role and RoleBinding (as llm-d's charts
+    grant them), configuration ConfigMap, Service and Deployment, in that order."""
+    r = cluster.router
+    epp = endpoint_picker_name(name)
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(epp)}
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(epp),
             "rules": endpoint_picker.role_rules(r.replicas)}
@@ -122,5 +129,4 @@ def build_router(name: str, namespace: str, cluster: ClusterSpec) -> list[Manife
                       {"name": "metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
         },
     }
-    gke = endpoint_picker.gke_policies(router_name(name), meta(router_name(name))) if r.provider == "gke" else []
-    return [account, role, binding, config, service, deployment, pool, route, *gke]
+    return [account, role, binding, config, service, deployment]
