@@ -1,6 +1,6 @@
 """Plain manifests and examples: CRD schema validation of every example (jsonschema), every CRD
 field described, manifests/cosine-operator.yaml matches the chart, the Dockerfile's references
-exist. (The CRD's defaults and bounds against the operator's: test_settings.py.)"""
+exist. (The CRD's defaults and bounds against the spec's: tests/spec/test_cluster_spec.py.)"""
 
 from __future__ import annotations
 
