@@ -164,22 +164,24 @@ async def _prune(api: Any, name: str, namespace: str, cluster: ClusterSpec, chil
                  logger: Any) -> list[str]:
     """Delete what the cluster owns and its spec no longer implies (:func:`leftovers`: owned minus
     desired); returns the drafter pools whose children went."""
-    owned: list[tuple[str, dict[str, Any]]] = []
-    for kind in CHILD_KINDS:
-        try:
-            owned += [(kind, obj) for obj in await kube.list_owned(api, kind, namespace, name)]
-        except ApiException as e:  # another project's API not installed: nothing of it to delete
-            if kind not in kube.FOREIGN_KINDS or e.status not in (403, 404):
-                raise
     pools = {p.name for p in cluster.drafter_pools}
     removed: set[str] = set()
-    for kind, obj in leftovers(name, cluster, children, owned):
-        meta = obj["metadata"]
-        if await kube.delete(api, kind, namespace, meta["name"]):
-            logger.info(f"deleted {kind} {meta['name']} (no longer in the spec)")
-        pool = (meta.get("labels") or {}).get(POOL_LABEL)
-        if pool is not None and pool not in pools:
-            removed.add(pool)
+    for kind in CHILD_KINDS:  # kind by kind: a leftover goes as soon as it is seen
+        try:
+            owned = [(kind, obj) for obj in await kube.list_owned(api, kind, namespace, name)]
+        except ApiException as e:
+            # another project's API: not installed (403, 404: nothing of it to delete), or its
+            # CRD's storage still starting (429) or unavailable (503): its leftovers wait a pass
+            if kind not in kube.FOREIGN_KINDS or e.status not in (403, 404, 429, 503):
+                raise
+            continue
+        for _, obj in leftovers(name, cluster, children, owned):
+            meta = obj["metadata"]
+            if await kube.delete(api, kind, namespace, meta["name"]):
+                logger.info(f"deleted {kind} {meta['name']} (no longer in the spec)")
+            pool = (meta.get("labels") or {}).get(POOL_LABEL)
+            if pool is not None and pool not in pools:
+                removed.add(pool)
     return sorted(removed)
 
 
