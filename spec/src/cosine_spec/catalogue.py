@@ -119,7 +119,7 @@ def tokenizer_family(name: str) -> str | None:
 @dataclass(frozen=True)
 class ModelSource:
     """Where a known model comes from, with the GGUF's identity pinned in source. Raises ``ValueError``
-    when no ``tokenizer_family`` is given and ``hf_repo`` has none in the operator's table."""
+    when no ``tokenizer_family`` is given and ``hf_repo`` has none in :data:`TOKENIZER_FAMILIES`."""
 
     name: str  # registry name, also the cache directory name
     hf_repo: str  # Hugging Face Hub repo id of the original (safetensors) model
