@@ -107,7 +107,7 @@ dashboards: install
 prometheus: apiserver
 	$(BIN)/python tests/operator/prometheus_tools.py
 
-# The CRDs' field defaults, bounds and enums from their declarations in cosine_spec.settings, into
+# The CRDs' field defaults, bounds and enums from their declarations in cosine_spec (cluster_spec and its parts), into
 # crds/ and the chart (tests/spec/test_crdgen.py fails when the committed files differ).
 crds: install
 	$(BIN)/python spec/crdgen.py

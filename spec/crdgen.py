@@ -4,8 +4,9 @@ controller-gen is for Go types: `make crds`).
     python spec/crdgen.py            # rewrite crds/ and the chart's copy
     python spec/crdgen.py --check    # exit 1, naming the files, when they differ from what it writes
 
-One source: every `spec_field` of `cosine_spec.settings` declares its key, default, minimum,
-maximum and enum once, in Python; this script writes them into the CoSineCluster CRD (and the
+One source: every `spec_field` of the spec types (`cosine_spec.cluster_spec` and its parts)
+declares its key, default, minimum, maximum and enum once, in Python; this script writes them
+into the CoSineCluster CRD (and the
 replica bounds into the CoSineDrafterPool CRD), in `crds/`, and copies both into the chart. What
 only a CRD can say stays written in it: descriptions, CEL rules, printer columns, subresources,
 the status schema. A field declared on one side only is an error naming it (add its property,
@@ -75,10 +76,11 @@ def generate() -> dict[str, str]:
     Raises:
         ValueError: a field declared in the types and not in the CRD, or the other way round.
     """
-    from cosine_spec.settings import spec_declarations
+    from cosine_spec import schema
+    from cosine_spec.cluster_spec import ClusterSpec
 
     y = _yaml()
-    declared = spec_declarations()
+    declared = schema.spec_declarations(ClusterSpec)
     verbatim = {path for path, d in declared.items() if d["verbatim"]}
     out: dict[str, str] = {}
 
@@ -86,7 +88,7 @@ def generate() -> dict[str, str]:
     nodes = _properties(_spec_schema(cluster), verbatim)
     only_types, only_crd = sorted(set(declared) - set(nodes)), sorted(set(nodes) - set(declared))
     if only_types or only_crd:
-        raise ValueError(f"{CLUSTER_CRD}: fields only in cosine_spec.settings: {only_types or 'none'}; "
+        raise ValueError(f"{CLUSTER_CRD}: fields only in cosine_spec.cluster_spec: {only_types or 'none'}; "
                          f"only in the CRD: {only_crd or 'none'}")
     for path, decl in declared.items():
         if not decl["verbatim"]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cosine_spec import metric_names
-from cosine_spec.settings import parse_cluster_spec
+from cosine_spec.cluster_spec import parse_cluster_spec
 
 from cosine.cli import build_parser
 

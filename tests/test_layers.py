@@ -57,11 +57,11 @@ SERVING = "The serving path imports no tooling"
 @pytest.mark.parametrize(("module", "line", "contracts", "chain"), [
     ("cosine/routing.py", "import torch", [POLICY], "cosine.routing -> torch"),
     # the spec is imported by both sides: kopf or the operator there reaches the runtime through it
-    ("cosine_spec/settings.py", "import kopf", [POLICY, SPEC, NO_OPERATOR], "cosine_spec.settings -> kopf"),
+    ("cosine_spec/cluster_spec.py", "import kopf", [POLICY, SPEC, NO_OPERATOR], "cosine_spec.cluster_spec -> kopf"),
     ("cosine_spec/autoscaling.py", "from cosine_operator import status", [SPEC, NO_OPERATOR],
      "cosine_spec.autoscaling -> cosine_operator.status"),
-    ("cosine_operator/builders.py", "from cosine import proposer", [OPERATOR],
-     "cosine_operator.builders -> cosine.proposer"),
+    ("cosine_operator/builders/workloads.py", "from cosine import proposer", [OPERATOR],
+     "cosine_operator.builders.workloads -> cosine.proposer"),
     ("cosine/model_store.py", "from cosine_operator import builders", [NO_OPERATOR],
      "cosine.model_store -> cosine_operator.builders"),
     ("cosine/roles.py", "import vllm", [VLLM], "cosine.roles -> vllm"),

@@ -9,8 +9,10 @@ import pytest
 # builders and status are pure too but not yet strict (PyYAML has no stubs here).
 POLICY = ["cosine.speculation_control", "cosine.pool_policy", "cosine.routing", "cosine.fusion", "cosine.placement",
           "cosine.breaker", "cosine.sources", "cosine.sources.engine", "cosine_spec.autoscaling",
-          "cosine_spec.settings", "cosine_spec.scaling_loop", "cosine_operator.endpoint_picker",
-          "cosine_operator.config_hashes", "cosine_operator.capacity_placement"]
+          "cosine_spec.contract", "cosine_spec.schema", "cosine_spec.catalogue", "cosine_spec.spot",
+          "cosine_spec.pods", "cosine_spec.verifier_spec", "cosine_spec.cluster_spec", "cosine_spec.scaling_loop",
+          "cosine_operator.endpoint_picker",
+          "cosine_operator.config_hashes", "cosine_operator.capacity_placement", "cosine_operator.apply_plan"]
 
 
 def test_policy_modules_are_strictly_typed(tmp_path):

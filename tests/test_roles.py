@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from cosine_spec.settings import SpeculationSpec, parse_cluster_spec
+from cosine_spec.cluster_spec import SpeculationSpec, parse_cluster_spec
 
 from cosine import roles
 from cosine.manifest import load_manifest

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from cosine_spec import metric_names
+from cosine_spec.contract import CLUSTER_LABEL, COMPONENT_LABEL
 from prometheus_tools import provision_all
 from test_chart import render
 
@@ -256,7 +257,7 @@ def test_the_rules_watch_the_jobs_and_labels_the_monitors_make() -> None:
     """Catches: CoSineOperatorDown or CoSineVerifierDown watching a job no monitor of the chart
     makes (silent forever, or firing forever), and a PodMonitor whose relabelling reads pod labels
     the operator does not set (no `cluster` on any series)."""
-    from cosine_operator import builders
+    from cosine_operator.builders.names import labels
 
     values = {"metrics": {key: {"enabled": True} for key in ("serviceMonitor", "podMonitor", "prometheusRule")}}
     objs = render(values)
@@ -274,9 +275,9 @@ def test_the_rules_watch_the_jobs_and_labels_the_monitors_make() -> None:
     def meta(label: str) -> str:  # Kubernetes service discovery's name for a pod label
         return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
 
-    relabelled = {(meta(builders.CLUSTER_LABEL), "cluster"), (meta(builders.COMPONENT_LABEL), "component")}
-    assert builders.labels("demo", "verifier")[builders.COMPONENT_LABEL] == "verifier"
-    assert builders.labels("demo", "verifier")[builders.CLUSTER_LABEL] == "demo"
+    relabelled = {(meta(CLUSTER_LABEL), "cluster"), (meta(COMPONENT_LABEL), "component")}
+    assert labels("demo", "verifier")[COMPONENT_LABEL] == "verifier"
+    assert labels("demo", "verifier")[CLUSTER_LABEL] == "demo"
     for endpoint in pod_monitor["spec"]["podMetricsEndpoints"]:
         assert {(r["sourceLabels"][0], r["targetLabel"]) for r in endpoint["relabelings"]} == relabelled, endpoint
     overridden = {"metrics": {"prometheusRule": {"enabled": True, "operatorJob": "op", "workloadsJob": "pods"}}}

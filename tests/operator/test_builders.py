@@ -6,9 +6,35 @@ import copy
 from typing import Any
 
 import yaml
-from cosine_spec.settings import parse_cluster_spec
+from cosine_spec.cluster_spec import parse_cluster_spec
+from cosine_spec.contract import COMPONENT_LABEL, CONFIG_FILE, POOL_LABEL
 
-from cosine_operator import builders
+from cosine_operator.builders.inventory import build_children
+from cosine_operator.builders.multinode import build_verifier
+from cosine_operator.builders.names import labels, selector_labels
+from cosine_operator.builders.networking import (
+    build_drafter_service,
+    build_gateway_service,
+    build_network_policies,
+    metrics_sources,
+    operator_peer,
+)
+from cosine_operator.builders.pods import DEFAULT_RESOURCES
+from cosine_operator.builders.router import build_router
+from cosine_operator.builders.storage import (
+    PULL_LIMIT_REQUEST_RATIO,
+    build_model_claim,
+    build_model_job,
+    cluster_models,
+    model_storage_gib,
+    pull_memory_gib,
+)
+from cosine_operator.builders.workloads import (
+    build_config_map,
+    build_disruption_budgets,
+    build_drafter_deployment,
+    build_verifier_deployment,
+)
 
 SPEC: dict[str, Any] = {
     "verifier": {
@@ -31,7 +57,7 @@ CLUSTER = parse_cluster_spec(SPEC)
 
 
 def test_config_map_holds_the_cluster_document() -> None:
-    cm = builders.build_config_map("demo", "ns", CLUSTER)
+    cm = build_config_map("demo", "ns", CLUSTER)
     assert cm["metadata"]["name"] == "demo-config"
     doc = yaml.safe_load(cm["data"]["cluster.yaml"])
     assert doc == {
@@ -43,7 +69,7 @@ def test_config_map_holds_the_cluster_document() -> None:
 
 
 def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
-    d = builders.build_verifier_deployment("demo", "ns", CLUSTER)
+    d = build_verifier_deployment("demo", "ns", CLUSTER)
     pod = d["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert c["command"] == ["cosine"]
@@ -78,7 +104,7 @@ def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
 
 
 def test_drafter_deployment_and_headless_service() -> None:
-    d = builders.build_drafter_deployment("demo", "ns", CLUSTER, "code", replicas=3)
+    d = build_drafter_deployment("demo", "ns", CLUSTER, "code", replicas=3)
     c = d["spec"]["template"]["spec"]["containers"][0]
     assert d["metadata"]["name"] == "demo-drafter-code" and d["spec"]["replicas"] == 3
     assert c["args"] == [
@@ -98,10 +124,10 @@ def test_drafter_deployment_and_headless_service() -> None:
     assert "tolerations" not in d["spec"]["template"]["spec"]  # no GPU asked for
     # a llama.cpp or n-gram pool needs no big /dev/shm; vLLM's engine processes do
     assert not [m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"]
-    v = builders.build_verifier_deployment("demo", "ns", CLUSTER)["spec"]["template"]["spec"]
+    v = build_verifier_deployment("demo", "ns", CLUSTER)["spec"]["template"]["spec"]
     (mount,) = [m for m in v["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm"]
     assert {"name": mount["name"], "emptyDir": {"medium": "Memory"}} in v["volumes"]
-    svc = builders.build_drafter_service("demo", "ns", "code")
+    svc = build_drafter_service("demo", "ns", "code")
     assert svc["spec"]["clusterIP"] == "None"
     assert {p["port"] for p in svc["spec"]["ports"]} == {50052, 9090}
     assert (
@@ -111,15 +137,15 @@ def test_drafter_deployment_and_headless_service() -> None:
 
 
 def test_gateway_service_maps_port_to_8000() -> None:
-    svc = builders.build_gateway_service("demo", "ns", CLUSTER)
+    svc = build_gateway_service("demo", "ns", CLUSTER)
     assert svc["spec"]["type"] == "LoadBalancer"
     assert svc["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
-    assert svc["spec"]["selector"] == builders.selector_labels("demo", "verifier")
+    assert svc["spec"]["selector"] == selector_labels("demo", "verifier")
 
 
 def _templates(spec: dict[str, Any]) -> dict[str, Any]:
     """Every workload's pod template by the workload's name."""
-    children = builders.build_children("demo", "ns", parse_cluster_spec(spec), {})
+    children = build_children("demo", "ns", parse_cluster_spec(spec), {})
     return {c["metadata"]["name"]: c["spec"]["template"] for c in children if c["kind"] == "Deployment"}
 
 
@@ -127,11 +153,11 @@ def test_gateway_service_fields_make_an_internal_load_balancer() -> None:
     spec = copy.deepcopy(SPEC)
     spec["gateway"].update(annotations={"networking.gke.io/load-balancer-type": "Internal"},
                            loadBalancerSourceRanges=["10.0.0.0/8"], loadBalancerClass="service.k8s.aws/nlb")
-    svc = builders.build_gateway_service("demo", "ns", parse_cluster_spec(spec))
+    svc = build_gateway_service("demo", "ns", parse_cluster_spec(spec))
     assert svc["metadata"]["annotations"] == {"networking.gke.io/load-balancer-type": "Internal"}
     assert svc["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/8"]
     assert svc["spec"]["loadBalancerClass"] == "service.k8s.aws/nlb"
-    plain = builders.build_gateway_service("demo", "ns", CLUSTER)
+    plain = build_gateway_service("demo", "ns", CLUSTER)
     assert "annotations" not in plain["metadata"] and "loadBalancerClass" not in plain["spec"]
 
 
@@ -150,7 +176,7 @@ def test_scaling_does_not_change_the_pod_template_but_a_model_change_does() -> N
 
 
 def test_build_children_uses_the_scale_targets_replicas() -> None:
-    children = builders.build_children("demo", "ns", CLUSTER, {"code": 5})
+    children = build_children("demo", "ns", CLUSTER, {"code": 5})
     kinds = [(c["kind"], c["metadata"]["name"]) for c in children if c["kind"] != "NetworkPolicy"]
     assert kinds[0] == ("ConfigMap", "demo-config")
     assert ("CoSineDrafterPool", "demo-code") in kinds
@@ -170,33 +196,33 @@ def test_pods_pull_their_models_before_the_runtime_starts() -> None:
     def init(d: dict[str, Any]) -> list[dict[str, Any]]:
         return d["spec"]["template"]["spec"].get("initContainers", [])
 
-    (v,) = init(builders.build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
+    (v,) = init(build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
     assert v["name"] == "model-pull" and v["command"] == ["cosine"]
     assert v["args"] == ["models", "pull", "qwen2.5-coder-1.5b-instruct"]
     assert v["volumeMounts"] == [{"name": "models", "mountPath": "/models"}]
     assert {e["name"]: e.get("value") for e in v["env"]}["COSINE_CACHE"] == "/models"
-    (code,) = init(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", replicas=1))
+    (code,) = init(build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", replicas=1))
     assert code["args"] == ["models", "pull", "qwen2.5-coder-0.5b-instruct"]
-    (small,) = init(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "small", replicas=1))
+    (small,) = init(build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "small", replicas=1))
     assert small["args"] == ["models", "pull", "smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"]
-    assert init(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "ngram", replicas=1)) == []
+    assert init(build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "ngram", replicas=1)) == []
 
 
 def test_children_carry_their_scale_for_creation() -> None:
     """Catches: a drafter Deployment created with other replicas than its pool's, or the scale
     target created before the Deployment it resizes (the operator applies both without replicas
     after creation: kube.apply_scale_free)."""
-    for child in builders.build_children("demo", "ns", CLUSTER, {"code": 5}):
+    for child in build_children("demo", "ns", CLUSTER, {"code": 5}):
         if (child["kind"], child["metadata"]["name"]) == ("Deployment", "demo-drafter-code"):
             assert child["spec"]["replicas"] == 5  # the pool's current scale
-    kinds = [c["kind"] for c in builders.build_children("demo", "ns", CLUSTER, {})]
+    kinds = [c["kind"] for c in build_children("demo", "ns", CLUSTER, {})]
     assert kinds.index("Deployment") < kinds.index("CoSineDrafterPool")  # the scale target's Deployment first
 
 
 # ---------------------------------------------------------------- NetworkPolicies and TLS
 
 OPERATOR_LABELS = {"app.kubernetes.io/name": "cosine-operator", "app.kubernetes.io/instance": "cosine"}
-OPERATOR = builders.operator_peer("cosine-system", OPERATOR_LABELS)
+OPERATOR = operator_peer("cosine-system", OPERATOR_LABELS)
 
 
 def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -238,14 +264,14 @@ def allowed(policies: list[dict[str, Any]], dest: tuple[str, dict[str, str]], po
 
 
 def _pod(component: str, pool: str | None = None, cluster: str = "demo", ns: str = "ns") -> tuple[str, dict[str, str]]:
-    return ns, builders.labels(cluster, component, pool)
+    return ns, labels(cluster, component, pool)
 
 
 def test_network_policies_allow_what_each_port_needs_and_nothing_else() -> None:
     """Catches: drafters' gRPC open to any pod (or to another cluster's verifier); a policy on the
     wrong pods (another pool, the whole namespace); metrics open across namespaces, or closed to the
     operator's autoscaler; the OpenAI port closed."""
-    policies = builders.build_network_policies("demo", "ns", CLUSTER, OPERATOR)
+    policies = build_network_policies("demo", "ns", CLUSTER, OPERATOR)
     names = sorted(p["metadata"]["name"] for p in policies)
     assert names == ["demo-drafter-code", "demo-drafter-ngram", "demo-verifier"]
     verifier, code, ngram = _pod("verifier"), _pod("drafter", "code"), _pod("drafter", "ngram")
@@ -270,7 +296,7 @@ def test_network_policies_allow_what_each_port_needs_and_nothing_else() -> None:
     assert allowed(policies, _pod("drafter", "code", cluster="other"), 50052, neighbour)
     (code_policy,) = [p for p in policies if p["metadata"]["name"] == "demo-drafter-code"]
     assert allowed([code_policy], ngram, 50052, neighbour)  # code's policy does not select ngram pods
-    assert code_policy["metadata"]["labels"][builders.POOL_LABEL] == "code"  # pruned with its pool
+    assert code_policy["metadata"]["labels"][POOL_LABEL] == "code"  # pruned with its pool
 
 
 def test_metrics_from_replaces_the_namespace_peer_and_disabled_creates_none() -> None:
@@ -279,7 +305,7 @@ def test_metrics_from_replaces_the_namespace_peer_and_disabled_creates_none() ->
     monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     spec = copy.deepcopy(SPEC)
     spec["networkPolicy"] = {"metricsFrom": [monitoring]}
-    policies = builders.build_network_policies("demo", "ns", parse_cluster_spec(spec), OPERATOR)
+    policies = build_network_policies("demo", "ns", parse_cluster_spec(spec), OPERATOR)
     prometheus = ("monitoring", {"app": "prometheus"})
     for dest, port in ((_pod("verifier"), 9091), (_pod("drafter", "code"), 9090)):
         assert allowed(policies, dest, port, prometheus)
@@ -287,15 +313,15 @@ def test_metrics_from_replaces_the_namespace_peer_and_disabled_creates_none() ->
         assert not allowed(policies, dest, port, ("ns", {"app": "something-else"}))
     spec["networkPolicy"] = {"enabled": False}
     cluster = parse_cluster_spec(spec)
-    assert builders.build_network_policies("demo", "ns", cluster) == []
-    assert not [c for c in builders.build_children("demo", "ns", cluster, {}) if c["kind"] == "NetworkPolicy"]
+    assert build_network_policies("demo", "ns", cluster) == []
+    assert not [c for c in build_children("demo", "ns", cluster, {}) if c["kind"] == "NetworkPolicy"]
     # no operator identity (it runs outside the cluster): no operator peer, the namespace still allowed
-    assert builders.operator_peer("", OPERATOR_LABELS) is None
-    assert builders.metrics_sources(CLUSTER) == [{"podSelector": {}}]
+    assert operator_peer("", OPERATOR_LABELS) is None
+    assert metrics_sources(CLUSTER) == [{"podSelector": {}}]
 
 
 def test_network_policies_come_first_and_do_not_restart_pods() -> None:
-    kinds = [c["kind"] for c in builders.build_children("demo", "ns", CLUSTER, {})]
+    kinds = [c["kind"] for c in build_children("demo", "ns", CLUSTER, {})]
     assert kinds.index("Deployment") > max(i for i, k in enumerate(kinds) if k == "NetworkPolicy")
     spec = copy.deepcopy(SPEC)
     spec["networkPolicy"] = {"enabled": False, "metricsFrom": [{"podSelector": {}}]}
@@ -308,8 +334,8 @@ def test_drafter_tls_secret_is_mounted_and_flags_set() -> None:
     spec = copy.deepcopy(SPEC)
     spec["drafterTLS"] = {"secretName": "drafter-tls", "serverName": "drafters.cosine.internal"}
     cluster = parse_cluster_spec(spec)
-    v = builders.build_verifier_deployment("demo", "ns", cluster)
-    d = builders.build_drafter_deployment("demo", "ns", cluster, "code", replicas=1)
+    v = build_verifier_deployment("demo", "ns", cluster)
+    d = build_drafter_deployment("demo", "ns", cluster, "code", replicas=1)
     for deployment in (v, d):
         pod = deployment["spec"]["template"]["spec"]
         assert {"name": "drafter-tls", "secret": {"secretName": "drafter-tls"}} in pod["volumes"]
@@ -322,11 +348,11 @@ def test_drafter_tls_secret_is_mounted_and_flags_set() -> None:
     assert drafter["args"][drafter["args"].index("--tls-dir") + 1] == "/etc/cosine-tls"
     assert drafter["readinessProbe"]["tcpSocket"] == {"port": 50052} and "grpc" not in drafter["readinessProbe"]
     # without drafterTLS: plain gRPC, no volume, no flag
-    plain = builders.build_drafter_deployment("demo", "ns", CLUSTER, "code", replicas=1)["spec"]["template"]["spec"]
+    plain = build_drafter_deployment("demo", "ns", CLUSTER, "code", replicas=1)["spec"]["template"]["spec"]
     assert "--tls-dir" not in plain["containers"][0]["args"]
     assert all(vol["name"] != "drafter-tls" for vol in plain["volumes"])
     assert plain["containers"][0]["readinessProbe"]["grpc"] == {"port": 50052}
-    plain_v = builders.build_verifier_deployment("demo", "ns", CLUSTER)["spec"]["template"]["spec"]["containers"][0]
+    plain_v = build_verifier_deployment("demo", "ns", CLUSTER)["spec"]["template"]["spec"]["containers"][0]
     assert not any(a.startswith("--drafter-tls") for a in plain_v["args"])
 
 
@@ -340,22 +366,22 @@ def test_gpu_pods_run_the_cuda_image_and_others_the_cpu_image() -> None:
     spec["drafterPools"][0]["resources"] = {"limits": {"nvidia.com/gpu": 1}}
     cluster = parse_cluster_spec(spec)
     images = {d["metadata"]["name"]: _template(d)["containers"][0]["image"]
-              for d in builders.build_children("demo", "ns", cluster, {}) if d["kind"] == "Deployment"}
+              for d in build_children("demo", "ns", cluster, {}) if d["kind"] == "Deployment"}
     assert images == {"demo-verifier": "ghcr.io/cosine-project/cosine:0.1.0-cuda",
                       "demo-drafter-code": "ghcr.io/cosine-project/cosine:0.1.0-cuda",
                       "demo-drafter-ngram": "ghcr.io/cosine-project/cosine:0.1.0"}
     # the pull container needs no GPU: the CPU image
-    init = _template(builders.build_verifier_deployment("demo", "ns", cluster))["initContainers"]
+    init = _template(build_verifier_deployment("demo", "ns", cluster))["initContainers"]
     assert init[0]["image"].endswith(":0.1.0")
     spec["image"] = {"repository": "registry.example/cosine", "pullPolicy": "Always"}
     spec["verifier"]["image"] = {"tag": "dev-cuda"}
     cluster = parse_cluster_spec(spec)
-    v = _template(builders.build_verifier_deployment("demo", "ns", cluster))["containers"][0]
+    v = _template(build_verifier_deployment("demo", "ns", cluster))["containers"][0]
     assert (v["image"], v["imagePullPolicy"]) == ("registry.example/cosine:dev-cuda", "Always")
-    ngram = _template(builders.build_drafter_deployment("demo", "ns", cluster, "ngram", 1))["containers"][0]
+    ngram = _template(build_drafter_deployment("demo", "ns", cluster, "ngram", 1))["containers"][0]
     assert ngram["image"] == "registry.example/cosine:0.1.0"
     spec["image"]["tag"] = "pinned"  # spec.image.tag: every role
-    code = _template(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", 1))
+    code = _template(build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", 1))
     assert code["containers"][0]["image"] == "registry.example/cosine:pinned"
 
 
@@ -364,7 +390,7 @@ def test_lifecycle_probes_strategy_grace_and_disruption_budgets() -> None:
     spec["drafterPools"][0].update(startupTimeoutSeconds=300, terminationGracePeriodSeconds=10,
                                    strategy={"type": "Recreate"})
     cluster = parse_cluster_spec(spec)
-    v = builders.build_verifier_deployment("demo", "ns", cluster)
+    v = build_verifier_deployment("demo", "ns", cluster)
     c = _template(v)["containers"][0]
     assert c["startupProbe"]["httpGet"] == {"path": "/health", "port": 8000}
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 1800  # the default budget
@@ -374,28 +400,28 @@ def test_lifecycle_probes_strategy_grace_and_disruption_budgets() -> None:
     # vLLM finishes its in-flight requests within what the grace period leaves, refusing new ones
     assert c["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "10"]}}
     assert cluster.verifier.shutdown_timeout_s == 120 - 10 - 5
-    from cosine_spec.settings import VerifierSpec
+    from cosine_spec.verifier_spec import VerifierSpec
     assert (VerifierSpec(model="m", termination_grace_s=8).pre_stop_s,
             VerifierSpec(model="m", termination_grace_s=8).shutdown_timeout_s) == (2, 1)
     # probes sized for a loaded server, not the kubelet's 1 s
     assert {c[p]["timeoutSeconds"] for p in ("startupProbe", "readinessProbe", "livenessProbe")} == {5}
     # a 1-GPU verifier rolls without a spare GPU
     assert v["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
-    code = builders.build_drafter_deployment("demo", "ns", cluster, "code", 1)
+    code = build_drafter_deployment("demo", "ns", cluster, "code", 1)
     c = _template(code)["containers"][0]
     assert c["startupProbe"]["grpc"] == {"port": 50052} and c["livenessProbe"]["grpc"] == {"port": 50052}
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 300
     assert _template(code)["terminationGracePeriodSeconds"] == 10 and code["spec"]["strategy"] == {"type": "Recreate"}
-    ngram = builders.build_drafter_deployment("demo", "ns", cluster, "ngram", 1)
+    ngram = build_drafter_deployment("demo", "ns", cluster, "ngram", 1)
     assert ngram["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == "25%"  # CPU pods: Kubernetes' default
-    pdbs = {p["metadata"]["name"]: p["spec"] for p in builders.build_disruption_budgets("demo", "ns", cluster)}
+    pdbs = {p["metadata"]["name"]: p["spec"] for p in build_disruption_budgets("demo", "ns", cluster)}
     assert pdbs == {
         "demo-verifier": {"maxUnavailable": 1,
-                          "selector": {"matchLabels": builders.selector_labels("demo", "verifier")}},
+                          "selector": {"matchLabels": selector_labels("demo", "verifier")}},
         "demo-drafter-code": {"maxUnavailable": 1,
-                              "selector": {"matchLabels": builders.selector_labels("demo", "drafter", "code")}},
+                              "selector": {"matchLabels": selector_labels("demo", "drafter", "code")}},
         "demo-drafter-ngram": {"maxUnavailable": 1,
-                               "selector": {"matchLabels": builders.selector_labels("demo", "drafter", "ngram")}},
+                               "selector": {"matchLabels": selector_labels("demo", "drafter", "ngram")}},
     }
 
 
@@ -406,19 +432,19 @@ def test_model_cache_job_fills_a_claim_the_pods_mount_read_only() -> None:
     spec["modelCache"] = {"storageClassName": "standard-rwx", "size": "200Gi"}
     spec["hfTokenSecretRef"] = {"name": "hf", "key": "token"}
     cluster = parse_cluster_spec(spec)
-    claim = builders.build_model_claim("demo", "ns", cluster)
+    claim = build_model_claim("demo", "ns", cluster)
     assert claim["metadata"]["name"] == "demo-models"
     assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "200Gi"}},
                              "storageClassName": "standard-rwx"}
-    job = builders.build_model_job("demo", "ns", cluster)
+    job = build_model_job("demo", "ns", cluster)
     pod = job["spec"]["template"]["spec"]
     (pull,) = pod["containers"]
     assert pull["args"] == ["models", "pull", "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in pull["env"]
     assert pod["volumes"] == [{"name": "models", "persistentVolumeClaim": {"claimName": "demo-models"}}]
     assert pod["restartPolicy"] == "Never" and pull["resources"]["limits"]["memory"]
-    for d in (builders.build_verifier_deployment("demo", "ns", cluster),
-              builders.build_drafter_deployment("demo", "ns", cluster, "code", 1)):
+    for d in (build_verifier_deployment("demo", "ns", cluster),
+              build_drafter_deployment("demo", "ns", cluster, "code", 1)):
         p = _template(d)
         assert "initContainers" not in p  # nothing downloaded at start
         claim = {"name": "models", "persistentVolumeClaim": {"claimName": "demo-models", "readOnly": True}}
@@ -428,12 +454,12 @@ def test_model_cache_job_fills_a_claim_the_pods_mount_read_only() -> None:
         assert "HF_TOKEN" not in str(p["containers"])
     changed = copy.deepcopy(spec)
     changed["verifier"]["model"] = "qwen2.5-coder-7b-instruct"
-    renamed = builders.build_model_job("demo", "ns", parse_cluster_spec(changed))["metadata"]["name"]
+    renamed = build_model_job("demo", "ns", parse_cluster_spec(changed))["metadata"]["name"]
     assert renamed != job["metadata"]["name"]
     own = copy.deepcopy(spec)
     own["modelCache"] = {"claimName": "shared-models"}
-    assert builders.build_model_claim("demo", "ns", parse_cluster_spec(own)) is None
-    v = _template(builders.build_verifier_deployment("demo", "ns", parse_cluster_spec(own)))
+    assert build_model_claim("demo", "ns", parse_cluster_spec(own)) is None
+    v = _template(build_verifier_deployment("demo", "ns", parse_cluster_spec(own)))
     assert {"name": "models", "persistentVolumeClaim": {"claimName": "shared-models", "readOnly": True}} in v["volumes"]
 
 
@@ -441,14 +467,14 @@ def test_without_a_cache_the_pull_container_reserves_the_models_disk() -> None:
     spec = copy.deepcopy(SPEC)
     spec["verifier"]["model"] = "Qwen/Qwen2.5-Coder-7B-Instruct"
     spec["hfTokenSecretRef"] = {"name": "hf", "key": "token"}
-    p = _template(builders.build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
+    p = _template(build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
     (pull,) = p["initContainers"]
     models = next(v for v in p["volumes"] if v["name"] == "models")
     assert models == {"name": "models", "emptyDir": {"sizeLimit": "18Gi"}}  # 7B x 2 bytes + headroom
     assert pull["resources"]["requests"]["ephemeral-storage"] == "18Gi"
     assert any(e["name"] == "HF_TOKEN" for e in pull["env"]) and "HF_TOKEN" not in str(p["containers"])
-    assert builders.model_storage_gib("smollm2-135m-instruct") == 2
-    assert builders.model_storage_gib("my-finetune") == 20  # no size in the name
+    assert model_storage_gib("smollm2-135m-instruct") == 2
+    assert model_storage_gib("my-finetune") == 20  # no size in the name
 
 
 def test_object_store_credentials_reach_only_the_containers_that_pull() -> None:
@@ -462,27 +488,27 @@ def test_object_store_credentials_reach_only_the_containers_that_pull() -> None:
     spec["modelCredentialsSecretRef"] = {"name": "store-keys"}
     mount = {"name": "model-credentials", "mountPath": "/var/run/secrets/cosine/model-credentials", "readOnly": True}
     volume = {"name": "model-credentials", "secret": {"secretName": "store-keys"}}
-    p = _template(builders.build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
+    p = _template(build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
     (pull,) = p["initContainers"]
     assert pull["args"] == ["models", "pull", "s3://weights/models/qwen2.5-coder-1.5b-instruct"]
     assert pull["envFrom"] == [{"secretRef": {"name": "store-keys"}}] and mount in pull["volumeMounts"]
     assert volume in p["volumes"] and "store-keys" not in str(p["containers"])
     spec["modelCache"] = {"size": "20Gi"}
     cluster = parse_cluster_spec(spec)
-    job = builders.build_model_job("demo", "ns", cluster)
+    job = build_model_job("demo", "ns", cluster)
     pod = job["spec"]["template"]["spec"]
     (pull,) = pod["containers"]
     assert pull["envFrom"] == [{"secretRef": {"name": "store-keys"}}] and mount in pull["volumeMounts"]
     assert pod["volumes"] == [{"name": "models", "persistentVolumeClaim": {"claimName": "demo-models"}}, volume]
-    for d in (builders.build_verifier_deployment("demo", "ns", cluster),
-              builders.build_drafter_deployment("demo", "ns", cluster, "code", 1)):
+    for d in (build_verifier_deployment("demo", "ns", cluster),
+              build_drafter_deployment("demo", "ns", cluster, "code", 1)):
         assert "store-keys" not in str(_template(d))  # the cache is read as is: no pull, no keys
     other = copy.deepcopy(spec)
     other["modelCredentialsSecretRef"] = {"name": "other-keys"}
-    assert builders.build_model_job("demo", "ns", parse_cluster_spec(other))["metadata"]["name"] != job["metadata"][
+    assert build_model_job("demo", "ns", parse_cluster_spec(other))["metadata"]["name"] != job["metadata"][
         "name"]
     del spec["modelCredentialsSecretRef"]
-    pod = builders.build_model_job("demo", "ns", parse_cluster_spec(spec))["spec"]["template"]["spec"]
+    pod = build_model_job("demo", "ns", parse_cluster_spec(spec))["spec"]["template"]["spec"]
     assert "envFrom" not in pod["containers"][0] and len(pod["volumes"]) == 1
 
 
@@ -492,15 +518,15 @@ def test_a_prepopulated_cache_runs_no_pull_job() -> None:
     spec = copy.deepcopy(SPEC)
     spec["modelCache"] = {"claimName": "weights", "prePopulated": True}
     cluster = parse_cluster_spec(spec)
-    assert builders.build_model_job("demo", "ns", cluster) is None
-    assert builders.build_model_claim("demo", "ns", cluster) is None  # the user's claim
-    kinds = [c["kind"] for c in builders.build_children("demo", "ns", cluster, {})]
+    assert build_model_job("demo", "ns", cluster) is None
+    assert build_model_claim("demo", "ns", cluster) is None  # the user's claim
+    kinds = [c["kind"] for c in build_children("demo", "ns", cluster, {})]
     assert "Job" not in kinds and "PersistentVolumeClaim" not in kinds
-    p = _template(builders.build_verifier_deployment("demo", "ns", cluster))
+    p = _template(build_verifier_deployment("demo", "ns", cluster))
     assert "initContainers" not in p
     assert {"name": "models", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in p["volumes"]
     spec["modelCache"]["prePopulated"] = False
-    assert builders.build_model_job("demo", "ns", parse_cluster_spec(spec)) is not None
+    assert build_model_job("demo", "ns", parse_cluster_spec(spec)) is not None
 
 
 def test_pod_template_fields_and_a_restricted_security_context() -> None:
@@ -509,14 +535,14 @@ def test_pod_template_fields_and_a_restricted_security_context() -> None:
         imagePullSecrets=[{"name": "regcred"}], serviceAccountName="cosine-wi", priorityClassName="inference",
         runtimeClassName="nvidia", volumes=[{"name": "scratch", "emptyDir": {}}],
         volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}])
-    p = _template(builders.build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
+    p = _template(build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
     assert p["imagePullSecrets"] == [{"name": "regcred"}]
     assert (p["serviceAccountName"], p["priorityClassName"], p["runtimeClassName"]) == ("cosine-wi", "inference",
                                                                                          "nvidia")
     assert {"name": "scratch", "emptyDir": {}} in p["volumes"]
     assert {"name": "scratch", "mountPath": "/scratch"} in p["containers"][0]["volumeMounts"]
     assert p["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    ngram = _template(builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "ngram", 1))
+    ngram = _template(build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "ngram", 1))
     assert "serviceAccountName" not in ngram and "imagePullSecrets" not in ngram  # per role
 
 
@@ -527,10 +553,10 @@ def test_no_service_account_token_in_workload_pods() -> None:
     spec["verifier"]["serviceAccountName"] = "cosine-wi"
     spec["modelCache"] = {"size": "20Gi"}
     cluster = parse_cluster_spec(spec)
-    job = builders.build_model_job("demo", "ns", cluster)
+    job = build_model_job("demo", "ns", cluster)
     assert job is not None
-    pods = [_template(builders.build_verifier_deployment("demo", "ns", cluster)),
-            _template(builders.build_drafter_deployment("demo", "ns", cluster, "ngram", 1)),
+    pods = [_template(build_verifier_deployment("demo", "ns", cluster)),
+            _template(build_drafter_deployment("demo", "ns", cluster, "ngram", 1)),
             job["spec"]["template"]["spec"]]
     assert [p["automountServiceAccountToken"] for p in pods] == [False, False, False]
 
@@ -543,7 +569,7 @@ def test_pull_job_name_follows_its_whole_template() -> None:
     def name(**changes: Any) -> str:
         s = copy.deepcopy(spec)
         s.update(changes)
-        job = builders.build_model_job("demo", "ns", parse_cluster_spec(s))
+        job = build_model_job("demo", "ns", parse_cluster_spec(s))
         assert job is not None
         return str(job["metadata"]["name"])
 
@@ -557,15 +583,15 @@ def test_pull_job_name_follows_its_whole_template() -> None:
 
 def test_the_pull_has_the_memory_its_conversion_needs() -> None:
     """A GGUF from PyPI is converted to float32 in memory: 1.5B parameters need ~7 GiB, not 2."""
-    assert builders.pull_memory_gib(["qwen2.5-coder-1.5b-instruct"]) == 8
-    assert builders.pull_memory_gib(["smollm2-135m-instruct", "my-model"]) == 2
+    assert pull_memory_gib(["qwen2.5-coder-1.5b-instruct"]) == 8
+    assert pull_memory_gib(["smollm2-135m-instruct", "my-model"]) == 2
     spec = copy.deepcopy(SPEC)
     spec["modelCache"] = {"size": "20Gi"}
-    job = builders.build_model_job("demo", "ns", parse_cluster_spec(spec))
+    job = build_model_job("demo", "ns", parse_cluster_spec(spec))
     assert job is not None
     (pull,) = job["spec"]["template"]["spec"]["containers"]
-    models = builders.cluster_models(parse_cluster_spec(spec))
-    assert pull["resources"]["limits"]["memory"] == f"{builders.pull_memory_gib(models)}Gi"
+    models = cluster_models(parse_cluster_spec(spec))
+    assert pull["resources"]["limits"]["memory"] == f"{pull_memory_gib(models)}Gi"
 
 
 def _gib(quantity: str) -> float:
@@ -575,23 +601,23 @@ def _gib(quantity: str) -> float:
 def test_a_hub_download_streams_and_the_pull_fits_a_limit_range() -> None:
     """Catches a 405B Hub model asking 1887 GiB (its conversion is for PyPI's GGUF files only) and
     a limit 3,800 times the request, which a namespace LimitRange (maxLimitRequestRatio) refuses."""
-    assert builders.pull_memory_gib(["meta-llama/Llama-3.1-405B-Instruct"]) == 2
+    assert pull_memory_gib(["meta-llama/Llama-3.1-405B-Instruct"]) == 2
     for models in (["meta-llama/Llama-3.1-405B-Instruct"], ["qwen2.5-coder-1.5b-instruct"]):
         spec = copy.deepcopy(SPEC)
         spec["verifier"]["model"] = models[0]
         spec["modelCache"] = {"size": "2Ti"}
-        job = builders.build_model_job("demo", "ns", parse_cluster_spec(spec))
+        job = build_model_job("demo", "ns", parse_cluster_spec(spec))
         assert job is not None
         resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
         ratio = _gib(resources["limits"]["memory"]) / _gib(resources["requests"]["memory"])
-        assert ratio <= builders.PULL_LIMIT_REQUEST_RATIO
+        assert ratio <= PULL_LIMIT_REQUEST_RATIO
 
 
 def _spot(provider: str, **pool: Any) -> dict[str, Any]:
     spec = copy.deepcopy(SPEC)
     spec["drafterPools"][0].update(capacity="spot", **pool)
     spec["spot"] = {"provider": provider}
-    deployment = builders.build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", 1)
+    deployment = build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", 1)
     return deployment["spec"]["template"]["spec"]
 
 
@@ -611,7 +637,7 @@ def test_a_spot_pool_lands_on_its_providers_spot_nodes_within_the_notice() -> No
     assert aks["nodeSelector"] == {"kubernetes.azure.com/scalesetpriority": "spot", "agentpool": "spotgpu"}
     assert aks["tolerations"] == [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "Exists"}]  # the pool's
     assert aks["terminationGracePeriodSeconds"] == 10  # a shorter grace stands
-    on_demand = builders.build_drafter_deployment("demo", "ns", CLUSTER, "code", 1)["spec"]["template"]["spec"]
+    on_demand = build_drafter_deployment("demo", "ns", CLUSTER, "code", 1)["spec"]["template"]["spec"]
     assert "nodeSelector" not in on_demand and on_demand["terminationGracePeriodSeconds"] == 30
 
 
@@ -639,17 +665,17 @@ def test_role_pods_take_spread_annotations_and_labels_and_are_never_best_effort(
                             podLabels={"team": "ml", "cosine.dev/cluster": "other"})
     spec["drafterPools"][0].update(resources={"requests": {"cpu": "2"}}, podLabels={"team": "ml"})
     cluster = parse_cluster_spec(spec)
-    verifier = builders.build_verifier_deployment("demo", "ns", cluster)["spec"]["template"]
+    verifier = build_verifier_deployment("demo", "ns", cluster)["spec"]["template"]
     assert verifier["spec"]["topologySpreadConstraints"] == spread
     assert verifier["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
     assert verifier["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     labels = verifier["metadata"]["labels"]
     assert labels["team"] == "ml" and labels["cosine.dev/cluster"] == "demo"
-    assert verifier["spec"]["containers"][0]["resources"] == builders.DEFAULT_RESOURCES["verifier"]
-    drafter = builders.build_drafter_deployment("demo", "ns", cluster, "code", 1)["spec"]["template"]
+    assert verifier["spec"]["containers"][0]["resources"] == DEFAULT_RESOURCES["verifier"]
+    drafter = build_drafter_deployment("demo", "ns", cluster, "code", 1)["spec"]["template"]
     assert drafter["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2"}}  # the spec's, as written
     assert "topologySpreadConstraints" not in drafter["spec"] and drafter["metadata"]["labels"]["team"] == "ml"
-    for role in builders.DEFAULT_RESOURCES.values():
+    for role in DEFAULT_RESOURCES.values():
         assert role["requests"]["cpu"] and role["requests"]["memory"] and "limits" not in role  # Burstable
 
 
@@ -664,36 +690,36 @@ def test_a_verifier_across_nodes_is_a_leader_worker_set_of_leader_and_engine_wor
     workers = the engine alone, other labels, waiting for the leader's drain before they exit.
     Catches: workers in the verifier Service (requests to a headless engine), a group that does
     not restart together, a worker that exits under the leader's in-flight requests."""
-    lws = builders.build_verifier("demo", "ns", MULTINODE)
+    lws = build_verifier("demo", "ns", MULTINODE)
     assert lws["kind"] == "LeaderWorkerSet" and lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
     group = lws["spec"]["leaderWorkerTemplate"]
     assert group["size"] == 2 and group["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader, worker = group["leaderTemplate"], group["workerTemplate"]
-    assert leader == builders.build_verifier_deployment("demo", "ns", MULTINODE)["spec"]["template"]
-    assert worker["metadata"]["labels"][builders.COMPONENT_LABEL] == "verifier-worker"
-    assert not set(builders.selector_labels("demo", "verifier").items()) <= set(worker["metadata"]["labels"].items())
+    assert leader == build_verifier_deployment("demo", "ns", MULTINODE)["spec"]["template"]
+    assert worker["metadata"]["labels"][COMPONENT_LABEL] == "verifier-worker"
+    assert not set(selector_labels("demo", "verifier").items()) <= set(worker["metadata"]["labels"].items())
     (w,) = worker["spec"]["containers"]
-    assert w["args"] == ["verifier-worker", "--cluster", builders.CONFIG_FILE]
+    assert w["args"] == ["verifier-worker", "--cluster", CONFIG_FILE]
     assert w["resources"]["limits"]["nvidia.com/gpu"] == 8 and "ports" not in w
     wait = w["lifecycle"]["preStop"]["exec"]["command"]
     assert wait[:2] == ["python3", "-c"] and "LWS_LEADER_ADDRESS" in wait[2] and "8000" in wait[2]
     compile(wait[2], "preStop", "exec")  # the script is valid Python
-    assert builders.build_verifier("demo", "ns", CLUSTER)["kind"] == "Deployment"
+    assert build_verifier("demo", "ns", CLUSTER)["kind"] == "Deployment"
 
 
 def test_a_group_drains_one_at_a_time_and_talks_only_to_itself() -> None:
-    pdb = builders.build_disruption_budgets("demo", "ns", MULTINODE)[0]
+    pdb = build_disruption_budgets("demo", "ns", MULTINODE)[0]
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"]["matchExpressions"] == [
-        {"key": builders.COMPONENT_LABEL, "operator": "In", "values": ["verifier", "verifier-worker"]}]
-    policies = {p["metadata"]["name"]: p for p in builders.build_network_policies("demo", "ns", MULTINODE)}
+        {"key": COMPONENT_LABEL, "operator": "In", "values": ["verifier", "verifier-worker"]}]
+    policies = {p["metadata"]["name"]: p for p in build_network_policies("demo", "ns", MULTINODE)}
     worker = policies["demo-verifier-worker"]["spec"]
-    assert worker["podSelector"]["matchLabels"][builders.COMPONENT_LABEL] == "verifier-worker"
+    assert worker["podSelector"]["matchLabels"][COMPONENT_LABEL] == "verifier-worker"
     (rule,) = worker["ingress"]
-    assert "ports" not in rule and {p["podSelector"]["matchLabels"][builders.COMPONENT_LABEL]
+    assert "ports" not in rule and {p["podSelector"]["matchLabels"][COMPONENT_LABEL]
                                     for p in rule["from"]} == {"verifier", "verifier-worker"}
     drafter = policies["demo-drafter-code"]["spec"]["ingress"][0]["from"]
-    assert drafter == [{"podSelector": {"matchLabels": builders.selector_labels("demo", "verifier")}}]
+    assert drafter == [{"podSelector": {"matchLabels": selector_labels("demo", "verifier")}}]
 
 
 ROUTED = parse_cluster_spec({**SPEC, "router": {"enabled": True, "gatewayName": "gw",
@@ -702,10 +728,10 @@ ROUTED = parse_cluster_spec({**SPEC, "router": {"enabled": True, "gatewayName": 
 
 
 def test_router_objects_pool_route_and_a_least_privilege_endpoint_picker() -> None:
-    objs = {(o["kind"], o["metadata"]["name"]): o for o in builders.build_router("demo", "ns", ROUTED)}
-    assert builders.build_router("demo", "ns", CLUSTER) == []
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in build_router("demo", "ns", ROUTED)}
+    assert build_router("demo", "ns", CLUSTER) == []
     pool = objs[("InferencePool", "demo-router")]["spec"]
-    assert pool["selector"]["matchLabels"] == builders.selector_labels("demo", "verifier")
+    assert pool["selector"]["matchLabels"] == selector_labels("demo", "verifier")
     assert pool["targetPorts"] == [{"number": 8000}]
     assert pool["endpointPickerRef"]["name"] == "demo-epp" and pool["endpointPickerRef"]["port"] == {"number": 9002}
     route = objs[("HTTPRoute", "demo-router")]["spec"]
@@ -735,9 +761,9 @@ def test_router_objects_pool_route_and_a_least_privilege_endpoint_picker() -> No
 
 
 def test_router_network_policy_admits_the_gateway_and_lets_the_picker_read_metrics() -> None:
-    policies = {p["metadata"]["name"]: p for p in builders.build_network_policies("demo", "ns", ROUTED)}
+    policies = {p["metadata"]["name"]: p for p in build_network_policies("demo", "ns", ROUTED)}
     epp = policies["demo-epp"]["spec"]
     assert epp["ingress"][0] == {"from": [{"namespaceSelector": {}}], "ports": [{"protocol": "TCP", "port": 9002}]}
     verifier = policies["demo-verifier"]["spec"]["ingress"]
     assert verifier[0] == {"ports": [{"protocol": "TCP", "port": 8000}]}  # the API (and vLLM's metrics): anyone
-    assert {"podSelector": {"matchLabels": builders.selector_labels("demo", "router")}} in verifier[1]["from"]
+    assert {"podSelector": {"matchLabels": selector_labels("demo", "router")}} in verifier[1]["from"]

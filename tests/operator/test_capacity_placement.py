@@ -9,10 +9,16 @@ import copy
 from typing import Any
 
 import pytest
-from cosine_spec.settings import SPOT_PROVIDERS, parse_cluster_spec
+from cosine_spec.cluster_spec import parse_cluster_spec
+from cosine_spec.spot import SPOT_PROVIDERS
 from node_affinity import admits
 
-from cosine_operator import builders, capacity_placement
+from cosine_operator import capacity_placement
+from cosine_operator.builders.workloads import (
+    build_drafter_deployment,
+    build_fallback_deployment,
+    build_verifier_deployment,
+)
 
 # A node of each provider's spot capacity and one of its on-demand capacity, labelled as the
 # provider labels them (GKE: cloud.google.com/gke-spot, on preemptible pools gke-preemptible;
@@ -43,9 +49,9 @@ def _spec(provider: str, pool_selector: dict[str, str]) -> dict[str, Any]:
 def _pods(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     cluster = parse_cluster_spec(spec)
     return {
-        "verifier": builders.build_verifier_deployment("c", "ns", cluster)["spec"]["template"]["spec"],
-        "fallback": builders.build_fallback_deployment("c", "ns", cluster, "p", 1)["spec"]["template"]["spec"],
-        "spot": builders.build_drafter_deployment("c", "ns", cluster, "p", 1)["spec"]["template"]["spec"],
+        "verifier": build_verifier_deployment("c", "ns", cluster)["spec"]["template"]["spec"],
+        "fallback": build_fallback_deployment("c", "ns", cluster, "p", 1)["spec"]["template"]["spec"],
+        "spot": build_drafter_deployment("c", "ns", cluster, "p", 1)["spec"]["template"]["spec"],
     }
 
 
@@ -88,7 +94,7 @@ def test_a_users_own_node_affinity_is_kept_and_tightened() -> None:
 def test_without_spot_the_verifier_is_still_kept_off_spot_nodes() -> None:
     """A cluster with no spot pool (no spec.spot) may share a node pool list with spot pools."""
     cluster = parse_cluster_spec({"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}]})
-    verifier = builders.build_verifier_deployment("c", "ns", cluster)["spec"]["template"]["spec"]
+    verifier = build_verifier_deployment("c", "ns", cluster)["spec"]["template"]["spec"]
     for nodes in SPOT_NODES.values():
         for spot in nodes:
             assert not admits(verifier, spot)

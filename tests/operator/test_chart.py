@@ -12,7 +12,9 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from cosine_spec import settings
+from cosine_spec.cluster_spec import parse_cluster_spec
+from cosine_spec.pods import ImageSpec, RoleImage
+from cosine_spec.schema import read_fields
 
 from cosine_operator import kube
 
@@ -269,10 +271,10 @@ def test_chart_images_are_the_images_make_builds() -> None:
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == _make_var("OPERATOR_IMAGE")
     cluster = next(d for d in docs if d["kind"] == "CoSineCluster")
     runtime, cuda = _make_var("RUNTIME_IMAGE"), _make_var("CUDA_RUNTIME_IMAGE")
-    image = settings.read_fields(settings.ImageSpec, cluster["spec"]["image"])  # no tag: per device
-    assert image.for_pod(settings.RoleImage(), gpu=False)[0] == runtime
-    assert image.for_pod(settings.RoleImage(), gpu=True)[0] == cuda
-    assert settings.ImageSpec().for_pod(settings.RoleImage(), gpu=False)[0] == runtime  # the CRD's default
+    image = read_fields(ImageSpec, cluster["spec"]["image"])  # no tag: per device
+    assert image.for_pod(RoleImage(), gpu=False)[0] == runtime
+    assert image.for_pod(RoleImage(), gpu=True)[0] == cuda
+    assert ImageSpec().for_pod(RoleImage(), gpu=False)[0] == runtime  # the CRD's default
     own = copy.deepcopy(sample)
     own["spec"]["image"] = {"repository": "registry.example/cosine", "tag": "dev"}
     cluster = next(d for d in render({"sampleCluster": own}) if d["kind"] == "CoSineCluster")
@@ -308,14 +310,14 @@ def test_operator_pod_conventions() -> None:
 def test_helm_test_sends_a_completion_through_the_sample_clusters_gateway() -> None:
     """`helm test` with a sample cluster: one hook Pod, restricted, that asks the gateway Service the
     operator creates for that cluster (its name, namespace and port) for a completion."""
-    from cosine_operator import builders
+    from cosine_operator.builders.networking import build_gateway_service
 
     spec = {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}], "gateway": {"port": 8080}}
     docs = render({"sampleCluster": {"name": "demo", "spec": spec}})
     (pod,) = [d for d in docs if d["kind"] == "Pod"]
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
-    gateway = builders.build_gateway_service("demo", "cosine-system", settings.parse_cluster_spec(spec))
+    gateway = build_gateway_service("demo", "cosine-system", parse_cluster_spec(spec))
     port = gateway["spec"]["ports"][0]["port"]
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     assert env["GATEWAY"] == f"http://{gateway['metadata']['name']}.cosine-system.svc:{port}/v1"

@@ -11,9 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from cosine_spec.settings import parse_cluster_spec
+from cosine_spec.cluster_spec import parse_cluster_spec
+from cosine_spec.contract import CONFIG_DIR
 
-from cosine_operator import builders
+from cosine_operator.builders.inventory import build_children
+from cosine_operator.builders.workloads import build_config_map, build_fallback_deployment
 
 SPEC: dict[str, Any] = {
     "verifier": {"model": "qwen2.5-coder-1.5b-instruct"},
@@ -32,9 +34,9 @@ Edit = Callable[[dict[str, Any]], None]
 def _templates(spec: dict[str, Any]) -> dict[str, Any]:
     """Every workload's pod template by workload name (a spot pool's fallback included)."""
     cluster = parse_cluster_spec(spec)
-    children = builders.build_children("demo", "ns", cluster, {})
+    children = build_children("demo", "ns", cluster, {})
     out = {c["metadata"]["name"]: c["spec"]["template"] for c in children if c["kind"] == "Deployment"}
-    fallback = builders.build_fallback_deployment("demo", "ns", cluster, "code", 1)
+    fallback = build_fallback_deployment("demo", "ns", cluster, "code", 1)
     out[fallback["metadata"]["name"]] = fallback["spec"]["template"]
     return out
 
@@ -98,11 +100,11 @@ def test_a_price_reaches_the_running_pods_through_the_mounted_config_map() -> No
     mounted as a directory (no subPath), which the kubelet refreshes in place."""
     edited = copy.deepcopy(SPEC)
     _set("drafterPools.0.pricePerHourUsd", 1.4)(edited)
-    before = builders.build_config_map("demo", "ns", parse_cluster_spec(SPEC))["data"]["cluster.yaml"]
-    after = builders.build_config_map("demo", "ns", parse_cluster_spec(edited))["data"]["cluster.yaml"]
+    before = build_config_map("demo", "ns", parse_cluster_spec(SPEC))["data"]["cluster.yaml"]
+    after = build_config_map("demo", "ns", parse_cluster_spec(edited))["data"]["cluster.yaml"]
     assert "1.4" in after and before != after
     for name, template in _templates(SPEC).items():
         if name == "demo-epp":
             continue
         (mount,) = [m for c in template["spec"]["containers"] for m in c["volumeMounts"] if m["name"] == "config"]
-        assert mount["mountPath"] == builders.CONFIG_DIR and "subPath" not in mount, name
+        assert mount["mountPath"] == CONFIG_DIR and "subPath" not in mount, name

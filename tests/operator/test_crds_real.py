@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from cosine_spec.settings import parse_cluster_spec
+from cosine_spec.cluster_spec import parse_cluster_spec
 from test_chart import render
 
 pytestmark = pytest.mark.real_apiserver
@@ -363,12 +363,12 @@ def test_the_gke_routers_objects_are_valid_on_the_real_server(crds: Any) -> None
     """The router of the GKE example (spec.router.provider: gke): its InferencePool, HTTPRoute and
     GKE's policies on the pool pass GIE's, the Gateway API's and GKE's schemas (data/external-crds)
     as the real server checks them, unknown fields refused."""
-    from cosine_operator import builders
+    from cosine_operator.builders.router import build_router
 
     doc = yaml.safe_load((ROOT / "manifests" / "examples" / "gke-gateway-multinode.yaml").read_text())
     cluster = parse_cluster_spec(doc["spec"])
     assert cluster.router.provider == "gke"
-    objs = [o for o in builders.build_router("llama405", "default", cluster) if o["kind"] in _PLURALS]
+    objs = [o for o in build_router("llama405", "default", cluster) if o["kind"] in _PLURALS]
     assert sorted(o["kind"] for o in objs) == sorted(_PLURALS)
     for obj in objs:
         path = f"/apis/{obj['apiVersion']}/namespaces/default/{_PLURALS[obj['kind']]}"

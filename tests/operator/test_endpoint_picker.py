@@ -16,9 +16,10 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from cosine_spec.settings import ENDPOINT_PICKER_IMAGE, parse_cluster_spec
+from cosine_spec.cluster_spec import ENDPOINT_PICKER_IMAGE, parse_cluster_spec
 
-from cosine_operator import builders, endpoint_picker
+from cosine_operator import endpoint_picker
+from cosine_operator.builders.router import build_router
 
 DATA = Path(__file__).resolve().parent / "data" / "llm-d-router"
 SCHEMA = json.loads((DATA / "endpoint-picker-config-v0.10.0.schema.json").read_text())
@@ -32,7 +33,7 @@ SPEC: dict[str, Any] = {
 
 
 def _router(spec: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    objs = builders.build_router("demo", "ns", parse_cluster_spec(spec))
+    objs = build_router("demo", "ns", parse_cluster_spec(spec))
     return {(o["kind"], o["metadata"]["name"]): o for o in objs}
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
-from cosine_spec import settings as s
+from cosine_spec.cluster_spec import ClusterSpec, parse_cluster_spec
 from k8s_emulator import DEPLOYMENTS, JOBS, PVCS, SERVICES, Kube
 
-from cosine_operator import builders
+from cosine_operator.builders.storage import build_model_job
 
 NS = "default"
 
@@ -27,15 +27,15 @@ def _apply(kube: Kube, resource: str, body: dict[str, Any]) -> httpx.Response:
                            params={"fieldManager": "cosine-operator", "force": "true"})
 
 
-def _cluster(image: str) -> s.ClusterSpec:
-    return s.parse_cluster_spec({"verifier": {"model": "qwen2.5-coder-1.5b-instruct"},
+def _cluster(image: str) -> ClusterSpec:
+    return parse_cluster_spec({"verifier": {"model": "qwen2.5-coder-1.5b-instruct"},
                                  "drafterPools": [{"name": "lookup", "kind": "ngram"}],
                                  "image": {"repository": "ghcr.io/cosine-project/cosine", "tag": image},
                                  "modelCache": {"size": "20Gi"}})
 
 
 def test_a_changed_job_template_under_the_same_name_is_refused(kube: Kube) -> None:
-    old = builders.build_model_job("img", NS, _cluster("0.1.0"))
+    old = build_model_job("img", NS, _cluster("0.1.0"))
     assert old is not None
     assert _apply(kube, JOBS, old).status_code == 200
     # the old naming (a hash of the model list only): an image change kept the name
@@ -45,7 +45,7 @@ def test_a_changed_job_template_under_the_same_name_is_refused(kube: Kube) -> No
     assert refused.status_code == 422, refused.text
     assert "spec.template" in refused.text and "immutable" in refused.text
     # today's naming: the new template is a new Job
-    new = builders.build_model_job("img", NS, _cluster("0.2.0"))
+    new = build_model_job("img", NS, _cluster("0.2.0"))
     assert new is not None and new["metadata"]["name"] != old["metadata"]["name"]
     assert _apply(kube, JOBS, new).status_code == 200
     # the Job's own status and metadata still change

@@ -1,6 +1,6 @@
 """Plain manifests and examples: CRD schema validation of every example (jsonschema), every CRD
 field described, manifests/cosine-operator.yaml matches the chart, the Dockerfile's references
-exist. (The CRD's defaults and bounds against the operator's: test_settings.py.)"""
+exist. (The CRD's defaults and bounds against the spec's: tests/spec/test_cluster_spec.py.)"""
 
 from __future__ import annotations
 
@@ -17,10 +17,14 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from cosine_spec import settings
+from cosine_spec.cluster_spec import parse_cluster_spec
+from cosine_spec.contract import POOL_KIND
+from cosine_spec.spot import SPOT_PROVIDERS
 from node_affinity import admits
 
-from cosine_operator import builders
+from cosine_operator.builders.inventory import build_children
+from cosine_operator.builders.names import drafter_name, verifier_name
+from cosine_operator.builders.workloads import build_fallback_deployment
 from cosine_operator.webhook import validate_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +58,7 @@ def test_examples_validate_against_the_crd_and_the_webhook(path: Path) -> None:
     doc = yaml.safe_load(path.read_text())
     jsonschema.validate(doc, to_jsonschema(crd_schema()))
     assert validate_cluster(doc["metadata"]["name"], doc["spec"]) == []
-    children = builders.build_children(doc["metadata"]["name"], "ns", settings.parse_cluster_spec(doc["spec"]), {})
+    children = build_children(doc["metadata"]["name"], "ns", parse_cluster_spec(doc["spec"]), {})
     gpu_pods = [
         c
         for c in children
@@ -72,7 +76,7 @@ def test_examples_validate_against_the_crd_and_the_webhook(path: Path) -> None:
 K8S_VERSION = "1.30.0"  # the oldest minor GKE and EKS still run in standard support
 # Kinds of other projects' APIs, validated on the real CRD server under their schemas
 # (data/external-crds, test_crds_real, test_operator_real), not by kubernetes-validate (core types only)
-EXTERNAL_KINDS = {settings.POOL_KIND, "InferencePool", "HTTPRoute", "GCPBackendPolicy", "HealthCheckPolicy"}
+EXTERNAL_KINDS = {POOL_KIND, "InferencePool", "HTTPRoute", "GCPBackendPolicy", "HealthCheckPolicy"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -85,7 +89,7 @@ def test_examples_render_to_valid_restricted_objects_with_an_image_per_device(pa
     from pod_security import pod_specs, restricted_violations
 
     doc = yaml.safe_load(path.read_text())
-    children = builders.build_children(doc["metadata"]["name"], "ns", settings.parse_cluster_spec(doc["spec"]), {})
+    children = build_children(doc["metadata"]["name"], "ns", parse_cluster_spec(doc["spec"]), {})
     for child in children:
         if child["kind"] == "LeaderWorkerSet":  # its CRD is LWS's (test_operator_real); its pods are core's
             for role in ("leaderTemplate", "workerTemplate"):
@@ -116,24 +120,24 @@ def test_gpu_examples_run_a_pool_on_spot_within_the_notice(example: str, provide
     import kubernetes_validate
 
     doc = yaml.safe_load((ROOT / "manifests" / "examples" / example).read_text())
-    name, cluster = doc["metadata"]["name"], settings.parse_cluster_spec(doc["spec"])
+    name, cluster = doc["metadata"]["name"], parse_cluster_spec(doc["spec"])
     assert cluster.spot is not None and cluster.spot.provider == provider
-    cap = settings.SPOT_PROVIDERS[provider]
-    children = {c["metadata"]["name"]: c for c in builders.build_children(name, "ns", cluster, {})}
+    cap = SPOT_PROVIDERS[provider]
+    children = {c["metadata"]["name"]: c for c in build_children(name, "ns", cluster, {})}
     spot_pools = [p for p in cluster.drafter_pools if p.capacity == "spot"]
     assert spot_pools
     for p in spot_pools:
-        pod = children[builders.drafter_name(name, p.name)]["spec"]["template"]["spec"]
+        pod = children[drafter_name(name, p.name)]["spec"]["template"]["spec"]
         assert dict(cap.node_selector).items() <= pod["nodeSelector"].items()
         assert cap.toleration is None or dict(cap.toleration) in pod["tolerations"]
         assert pod["terminationGracePeriodSeconds"] <= cap.pod_grace_s < cap.notice_s
-        fallback = builders.build_fallback_deployment(name, "ns", cluster, p.name, 1)
+        fallback = build_fallback_deployment(name, "ns", cluster, p.name, 1)
         kubernetes_validate.validate(fallback, K8S_VERSION, strict=True)
         fb_pod = fallback["spec"]["template"]["spec"]
         assert not dict(cap.node_selector).items() & (fb_pod.get("nodeSelector") or {}).items()
         assert cap.toleration is None or dict(cap.toleration) not in (fb_pod.get("tolerations") or [])
         assert not admits(fb_pod, {**pod["nodeSelector"], **cap.node_selector})  # not on the pool's spot nodes
-    verifier = children[builders.verifier_name(name)]["spec"]["template"]["spec"]
+    verifier = children[verifier_name(name)]["spec"]["template"]["spec"]
     assert not dict(cap.node_selector).items() & (verifier.get("nodeSelector") or {}).items()
     assert not admits(verifier, {**(verifier.get("nodeSelector") or {}), **cap.node_selector})
 

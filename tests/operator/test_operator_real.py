@@ -246,6 +246,7 @@ def test_the_scale_handover_keeps_what_an_older_apply_owned(router: ApiRouter) -
     import asyncio
     import os
 
+    from cosine_spec.contract import POOL_KIND
     from kubernetes_asyncio.client.exceptions import ApiException
 
     from cosine_operator import kube as k
@@ -263,15 +264,15 @@ def test_the_scale_handover_keeps_what_an_older_apply_owned(router: ApiRouter) -
         try:
             for name in ("handover", "control"):
                 await k.apply(api, pool(name, 3))  # an older operator: its apply carries the scale
-                assert k.applies(await k.get(api, k.s.POOL_KIND, NS, name), ("spec", "replicas"))
+                assert k.applies(await k.get(api, POOL_KIND, NS, name), ("spec", "replicas"))
             await k.apply_scale_free(api, pool("handover", 1))
             try:
                 await k.apply(api, without_replicas(pool("control", 1)))
-                control: int | None = (await k.get(api, k.s.POOL_KIND, NS, "control"))["spec"].get("replicas")
+                control: int | None = (await k.get(api, POOL_KIND, NS, "control"))["spec"].get("replicas")
             except ApiException as e:
                 assert e.status == 422 and "replicas" in (e.body or ""), e
                 control = None
-            return await k.get(api, k.s.POOL_KIND, NS, "handover"), control
+            return await k.get(api, POOL_KIND, NS, "handover"), control
         finally:
             await api.close()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cosine_spec.autoscaling import Observations, PoolObservation, ScaleDecision, VerifierObservation
-from cosine_spec.settings import parse_cluster_spec
+from cosine_spec.cluster_spec import parse_cluster_spec
 
 from cosine_operator.status import autoscaler_status, build_status
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from cosine_spec.settings import tokenizer_family
+from cosine_spec.catalogue import tokenizer_family
 
 from cosine_operator.webhook import validate_cluster
 

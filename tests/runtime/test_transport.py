@@ -11,7 +11,7 @@ import time
 
 import grpc
 import pytest
-from cosine_spec.settings import SpeculationSpec
+from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine.drafter import Draft, DraftBranch
 from cosine.pool_policy import PoolPolicy

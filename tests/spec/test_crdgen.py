@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cosine_spec import settings as s
+from cosine_spec import schema
+from cosine_spec.cluster_spec import ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +22,7 @@ def _crdgen():  # noqa: ANN202 - a development script, loaded from its file
 
 
 def test_the_committed_crds_are_what_make_crds_writes() -> None:
-    """Catches: a default, bound or enum changed in cosine_spec.settings and not regenerated (or
+    """Catches: a default, bound or enum changed in cosine_spec's types and not regenerated (or
     edited in a CRD by hand); a chart copy that differs from crds/."""
     assert _crdgen().main(["--check"]) == 0
 
@@ -29,10 +30,10 @@ def test_the_committed_crds_are_what_make_crds_writes() -> None:
 def test_a_declaration_is_what_the_crd_says(monkeypatch: pytest.MonkeyPatch) -> None:
     """Catches: a generator that copies the files through without writing the declarations in."""
     crdgen = _crdgen()
-    declared = s.spec_declarations()
+    declared = schema.spec_declarations(ClusterSpec)
     changed = {**declared, "speculation.maxDraftLen": {**declared["speculation.maxDraftLen"], "default": 5},
                "drafterPools[].maxReplicas": {**declared["drafterPools[].maxReplicas"], "minimum": 2}}
-    monkeypatch.setattr(s, "spec_declarations", lambda: changed)
+    monkeypatch.setattr(schema, "spec_declarations", lambda _cls: changed)
     files = crdgen.generate()
     cluster = yaml.safe_load(files[crdgen.CLUSTER_CRD])["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     assert cluster["properties"]["spec"]["properties"]["speculation"]["properties"]["maxDraftLen"]["default"] == 5
@@ -43,12 +44,12 @@ def test_a_declaration_is_what_the_crd_says(monkeypatch: pytest.MonkeyPatch) -> 
 def test_a_field_on_one_side_only_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """Catches: a typed field the CRD lacks (the API server would prune it) passing unnoticed."""
     crdgen = _crdgen()
-    declared = s.spec_declarations()
+    declared = schema.spec_declarations(ClusterSpec)
     extra = {**declared, "speculation.maxDraftLenn": declared["speculation.maxDraftLen"]}
-    monkeypatch.setattr(s, "spec_declarations", lambda: extra)
-    with pytest.raises(ValueError, match=r"only in cosine_spec.settings: \['speculation.maxDraftLenn'\]"):
+    monkeypatch.setattr(schema, "spec_declarations", lambda _cls: extra)
+    with pytest.raises(ValueError, match=r"only in cosine_spec.cluster_spec: \['speculation.maxDraftLenn'\]"):
         crdgen.generate()
     fewer = {k: v for k, v in declared.items() if k != "verifier.dtype"}
-    monkeypatch.setattr(s, "spec_declarations", lambda: fewer)
+    monkeypatch.setattr(schema, "spec_declarations", lambda _cls: fewer)
     with pytest.raises(ValueError, match=r"only in the CRD: \['verifier.dtype'\]"):
         crdgen.generate()

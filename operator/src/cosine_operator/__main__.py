@@ -14,7 +14,7 @@ kopf pauses every replica that sees a live peer of higher *or equal* priority
 Distinct priorities leave exactly one replica acting: the one whose name hashes highest.
 Credentials: the pod's service account in a cluster, else
 ``KUBECONFIG`` (the ``operator_login`` handler). Operator settings: ``COSINE_OPERATOR_*`` variables
-(:class:`cosine_spec.settings.OperatorConfig`).
+(:class:`cosine_operator.config.OperatorConfig`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from cosine_spec.settings import OperatorConfig
+from cosine_operator.config import OperatorConfig
 
 HANDLERS_MODULE = "cosine_operator.handlers"
 WEBHOOK_MODULE = "cosine_operator.webhook"

@@ -1,6 +1,6 @@
 """Where a pod may run by capacity type: what keeps the verifier and a spot pool's on-demand
 fallback off spot nodes (DESIGN §10: "the verifier stays on-demand"), per provider
-(:data:`cosine_spec.settings.SPOT_PROVIDERS`).
+(:data:`cosine_spec.spot.SPOT_PROVIDERS`).
 
 A spot node pool is not always tainted (a GKE Standard pool only when created with
 ``--node-taints``; Karpenter's NodePools never by default), so a pod without a rule may land on
@@ -17,13 +17,15 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from cosine_spec import settings as s
+from cosine_spec.cluster_spec import SpotSpec
+from cosine_spec.pods import PodOverrides
+from cosine_spec.spot import SPOT_PROVIDERS
 
 
 def off_spot_expressions() -> list[dict[str, Any]]:
     """``NotIn`` node-selector requirements for every provider's spot labels."""
     seen: dict[str, tuple[str, ...]] = {}
-    for cap in s.SPOT_PROVIDERS.values():
+    for cap in SPOT_PROVIDERS.values():
         for key, values in cap.spot_labels.items():
             seen[key] = tuple(dict.fromkeys((*seen.get(key, ()), *values)))
     return [{"key": key, "operator": "NotIn", "values": list(values)} for key, values in seen.items()]
@@ -42,7 +44,7 @@ def off_spot(affinity: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def on_demand(pod: s.PodOverrides, spot: s.SpotSpec | None) -> s.PodOverrides:
+def on_demand(pod: PodOverrides, spot: SpotSpec | None) -> PodOverrides:
     """``pod`` kept off spot nodes. With ``spot`` (a spot pool's fallback), its node selector
     also loses the provider's spot label and the keys that pick the spot pool's nodes (a
     Karpenter NodePool, an EKS node group): what is left, with the ``NotIn`` rule, selects the

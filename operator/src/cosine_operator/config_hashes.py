@@ -25,7 +25,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from cosine_spec import settings as s
+from cosine_spec.cluster_spec import ClusterSpec
 
 from cosine_operator import endpoint_picker
 
@@ -37,7 +37,7 @@ def _digest(doc: Any) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def verifier_reads(cluster: s.ClusterSpec) -> dict[str, Any]:
+def verifier_reads(cluster: ClusterSpec) -> dict[str, Any]:
     """The part of ``spec`` (as written) the verifier's process reads at start."""
     raw = cluster.raw
     verifier = {k: v for k, v in dict(raw.get("verifier") or {}).items() if k != "replicas"}
@@ -46,7 +46,7 @@ def verifier_reads(cluster: s.ClusterSpec) -> dict[str, Any]:
             "drafterTLS": raw.get("drafterTLS")}
 
 
-def pool_reads(cluster: s.ClusterSpec, pool: str) -> dict[str, Any]:
+def pool_reads(cluster: ClusterSpec, pool: str) -> dict[str, Any]:
     """The part of ``spec`` (as written) pool ``pool``'s drafter process reads at start."""
     raw = cluster.raw
     written: Mapping[str, Any] = next(p for p in raw.get("drafterPools") or () if p.get("name") == pool)
@@ -59,16 +59,16 @@ def pool_reads(cluster: s.ClusterSpec, pool: str) -> dict[str, Any]:
     }
 
 
-def verifier_hash(cluster: s.ClusterSpec) -> str:
+def verifier_hash(cluster: ClusterSpec) -> str:
     """16 hex digits of :func:`verifier_reads` (the verifier's pods and a multi-node group's workers)."""
     return _digest(verifier_reads(cluster))
 
 
-def pool_hash(cluster: s.ClusterSpec, pool: str) -> str:
+def pool_hash(cluster: ClusterSpec, pool: str) -> str:
     """16 hex digits of :func:`pool_reads` (the pool's pods and its on-demand sibling's)."""
     return _digest(pool_reads(cluster, pool))
 
 
-def router_hash(cluster: s.ClusterSpec) -> str:
+def router_hash(cluster: ClusterSpec) -> str:
     """16 hex digits of the endpoint picker's configuration and replica count."""
     return _digest({"config": endpoint_picker.config(cluster), "replicas": cluster.router.replicas})

@@ -1,5 +1,5 @@
 """What ``spec.router`` asks of llm-d's endpoint picker (EPP), read from its source at the tag the
-operator pins (:data:`cosine_spec.settings.ENDPOINT_PICKER_IMAGE`, llm-d/llm-d-router v0.10.0):
+operator pins (:data:`cosine_spec.cluster_spec.ENDPOINT_PICKER_IMAGE`, llm-d/llm-d-router v0.10.0):
 
 - the configuration (``apix/config/v1alpha1/endpointpickerconfig_types.go``; group
   ``llm-d.ai``, ``zz_generated.register.go``; the strict decoder of
@@ -14,7 +14,7 @@ operator pins (:data:`cosine_spec.settings.ENDPOINT_PICKER_IMAGE`, llm-d/llm-d-r
   the Role, the leader-election Role, 8 CPU / 8 GiB, and on GKE a ``GCPBackendPolicy``
   (``timeoutSec: 300``) and a ``HealthCheckPolicy`` on the pool.
 
-Pure: a spec goes in, dicts come out; :func:`cosine_operator.builders.build_router` assembles them.
+Pure: a spec goes in, dicts come out; :func:`cosine_operator.builders.router.build_router` assembles them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from cosine_spec import metric_names
-from cosine_spec import settings as s
+from cosine_spec.cluster_spec import ClusterSpec
+from cosine_spec.contract import VERIFIER_HTTP_PORT
 
 CONFIG_API_VERSION = "llm-d.ai/v1alpha1"  # the deprecated inference.networking.x-k8s.io/v1alpha1 still loads
 GRPC_PORT = 9002  # ext_proc, which the gateway calls per request (GIE's default)
@@ -65,7 +66,7 @@ GKE_POLICY_API_VERSION = "networking.gke.io/v1"
 GKE_BACKEND_TIMEOUT_S = 300  # llm-d-router-gateway's gke.yaml
 
 
-def config(cluster: s.ClusterSpec) -> dict[str, Any]:
+def config(cluster: ClusterSpec) -> dict[str, Any]:
     """The ``EndpointPickerConfig``: one scheduling profile summing the weighted scorers of
     ``spec.router.weights`` (a weight of 0 leaves its scorer out), the highest score picked.
     Suffix affinity is the picker's custom-metric path: the core metrics extractor maps
@@ -178,5 +179,5 @@ def gke_policies(pool: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
                   "default": {"timeoutSec": 2, "checkIntervalSec": 2,
                               "config": {"type": "HTTP",
                                          "httpHealthCheck": {"requestPath": "/health",
-                                                             "port": s.VERIFIER_HTTP_PORT}}}}},
+                                                             "port": VERIFIER_HTTP_PORT}}}}},
     ]

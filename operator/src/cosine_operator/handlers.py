@@ -20,6 +20,9 @@ One writer per field:
   (``spec.verifier.replicas``), which :func:`cosinecluster_scale_verifier` alone follows. A spot
   pool's on-demand sibling (``N-drafter-P-ondemand``) is sized by reconcile alone
   (:func:`_spot_fallbacks`, the pure rule ``cosine_spec.capacity.on_demand_fallback``).
+- **Children.** One inventory says which exist (``builders.inventory.build_children``); each is
+  applied as :func:`cosine_operator.apply_plan.apply_step` plans for its kind, and whatever the
+  cluster owns beyond them is deleted (``builders.inventory.leftovers``: owned minus desired).
 - **Status.** Each writer (reconcile and its resync, the Deployment watch, the autoscaler)
   computes its part against the live object and writes it once, with the live
   ``resourceVersion`` as a precondition, retried on conflict (:func:`_write_status`): conditions
@@ -39,24 +42,49 @@ from typing import Any
 
 import aiohttp
 import kopf
-from cosine_spec import settings as s
 from cosine_spec.autoscaling import Observations, ScaleDecision, policy_from_spec
 from cosine_spec.capacity import on_demand_fallback
+from cosine_spec.cluster_spec import ClusterSpec, clamp_replicas, parse_cluster_spec
+from cosine_spec.contract import (
+    CAPACITY_LABEL,
+    CLUSTER_KIND,
+    CLUSTER_LABEL,
+    CLUSTER_PLURAL,
+    COMPONENT_LABEL,
+    DRAFTER_METRICS_PORT,
+    GROUP,
+    POOL_KIND,
+    POOL_LABEL,
+    POOL_PLURAL,
+    VERIFIER_METRICS_PORT,
+    VERSION,
+)
 from cosine_spec.metrics_scrape import Rates, Scrape, ScrapeTarget, rates, scrape_pods, scrape_prometheus
 from cosine_spec.metrics_scrape import observations as observations_of
 from cosine_spec.scaling_loop import ScalingLoop
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from cosine_operator import builders, kube, status
+from cosine_operator import kube, status
+from cosine_operator.apply_plan import ApplyStep, apply_step
+from cosine_operator.builders.inventory import CHILD_KINDS, build_children, leftovers
+from cosine_operator.builders.names import (
+    MANAGED_BY,
+    drafter_name,
+    pool_object_name,
+    verifier_name,
+)
+from cosine_operator.builders.networking import operator_peer
+from cosine_operator.builders.workloads import build_fallback_deployment
+from cosine_operator.config import OperatorConfig
 from cosine_operator.telemetry import OperatorMetrics
 
-CLUSTER = (s.GROUP, s.VERSION, s.CLUSTER_PLURAL)
-POOL = (s.GROUP, s.VERSION, s.POOL_PLURAL)
-MANAGED = {"app.kubernetes.io/managed-by": builders.MANAGED_BY}
+CLUSTER = (GROUP, VERSION, CLUSTER_PLURAL)
+POOL = (GROUP, VERSION, POOL_PLURAL)
+MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 # The resync timer's interval (``COSINE_OPERATOR_RESYNC_S``): kopf takes a timer's interval when
 # its handler is registered, at import, so it is read from the environment then; the rest of the
 # operator's config at startup.
-RESYNC_S = s.OperatorConfig.from_env(os.environ).resync_s
+RESYNC_S = OperatorConfig.from_env(os.environ).resync_s
 
 
 def _now() -> str:
@@ -72,7 +100,7 @@ def operator_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.startup()
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """Typed config from the environment, API client, progress storage, webhook server, metrics."""
-    config = s.OperatorConfig.from_env(os.environ)
+    config = OperatorConfig.from_env(os.environ)
     memo.config = config
     memo.api = await kube.connect()
     memo.metrics = OperatorMetrics.create()
@@ -106,7 +134,7 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
         await api.close()
 
 
-async def _creation_replicas(api: Any, name: str, namespace: str, cluster: s.ClusterSpec,
+async def _creation_replicas(api: Any, name: str, namespace: str, cluster: ClusterSpec,
                              hand_scaled: set[str]) -> dict[str, int]:
     """Each pool's replicas for a child created now: its ``CoSineDrafterPool``'s ``spec.replicas``
     if the pool exists and was not just scaled by hand, else the spec's; within its bounds. Only a
@@ -115,58 +143,46 @@ async def _creation_replicas(api: Any, name: str, namespace: str, cluster: s.Clu
     for pool in cluster.drafter_pools:
         current = None
         if pool.name not in hand_scaled:
-            current = await kube.get(api, s.POOL_KIND, namespace, builders.pool_object_name(name, pool.name))
+            current = await kube.get(api, POOL_KIND, namespace, pool_object_name(name, pool.name))
         replicas = pool.replicas if current is None else int(current["spec"].get("replicas", pool.replicas))
         out[pool.name] = pool.clamp(replicas)
     return out
 
 
-def _hand_scaled(cluster: s.ClusterSpec, old_spec: Any) -> set[str]:
+def _hand_scaled(cluster: ClusterSpec, old_spec: Any) -> set[str]:
     """Pools whose ``spec.drafterPools[].replicas`` this update changed (the user scaled by hand)."""
     if not old_spec:
         return set()
     try:
-        old = {p.name: p.replicas for p in s.parse_cluster_spec(old_spec).drafter_pools}
+        old = {p.name: p.replicas for p in parse_cluster_spec(old_spec).drafter_pools}
     except ValueError:
         return set()
     return {p.name for p in cluster.drafter_pools if p.name in old and old[p.name] != p.replicas}
 
 
-async def _prune(api: Any, name: str, namespace: str, pools: set[str], logger: Any) -> list[str]:
-    """Delete the children of drafter pools no longer in the spec; returns the pools removed."""
+async def _prune(api: Any, name: str, namespace: str, cluster: ClusterSpec, children: list[dict[str, Any]],
+                 logger: Any) -> list[str]:
+    """Delete what the cluster owns and its spec no longer implies (:func:`leftovers`: owned minus
+    desired); returns the drafter pools whose children went."""
+    pools = {p.name for p in cluster.drafter_pools}
     removed: set[str] = set()
-    for kind in (s.POOL_KIND, "Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget"):
-        for obj in await kube.list_owned(api, kind, namespace, name):
+    for kind in CHILD_KINDS:  # kind by kind: a leftover goes as soon as it is seen
+        try:
+            owned = [(kind, obj) for obj in await kube.list_owned(api, kind, namespace, name)]
+        except ApiException as e:
+            # another project's API: not installed (403, 404: nothing of it to delete), or its
+            # CRD's storage still starting (429) or unavailable (503): its leftovers wait a pass
+            if kind not in kube.FOREIGN_KINDS or e.status not in (403, 404, 429, 503):
+                raise
+            continue
+        for _, obj in leftovers(name, cluster, children, owned):
             meta = obj["metadata"]
-            pool = (meta.get("labels") or {}).get(builders.POOL_LABEL)
+            if await kube.delete(api, kind, namespace, meta["name"]):
+                logger.info(f"deleted {kind} {meta['name']} (no longer in the spec)")
+            pool = (meta.get("labels") or {}).get(POOL_LABEL)
             if pool is not None and pool not in pools:
-                await kube.delete(api, kind, namespace, meta["name"])
                 removed.add(pool)
-                logger.info(f"deleted {kind} {meta['name']} of removed pool {pool}")
     return sorted(removed)
-
-
-async def _drop_network_policies(api: Any, name: str, namespace: str, logger: Any) -> None:
-    """``spec.networkPolicy.enabled: false``: delete the NetworkPolicies this cluster owns."""
-    for obj in await kube.list_owned(api, "NetworkPolicy", namespace, name):
-        await kube.delete(api, "NetworkPolicy", namespace, obj["metadata"]["name"])
-        logger.info(f"deleted NetworkPolicy {obj['metadata']['name']} (spec.networkPolicy.enabled is false)")
-
-
-async def _prune_verifier_kind(api: Any, name: str, namespace: str, cluster: s.ClusterSpec, logger: Any) -> None:
-    """The verifier is a Deployment on one node and a LeaderWorkerSet across several: when
-    ``spec.verifier.parallelism.nodes`` crosses 1, delete the other kind's ``N-verifier``."""
-    other = "Deployment" if cluster.verifier.nodes > 1 else "LeaderWorkerSet"
-    try:
-        found = await kube.get(api, other, namespace, builders.verifier_name(name))
-    except ApiException as e:  # LeaderWorkerSet's API not installed: nothing of it to delete
-        if e.status not in (403, 404):
-            raise
-        return
-    if found is not None and found["metadata"].get("labels", {}).get(builders.CLUSTER_LABEL) == name:
-        await kube.delete(api, other, namespace, builders.verifier_name(name))
-        logger.info(f"deleted {other} {builders.verifier_name(name)} (spec.verifier.parallelism.nodes is "
-                    f"{cluster.verifier.nodes})")
 
 
 async def _replace_resized_group(api: Any, child: dict[str, Any], logger: Any) -> None:
@@ -186,43 +202,6 @@ async def _replace_resized_group(api: Any, child: dict[str, Any], logger: Any) -
         logger.info(f"LeaderWorkerSet {meta['name']}: group size {size} -> {want}, recreated")
 
 
-ROUTER_KINDS = ("HTTPRoute", "InferencePool", "Deployment", "Service", "ConfigMap", "RoleBinding", "Role",
-                "ServiceAccount", "NetworkPolicy")
-GKE_POLICY_KINDS = ("GCPBackendPolicy", "HealthCheckPolicy")  # spec.router.provider: gke, named N-router
-
-
-async def _drop_gke_policies(api: Any, name: str, namespace: str, logger: Any) -> None:
-    """``spec.router.provider`` not ``gke``: delete GKE's policies on the pool if the operator made
-    them (one 404 per kind on a cluster without them, or without GKE's CRDs)."""
-    for kind in GKE_POLICY_KINDS:
-        try:
-            found = await kube.get(api, kind, namespace, builders.router_name(name))
-        except ApiException as e:  # GKE's CRDs are not installed: nothing of theirs to delete
-            if e.status not in (403, 404):
-                raise
-            continue
-        if found is not None and (found["metadata"].get("labels") or {}).get(builders.CLUSTER_LABEL) == name:
-            await kube.delete(api, kind, namespace, builders.router_name(name))
-            logger.info(f"deleted {kind} {builders.router_name(name)} (spec.router.provider is not gke)")
-
-
-async def _drop_router(api: Any, name: str, namespace: str, logger: Any) -> None:
-    """``spec.router`` off: delete the router's children if any is left (looked up through its
-    ServiceAccount, so a cluster that never had a router costs one list per pass)."""
-    if not [o for o in await kube.list_owned(api, "ServiceAccount", namespace, name)
-            if (o["metadata"].get("labels") or {}).get(builders.COMPONENT_LABEL) == builders.ROUTER_COMPONENT]:
-        return
-    names = {kind: builders.router_name(name) for kind in ("HTTPRoute", "InferencePool", *GKE_POLICY_KINDS)}
-    for kind in (*ROUTER_KINDS, *GKE_POLICY_KINDS):
-        child = names.get(kind, builders.endpoint_picker_name(name))
-        try:
-            if await kube.delete(api, kind, namespace, child):
-                logger.info(f"deleted {kind} {child} (spec.router is off)")
-        except ApiException as e:  # the Gateway API's, GIE's or GKE's CRDs are gone: nothing left of that kind
-            if e.status not in (403, 404):
-                raise
-
-
 def _age_s(pod: dict[str, Any], now: datetime.datetime) -> float:
     created = (pod.get("metadata") or {}).get("creationTimestamp")
     if not created:
@@ -238,7 +217,7 @@ def _unscheduled(pod: dict[str, Any]) -> bool:
     return not any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in st.get("conditions") or ())
 
 
-async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, cluster: s.ClusterSpec,
+async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, cluster: ClusterSpec,
                           drafters: dict[str, dict[str, Any]], generation: int | None,
                           logger: Any) -> list[dict[str, Any]]:
     """Size each spot pool's on-demand sibling (``cosine_spec.capacity.on_demand_fallback``: the
@@ -246,9 +225,9 @@ async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, 
     none as spot replicas become Ready); delete a sibling no longer needed (its pods drain on
     SIGTERM). Returns the ``SpotFallback`` condition (none without spot pools)."""
     spot_pools = [p for p in cluster.drafter_pools if p.capacity == "spot" and cluster.spot is not None]
-    siblings = {(o["metadata"].get("labels") or {}).get(builders.POOL_LABEL): o
+    siblings = {(o["metadata"].get("labels") or {}).get(POOL_LABEL): o
                 for o in await kube.list_owned(api, "Deployment", namespace, name)
-                if (o["metadata"].get("labels") or {}).get(builders.CAPACITY_LABEL) == "onDemand"}
+                if (o["metadata"].get("labels") or {}).get(CAPACITY_LABEL) == "onDemand"}
     for pool, obj in siblings.items():  # a pool back on demand, or gone: its sibling goes
         if pool not in {p.name for p in spot_pools}:
             await kube.delete(api, "Deployment", namespace, obj["metadata"]["name"])
@@ -260,18 +239,18 @@ async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, 
     messages, standing_in = [], 0
     for pool in spot_pools:
         primary = drafters.get(pool.name) or await kube.get(api, "Deployment", namespace,
-                                                             builders.drafter_name(name, pool.name))
+                                                             drafter_name(name, pool.name))
         if primary is None:
             continue
-        mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(builders.POOL_LABEL) == pool.name
-                and (p["metadata"].get("labels") or {}).get(builders.CAPACITY_LABEL) == "spot"]
+        mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(POOL_LABEL) == pool.name
+                and (p["metadata"].get("labels") or {}).get(CAPACITY_LABEL) == "spot"]
         sibling = siblings.get(pool.name)
         current = int((sibling or {}).get("spec", {}).get("replicas") or 0)
         fallback = on_demand_fallback(
             int(primary["spec"].get("replicas") or 0), int((primary.get("status") or {}).get("readyReplicas") or 0),
             [_age_s(p, now) for p in mine if _unscheduled(p)], float(cluster.spot.pending_timeout_s), current)
         if fallback.replicas > 0:
-            child = builders.build_fallback_deployment(name, namespace, cluster, pool.name, fallback.replicas)
+            child = build_fallback_deployment(name, namespace, cluster, pool.name, fallback.replicas)
             kopf.adopt(child, owner=body)
             await kube.apply(api, child)
             if fallback.replicas != current:
@@ -286,16 +265,16 @@ async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, 
 
 
 async def _children_status(
-    api: Any, name: str, namespace: str, generation: int | None, cluster: s.ClusterSpec
+    api: Any, name: str, namespace: str, generation: int | None, cluster: ClusterSpec
 ) -> Any:
     """The status's part that comes from the children's Deployments, as a function of the live
     status (``status.build_status``: the autoscaler's fields and conditions are kept)."""
-    names = [builders.drafter_name(name, p.name) for p in cluster.drafter_pools]
+    names = [drafter_name(name, p.name) for p in cluster.drafter_pools]
     deployments = {n: await kube.get(api, "Deployment", namespace, n) for n in names}
     # a LeaderWorkerSet's replicas and readyReplicas count groups as a Deployment's count pods
     verifier_kind = "LeaderWorkerSet" if cluster.verifier.nodes > 1 else "Deployment"
-    deployments[builders.verifier_name(name)] = await kube.get(api, verifier_kind, namespace,
-                                                               builders.verifier_name(name))
+    deployments[verifier_name(name)] = await kube.get(api, verifier_kind, namespace,
+                                                               verifier_name(name))
     now = _now()
     return lambda live: status.build_status(name, namespace, generation, cluster, deployments, live, now)
 
@@ -308,13 +287,13 @@ async def _write_status(api: Any, name: str, namespace: str, update: Any, attemp
     Raises ``kopf.TemporaryError`` after ``attempts`` conflicts in a row, ``ApiException`` on
     any other failure."""
     for _ in range(attempts):
-        live = await kube.get(api, s.CLUSTER_KIND, namespace, name)
+        live = await kube.get(api, CLUSTER_KIND, namespace, name)
         if live is None or live["metadata"].get("deletionTimestamp"):
             return
         body = {"metadata": {"resourceVersion": live["metadata"]["resourceVersion"]},
                 "status": update(dict(live.get("status") or {}))}
         try:
-            await kube.patch(api, s.CLUSTER_KIND, namespace, name, body, subresource="status")
+            await kube.patch(api, CLUSTER_KIND, namespace, name, body, subresource="status")
             return
         except ApiException as e:
             if e.status != 409:
@@ -334,7 +313,7 @@ async def _reconcile(
 ) -> None:
     """One pass: every child applied (scale-free: see the module docstring), the status written once."""
     try:
-        cluster = s.parse_cluster_spec(spec)
+        cluster = parse_cluster_spec(spec)
     except ValueError as e:
         memo.metrics.reconciles.labels(event, "invalid").inc()
         raise kopf.PermanentError(f"invalid spec: {e}") from e
@@ -345,50 +324,33 @@ async def _reconcile(
     hand_scaled = _hand_scaled(cluster, old_spec)
     created = await _creation_replicas(api, name, namespace, cluster, hand_scaled)
     drafters: dict[str, dict[str, Any]] = {}  # pool -> its Deployment as applied
-    operator = builders.operator_peer(memo.config.namespace, memo.config.pod_labels)
+    operator = operator_peer(memo.config.namespace, memo.config.pod_labels)
     generation = body.metadata.get("generation")
     models: dict[str, Any] | None = None  # ModelsReady, with spec.modelCache
     claim: dict[str, Any] | None = None  # ModelCacheReady, with a claim the operator makes
-    children = builders.build_children(name, namespace, cluster, created, operator)
+    children = build_children(name, namespace, cluster, created, operator)
     for child in children:
         kopf.adopt(child, owner=body)
-        kind, pool = child["kind"], child["metadata"]["labels"].get(builders.POOL_LABEL)
-        loads_models = kind in ("Deployment", "LeaderWorkerSet", s.POOL_KIND)
-        if loads_models and models is not None and models["status"] != "True":
+        step = apply_step(child, hand_scaled, None if models is None else models["status"] == "True")
+        if step.how == "skip":
             continue  # no pod that loads a model before the cache holds it
-        if kind == s.POOL_KIND:
-            applied = await kube.apply_scale_free(api, child)  # its scale: its scaler's after creation
-            if pool in hand_scaled:  # spec.drafterPools[].replicas changed: the pool's new scale
-                await kube.patch(api, kind, namespace, child["metadata"]["name"],
-                                 {"spec": {"replicas": child["spec"]["replicas"]}})
-            # the selector from the start (HPA needs it before any pod)
-            await kube.patch(api, s.POOL_KIND, namespace, applied["metadata"]["name"],
-                             {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
+        if step.how == "scale_target":
+            await _apply_scale_target(api, name, child, step, drafters)
             continue
-        if kind == "PersistentVolumeClaim":
+        if step.how == "claim":
             claim = await _apply_claim(api, child, generation)
             continue
-        if kind == "LeaderWorkerSet":
+        if step.replace_if_resized:
             await _replace_resized_group(api, child, logger)
-        component = child["metadata"]["labels"].get(builders.COMPONENT_LABEL)
-        scaled_by_others = kind == "LeaderWorkerSet" or (
-            kind == "Deployment" and component != builders.ROUTER_COMPONENT)
-        applied = await (kube.apply_scale_free(api, child) if scaled_by_others else kube.apply(api, child))
-        if kind == "Deployment" and pool:
-            drafters[pool] = applied
-        elif kind == "Job":
+        scale_free = step.how == "apply_scale_free"
+        applied = await (kube.apply_scale_free(api, child) if scale_free else kube.apply(api, child))
+        if step.drafter_of:
+            drafters[step.drafter_of] = applied
+        elif step.models_job:
             models = status.models_condition(applied, generation, _now())
     fallbacks = [] if models is not None and models["status"] != "True" else await _spot_fallbacks(
         api, body, name, namespace, cluster, drafters, generation, logger)
-    removed = await _prune(api, name, namespace, {p.name for p in cluster.drafter_pools}, logger)
-    await _prune_replaced(api, name, namespace, children, logger)
-    await _prune_verifier_kind(api, name, namespace, cluster, logger)
-    if not cluster.router.enabled:
-        await _drop_router(api, name, namespace, logger)
-    elif cluster.router.provider != "gke":
-        await _drop_gke_policies(api, name, namespace, logger)
-    if not cluster.network_policy.enabled:
-        await _drop_network_policies(api, name, namespace, logger)
+    removed = await _prune(api, name, namespace, cluster, children, logger)
     if removed:
         kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
     children_status = await _children_status(api, name, namespace, generation, cluster)
@@ -409,6 +371,21 @@ async def _reconcile(
     log(f"reconciled: {len(cluster.drafter_pools)} pool(s), hand-scaled {sorted(hand_scaled)}")
 
 
+async def _apply_scale_target(api: Any, name: str, child: dict[str, Any], step: ApplyStep,
+                              drafters: dict[str, dict[str, Any]]) -> None:
+    """A pool's ``CoSineDrafterPool``: applied without its scale (its scaler's after creation), its
+    replicas set to the spec's when they changed by hand (``step.rescale``), and its status (the
+    selector, which HPA needs before any pod) written from the start."""
+    meta = child["metadata"]
+    pool = meta["labels"][POOL_LABEL]
+    applied = await kube.apply_scale_free(api, child)
+    if step.rescale:  # spec.drafterPools[].replicas changed: the pool's new scale
+        await kube.patch(api, POOL_KIND, meta["namespace"], meta["name"],
+                         {"spec": {"replicas": child["spec"]["replicas"]}})
+    await kube.patch(api, POOL_KIND, meta["namespace"], applied["metadata"]["name"],
+                     {"status": status.pool_status(name, pool, drafters.get(pool))}, subresource="status")
+
+
 async def _apply_claim(api: Any, claim: dict[str, Any], generation: int | None) -> dict[str, Any]:
     """Apply the model cache's claim; ``ModelCacheReady``. A claim's spec is immutable once created
     but for growing its storage request: the API server refuses any other change (422), which
@@ -427,19 +404,6 @@ async def _apply_claim(api: Any, claim: dict[str, Any], generation: int | None) 
                                 generation, _now())
     return status.condition("ModelCacheReady", True, "Applied", f"claim {name} as spec.modelCache asks",
                             generation, _now())
-
-
-async def _prune_replaced(api: Any, name: str, namespace: str, children: list[dict[str, Any]], logger: Any) -> None:
-    """Delete this cluster's model pull Jobs and claims the spec no longer names (a changed model
-    list is a new Job; a dropped or renamed cache leaves a claim the operator made)."""
-    wanted = {(c["kind"], c["metadata"]["name"]) for c in children}
-    for kind in ("Job", "PersistentVolumeClaim"):
-        for obj in await kube.list_owned(api, kind, namespace, name):
-            meta = obj["metadata"]
-            component = (meta.get("labels") or {}).get(builders.COMPONENT_LABEL)
-            if (kind, meta["name"]) not in wanted and component == "models":
-                await kube.delete(api, kind, namespace, meta["name"])
-                logger.info(f"deleted {kind} {meta['name']} (no longer in the spec)")
 
 
 @kopf.on.create(*CLUSTER)
@@ -493,7 +457,7 @@ async def cosinecluster_scale_verifier(
     CoSineCluster's scale subresource, an edit): the verifier Deployment follows. The operator's
     only write of that Deployment's replicas after creation; retried while it is absent."""
     replicas = int(new) if new is not None else 1
-    deployment = builders.verifier_name(name)
+    deployment = verifier_name(name)
     nodes = int(((body.get("spec") or {}).get("verifier") or {}).get("parallelism", {}).get("nodes") or 1)
     kind = "LeaderWorkerSet" if nodes > 1 else "Deployment"  # a group's replicas are groups
     if await kube.patch(memo.api, kind, namespace, deployment, {"spec": {"replicas": replicas}}) is None:
@@ -538,26 +502,26 @@ async def cosinecluster_resync(
 async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """A child Deployment changed (its pods): refresh the owner's status and its pool's status."""
     labels = body.metadata.labels
-    cluster_name = labels.get(builders.CLUSTER_LABEL)
+    cluster_name = labels.get(CLUSTER_LABEL)
     if not cluster_name or body.metadata.get("deletionTimestamp"):
         return
     api = memo.api
-    owner = await kube.get(api, s.CLUSTER_KIND, namespace, cluster_name)
+    owner = await kube.get(api, CLUSTER_KIND, namespace, cluster_name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return
     try:
-        cluster = s.parse_cluster_spec(owner.get("spec") or {})
+        cluster = parse_cluster_spec(owner.get("spec") or {})
     except ValueError:
         return
     update = await _children_status(api, cluster_name, namespace, owner["metadata"].get("generation"), cluster)
     await _write_status(api, cluster_name, namespace, update)
-    pool = labels.get(builders.POOL_LABEL)
-    if pool and body.metadata.name == builders.drafter_name(cluster_name, pool):  # not a spot pool's sibling
+    pool = labels.get(POOL_LABEL)
+    if pool and body.metadata.name == drafter_name(cluster_name, pool):  # not a spot pool's sibling
         await kube.patch(
             api,
-            s.POOL_KIND,
+            POOL_KIND,
             namespace,
-            builders.pool_object_name(cluster_name, pool),
+            pool_object_name(cluster_name, pool),
             {"status": status.pool_status(cluster_name, pool, body)},
             subresource="status",
         )
@@ -573,8 +537,8 @@ async def cosinedrafterpool_follow(
     ``spec.replicas`` within ``[minReplicas, maxReplicas]``, the only write of that Deployment's
     replicas after its creation. Retried (``kopf.TemporaryError``) while the Deployment is absent."""
     lo, hi = int(spec.get("minReplicas", 0)), int(spec.get("maxReplicas", 1 << 20))
-    replicas = s.clamp_replicas(int(spec.get("replicas", lo)), lo, hi)
-    deployment = builders.drafter_name(spec["clusterName"], spec["pool"])
+    replicas = clamp_replicas(int(spec.get("replicas", lo)), lo, hi)
+    deployment = drafter_name(spec["clusterName"], spec["pool"])
     done = await kube.patch(memo.api, "Deployment", namespace, deployment, {"spec": {"replicas": replicas}})
     if done is None:
         raise kopf.TemporaryError(f"Deployment {deployment} does not exist (yet)", delay=2)
@@ -582,7 +546,7 @@ async def cosinedrafterpool_follow(
 
 
 async def _scrape(
-    api: Any, name: str, namespace: str, cluster: s.ClusterSpec, config: s.OperatorConfig
+    api: Any, name: str, namespace: str, cluster: ClusterSpec, config: OperatorConfig
 ) -> Scrape:
     """Every Running verifier and drafter pod's ``/metrics`` (failures listed, not raised)."""
     targets = []
@@ -592,20 +556,20 @@ async def _scrape(
         if not ip or pod_status.get("phase", "Running") != "Running" or meta.get("deletionTimestamp"):
             continue
         labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-        role = labels.get(builders.COMPONENT_LABEL)
+        role = labels.get(COMPONENT_LABEL)
         if role not in ("verifier", "drafter"):
             continue
-        default_port = s.VERIFIER_METRICS_PORT if role == "verifier" else s.DRAFTER_METRICS_PORT
+        default_port = VERIFIER_METRICS_PORT if role == "verifier" else DRAFTER_METRICS_PORT
         port = annotations.get("prometheus.io/port", str(default_port))
         path = annotations.get("prometheus.io/path", "/metrics")
         targets.append(
-            ScrapeTarget(meta["name"], role, labels.get(builders.POOL_LABEL), f"http://{ip}:{port}{path}")
+            ScrapeTarget(meta["name"], role, labels.get(POOL_LABEL), f"http://{ip}:{port}{path}")
         )
     return await scrape_pods(targets, config.scrape_timeout_s, time.monotonic())
 
 
 async def _measure(
-    api: Any, name: str, namespace: str, cluster: s.ClusterSpec, previous: Scrape | None, memo: kopf.Memo,
+    api: Any, name: str, namespace: str, cluster: ClusterSpec, previous: Scrape | None, memo: kopf.Memo,
     logger: Any,
 ) -> tuple[Rates | None, Scrape | None]:
     """This interval's rates (``None``: a first scrape, rates need two) and the scrape to keep:
@@ -636,7 +600,7 @@ class _ClusterScaling:
     ``ScalingActive`` condition, each pool's ``PoolTooSlow``/``MetricsMissing`` and its desired
     replicas."""
 
-    def __init__(self, api: Any, body: kopf.Body, name: str, namespace: str, cluster: s.ClusterSpec,
+    def __init__(self, api: Any, body: kopf.Body, name: str, namespace: str, cluster: ClusterSpec,
                  memo: kopf.Memo, logger: Any) -> None:
         self.api, self.body, self.name, self.namespace = api, body, name, namespace
         self.memo, self.logger, self.cluster = memo, logger, cluster
@@ -645,7 +609,7 @@ class _ClusterScaling:
                                 on_error=lambda stage, _: memo.metrics.autoscaler_errors.labels(stage).inc(),
                                 log=logger)
 
-    def follow(self, cluster: s.ClusterSpec) -> None:
+    def follow(self, cluster: ClusterSpec) -> None:
         """The live spec for the next pass (bounds, prices, interval may have changed)."""
         self.cluster, self.loop.policy = cluster, policy_from_spec(cluster)
 
@@ -657,8 +621,8 @@ class _ClusterScaling:
         pool_replicas: dict[str, tuple[int, int]] = {}
         api, ns, name = self.api, self.namespace, self.name
         for pool in self.cluster.drafter_pools:
-            scaler = await kube.get(api, s.POOL_KIND, ns, builders.pool_object_name(name, pool.name))
-            deployment = await kube.get(api, "Deployment", ns, builders.drafter_name(name, pool.name))
+            scaler = await kube.get(api, POOL_KIND, ns, pool_object_name(name, pool.name))
+            deployment = await kube.get(api, "Deployment", ns, drafter_name(name, pool.name))
             if scaler is None:
                 continue
             ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
@@ -667,7 +631,7 @@ class _ClusterScaling:
 
     async def actuate(self, d: ScaleDecision) -> None:
         direction = "up" if d.desired > d.current else "down"
-        await kube.patch(self.api, s.POOL_KIND, self.namespace, builders.pool_object_name(self.name, d.pool),
+        await kube.patch(self.api, POOL_KIND, self.namespace, pool_object_name(self.name, d.pool),
                          {"spec": {"replicas": d.desired}})
         self.memo.metrics.scale_decisions.labels(self.namespace, self.name, d.pool, direction).inc()
         kopf.info(self.body, reason=f"Scaled{direction.capitalize()}",
@@ -738,7 +702,7 @@ async def cosinecluster_autoscaler(
     last_scrape_s = float("-inf")
     while not stopped:
         try:
-            cluster = s.parse_cluster_spec(body.spec)
+            cluster = parse_cluster_spec(body.spec)
         except ValueError:
             cluster = None  # reconcile reports an invalid spec
         try:

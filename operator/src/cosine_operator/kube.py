@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from cosine_spec import settings as s
+from cosine_spec.contract import CLUSTER_KIND, CLUSTER_PLURAL, GROUP, POOL_KIND, POOL_PLURAL, VERSION
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -39,9 +39,12 @@ _PATHS: dict[str, tuple[str, str]] = {
     "LeaderWorkerSet": ("/apis/leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
     "GCPBackendPolicy": ("/apis/networking.gke.io/v1", "gcpbackendpolicies"),  # spec.router.provider: gke
     "HealthCheckPolicy": ("/apis/networking.gke.io/v1", "healthcheckpolicies"),
-    s.POOL_KIND: (f"/apis/{s.GROUP}/{s.VERSION}", s.POOL_PLURAL),
-    s.CLUSTER_KIND: (f"/apis/{s.GROUP}/{s.VERSION}", s.CLUSTER_PLURAL),
+    POOL_KIND: (f"/apis/{GROUP}/{VERSION}", POOL_PLURAL),
+    CLUSTER_KIND: (f"/apis/{GROUP}/{VERSION}", CLUSTER_PLURAL),
 }
+# Kinds of other projects' APIs: a cluster without their CRDs answers 404 (or 403) for them, and
+# holds none of them.
+FOREIGN_KINDS = ("InferencePool", "HTTPRoute", "LeaderWorkerSet", "GCPBackendPolicy", "HealthCheckPolicy")
 
 # (apiGroup, resource) -> verbs this module uses; kopf's own needs are in the chart's RBAC test.
 CALLS: dict[tuple[str, str], set[str]] = {
@@ -62,10 +65,10 @@ CALLS: dict[tuple[str, str], set[str]] = {
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "create", "patch", "list", "delete"},
     ("networking.gke.io", "gcpbackendpolicies"): {"create", "patch", "list", "delete"},
     ("networking.gke.io", "healthcheckpolicies"): {"create", "patch", "list", "delete"},
-    (s.GROUP, s.POOL_PLURAL): {"get", "create", "patch", "list", "delete"},
-    (s.GROUP, f"{s.CLUSTER_PLURAL}/status"): {"patch"},
-    (s.GROUP, s.CLUSTER_PLURAL): {"get"},
-    (s.GROUP, f"{s.POOL_PLURAL}/status"): {"patch"},
+    (GROUP, POOL_PLURAL): {"get", "create", "patch", "list", "delete"},
+    (GROUP, f"{CLUSTER_PLURAL}/status"): {"patch"},
+    (GROUP, CLUSTER_PLURAL): {"get"},
+    (GROUP, f"{POOL_PLURAL}/status"): {"patch"},
 }
 
 # What the operator must hold beyond its calls to create the endpoint picker's Role: Kubernetes'

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from cosine_spec import settings as s
 from cosine_spec.autoscaling import Observations, ScaleDecision
+from cosine_spec.cluster_spec import ClusterSpec
 
-from cosine_operator import builders
+from cosine_operator.builders.names import drafter_name, gateway_name, pool_selector, verifier_name, verifier_selector
 
 Status = dict[str, Any]
 
@@ -84,7 +84,7 @@ def pool_status(cluster: str, pool: str, deployment: Mapping[str, Any] | None) -
     return {
         "replicas": int(observed.get("replicas") or 0),
         "readyReplicas": int(observed.get("readyReplicas") or 0),
-        "selector": builders.pool_selector(cluster, pool),
+        "selector": pool_selector(cluster, pool),
     }
 
 
@@ -92,14 +92,14 @@ def build_status(
     name: str,
     namespace: str,
     generation: int | None,
-    cluster: s.ClusterSpec,
+    cluster: ClusterSpec,
     deployments: Mapping[str, Mapping[str, Any] | None],
     previous: Mapping[str, Any] | None,
     now: str,
 ) -> Status:
     """Status from the children's Deployments (by name); autoscaler fields of ``previous`` are kept."""
     previous = previous or {}
-    verifier = deployments.get(builders.verifier_name(name))
+    verifier = deployments.get(verifier_name(name))
     v_desired, v_ready = _counts(verifier)
     # the Deployment's replicas once it exists: whoever scales the verifier (an HPA) sets them
     v_want = v_desired if verifier else cluster.verifier.replicas
@@ -108,7 +108,7 @@ def build_status(
     d_desired = d_ready = 0
     pools_ready = True
     for pool in cluster.drafter_pools:
-        desired, ready = _counts(deployments.get(builders.drafter_name(name, pool.name)))
+        desired, ready = _counts(deployments.get(drafter_name(name, pool.name)))
         d_desired += desired
         d_ready += ready
         pools_ready &= ready >= max(desired, 1) or (desired == 0 and pool.min_replicas == 0)
@@ -153,11 +153,11 @@ def build_status(
             "readyReplicas": v_ready,
             "ready": f"{v_ready}/{v_want}",
             # the scale subresource's labelSelectorPath (HPA on the CoSineCluster)
-            "selector": builders.verifier_selector(name),
+            "selector": verifier_selector(name),
         },
         "drafters": {"replicas": d_desired, "readyReplicas": d_ready, "ready": f"{d_ready}/{d_desired}"},
         "pools": pools,
-        "gatewayUrl": f"http://{builders.gateway_name(name)}.{namespace}.svc:{cluster.gateway.port}",
+        "gatewayUrl": f"http://{gateway_name(name)}.{namespace}.svc:{cluster.gateway.port}",
         "conditions": merge_conditions(previous.get("conditions"), conditions),
     }
 

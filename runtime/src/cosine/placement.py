@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from cosine.speculation_control import expected_tokens
 
 if TYPE_CHECKING:
-    from cosine_spec.settings import ClusterSpec
+    from cosine_spec.cluster_spec import ClusterSpec
 
 
 class Mode(StrEnum):

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from cosine_spec.settings import MAX_DRAFT_LEN, SpeculationSpec
+from cosine_spec.cluster_spec import MAX_DRAFT_LEN, SpeculationSpec
 
 from cosine import routing
 from cosine import speculation_control as sc

@@ -69,7 +69,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 
-from cosine_spec.settings import SpeculationSpec
+from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine import routing
 from cosine import speculation_control as sc

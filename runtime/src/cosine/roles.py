@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cosine_spec.contract import LWS_LEADER_ADDRESS, LWS_WORKER_INDEX
+
 from cosine.manifest import Manifest, load_manifest
 from cosine.processes import wait_for_signal
 
@@ -251,8 +253,6 @@ def _check_speculator(method: str, target: Path, drafter: Path | None) -> None:
         raise ValueError("; ".join(problems))
 
 
-LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"  # LeaderWorkerSet's env in every pod of a group
-LWS_WORKER_INDEX = "LWS_WORKER_INDEX"  # 0 on the leader, 1.. on the workers
 MASTER_PORT = 29500  # torch.distributed's store on the leader (vLLM's --master-port default)
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Protocol
 
-from cosine_spec.settings import MAX_DRAFT_LEN, SpeculationSpec
+from cosine_spec.cluster_spec import MAX_DRAFT_LEN, SpeculationSpec
 
 
 @dataclass(frozen=True)

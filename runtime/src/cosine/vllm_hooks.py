@@ -31,7 +31,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cosine_spec.settings import SpeculationSpec, SpeculatorSpec, read_fields, to_spec
+from cosine_spec.cluster_spec import SpeculationSpec
+from cosine_spec.schema import read_fields, to_spec
+from cosine_spec.verifier_spec import SpeculatorSpec
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 

@@ -53,7 +53,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cosine_spec import metric_names as names
-from cosine_spec.settings import ClusterSpec, clamp_replicas
+from cosine_spec.cluster_spec import ClusterSpec, clamp_replicas
 
 SKIP_REASONS = ("late", "yield", "down")  # cosine_drafter_asks_skipped_total{reason}
 DEMAND_SKIPS = ("late", "down")  # skips that are demand: more replicas would have served them

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosine_spec.settings import SpeculationSpec
+from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine.placement import Evidence
 from cosine.sources.lookup import LOOKUP

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 from cosine_spec.autoscaling import policy_from_spec
-from cosine_spec.settings import parse_cluster_spec
+from cosine_spec.cluster_spec import parse_cluster_spec
 
 from cosine.pool_policy import PoolPolicy
 from cosine.routing import DOMAINS, RoutingSettings

@@ -107,7 +107,7 @@ from typing import Any
 
 import yaml
 from cosine_spec import metric_names as m
-from cosine_spec.settings import SpeculationSpec
+from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine import processes, roles
 from cosine.manifest import Manifest, load_manifest

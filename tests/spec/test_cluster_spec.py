@@ -1,4 +1,4 @@
-"""Typed spec views (spec/src/cosine_spec/settings.py): the strict parser, bounds against the CRD (whose
+"""Typed spec views (cosine_spec.cluster_spec and its parts): the strict parser, bounds against the CRD (whose
 field facts `make crds` writes from these declarations: tests/spec/test_crdgen.py), the drafter
 engine's default rule, the one tokenizer-family table."""
 
@@ -9,7 +9,19 @@ from typing import Any
 
 import pytest
 import yaml
-from cosine_spec import settings as s
+from cosine_spec.catalogue import KNOWN_MODELS, gguf_source, model_source_problems, tokenizer_family
+from cosine_spec.cluster_spec import (
+    DRAFTER_ENGINES,
+    MAX_DRAFT_LEN,
+    ClusterSpec,
+    ModelCacheSpec,
+    ModelCredentialsSecretRef,
+    SpeculationSpec,
+    parse_cluster_spec,
+)
+from cosine_spec.verifier_spec import SpeculatorSpec, engine_args_problems, speculator_problems
+
+from cosine_operator.config import OperatorConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -29,8 +41,8 @@ def _engine_schema() -> dict[str, Any]:
     return dict(_spec_schema()["properties"]["drafterPools"]["items"]["properties"]["engine"])
 
 
-def _cluster(*pools: dict[str, Any], **spec: Any) -> s.ClusterSpec:
-    return s.parse_cluster_spec({"verifier": {"model": "m"}, "drafterPools": list(pools), **spec})
+def _cluster(*pools: dict[str, Any], **spec: Any) -> ClusterSpec:
+    return parse_cluster_spec({"verifier": {"model": "m"}, "drafterPools": list(pools), **spec})
 
 
 def test_parse_names_the_offending_field() -> None:
@@ -38,7 +50,7 @@ def test_parse_names_the_offending_field() -> None:
     with pytest.raises(ValueError, match=r"^spec\.drafterPools\[1\]\.replicas must be >= 0"):
         _cluster({"name": "a", "model": "m"}, {"name": "b", "model": "m", "replicas": -1})
     with pytest.raises(ValueError, match=r"^spec\.verifier\.dtype must be one of"):
-        s.parse_cluster_spec({"verifier": {"model": "m", "dtype": "int4"}, "drafterPools": [{"name": "p"}]})
+        parse_cluster_spec({"verifier": {"model": "m", "dtype": "int4"}, "drafterPools": [{"name": "p"}]})
     with pytest.raises(ValueError, match=r"^spec\.drafterPools\[0\]\.name is required"):
         _cluster({"model": "m"})
     with pytest.raises(ValueError, match=r"^spec\.autoscaling\.enabled: expected true or false"):
@@ -56,10 +68,10 @@ def test_the_model_store_reads_the_one_tokenizer_table() -> None:
     """Catches: a second family table (the model store naming a family the webhook does not)."""
     from cosine import model_store
 
-    for source in model_store.KNOWN_MODELS.values():
-        assert source.tokenizer_family == s.tokenizer_family(source.name) == s.tokenizer_family(source.hf_repo)
+    for source in KNOWN_MODELS.values():
+        assert source.tokenizer_family == tokenizer_family(source.name) == tokenizer_family(source.hf_repo)
         assert model_store.tokenizer_family(source.hf_repo) == source.tokenizer_family
-    assert model_store.tokenizer_family("meta-llama/Llama-3.2-1B") == s.tokenizer_family("Llama-3.2-1B") == "llama3"
+    assert model_store.tokenizer_family("meta-llama/Llama-3.2-1B") == tokenizer_family("Llama-3.2-1B") == "llama3"
 
 
 def test_speculation_is_parsed() -> None:
@@ -67,26 +79,26 @@ def test_speculation_is_parsed() -> None:
         {"name": "p", "model": "m"},
         speculation={"maxDraftLen": 4, "adaptive": False, "fusion": False, "minConfidence": 0.4},
     ).speculation
-    assert got == s.SpeculationSpec(max_draft_len=4, adaptive=False, fusion=False, min_confidence=0.4)
+    assert got == SpeculationSpec(max_draft_len=4, adaptive=False, fusion=False, min_confidence=0.4)
 
 
 def test_speculation_bounds_agree_with_the_crd() -> None:
     crd = _speculation_schema()
     k_min, k_max = crd["maxDraftLen"]["minimum"], crd["maxDraftLen"]["maximum"]
     c_min, c_max = crd["minConfidence"]["minimum"], crd["minConfidence"]["maximum"]
-    assert s.MAX_DRAFT_LEN == k_max
+    assert MAX_DRAFT_LEN == k_max
     assert (c_min, c_max) == (0, 1)
-    s.SpeculationSpec(max_draft_len=k_min, min_confidence=c_min)
-    s.SpeculationSpec(max_draft_len=k_max, min_confidence=c_max)
+    SpeculationSpec(max_draft_len=k_min, min_confidence=c_min)
+    SpeculationSpec(max_draft_len=k_max, min_confidence=c_max)
     for bad in ({"max_draft_len": k_min - 1}, {"max_draft_len": k_max + 1},
                 {"min_confidence": c_min - 0.01}, {"min_confidence": c_max + 0.01}):
         with pytest.raises(ValueError, match=r"^spec\.speculation\."):
-            s.SpeculationSpec(**bad)
+            SpeculationSpec(**bad)
 
 
 def test_engine_enum_and_documented_default_match_the_code() -> None:
     crd = _engine_schema()
-    assert tuple(crd["enum"]) == s.DRAFTER_ENGINES
+    assert tuple(crd["enum"]) == DRAFTER_ENGINES
     assert "default" not in crd  # it depends on the device: resolved_engine decides
     assert "default: llamacpp when the pool requests no nvidia.com/gpu, vllm otherwise" in " ".join(
         crd["description"].split()
@@ -113,7 +125,7 @@ def test_resolved_engine(pool: dict[str, Any], engine: str | None) -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_name_each_model_pools_engine_for_its_device(path: Path) -> None:
-    cluster = s.parse_cluster_spec(yaml.safe_load(path.read_text())["spec"])
+    cluster = parse_cluster_spec(yaml.safe_load(path.read_text())["spec"])
     for pool in cluster.drafter_pools:
         if pool.kind == "model":
             assert pool.engine == ("vllm" if pool.pod.requests_gpu else "llamacpp"), pool.name
@@ -133,11 +145,11 @@ def test_network_policy_and_drafter_tls_parse() -> None:
     assert (c.drafter_tls.secret_name, c.drafter_tls.server_name) == ("tls", "drafters")
     with pytest.raises(ValueError, match=r"spec\.drafterTLS\.secretName is required"):
         _cluster({"name": "p", "kind": "ngram"}, drafterTLS={"serverName": "x"})
-    config = s.OperatorConfig.from_env(
+    config = OperatorConfig.from_env(
         {"COSINE_OPERATOR_NAMESPACE": "ops", "COSINE_OPERATOR_POD_LABELS": "a=1, b=two"}
     )
     assert (config.namespace, dict(config.pod_labels)) == ("ops", {"a": "1", "b": "two"})
-    assert s.OperatorConfig.from_env({}).pod_labels == {}
+    assert OperatorConfig.from_env({}).pod_labels == {}
 
 
 @pytest.mark.parametrize(
@@ -187,7 +199,7 @@ def test_a_typo_or_a_wrong_type_is_refused_naming_the_field(spec: dict[str, Any]
     field validation refuses both, so ``cosine serve``, ``cosine simulate`` and the webhook must."""
     full = {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}], **spec}
     with pytest.raises(ValueError, match=message):
-        s.parse_cluster_spec(full)
+        parse_cluster_spec(full)
 
 
 def test_integral_numbers_and_ints_for_numbers_are_read_as_the_server_reads_them() -> None:
@@ -204,7 +216,7 @@ def test_speculator_problems_name_what_the_spec_alone_shows() -> None:
     def problems(speculator: dict[str, Any], **verifier: Any) -> list[str]:
         cluster = _cluster({"name": "p", "kind": "ngram"}, verifier={"model": "m", "speculator": speculator,
                                                                      **verifier})
-        return s.speculator_problems(cluster.verifier)
+        return speculator_problems(cluster.verifier)
 
     assert problems({"method": "draftModel", "model": "qwen2.5-coder-0.5b-instruct"}) == []
     assert problems({"method": "mtp"}) == []
@@ -212,14 +224,14 @@ def test_speculator_problems_name_what_the_spec_alone_shows() -> None:
     assert problems({"method": "mtp", "model": "x"})[0].startswith("spec.verifier.speculator.model must be empty")
     assert "pipeline" in problems({"method": "mtp"}, parallelism={"pipeline": 2})[0]
     parsed = _cluster({"name": "p", "kind": "ngram"}, verifier={"model": "m", "speculator": {"method": "mtp"}})
-    assert parsed.verifier.speculator == s.SpeculatorSpec("mtp") and parsed.verifier.speculator.vllm_method == "mtp"
+    assert parsed.verifier.speculator == SpeculatorSpec("mtp") and parsed.verifier.speculator.vllm_method == "mtp"
 
 
 def test_engine_args_that_cosine_sets_itself_are_refused_naming_the_entry() -> None:
     """Catches: a user's `--speculative-config` or `--port` silently replacing CoSine's (its proposer
     would be gone), or two ways to set the dtype."""
     def problems(*args: str) -> list[str]:
-        return s.engine_args_problems(_cluster({"name": "p", "kind": "ngram"},
+        return engine_args_problems(_cluster({"name": "p", "kind": "ngram"},
                                                verifier={"model": "m", "engineArgs": list(args)}).verifier)
 
     assert problems("--quantization", "fp8", "--kv-cache-dtype=fp8", "--served-model-name", "x") == []
@@ -235,7 +247,7 @@ def test_a_model_uri_of_an_unknown_scheme_is_refused_naming_its_field() -> None:
     def problems(verifier: str, pool: str = "qwen2.5-coder-0.5b-instruct", speculator: str | None = None
                  ) -> list[str]:
         sp = {"speculator": {"method": "draftModel", "model": speculator}} if speculator else {}
-        return s.model_source_problems(_cluster({"name": "p", "model": pool}, verifier={"model": verifier, **sp}))
+        return model_source_problems(_cluster({"name": "p", "model": pool}, verifier={"model": verifier, **sp}))
 
     assert problems("hf://Qwen/Qwen2.5-Coder-1.5B-Instruct@main", "s3://bucket/models/qwen-0.5b",
                     "gs://bucket/qwen/draft") == []
@@ -251,12 +263,12 @@ def test_a_model_uri_of_an_unknown_scheme_is_refused_naming_its_field() -> None:
 
 def test_gguf_sources_of_uris() -> None:
     """A llama.cpp pool's GGUF by URI: an object or prefix naming a GGUF, a Hub repo of GGUF files."""
-    assert s.gguf_source("s3://b/models/qwen2.5-0.5b-q4_k_m.gguf") == "uri"
-    assert s.gguf_source("gs://b/Qwen2.5-0.5B-GGUF/") == "uri"
-    assert s.gguf_source("s3://b/models/qwen2.5-0.5b") is None  # safetensors: llama.cpp cannot load it
-    assert s.gguf_source("hf://Qwen/Qwen2.5-Coder-3B-Instruct-GGUF@main") == "hub"
-    assert s.gguf_source("hf://Qwen/Qwen2.5-Coder-0.5B-Instruct") is None  # hf:// names the Hub alone, not PyPI
-    assert s.gguf_source("hf://Qwen/Qwen2.5-Coder-3B-Instruct") is None
+    assert gguf_source("s3://b/models/qwen2.5-0.5b-q4_k_m.gguf") == "uri"
+    assert gguf_source("gs://b/Qwen2.5-0.5B-GGUF/") == "uri"
+    assert gguf_source("s3://b/models/qwen2.5-0.5b") is None  # safetensors: llama.cpp cannot load it
+    assert gguf_source("hf://Qwen/Qwen2.5-Coder-3B-Instruct-GGUF@main") == "hub"
+    assert gguf_source("hf://Qwen/Qwen2.5-Coder-0.5B-Instruct") is None  # hf:// names the Hub alone, not PyPI
+    assert gguf_source("hf://Qwen/Qwen2.5-Coder-3B-Instruct") is None
 
 
 def test_a_prepopulated_cache_and_model_credentials_parse() -> None:
@@ -265,8 +277,8 @@ def test_a_prepopulated_cache_and_model_credentials_parse() -> None:
     cluster = _cluster({"name": "p", "kind": "ngram"}, modelCache={"claimName": "weights", "prePopulated": True},
                        modelCredentialsSecretRef={"name": "store-keys"})
     assert cluster.model_cache is not None and cluster.model_cache.pre_populated
-    assert cluster.model_credentials == s.ModelCredentialsSecretRef("store-keys")
-    assert _cluster({"name": "p", "kind": "ngram"}, modelCache={}).model_cache == s.ModelCacheSpec()
+    assert cluster.model_credentials == ModelCredentialsSecretRef("store-keys")
+    assert _cluster({"name": "p", "kind": "ngram"}, modelCache={}).model_cache == ModelCacheSpec()
     with pytest.raises(ValueError, match=r"^spec\.modelCache\.prePopulated needs spec\.modelCache\.claimName"):
         _cluster({"name": "p", "kind": "ngram"}, modelCache={"prePopulated": True})
     with pytest.raises(ValueError, match=r"^spec\.modelCredentialsSecretRef\.key: unknown field"):

@@ -1,0 +1,86 @@
+"""What every role's pods take from the spec: the runtime image (``spec.image`` and a role's own
+``image``) and the pod overrides copied verbatim into a pod template (Kubernetes' own types)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from cosine_spec.contract import GPU_RESOURCE
+from cosine_spec.schema import Checked, spec_field
+
+# The runtime image's tag when none is given: this release; GPU pods get its CUDA build.
+RUNTIME_TAG = "0.1.0"
+CUDA_TAG_SUFFIX = "-cuda"
+
+
+@dataclass(frozen=True)
+class RoleImage(Checked):
+    """``spec.verifier.image`` / ``spec.drafterPools[].image``: this role's image, field by field
+    over ``spec.image`` (unset fields: ``spec.image``'s)."""
+
+    SPEC_PATH: ClassVar[str] = "spec.<role>.image"
+    repository: str | None = spec_field("repository", None)
+    tag: str | None = spec_field("tag", None)
+    pull_policy: str | None = spec_field("pullPolicy", None, enum=("Always", "IfNotPresent", "Never"))
+
+
+@dataclass(frozen=True)
+class ImageSpec(Checked):
+    """``spec.image``: the runtime image of every role (``cosine`` entrypoint; the operator has its
+    own). ``tag`` unset: this release's, :data:`RUNTIME_TAG`, with :data:`CUDA_TAG_SUFFIX` on a pod
+    that requests ``nvidia.com/gpu`` (the CUDA build, ``make images-cuda``) and without on any
+    other (the CPU build)."""
+
+    SPEC_PATH: ClassVar[str] = "spec.image"
+    repository: str = spec_field("repository", "ghcr.io/cosine-project/cosine")
+    tag: str | None = spec_field("tag", None)
+    pull_policy: str = spec_field("pullPolicy", "IfNotPresent", enum=("Always", "IfNotPresent", "Never"))
+
+    def for_pod(self, role: RoleImage, gpu: bool) -> tuple[str, str]:
+        """``(repository:tag, pullPolicy)`` of a pod of a role: the role's fields over these,
+        then the default tag for the pod's device (``gpu``: it requests ``nvidia.com/gpu``)."""
+        tag = role.tag or self.tag or RUNTIME_TAG + (CUDA_TAG_SUFFIX if gpu else "")
+        return f"{role.repository or self.repository}:{tag}", role.pull_policy or self.pull_policy
+
+
+@dataclass(frozen=True)
+class PodOverrides:
+    """Scheduling, identity and environment of a role's pods, copied verbatim into its pod template
+    (Kubernetes' own types)."""
+
+    SPEC_PATH: ClassVar[str] = "spec.<role>"
+    resources: Mapping[str, Any] = spec_field("resources", default_factory=dict, verbatim=True)
+    node_selector: Mapping[str, str] = spec_field("nodeSelector", default_factory=dict, verbatim=True)
+    tolerations: tuple[Mapping[str, Any], ...] = spec_field("tolerations", (), verbatim=True)
+    affinity: Mapping[str, Any] = spec_field("affinity", default_factory=dict, verbatim=True)
+    env: tuple[Mapping[str, Any], ...] = spec_field("env", (), verbatim=True)
+    image_pull_secrets: tuple[Mapping[str, Any], ...] = spec_field("imagePullSecrets", (), verbatim=True)
+    # Workload Identity (GKE) or IRSA (EKS): the pods' service account
+    service_account_name: str | None = spec_field("serviceAccountName", None, verbatim=True)
+    priority_class_name: str | None = spec_field("priorityClassName", None, verbatim=True)
+    runtime_class_name: str | None = spec_field("runtimeClassName", None, verbatim=True)
+    volumes: tuple[Mapping[str, Any], ...] = spec_field("volumes", (), verbatim=True)  # extra pod volumes
+    # in the role's main container
+    volume_mounts: tuple[Mapping[str, Any], ...] = spec_field("volumeMounts", (), verbatim=True)
+    strategy: Mapping[str, Any] = spec_field("strategy", default_factory=dict, verbatim=True)  # Deployment strategy
+    topology_spread_constraints: tuple[Mapping[str, Any], ...] = spec_field("topologySpreadConstraints", (),
+                                                                             verbatim=True)
+    pod_annotations: Mapping[str, str] = spec_field("podAnnotations", default_factory=dict, verbatim=True)
+    pod_labels: Mapping[str, str] = spec_field("podLabels", default_factory=dict, verbatim=True)  # ours win on a clash
+
+    @property
+    def gpu_count(self) -> int:
+        """``nvidia.com/gpu`` per pod: its limit, else its request (Kubernetes sets one from the
+        other for extended resources), 0 if neither. Raises ``ValueError`` on a non-integer."""
+        for k in ("limits", "requests"):
+            value = (self.resources.get(k) or {}).get(GPU_RESOURCE)
+            if value is not None:
+                return int(value)
+        return 0
+
+    @property
+    def requests_gpu(self) -> bool:
+        """Whether the container asks for ``nvidia.com/gpu`` (in its limits or its requests)."""
+        return self.gpu_count > 0
