@@ -80,7 +80,7 @@ RUN pip install 'setuptools>=77' nanobind==3.1.0 cmake==4.4.4 ninja==1.13.2 grpc
 COPY --from=source /src /src
 WORKDIR /src
 RUN CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install -c runtime/constraints.txt ./spec ./runtime \
-    && python -c "import cosine_spec.settings, cosine.vllm_hooks, cosine.lookup, llama_cpp" \
+    && python -c "import cosine_spec.cluster_spec, cosine.vllm_hooks, cosine.lookup, llama_cpp" \
     && ! python -c "import kopf" 2>/dev/null
 
 FROM base AS runtime

@@ -60,7 +60,7 @@ def test_cli_flags():
     flags = roles.cli_flags({"model": "x", "served_model_name": ["a"], "enforce_eager": True, "seed": 0,
                              "speculative_config": {"method": "ngram"}, "off": False, "none": None})
     assert flags == ["--model", "x", "--served-model-name", "a", "--enforce-eager", "--seed", "0",
-                     "--speculative-config", json.dumps({"method": "ngram"}, separators=(",", ":"))]
+                     "--speculative-config", json.dumps({"method": "ngram"}, separators=(",", ":")), "--no-off"]
 
 
 def test_verifier_command_rejects_a_drafter_not_in_the_manifest():

@@ -349,7 +349,8 @@ def test_crd_upgrade_from_the_previous_release(crds: Any) -> None:
         patched = crds.http.patch(f"{CLUSTERS}/{name}", json={"spec": {"modelCache": {"size": "10Gi"}}},
                                   headers={"Content-Type": "application/merge-patch+json"})
         assert patched.status_code == 200, patched.text
-        assert patched.json()["spec"]["modelCache"] == {"size": "10Gi", "accessMode": "ReadWriteMany"}
+        assert patched.json()["spec"]["modelCache"] == {"size": "10Gi", "accessMode": "ReadWriteMany",
+                                                        "prePopulated": False}
     finally:
         crds.http.delete(f"{CLUSTERS}/{name}")
         apply_crds(crds)

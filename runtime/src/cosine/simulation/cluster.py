@@ -46,7 +46,6 @@ from collections.abc import Sequence
 
 import simpy
 from cosine_spec import autoscaling
-from cosine_spec.cluster_spec import RouterWeights, SpeculationSpec
 from cosine_spec.scaling_loop import ScalingLoop
 
 from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord

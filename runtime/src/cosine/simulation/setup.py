@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cosine_spec import autoscaling
-from cosine_spec.settings import RouterWeights, SpeculationSpec
+from cosine_spec.cluster_spec import RouterWeights, SpeculationSpec
 
 from cosine import routing, speculation_control
 from cosine.pool_policy import PoolPolicy
