@@ -321,6 +321,7 @@ async def _reconcile(
     memo.metrics.cluster_info.labels(namespace, name).set(1)  # a cluster whose verifier must be up
     for pool in cluster.drafter_pools:  # the dashboards' accepted tokens per pool dollar
         memo.metrics.pool_price.labels(namespace, name, pool.name).set(pool.replica_price_per_hour_usd)
+        memo.metrics.pool_reconciled(namespace, name, pool.name)
     hand_scaled = _hand_scaled(cluster, old_spec)
     created = await _creation_replicas(api, name, namespace, cluster, hand_scaled)
     drafters: dict[str, dict[str, Any]] = {}  # pool -> its Deployment as applied
@@ -475,6 +476,9 @@ async def cosinecluster_delete(spec: Any, name: str, namespace: str, memo: kopf.
         for gauge in (memo.metrics.desired_replicas, memo.metrics.pool_price):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, name, pool.get("name"))
+        for direction in ("up", "down"):
+            with contextlib.suppress(KeyError):
+                memo.metrics.scale_decisions.remove(namespace, name, pool.get("name"), direction)
 
 
 @kopf.timer(*CLUSTER, interval=RESYNC_S, initial_delay=RESYNC_S)

@@ -9,7 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cosine_spec import metric_names as names
+from cosine_spec.scaling_loop import STAGES
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+SCRAPE_ROLES = ("verifier", "drafter", "prometheus")
+RECONCILE_EVENTS = ("create", "update", "resume", "resync")  # what the autoscaler scrapes: pods by role, or Prometheus
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class OperatorMetrics:
     def create(cls) -> OperatorMetrics:
         """The metrics in a fresh registry of their own."""
         registry = CollectorRegistry()
-        return cls(
+        metrics = cls(
             registry=registry,
             reconciles=Counter(
                 "cosine_operator_reconciles",
@@ -74,6 +78,21 @@ class OperatorMetrics:
                 registry=registry,
             ),
         )
+        # failure-only counters exist at 0 from the start (Prometheus's advice against missing
+        # series): a panel or alert over them sees the healthy operator, and rate() its first failure
+        for role in SCRAPE_ROLES:
+            metrics.scrape_failures.labels(role)
+        for stage in STAGES:
+            metrics.autoscaler_errors.labels(stage)
+        for event in RECONCILE_EVENTS:
+            metrics.reconciles.labels(event, "ok")
+            metrics.reconciles.labels(event, "error")
+        return metrics
+
+    def pool_reconciled(self, namespace: str, cluster: str, pool: str) -> None:
+        """A pool's scale-decision series at 0 (up and down) once its cluster is reconciled."""
+        for direction in ("up", "down"):
+            self.scale_decisions.labels(namespace, cluster, pool, direction)
 
     def serve(self, port: int) -> None:
         """Serve ``/metrics`` on ``port`` (a daemon thread)."""
