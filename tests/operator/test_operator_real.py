@@ -350,22 +350,22 @@ def test_gke_router_policies_are_made_valid_and_dropped_with_the_provider(real_o
     the picker's NetworkPolicy admits GKE's health checkers to 9003; back to ``none``, the policies
     go and the rest of the router stays."""
     kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-",
-            stdin=json.dumps(cluster_body("kappa", router={**ROUTER_ON, "provider": "gke"})))
-    uid = kube.get(CLUSTERS, NS, "kappa")["metadata"]["uid"]
+            stdin=json.dumps(cluster_body("gkepol", router={**ROUTER_ON, "provider": "gke"})))
+    uid = kube.get(CLUSTERS, NS, "gkepol")["metadata"]["uid"]
     for resource in (GCPBACKENDPOLICIES, HEALTHCHECKPOLICIES):
-        obj = wait_for(lambda: kube.get(resource, NS, "kappa-router"), what=resource)  # noqa: B023
+        obj = wait_for(lambda: kube.get(resource, NS, "gkepol-router"), what=resource)  # noqa: B023
         assert [r["uid"] for r in obj["metadata"]["ownerReferences"]] == [uid]
-    assert kube.get(GCPBACKENDPOLICIES, NS, "kappa-router")["spec"]["default"]["timeoutSec"] == 300
-    policy = wait_for(lambda: kube.get(NETWORKPOLICIES, NS, "kappa-epp"), what="picker policy")
+    assert kube.get(GCPBACKENDPOLICIES, NS, "gkepol-router")["spec"]["default"]["timeoutSec"] == 300
+    policy = wait_for(lambda: kube.get(NETWORKPOLICIES, NS, "gkepol-epp"), what="picker policy")
     health = [rule for rule in policy["spec"]["ingress"] if rule["ports"] == [{"protocol": "TCP", "port": 9003}]]
     assert health and {p["ipBlock"]["cidr"] for p in health[0]["from"]} == {"35.191.0.0/16", "130.211.0.0/22"}
 
     none = json.dumps({"spec": {"router": {"provider": "none"}}})
-    kubectl(router, "patch", "csc", "kappa", "--type", "merge", "-p", none)
+    kubectl(router, "patch", "csc", "gkepol", "--type", "merge", "-p", none)
     for resource in (GCPBACKENDPOLICIES, HEALTHCHECKPOLICIES):
-        wait_for(lambda: kube.get(resource, NS, "kappa-router") is None, what=f"{resource} deleted")  # noqa: B023
-    assert kube.get(INFERENCEPOOLS, NS, "kappa-router") is not None
-    _delete(router, "kappa")
+        wait_for(lambda: kube.get(resource, NS, "gkepol-router") is None, what=f"{resource} deleted")  # noqa: B023
+    assert kube.get(INFERENCEPOOLS, NS, "gkepol-router") is not None
+    _delete(router, "gkepol")
 
 
 def _delete(router: ApiRouter, name: str) -> None:
