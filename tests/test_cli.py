@@ -110,3 +110,11 @@ def test_serve_reads_its_placement_without_the_bench_or_the_simulator():
             "print(sorted(m for m in sys.modules if m.startswith(('cosine.tooling', 'cosine.simulation'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_bench_help_names_every_system():
+    from cosine.cli import BENCH_SYSTEMS_HELP
+    from cosine.tooling.bench_results import ABLATIONS, DEFAULT_SYSTEMS
+
+    assert BENCH_SYSTEMS_HELP.startswith(",".join(DEFAULT_SYSTEMS) + " (the default), ")
+    assert all(a in BENCH_SYSTEMS_HELP for a in ABLATIONS)

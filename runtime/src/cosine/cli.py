@@ -255,10 +255,16 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     g.set_defaults(func=_generate)
 
 
+# written out, not imported: every `cosine` command builds this parser, and the serving commands
+# load no tooling (tests/test_cli.py checks the text names every system of bench_results)
+BENCH_SYSTEMS_HELP = ("vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine,cosine-draft (the default), "
+                      "cosine-nofusion, cosine-nobranch, cosine-acceptance, cosine-draft-nolookup (ablations); "
+                      "cosine-draft is CoSine with --drafter as the engine's own drafter (spec.verifier.speculator) "
+                      "at --peer-k")
+
+
 def _add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """`cosine bench`: CoSine against vLLM's own speculation on the same prompts."""
-    from cosine.tooling.bench_results import ABLATIONS, DEFAULT_SYSTEMS
-
     be = sub.add_parser("bench", help="vLLM target-only, its ngram, suffix and draft_model speculation and CoSine "
                         "on vLLM, as servers, on the same prompts; JSON + plot")
     be.add_argument("--cluster", type=Path, default=None,
@@ -282,9 +288,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     be.add_argument("--limit", type=int, default=0, help="prompts per domain (0 = all)")
     be.add_argument("--max-tokens", type=int, default=64)
     be.add_argument("--systems", default="",
-                    help=f"{','.join(DEFAULT_SYSTEMS)} (the default), {', '.join(ABLATIONS)} (ablations); "
-                         "cosine-draft is CoSine with --drafter as the engine's own drafter "
-                         "(spec.verifier.speculator) at --peer-k")
+                    help=BENCH_SYSTEMS_HELP)
     be.add_argument("--concurrency", default="1,4,8",
                     help="concurrency levels, e.g. 1,4,8: closed-loop clients, or with --request-rate the most "
                          "requests in flight")
