@@ -18,6 +18,7 @@ Run ``python tests/operator/prometheus_tools.py`` (``make prometheus``) to provi
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -92,3 +93,42 @@ def provision_all(log=print) -> list[Prometheus]:  # type: ignore[no-untyped-def
 if __name__ == "__main__":
     for found in provision_all():
         print(f"{found.prometheus}\n{found.promtool}\nversion {found.version}")
+
+
+def chart_rules(operator_job: str, workloads_job: str) -> list:  # type: ignore[type-arg]
+    """The chart's alerting and recording rules (files/alerts.yaml) with its placeholders filled as
+    the PrometheusRule template fills them: their groups."""
+    import yaml
+
+    rules = (Path(__file__).resolve().parents[2] / "charts" / "cosine-operator" / "files" / "alerts.yaml").read_text()
+    for placeholder, value in (("__RUNBOOK_URL__", "https://example.com"), ("__TPOT_SLO_SECONDS__", "0.1"),
+                               ("__FAST_BURN__", "0.144"), ("__SLOW_BURN__", "0.06"),
+                               ("__OPERATOR_JOB__", operator_job), ("__OPERATOR_NAMESPACE__", "cosine-system"),
+                               ("__WORKLOADS_JOB__", workloads_job)):
+        rules = rules.replace(placeholder, value)
+    return yaml.safe_load(rules)
+
+
+@contextlib.contextmanager
+def servers_2_and_3(config_dir: Path):  # type: ignore[no-untyped-def]
+    """Prometheus 2.x and 3.x running side by side on `config_dir`/prometheus.yml, each on a free
+    loopback port with its own storage there: yields [(version, API base URL, process)], stopped after."""
+    import socket
+    import subprocess
+
+    servers = []
+    try:
+        for tools in provision_all():
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            servers.append((tools.version, f"http://127.0.0.1:{port}/api/v1", subprocess.Popen(
+                [str(tools.prometheus), f"--config.file={config_dir / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={config_dir / tools.version}", f"--web.listen-address=127.0.0.1:{port}"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        assert [v.split(".")[0] for v, _, _ in servers] == ["2", "3"], [v for v, _, _ in servers]
+        yield servers
+    finally:
+        for _, _, prom in servers:
+            prom.terminate()
+            prom.wait(30)

@@ -215,7 +215,7 @@ def test_prometheus_2_and_3_read_every_operator_panel_and_alert_series(chart: An
 
     import httpx
     import yaml
-    from prometheus_tools import provision_all
+    from prometheus_tools import chart_rules, servers_2_and_3
 
     root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("dashboards", root / "tools" / "dashboards.py")
@@ -228,61 +228,44 @@ def test_prometheus_2_and_3_read_every_operator_panel_and_alert_series(chart: An
     _create(router, "prom1")
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "prom1-verifier"), timeout_s=90, what=f"reconciled; log {operator.log}")
     job = "operator"
-    rules = (root / "charts" / "cosine-operator" / "files" / "alerts.yaml").read_text()
-    for placeholder, value in (("__RUNBOOK_URL__", "https://example.com"), ("__TPOT_SLO_SECONDS__", "0.1"),
-                               ("__FAST_BURN__", "0.144"), ("__SLOW_BURN__", "0.06"), ("__OPERATOR_JOB__", job),
-                               ("__OPERATOR_NAMESPACE__", "cosine-system"),
-                               ("__WORKLOADS_JOB__", "cosine-system/cosine-workloads")):
-        rules = rules.replace(placeholder, value)
-    groups = yaml.safe_load(rules)
+    groups = chart_rules(job, "cosine-system/cosine-workloads")
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(tmp_path / "rules.yaml")],
         "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{operator.metrics_port}"]}],
                             "relabel_configs": [{"target_label": "namespace", "replacement": "cosine-system"}]}]}))
-    servers = []
     try:
-        for tools in provision_all():
-            port = _free_port()
-            servers.append((tools.version, f"http://127.0.0.1:{port}/api/v1", subprocess.Popen(
-                [str(tools.prometheus), f"--config.file={tmp_path / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={tmp_path / tools.version}", f"--web.listen-address=127.0.0.1:{port}"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
-        assert [v.split(".")[0] for v, _, _ in servers] == ["2", "3"], [v for v, _, _ in servers]
+        with servers_2_and_3(tmp_path) as servers:
+            def scraped(api: str) -> bool:
+                try:
+                    targets = httpx.get(f"{api}/targets", timeout=2).json()["data"]["activeTargets"]
+                except (httpx.HTTPError, ValueError, KeyError):
+                    return False
+                return bool(targets) and all(t["health"] == "up" for t in targets)
 
-        def scraped(api: str) -> bool:
-            try:
-                targets = httpx.get(f"{api}/targets", timeout=2).json()["data"]["activeTargets"]
-            except (httpx.HTTPError, ValueError, KeyError):
-                return False
-            return bool(targets) and all(t["health"] == "up" for t in targets)
-
-        for _, api, _ in servers:
-            wait_for(lambda api=api: scraped(api), timeout_s=60, what="the operator scraped")
-        time.sleep(4)  # a few scrapes, and the rules evaluated on them
-        checks = [(title, q.replace("$namespace", ".*").replace("$cluster", ".*").replace("$pool", ".*"))
-                  for title, q in dashboards.queries("cosine-operator")]
-        operator_rules = [r for g in groups for r in g["rules"] if "cosine_operator_" in r.get("expr", "")
-                          or "__OPERATOR" in r.get("expr", "") or r.get("alert", "").startswith("CoSineOperator")]
-        named = set(re.findall(r"cosine_operator_[a-z_]+", "\n".join(r["expr"] for r in operator_rules)))
-        empty = []
-        for version, api, _ in servers:
-            for title, q in checks:
-                result = httpx.get(f"{api}/query", params={"query": q}).json()
-                assert result["status"] == "success", (version, title, result)
-                if not result["data"]["result"]:
-                    empty.append((version, title, q))
-            names = set(httpx.get(f"{api}/label/__name__/values").json()["data"])
-            missing = {n for n in named if n not in names and f"{n}_total" not in names
-                       and not any(x.startswith(n + "_") for x in names)}
-            assert not missing, (version, sorted(missing))
-            assert not {n for n in names if n.startswith("cosine:")}, version
-            firing = httpx.get(f"{api}/alerts").json()["data"]["alerts"]
-            assert not [a for a in firing if a["labels"]["alertname"] == "CoSineOperatorDown"], (version, firing)
-        assert not empty, empty
+            for _, api, _ in servers:
+                wait_for(lambda api=api: scraped(api), timeout_s=60, what="the operator scraped")
+            time.sleep(4)  # a few scrapes, and the rules evaluated on them
+            checks = [(title, q.replace("$namespace", ".*").replace("$cluster", ".*").replace("$pool", ".*"))
+                      for title, q in dashboards.queries("cosine-operator")]
+            operator_rules = [r for g in groups for r in g["rules"] if "cosine_operator_" in r.get("expr", "")
+                              or "__OPERATOR" in r.get("expr", "") or r.get("alert", "").startswith("CoSineOperator")]
+            named = set(re.findall(r"cosine_operator_[a-z_]+", "\n".join(r["expr"] for r in operator_rules)))
+            empty = []
+            for version, api, _ in servers:
+                for title, q in checks:
+                    result = httpx.get(f"{api}/query", params={"query": q}).json()
+                    assert result["status"] == "success", (version, title, result)
+                    if not result["data"]["result"]:
+                        empty.append((version, title, q))
+                names = set(httpx.get(f"{api}/label/__name__/values").json()["data"])
+                missing = {n for n in named if n not in names and f"{n}_total" not in names
+                           and not any(x.startswith(n + "_") for x in names)}
+                assert not missing, (version, sorted(missing))
+                assert not {n for n in names if n.startswith("cosine:")}, version
+                firing = httpx.get(f"{api}/alerts").json()["data"]["alerts"]
+                assert not [a for a in firing if a["labels"]["alertname"] == "CoSineOperatorDown"], (version, firing)
+            assert not empty, empty
     finally:
-        for _, _, prom in servers:
-            prom.terminate()
-            prom.wait(30)
         kubectl(router, "delete", "cosinecluster", "prom1", "--wait=false", check=False)

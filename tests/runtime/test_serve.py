@@ -291,7 +291,7 @@ class TestFixedCluster:
         import re
         from pathlib import Path
 
-        from tests.operator.prometheus_tools import provision_all
+        from tests.operator.prometheus_tools import chart_rules, servers_2_and_3
 
         root = Path(__file__).resolve().parents[2]
         spec = importlib.util.spec_from_file_location("dashboards", root / "tools" / "dashboards.py")
@@ -317,26 +317,12 @@ class TestFixedCluster:
              "relabel_configs": [{"target_label": k, "replacement": v} for k, v in
                                  (("job", label), ("namespace", "prod"), ("cluster", c), ("component", component))]}
             for job, (targets, component, label) in jobs.items() for c in clusters]
-        rules = (root / "charts" / "cosine-operator" / "files" / "alerts.yaml").read_text()
-        for placeholder, value in (("__RUNBOOK_URL__", "https://example.com"), ("__TPOT_SLO_SECONDS__", "0.1"),
-                                   ("__FAST_BURN__", "0.144"), ("__SLOW_BURN__", "0.06"),
-                                   ("__OPERATOR_JOB__", "operator"), ("__OPERATOR_NAMESPACE__", "cosine-system"),
-                                   ("__WORKLOADS_JOB__", workloads)):
-            rules = rules.replace(placeholder, value)
-        groups = yaml.safe_load(rules)
+        groups = chart_rules("operator", workloads)
         (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(tmp_path / "rules.yaml")], "scrape_configs": scrape_configs}))
-        servers = []  # (version, API base, process)
-        try:
-            for tools in provision_all():
-                port = free_port()
-                servers.append((tools.version, f"http://127.0.0.1:{port}/api/v1", subprocess.Popen(
-                    [str(tools.prometheus), f"--config.file={tmp_path / 'prometheus.yml'}",
-                     f"--storage.tsdb.path={tmp_path / tools.version}", f"--web.listen-address=127.0.0.1:{port}"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
-            assert [v.split(".")[0] for v, _, _ in servers] == ["2", "3"], [v for v, _, _ in servers]
+        with servers_2_and_3(tmp_path) as servers:
             expected_targets = sum(len(targets) for targets, _, _ in jobs.values()) * len(clusters)
             deadline = time.monotonic() + 90
             for version, api, prom in servers:  # every target scraped once before the load
@@ -385,10 +371,6 @@ class TestFixedCluster:
                 names = set(httpx.get(f"{api}/label/__name__/values").json()["data"])
                 assert named and named <= names, (version, sorted(named - names))
                 assert not {n for n in names if n.startswith("cosine:")}, version
-        finally:
-            for _, _, prom in servers:
-                prom.terminate()
-                prom.wait(30)
 
     def test_sigkill_while_serving_leaves_no_child(self, cluster):
         """Last of the class (it ends the cluster). Catches: vLLM's server, engine core and
