@@ -161,3 +161,37 @@ def test_the_engine_drafters_paid_draft_is_not_cut_by_the_path_floor():
     q = CoSineProposer(_settings(4), sources=[lookup])
     q.observe_step(StepRecord(0.1, 1))
     assert 0 < len(q.propose({"r": ctx})["r"]) < 4
+
+
+def test_the_engine_drafter_drafts_no_deeper_than_the_proposer_verifies():
+    """`engine_draft_len` (vLLM's `num_spec_tokens_to_schedule`): the full k before any engine draft
+    was verified; down to 1 (the drafter's first forward runs at any depth) when the head's drafts
+    are rejected; back up, a token a step, once they are accepted (one pass curve throughout)."""
+    engine = EngineSource("eagle3")
+    p = CoSineProposer(_settings(4), sources=[engine])
+    assert p.engine_draft_len() == 4
+    ctx = list(range(20))
+
+    def step(right: bool) -> list[int]:
+        depth = p.engine_draft_len()
+        offered = [ctx[-1] + 1 + i if right else 5000 + i for i in range(depth)]
+        engine.offer({"r": offered})
+        draft = p.propose({"r": ctx})["r"]
+        assert len(draft) <= depth
+        accepted = next((i for i, t in enumerate(draft) if t != ctx[-1] + 1 + i), len(draft))
+        p.observe_step(StepRecord(0.1 + 0.01 * len(draft), 1 + len(draft),
+                                  (RequestOutcome("r", len(draft), accepted, p.source_of("r")),)))
+        ctx.extend(ctx[-1] + 1 + i for i in range(accepted + 1))
+        return draft
+
+    depths = []
+    for _ in range(30):  # rejected: k and the depth fall
+        step(False)
+        depths.append(p.engine_draft_len())
+    assert min(depths) == 1 and depths[-1] <= 2, depths
+    depths = []
+    for _ in range(60):  # accepted: back to the full depth, never past it
+        step(True)
+        depths.append(p.engine_draft_len())
+    assert depths[-1] == 4 and max(depths) == 4, depths
+    assert all(b - a <= 1 for a, b in zip(depths, depths[1:], strict=False)), depths

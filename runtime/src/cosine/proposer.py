@@ -177,6 +177,7 @@ class _Request:
     hits: dict[str, float] = field(default_factory=dict)  # local source -> EMA of steps it had a draft
     unverified: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)  # local source -> (context
     # length, its candidate) of the last step, where another source's draft (or none) was verified
+    engine_k: int | None = None  # k last chosen for a draft of the engine's own drafter (None: none yet)
 
 
 class CoSineProposer:
@@ -223,6 +224,7 @@ class CoSineProposer:
         s = settings
         self.sources = list(sources)
         self._paid = {src.name for src in self.sources if src.where == Where.ENGINE}  # drafted whatever wins
+        self._engine_depth = settings.speculation.max_draft_len  # `engine_draft_len`, set by each `propose`
         self.settings = s
         self.profiles = [routing.DrafterProfile(n, tuple((expertise or {}).get(n, ()))) for n in names]
         self.classify = classify
@@ -281,6 +283,7 @@ class CoSineProposer:
         base = sum(1 for _ in contexts)  # each request's pending token
         drafts: dict[str, list[int]] = {}
         drafted = 0  # draft tokens given to the requests before this one (a running sum: O(1) per request)
+        engine_k = -1  # the most draft tokens of the engine's drafter a request may take next (-1: none known)
         for rid, ctx in contexts.items():
             req = self._requests.get(rid)
             if req is None:
@@ -297,6 +300,9 @@ class CoSineProposer:
                 k = min(k, max(0, self.settings.max_model_len - len(ctx) - 1))
             drafts[rid] = list(tokens[:k])
             drafted += len(drafts[rid])
+            if source in self._paid:
+                req.engine_k = k
+            engine_k = max(engine_k, self.settings.speculation.max_draft_len if req.engine_k is None else req.engine_k)
             if k:
                 req.unverified.pop(source, None)  # verified: its outcome is the engine's to report
             req.last_source = source if k else ""
@@ -305,7 +311,21 @@ class CoSineProposer:
                 req.last_confidence = sum(path[:k]) / k
             req.steps += 1
             self._request_pool_drafts(rid, req, ctx, drafts[rid])
+        if self._paid:
+            k_max = self.settings.speculation.max_draft_len
+            self._engine_depth = k_max if engine_k < 0 else max(1, min(k_max, engine_k + 1))
         return drafts
+
+    def engine_draft_len(self) -> int:
+        """How many tokens the engine's own drafter should draft after the coming step (vLLM's
+        `SchedulerOutput.num_spec_tokens_to_schedule`, its dynamic speculative decoding's seam):
+        one more than the most any request of the last `propose` took of its engine draft (a
+        request's k for the source grows by at most one a step: `speculation_control`'s probes),
+        `max_draft_len` while a request has not had one, at least 1 (vLLM runs the drafter's first
+        forward at any depth). Drafting past what goodput verifies costs the verifier's step a
+        drafter forward per token for nothing (about a third of a pass each for the 0.5B drafter
+        of a 1.5B target on CPU); within the bound, the measured pass curve prices each token."""
+        return self._engine_depth
 
     def prefetch(self, request_id: str, prompt: Sequence[int]) -> None:
         """A request the engine starts prefilling: route it and ask its pools for a first draft

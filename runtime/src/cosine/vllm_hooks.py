@@ -18,7 +18,10 @@ two speculative seams, and CoSine uses both, touching no engine internals:
   the same drafts to every rank, so ranks agree by construction.
 `update_from_output` is wrapped to read each request's outcome (draft tokens scheduled, tokens
 sampled = accepted + 1) and `schedule` to time the step, which is what the speculation control
-learns from (measured step times, not a start-up guess).
+learns from (measured step times, not a start-up guess). With an engine drafter, `schedule` also
+sets how deep the worker drafts after the step (`SchedulerOutput.num_spec_tokens_to_schedule`, the
+seam of vLLM's dynamic speculative decoding): no deeper than the proposer will verify
+(`CoSineProposer.engine_draft_len`).
 
 Settings reach the engine-core process through vLLM's `additional_config` under the key
 `"cosine"` (a JSON-able dict, see `proposer_config`); no environment variables.
@@ -205,6 +208,12 @@ def _engine_drafter_seam_problems() -> list[str]:
         from vllm.v1.worker.cpu_worker import CPUWorker  # noqa: F401
     except ImportError:
         problems.append("vllm.v1.worker.cpu_worker.CPUWorker is gone")
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    if "num_spec_tokens_to_schedule" not in SchedulerOutput.__dataclass_fields__ or \
+            "num_speculative_tokens=num_spec_tokens_to_schedule" not in \
+            inspect.getsource(gpu_model_runner.GPUModelRunner.propose_draft_token_ids):
+        problems.append("the engine drafter's depth no longer follows SchedulerOutput.num_spec_tokens_to_schedule")
     return problems
 
 
@@ -373,9 +382,13 @@ class CoSineScheduler(Scheduler):
                                               replicas=self.cosine.replica_stats, suffix=self.suffix)
 
     def schedule(self, *args: Any, **kwargs: Any):
-        """vLLM's schedule, timed from here; new requests' prompts are prefetched to their pools."""
+        """vLLM's schedule, timed from here; new requests' prompts are prefetched to their pools.
+        With an engine drafter, the step's `num_spec_tokens_to_schedule` (how deep the worker
+        drafts after it) is the proposer's `engine_draft_len`."""
         self._step_t0 = time.perf_counter()
         out = super().schedule(*args, **kwargs)
+        if self.engine_source is not None:
+            out.num_spec_tokens_to_schedule = min(self.num_spec_tokens, self.cosine.engine_draft_len())
         for new in out.scheduled_new_reqs:  # pools take in the prompt while the target prefills it
             if new.prompt_token_ids:
                 self.cosine.prefetch(new.req_id, new.prompt_token_ids)
