@@ -195,3 +195,20 @@ def test_the_engine_drafter_drafts_no_deeper_than_the_proposer_verifies():
         depths.append(p.engine_draft_len())
     assert depths[-1] == 4 and max(depths) == 4, depths
     assert all(b - a <= 1 for a, b in zip(depths, depths[1:], strict=False)), depths
+
+
+def test_a_short_confident_candidate_does_not_cut_off_a_longer_one_worth_more():
+    """Where candidates part at the first token, the chosen draft is the one with the most expected
+    accepted tokens: the head's four tokens at 0.4 each (0.4 + 0.16 + ...) over lookup's one token
+    at 0.5, though lookup's first token scores higher; and lookup's when its draft is worth more."""
+    from cosine.fusion import DraftPath
+
+    p = CoSineProposer(_settings(4), sources=[])
+    head = DraftPath("eagle3", (1, 2, 3, 4), (0.4,) * 4)
+    short = DraftPath("lookup", (9,), (0.5,))
+    weights = {"eagle3": 0.4, "lookup": 0.5}
+    assert p.chooser.fuse([head, short], weights)[:2] == ((1, 2, 3, 4), "eagle3")
+    copy = DraftPath("lookup", (9, 8, 7, 6), (0.5, 1.0, 1.0, 1.0))
+    assert p.chooser.fuse([head, copy], weights)[:2] == ((9, 8, 7, 6), "lookup")
+    agree = DraftPath("lookup", (1, 2, 3, 4), (0.9,) * 4)  # agreeing candidates: the fused chain
+    assert p.chooser.fuse([head, agree], weights)[0] == (1, 2, 3, 4)

@@ -22,7 +22,7 @@ from dataclasses import replace
 from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine import speculation_control as sc
-from cosine.fusion import DraftPath, fused_chain
+from cosine.fusion import DraftPath, fused_chain, token_score
 
 Counts = dict[str, tuple[float, float]]  # source -> decayed (accepted, predicted) tokens
 
@@ -95,13 +95,27 @@ class DraftChooser:
         """The chain of `paths` (candidates, each token's probability given the ones before it),
         at most `max_draft_len` long, the source of its first token and each token's path
         probability: one candidate as it is; several fused by confidence, `weights` (each
-        source's acceptance rate for the request) breaking ties (`fusion.fused_chain`)."""
+        source's acceptance rate for the request) breaking ties (`fusion.fused_chain`), unless one
+        candidate alone has more expected accepted tokens (`expected_tokens` of the tokens'
+        `fusion.token_score`s) than the fused chain: then that candidate."""
         k_max = self.speculation.max_draft_len
         if not paths:
             return (), "", ()
         if len(paths) == 1:
             return paths[0].token_ids[:k_max], paths[0].drafter, path_of(paths[0].confidences[:k_max])
         chain, winners = fused_chain(paths, k_max, weights)
+        # the fused chain follows the likeliest next token at each position; where candidates part,
+        # a short confident one can cut a longer one off that is worth more: verify whichever of
+        # the fused chain and each candidate alone has the most expected accepted tokens (the sum
+        # of its path scores; ties to the fused chain)
+        best, best_value = None, expected_tokens(
+            [token_score(w.confidences[i], weights.get(w.drafter, 1.0)) for i, w in enumerate(winners)])
+        for p in paths:
+            value = expected_tokens([token_score(c, weights.get(p.drafter, 1.0)) for c in p.confidences[:k_max]])
+            if value > best_value:
+                best, best_value = p, value
+        if best is not None:
+            return best.token_ids[:k_max], best.drafter, path_of(best.confidences[:k_max])
         confs = [w.confidences[i] for i, w in enumerate(winners)]
         return chain, winners[0].drafter if winners else "", path_of(confs)
 
@@ -120,6 +134,17 @@ class DraftChooser:
         control = self._paid_control if paid else self.control
         state, k = sc.next_draft_len(state, self.speculation, control, cost, path if by_path else None)
         return state, min(k, len(path))
+
+
+def expected_tokens(scores: Sequence[float]) -> float:
+    """Expected accepted tokens of a chain whose tokens are accepted each with probability
+    `scores[i]` given the ones before: the sum of its path probabilities (Leviathan et al. 2023,
+    arXiv:2211.17192, §3.5, with per-token rates)."""
+    total, path = 0.0, 1.0
+    for q in scores:
+        path *= q
+        total += path
+    return total
 
 
 def conditional(path: Sequence[float]) -> tuple[float, ...]:
