@@ -30,8 +30,10 @@ drafter, `SimSetup.engine_drafter`, drafts its fixed k for every request before 
 `draft_model`, or `eagle3`/`mtp` with a head); `cosine` (the proposer, with every draft source the
 setup has: the engine's drafter as an `EngineSource` offered its drafts each step, as
 `vllm_hooks.CoSineScheduler.update_draft_token_ids` offers vLLM's; prompt lookup if the setup has
-a `LookupModel`; the pools). An engine drafter is paid for its k forwards over the whole batch
-every step, whichever draft the step verifies (its forward runs even where k = 0 wins).
+a `LookupModel`; the pools). An engine drafter is paid for its forwards over the whole batch
+every step, whichever draft the step verifies (its first forward runs even where k = 0 wins): k of
+them in vanilla; in cosine as many as the proposer will verify (`CoSineProposer.engine_draft_len`,
+vLLM's `num_spec_tokens_to_schedule`), as `vllm_hooks.CoSineScheduler` asks of vLLM.
 
 The simulator's inputs are `setup`'s (re-exported here), its drafters `drafting`'s, its output
 `results.SimResult`.
@@ -109,6 +111,8 @@ class _Cluster:
         self.sim_pools = {p.name: SimPool(p, self) for p in setup.pools}
         self.proposers: list[CoSineProposer] = []  # one per verifier replica, as each serving replica has its own
         self.engines: list[EngineSource] = []  # each proposer's engine-drafter source (one per replica)
+        self.head_depth = [setup.engine_drafter.k if setup.engine_drafter else 0] * setup.verifier.replicas  # tokens
+        # the engine drafter drafts for each replica's next step (cosine: the proposer's `engine_draft_len`)
         if setup.mode == "cosine":
             if setup.engine_drafter is not None:
                 self.engines = [EngineSource(setup.engine_drafter.name) for _ in range(setup.verifier.replicas)]
@@ -280,7 +284,7 @@ class _Cluster:
             kv = sum(seq.spec.prompt_tokens - seq.prefill_left + seq.emitted for seq, _ in step)
             pass_s = v.pass_s(tokens, kv)
             decodes = [seq for seq, _ in step if seq.prefill_left == 0]
-            pass_s += self._overheads_s(len(decodes))
+            pass_s += self._overheads_s(len(decodes), self.head_depth[replica])
             yield self.env.timeout(pass_s)
             self.out.verifier_busy_s += pass_s
             self.window["busy_s"] += pass_s
@@ -297,14 +301,15 @@ class _Cluster:
                 self.out.proposer_steps += 1
             self._draft(running, proposer)
 
-    def _overheads_s(self, decodes: int) -> float:
+    def _overheads_s(self, decodes: int, depth: int) -> float:
         """What a step of `decodes` decoding requests costs beyond the target's pass: the engine
-        drafter's k forwards over the batch (vanilla and cosine alike, whichever draft wins),
-        async scheduling off, and CoSine's proposer's own CPU time."""
+        drafter's forwards over the batch, `depth` deep (its k in vanilla; in cosine what the
+        proposer asked for, at least one forward), whichever draft wins, async scheduling off, and
+        CoSine's proposer's own CPU time."""
         s, v = self.s, self.s.verifier
         out = 0.0 if s.async_scheduling else v.sync_step_s
         if s.engine_drafter is not None and s.mode != "target-only":
-            out += s.engine_drafter.step_s(decodes)
+            out += s.engine_drafter.step_s(decodes, depth)
         if self.proposers and decodes:
             out += v.proposer_step_s(decodes)
         return out
@@ -349,8 +354,13 @@ class _Cluster:
         if not decodes:
             return
         head = self.s.engine_drafter
-        drafted = {seq.rid: seq.guess(seq.emitted, head.k, self.alpha(seq, head.name)) for seq in decodes} \
-            if head is not None and self.s.mode != "target-only" else {}
+        depth = 0
+        if head is not None and self.s.mode != "target-only":
+            # as `CoSineScheduler.schedule` sets vLLM's `num_spec_tokens_to_schedule`
+            depth = min(head.k, proposer.engine_draft_len()) if proposer is not None else head.k
+            self.head_depth[decodes[0].replica] = depth
+        drafted = {seq.rid: seq.guess(seq.emitted, depth, self.alpha(seq, head.name)) for seq in decodes} \
+            if depth else {}
         if proposer is not None:
             if self.engines:
                 self.engines[decodes[0].replica].offer(drafted)

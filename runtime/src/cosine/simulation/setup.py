@@ -69,9 +69,10 @@ class EngineDrafterModel:
     k: int
     draft_token_s: Callable[[int], float]
 
-    def step_s(self, batch: int) -> float:
-        """What the drafter adds to a step of `batch` decoding requests: k forwards over the batch."""
-        return self.k * self.draft_token_s(batch) if batch else 0.0
+    def step_s(self, batch: int, depth: int | None = None) -> float:
+        """What the drafter adds to a step of `batch` decoding requests: `depth` forwards over the
+        batch (default k; at least one: vLLM runs the first at any depth)."""
+        return max(1, self.k if depth is None else depth) * self.draft_token_s(batch) if batch else 0.0
 
 
 @dataclass(frozen=True)
