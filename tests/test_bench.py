@@ -189,6 +189,8 @@ def test_derived_manifest_ablations_and_split_threads():
         (("maxDraftLen", 4),), (2, 1), ("draftModel", "qwen-0.5b"))
     assert vllm_bench._manifest_variant("cosine-draft-nolookup", "lookup", [0, 1], "qwen-0.5b", 3)[0] == (
         ("maxDraftLen", 3), ("promptLookup", False))
+    assert vllm_bench._manifest_variant("cosine-draft-k8", "lookup", [0, 1], "qwen-0.5b", 4)[0] == (
+        ("maxDraftLen", 8),)  # its own bound, the drafter's depth following the k chosen
     with_head = vllm_bench.derived_manifest(source, speculator={"method": "draftModel", "model": "qwen-0.5b"})
     assert with_head["spec"]["verifier"]["speculator"] == {"method": "draftModel", "model": "qwen-0.5b"}
     nobranch = vllm_bench.derived_manifest(source, speculation=dict(bench_results.ABLATIONS["cosine-nobranch"]))

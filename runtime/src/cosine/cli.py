@@ -258,9 +258,9 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
 # written out, not imported: every `cosine` command builds this parser, and the serving commands
 # load no tooling (tests/test_cli.py checks the text names every system of bench_results)
 BENCH_SYSTEMS_HELP = ("vllm,vllm-ngram,vllm-suffix,vllm-draft,cosine-lookup,cosine,cosine-draft (the default), "
-                      "cosine-nofusion, cosine-nobranch, cosine-acceptance, cosine-draft-nolookup (ablations); "
-                      "cosine-draft is CoSine with --drafter as the engine's own drafter (spec.verifier.speculator) "
-                      "at --peer-k")
+                      "cosine-nofusion, cosine-nobranch, cosine-acceptance, cosine-draft-nolookup, "
+                      "cosine-draft-k8 (ablations); cosine-draft is CoSine with --drafter as the engine's own "
+                      "drafter (spec.verifier.speculator) at --peer-k")
 
 
 def _add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

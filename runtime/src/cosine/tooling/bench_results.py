@@ -23,10 +23,14 @@ from cosine.placement import EVIDENCE_KEY, Evidence, evidence_document
 
 ABLATIONS = {"cosine-nofusion": {"fusion": False}, "cosine-nobranch": {"branches": 0},
              "cosine-acceptance": {"draftLength": "acceptanceRate"},
-             "cosine-draft-nolookup": {"promptLookup": False}}  # spec.speculation overrides
+             "cosine-draft-nolookup": {"promptLookup": False},
+             "cosine-draft-k8": {"maxDraftLen": 8}}  # spec.speculation overrides
 # CoSine with the engine's own drafter (spec.verifier.speculator: the bench's drafter model in
-# vLLM's draft_model, at vllm-draft's k), as `vllm-draft` runs it alone
-SPECULATOR_SYSTEMS = {"cosine-draft": "draftModel", "cosine-draft-nolookup": "draftModel"}
+# vLLM's draft_model, k bounded by vllm-draft's k unless the ablation sets it: cosine-draft-k8
+# bounds it by `cosine serve`'s default 8, the drafter's depth following the k chosen), as
+# `vllm-draft` runs it alone
+SPECULATOR_SYSTEMS = {"cosine-draft": "draftModel", "cosine-draft-nolookup": "draftModel",
+                      "cosine-draft-k8": "draftModel"}
 SYSTEMS = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-draft", "cosine-lookup", "cosine", "cosine-draft", *ABLATIONS)
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in ABLATIONS)
 CLUSTERS = ("cosine", "cosine-draft", *ABLATIONS)  # the systems that run the embedded cluster (`cosine serve`)

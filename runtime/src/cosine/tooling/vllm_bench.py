@@ -275,13 +275,14 @@ def _manifest_variant(system: str, placement: str, cpus: Sequence[int], drafter_
                       peer_k: int = 4) -> Variant:
     """(spec.speculation overrides, threads, speculator) of the manifest copy a system runs from;
     ((), None, ()) = the input manifest. A system with the engine's own drafter
-    (`SPECULATOR_SYSTEMS`) drafts with `drafter_model` at `peer_k` tokens, as `vllm-draft`."""
+    (`SPECULATOR_SYSTEMS`) drafts with `drafter_model`, k bounded by `peer_k` as `vllm-draft`'s
+    unless its ablation sets `maxDraftLen`."""
     if not system.startswith("cosine"):
         return (), None, ()
     overrides = dict(ABLATIONS.get(system, {}))
     speculator: tuple[str, ...] = ()
     if system in SPECULATOR_SYSTEMS:
-        overrides["maxDraftLen"] = peer_k
+        overrides.setdefault("maxDraftLen", peer_k)
         speculator = (SPECULATOR_SYSTEMS[system], drafter_model)
     return tuple(sorted(overrides.items())), placement_threads(placement, len(cpus)), speculator
 
