@@ -23,8 +23,9 @@ pays alone is slower than plain decoding at batch 32.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Protocol
 
@@ -92,6 +93,7 @@ class PassCurve:
         # seconds by token count, filled as asked: the proposer prices every request's draft on
         # one curve per step (tens of thousands of calls a second at 64 requests)
         object.__setattr__(self, "_memo", {})
+        object.__setattr__(self, "_xs", xs)  # the points' token counts, for finding a segment by bisection
 
     def seconds(self, num_tokens: float) -> float:
         """Pass time for `num_tokens` tokens (at least one)."""
@@ -105,9 +107,10 @@ class PassCurve:
         pts, n = self.points, max(1.0, float(num_tokens))
         if len(pts) == 1:
             return pts[0][1]
-        for (x0, y0), (x1, y1) in pairwise(pts):
-            if n <= x1:
-                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        i = bisect_left(self._xs, n)  # type: ignore[attr-defined]  # the first point at or past n
+        if i < len(pts):  # between points i - 1 and i (n = 1: the first segment)
+            (x0, y0), (x1, y1) = pts[max(i, 1) - 1], pts[max(i, 1)]
+            return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
         (x0, y0), (x1, y1) = pts[-2], pts[-1]
         return y1 + (y1 - y0) * (n - x1) / (x1 - x0)
 
@@ -172,12 +175,14 @@ class BatchedCost:
     def __post_init__(self) -> None:
         if self.draft_token_s < 0 or self.other_tokens < 0 or self.num_requests < 1:
             raise ValueError(f"invalid batched cost {self!r}")
+        # the formula's two terms that do not depend on n (verify_s is asked for every k)
+        object.__setattr__(self, "_share", self.curve.seconds(self.num_requests) / self.num_requests)
+        object.__setattr__(self, "_others", self.curve.seconds(self.other_tokens + 1))
 
     def verify_s(self, num_tokens: int) -> float:
         """The request's seconds for verifying `num_tokens` tokens in the shared pass (formula above)."""
-        c, r = self.curve, self.num_requests
-        added = c.seconds(self.other_tokens + num_tokens) - c.seconds(self.other_tokens + 1)
-        return c.seconds(r) / r + added
+        added = self.curve.seconds(self.other_tokens + num_tokens) - self._others  # type: ignore[attr-defined]
+        return self._share + added  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -334,10 +339,16 @@ def next_draft_len(
     else:
         k = best_path_len(path_probs, cost, max_k, settings.min_path_prob)
     if k > 0:
-        return (state if state.steps_since_probe == 0 else replace(state, steps_since_probe=0)), k
+        return (state if state.steps_since_probe == 0 else _probed(state, 0)), k
     if state.steps_since_probe + 1 >= settings.probe_interval_steps:
-        return replace(state, steps_since_probe=0), min(settings.probe_draft_tokens, max_k)
-    return replace(state, steps_since_probe=state.steps_since_probe + 1), 0
+        return _probed(state, 0), min(settings.probe_draft_tokens, max_k)
+    return _probed(state, state.steps_since_probe + 1), 0
+
+
+def _probed(state: SpeculationState, steps_since_probe: int) -> SpeculationState:
+    """`state` with its steps since the last probe set (what `dataclasses.replace` does, without its
+    per-call field introspection: this runs for every request every step)."""
+    return SpeculationState(state.accepted_ema, state.trials_ema, steps_since_probe)
 
 
 def observe(
@@ -352,8 +363,5 @@ def observe(
         return state
     trials = num_accepted + (1 if num_accepted < num_draft_tokens else 0)
     w = settings.ema_weight
-    return replace(
-        state,
-        accepted_ema=(1 - w) * state.accepted_ema + w * num_accepted,
-        trials_ema=(1 - w) * state.trials_ema + w * trials,
-    )
+    return SpeculationState((1 - w) * state.accepted_ema + w * num_accepted, (1 - w) * state.trials_ema + w * trials,
+                            state.steps_since_probe)
