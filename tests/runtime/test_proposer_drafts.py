@@ -23,13 +23,13 @@ import random
 from concurrent.futures import Executor, Future
 
 import pytest
+from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine.drafter import Draft
 from cosine.lookup import SuffixLookup, SuffixSettings
 from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
 from cosine.sources.engine import EngineSource
 from cosine.sources.lookup import LookupSource
-from cosine_spec.cluster_spec import SpeculationSpec
 
 PHRASES, PHRASE_TOKENS, VOCAB = 200, 12, 2000
 

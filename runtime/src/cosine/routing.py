@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 DOMAINS = ("code", "math", "chat", "edit")
 
@@ -51,6 +52,9 @@ class ArmStats:
     rejected: float = 0.0
     confidence_sum: float = 0.0
     drafts: float = 0.0
+
+
+_NO_ARM = ArmStats()  # an arm never observed
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,36 @@ def route(
     return [name for _, name in scored[: settings.max_drafters]]
 
 
+class Outcome(NamedTuple):
+    """One verification outcome for `observe_all`: `observe`'s arguments, the settings aside."""
+
+    drafter: str
+    domain: str
+    num_draft_tokens: int
+    num_accepted: int
+    mean_confidence: float
+
+
+def observe_all(state: RouterState, outcomes: Sequence[Outcome], settings: RoutingSettings) -> RouterState:
+    """`observe` each outcome in turn (one engine step's), building one new state."""
+    arms = dict(state.arms)
+    for o in outcomes:
+        if o.num_draft_tokens > 0:
+            key = (o.drafter, o.domain)
+            arms[key] = _observed(arms.get(key, _NO_ARM), o.num_draft_tokens, o.num_accepted, o.mean_confidence,
+                                  settings.discount)
+    return RouterState(arms)
+
+
+def _observed(arm: ArmStats, num_draft_tokens: int, num_accepted: int, mean_confidence: float,
+              discount: float) -> ArmStats:
+    """The arm after one outcome, the past discounted by `discount`."""
+    g = discount
+    rejected = 1.0 if num_accepted < num_draft_tokens else 0.0  # acceptance stops at the first rejection
+    return ArmStats(accepted=g * arm.accepted + num_accepted, rejected=g * arm.rejected + rejected,
+                    confidence_sum=g * arm.confidence_sum + mean_confidence, drafts=g * arm.drafts + 1)
+
+
 def observe(
     state: RouterState,
     drafter: str,
@@ -146,14 +180,5 @@ def observe(
     if num_draft_tokens <= 0:
         return state
     key = (drafter, domain)
-    arm = state.arms.get(key, ArmStats())
-    g = settings.discount
-    rejected = 1.0 if num_accepted < num_draft_tokens else 0.0  # acceptance stops at the first rejection
-    new = replace(
-        arm,
-        accepted=g * arm.accepted + num_accepted,
-        rejected=g * arm.rejected + rejected,
-        confidence_sum=g * arm.confidence_sum + mean_confidence,
-        drafts=g * arm.drafts + 1,
-    )
+    new = _observed(state.arms.get(key, _NO_ARM), num_draft_tokens, num_accepted, mean_confidence, settings.discount)
     return RouterState({**state.arms, key: new})

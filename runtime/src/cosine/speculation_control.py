@@ -70,6 +70,9 @@ class Cost(Protocol):
         ...
 
 
+_BLOCK_TOKENS = 32  # token counts a `PassCurve` values together when one of them is first asked for
+
+
 @dataclass(frozen=True)
 class PassCurve:
     """Target pass time vs the tokens in the pass (all requests together), in seconds.
@@ -100,8 +103,31 @@ class PassCurve:
         memo: dict[float, float] = self._memo  # type: ignore[attr-defined]
         got = memo.get(num_tokens)
         if got is None:
-            got = memo[num_tokens] = self._interpolate(num_tokens)
+            if type(num_tokens) is int and num_tokens > 1 and len(self.points) > 1:
+                self._value_block(num_tokens)  # the proposer asks for every count of a range each step
+                got = memo[num_tokens]
+            else:
+                got = memo[num_tokens] = self._interpolate(num_tokens)
         return got
+
+    def _value_block(self, n: int) -> None:
+        """Memoise the pass time of `n` and of the integer token counts around it, up to
+        `_BLOCK_TOKENS` of them within its segment (or past the last point), in one pass: each by
+        `_interpolate`'s formula on the same segment, so to the same float, at a fraction of the
+        cost of valuing each alone. n > 1, with two points or more."""
+        pts = self.points
+        i = bisect_left(self._xs, n)  # type: ignore[attr-defined]  # the first point at or past n (i >= 1)
+        if i < len(pts):
+            (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+            lo = x0 + 1 + (n - x0 - 1) // _BLOCK_TOKENS * _BLOCK_TOKENS
+            hi = min(lo + _BLOCK_TOKENS - 1, x1)
+            values = [y0 + (y1 - y0) * (m - x0) / (x1 - x0) for m in map(float, range(lo, hi + 1))]
+        else:
+            (x0, y0), (x1, y1) = pts[-2], pts[-1]
+            lo = x1 + 1 + (n - x1 - 1) // _BLOCK_TOKENS * _BLOCK_TOKENS
+            hi = lo + _BLOCK_TOKENS - 1
+            values = [y1 + (y1 - y0) * (m - x1) / (x1 - x0) for m in map(float, range(lo, hi + 1))]
+        self._memo.update(zip(range(lo, hi + 1), values, strict=True))  # type: ignore[attr-defined]
 
     def _interpolate(self, num_tokens: float) -> float:
         pts, n = self.points, max(1.0, float(num_tokens))
@@ -302,11 +328,13 @@ def best_path_len(path_probs: Sequence[float], cost: Cost, max_k: int, min_path_
     """
     best_k, best = 0, goodput_per_s(0.0, 0, cost)
     value = 1.0
+    verify_s, draft_token_s = cost.verify_s, cost.draft_token_s
     for k in range(1, min(max_k, len(path_probs)) + 1):
-        if path_probs[k - 1] < min_path_prob:
+        p = path_probs[k - 1]
+        if p < min_path_prob:
             break
-        value += min(1.0, max(0.0, path_probs[k - 1]))
-        g = value / (k * cost.draft_token_s + cost.verify_s(k + 1))
+        value += min(1.0, max(0.0, p))
+        g = value / (k * draft_token_s + verify_s(k + 1))
         if g > best * 1.0001:
             best_k, best = k, g
     return best_k
