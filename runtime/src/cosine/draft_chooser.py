@@ -102,8 +102,7 @@ class DraftChooser:
         if len(paths) == 1:
             return paths[0].token_ids[:k_max], paths[0].drafter, path_of(paths[0].confidences[:k_max])
         chain, winners = fused_chain(paths, k_max, weights)
-        confs = [w.confidences[i] for i, w in enumerate(winners)]
-        return chain, winners[0].drafter if winners else "", path_of(confs)
+        return chain, winners[0].drafter if winners else "", path_of([w.confidences[i] for i, w in enumerate(winners)])
 
     def draft_len(self, state: sc.SpeculationState, path: Sequence[float], other_tokens: int,
                   num_requests: int, paid: bool = False) -> tuple[sc.SpeculationState, int]:

@@ -417,21 +417,23 @@ class CoSineProposer:
         if req.unverified:
             self._score_unverified(req, ctx)
         paths: list[DraftPath] = []
+        alphas: dict[str, float] = {}  # each candidate's source's acceptance rate for the request
         hits, states = req.hits, req.states
         for src in self.sources if k_max > 0 else ():
             name = src.name
-            state = states.get(name) or self._initial_state(name, req.domain)
-            cand = src.candidate(rid, ctx, k_max, state.acceptance_rate)
+            alpha = (states.get(name) or self._initial_state(name, req.domain)).acceptance_rate
+            cand = src.candidate(rid, ctx, k_max, alpha)
             hits[name] = PoolPolicy.hit_rate(hits.get(name, 0.5), cand is not None)
             if cand is not None:
                 paths.append(DraftPath(name, cand.token_ids, cand.confidences))
+                alphas[name] = alpha
                 req.unverified[name] = (len(ctx), cand.token_ids)
         for name in req.pools:
             usable = self._arrived(req, name, ctx)
             if usable:
                 paths.append(DraftPath(name, usable[0], usable[1]))
-        weights = {p.drafter: self._state(req, p.drafter).acceptance_rate for p in paths} if len(paths) > 1 else {}
-        return self.chooser.fuse(paths, weights)
+                alphas[name] = self._state(req, name).acceptance_rate
+        return self.chooser.fuse(paths, alphas if len(paths) > 1 else {})
 
     def _state(self, req: _Request, source: str) -> sc.SpeculationState:
         return req.states.get(source) or self._initial_state(source, req.domain)
