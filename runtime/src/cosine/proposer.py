@@ -423,7 +423,8 @@ class CoSineProposer:
             name = src.name
             alpha = (states.get(name) or self._initial_state(name, req.domain)).acceptance_rate
             cand = src.candidate(rid, ctx, k_max, alpha)
-            hits[name] = PoolPolicy.hit_rate(hits.get(name, 0.5), cand is not None)
+            if self.profiles:  # (hit rates weigh pools only: `_skip_reason`)
+                hits[name] = PoolPolicy.hit_rate(hits.get(name, 0.5), cand is not None)
             if cand is not None:
                 paths.append(DraftPath(name, cand.token_ids, cand.confidences))
                 alphas[name] = alpha

@@ -148,19 +148,27 @@ class Outcome(NamedTuple):
 
 
 def observe_all(state: RouterState, outcomes: Sequence[Outcome], settings: RoutingSettings) -> RouterState:
-    """`observe` each outcome in turn (one engine step's), building one new state."""
-    arms = dict(state.arms)
-    for o in outcomes:
-        if o.num_draft_tokens > 0:
-            key = (o.drafter, o.domain)
-            arms[key] = _observed(arms.get(key, _NO_ARM), o.num_draft_tokens, o.num_accepted, o.mean_confidence,
-                                  settings.discount)
-    return RouterState(arms)
+    """`observe` each outcome in turn (one engine step's): the same counts, to the float, with one
+    new state and one `ArmStats` per arm the outcomes touch."""
+    g = settings.discount
+    counts: dict[tuple[str, str], list[float]] = {}  # arm -> [accepted, rejected, confidence_sum, drafts]
+    for drafter, domain, num_draft_tokens, num_accepted, mean_confidence in outcomes:
+        if num_draft_tokens <= 0:
+            continue
+        c = counts.get((drafter, domain))
+        if c is None:
+            arm = state.arms.get((drafter, domain), _NO_ARM)
+            c = counts[(drafter, domain)] = [arm.accepted, arm.rejected, arm.confidence_sum, arm.drafts]
+        c[0] = g * c[0] + num_accepted
+        c[1] = g * c[1] + (1.0 if num_accepted < num_draft_tokens else 0.0)  # it stops at the first rejection
+        c[2] = g * c[2] + mean_confidence
+        c[3] = g * c[3] + 1
+    return RouterState({**state.arms, **{key: ArmStats(*c) for key, c in counts.items()}})
 
 
 def _observed(arm: ArmStats, num_draft_tokens: int, num_accepted: int, mean_confidence: float,
               discount: float) -> ArmStats:
-    """The arm after one outcome, the past discounted by `discount`."""
+    """The arm after one outcome, the past discounted by `discount` (as `observe_all` folds them)."""
     g = discount
     rejected = 1.0 if num_accepted < num_draft_tokens else 0.0  # acceptance stops at the first rejection
     return ArmStats(accepted=g * arm.accepted + num_accepted, rejected=g * arm.rejected + rejected,

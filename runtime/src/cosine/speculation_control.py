@@ -326,9 +326,9 @@ def best_path_len(path_probs: Sequence[float], cost: Cost, max_k: int, min_path_
     acceptance estimate and the path product as a token's value is EAGLE-2's dynamic draft tree
     (Li et al. 2024, arXiv:2406.16858, §4), priced by goodput (SmartSpec, arXiv:2406.14066).
     """
-    best_k, best = 0, goodput_per_s(0.0, 0, cost)
-    value = 1.0
     verify_s, draft_token_s = cost.verify_s, cost.draft_token_s
+    best_k, best = 0, 1.0 / verify_s(1)  # goodput_per_s(alpha, 0, cost): one token a pass
+    value = 1.0
     for k in range(1, min(max_k, len(path_probs)) + 1):
         p = path_probs[k - 1]
         if p < min_path_prob:
