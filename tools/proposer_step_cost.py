@@ -7,11 +7,12 @@ output is kept as package data, so nothing of the tests runs it).
 
     python3 tools/proposer_step_cost.py --out runtime/src/cosine/simulation/data/proposer_step_cost.json
 
-Each figure is the least of `--repeats` runs (the machine is shared). The requests are synthetic:
-256-token prompts and outputs over a 2,000-token vocabulary in which 12-token phrases repeat, so
-lookup finds drafts on part of the steps (as on chat); the head's draft is the target's next
-tokens at a per-token rate of 0.7, k = 5. Measured on whatever CPU runs it: a GPU host's CPU is
-usually faster than a shared 2-core development machine.
+Each figure is the least of `--repeats` runs (the machine is shared), taken round by round over
+every batch size, so a burst of load spoils one run of each figure rather than every run of one.
+The requests are synthetic: 256-token prompts and outputs over a 2,000-token vocabulary in which
+12-token phrases repeat, so lookup finds drafts on part of the steps (as on chat); the head's
+draft is the target's next tokens at a per-token rate of 0.7, k = 5. Measured on whatever CPU
+runs it: a GPU host's CPU is usually faster than a shared 2-core development machine.
 """
 
 from __future__ import annotations
@@ -83,12 +84,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--batches", default="1,4,16,64,128")
     ap.add_argument("--steps", type=int, default=220)
-    ap.add_argument("--repeats", type=int, default=3, help="the least of this many runs is kept (a shared CPU)")
+    ap.add_argument("--repeats", type=int, default=5, help="the least of this many runs is kept (a shared CPU)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    rows = {str(b): min(measure(b, args.steps, seed=r) for r in range(args.repeats)) for b in batches}
-    lookup_rows = {str(b): min(measure(b, args.steps, head=False, seed=r) for r in range(args.repeats))
-                   for b in batches}
+    runs: dict[tuple[int, bool], list[float]] = {}
+    for r in range(args.repeats):  # round by round, so a burst of load on the machine hits one run of each figure
+        for b in batches:
+            for head in (True, False):
+                runs.setdefault((b, head), []).append(measure(b, args.steps, head=head, seed=r))
+    rows = {str(b): min(runs[(b, True)]) for b in batches}
+    lookup_rows = {str(b): min(runs[(b, False)]) for b in batches}
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()

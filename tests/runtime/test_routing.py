@@ -5,11 +5,13 @@ from dataclasses import replace
 
 from cosine.routing import (
     DrafterProfile,
+    Outcome,
     RouterState,
     RoutingSettings,
     classify_prompt,
     expected_acceptance,
     observe,
+    observe_all,
     optimistic_acceptance,
     route,
 )
@@ -80,3 +82,18 @@ def test_classify_prompt():
     assert classify_prompt("```python\ndef f(x):\n    return x\n```\nRename f to g.") == "edit"
     assert classify_prompt("Janet has 3 apples and buys 5 more. How many apples does she have?") == "math"
     assert classify_prompt("What are good tips for a job interview?") == "chat"
+
+
+def test_observe_all_is_observe_in_turn():
+    """One step's outcomes folded in together give the state that observing each in turn gives."""
+    rng = random.Random(5)
+    state = RouterState()
+    for _ in range(30):
+        outcomes = [Outcome(rng.choice("ab"), rng.choice(("code", "chat")), rng.randrange(0, 5), 0,
+                            rng.random()) for _ in range(rng.randrange(0, 6))]
+        outcomes = [o._replace(num_accepted=rng.randrange(0, o.num_draft_tokens + 1)) for o in outcomes]
+        one_by_one = state
+        for o in outcomes:
+            one_by_one = observe(one_by_one, *o, S)
+        state = observe_all(state, outcomes, S)
+        assert state == one_by_one

@@ -131,6 +131,33 @@ def test_pass_curve_interpolates_and_extrapolates():
         PassCurve(((1, 0.0),))
 
 
+def test_pass_curve_values_every_count_as_its_segment_does():
+    """`PassCurve.seconds` values a block of integer counts at once when one is first asked for:
+    each is exactly (to the float) what the piecewise-linear formula gives on its own segment, for
+    integer and fractional counts asked in any order, inside the curve and past its last point."""
+    import random
+
+    def reference(points, num_tokens):  # the formula, by a linear search for the segment
+        n = max(1.0, float(num_tokens))
+        if len(points) == 1:
+            return points[0][1]
+        for (x0, y0), (x1, y1) in pairwise(points):
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = points[-2], points[-1]
+        return y1 + (y1 - y0) * (n - x1) / (x1 - x0)
+
+    rng = random.Random(3)
+    for _ in range(200):
+        xs = sorted({1, *(rng.randrange(2, 3000) for _ in range(rng.randrange(0, 8)))})
+        points = tuple(zip(xs, sorted(rng.uniform(1e-3, 0.5) for _ in xs), strict=True))
+        curve = PassCurve(points)
+        asked = [rng.randrange(-2, 6000) for _ in range(100)] + list(range(0, 200)) + [rng.uniform(0, 500)]
+        rng.shuffle(asked)
+        for n in asked:
+            assert curve.seconds(n) == reference(points, n), (points, n)
+
+
 def test_pass_curve_learns_from_passes_and_stays_monotone():
     curve = CPU_CURVE
     for _ in range(200):  # the machine got twice as slow at 6 tokens

@@ -86,7 +86,7 @@ class DraftChooser:
     def calibrated(self, source: str, domain: str, request: Counts, path: Sequence[float]) -> tuple[float, ...]:
         """`path` scaled by the source's calibration, at most 1."""
         c = self.calibration(source, domain, request)
-        return tuple(min(1.0, c * p) for p in path)
+        return tuple([min(1.0, c * p) for p in path])
 
     # ------------------------------------------------------------ the choice
 

@@ -115,18 +115,42 @@ def fused_chain(drafts: Sequence[DraftPath], max_len: int,
     for d in drafts:
         if len(d.confidences) != len(d.token_ids):
             raise ValueError(f"draft of {d.drafter}: {len(d.token_ids)} tokens but {len(d.confidences)} confidences")
-    alive = [(d, 1.0) for d in drafts]
+    # each draft still agreeing with the chain: (draft, its path priority so far, its weight in [0, 1]);
+    # a token's score is token_score's, sqrt(confidence x weight), with the weight clamped once
+    alive = [(d, 1.0, min(1.0, max(0.0, weights.get(d.drafter, 1.0)))) for d in drafts]
     chain: list[int] = []
     winners: list[DraftPath] = []
+    sqrt = math.sqrt
     for depth in range(max_len):
+        if len(alive) == 1:  # one draft still agrees: the chain follows it (priorities only rank drafts)
+            d = alive[0][0]
+            rest = d.token_ids[depth:max_len]
+            chain += map(int, rest)
+            winners += [d] * len(rest)
+            break
+        if len(alive) == 2 and depth < len(alive[0][0].token_ids) and depth < len(alive[1][0].token_ids):
+            # the usual case, two candidates (the engine's and lookup's), as the general step below decides it
+            (d0, p0, w0), (d1, p1, w1) = alive
+            p0 *= sqrt(min(1.0, max(0.0, d0.confidences[depth])) * w0)
+            p1 *= sqrt(min(1.0, max(0.0, d1.confidences[depth])) * w1)
+            t0, t1 = int(d0.token_ids[depth]), int(d1.token_ids[depth])
+            if t0 == t1:  # one token: the more confident draft wins it (the first of equals), both go on
+                chain.append(t0)
+                winners.append(d1 if p1 > p0 else d0)
+                alive = [(d0, p0, w0), (d1, p1, w1)]
+            else:  # the more confident token (the first of equals) continues, with its draft alone
+                chain.append(t1 if p1 > p0 else t0)
+                winners.append(d1 if p1 > p0 else d0)
+                alive = [(d1, p1, w1) if p1 > p0 else (d0, p0, w0)]
+            continue
         best: dict[int, tuple[float, DraftPath]] = {}  # token -> (its best path priority, that draft)
         scored = []
-        for d, priority in alive:
+        for d, priority, w in alive:
             if depth >= len(d.token_ids):
                 continue
-            p = priority * token_score(d.confidences[depth], weights.get(d.drafter, 1.0))
+            p = priority * sqrt(min(1.0, max(0.0, d.confidences[depth])) * w)
             token = int(d.token_ids[depth])
-            scored.append((d, p, token))
+            scored.append((d, p, w, token))
             if token not in best or p > best[token][0]:
                 best[token] = (p, d)
         if not best:
@@ -134,7 +158,7 @@ def fused_chain(drafts: Sequence[DraftPath], max_len: int,
         token = max(best, key=lambda t: best[t][0])  # the first of equals: dicts keep first appearance
         chain.append(token)
         winners.append(best[token][1])
-        alive = [(d, p) for d, p, t in scored if t == token]
+        alive = [(d, p, w) for d, p, w, t in scored if t == token]
     return tuple(chain), tuple(winners)
 
 

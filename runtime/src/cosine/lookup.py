@@ -99,7 +99,7 @@ class SuffixLookup:
         self.lookups += 1
         self.hits += hit
         self.hit_rate += self.HIT_RATE_ALPHA * (hit - self.hit_rate)
-        return list(draft.token_ids), list(draft.probs)
+        return draft.token_ids, draft.probs  # (lists of the draft's own, made as it was read out)
 
     def held(self) -> tuple[int, int]:
         """(finished requests whose outputs the global tree holds, tokens indexed in the trees:

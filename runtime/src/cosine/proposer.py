@@ -225,6 +225,7 @@ class CoSineProposer:
         self.sources = list(sources)
         self._paid = {src.name for src in self.sources if src.where == Where.ENGINE}  # drafted whatever wins
         self._engine_depth = settings.speculation.max_draft_len  # `engine_draft_len`, set by each `propose`
+        self._pool_names = frozenset(names)
         self.settings = s
         self.profiles = [routing.DrafterProfile(n, tuple((expertise or {}).get(n, ()))) for n in names]
         self.classify = classify
@@ -248,25 +249,35 @@ class CoSineProposer:
         if not step.has_prefill:
             self.chooser.observe_pass(step.num_tokens, step.step_s)
         self.stats.observe_step(step.step_s, step.num_tokens, any(o.num_draft_tokens for o in step.outcomes))
+        control, stats, pools = self.settings.control, self.stats, self.pools
+        learned: list[routing.Outcome] = []  # the router's, folded in together (`_learn`)
         for o in step.outcomes:
             req = self._requests.get(o.request_id)
             if req is None or o.num_draft_tokens <= 0 or not o.source:
                 continue
-            st = req.states.get(o.source) or self._initial_state(o.source, req.domain)
-            req.states[o.source] = sc.observe(st, self.settings.control, o.num_draft_tokens, o.num_accepted)
+            st = req.states.get(o.source)
+            if st is None:  # (`propose` stored one for each source it drafted from: an outcome it did not draft)
+                self._learn(learned)  # its initial state reads the router as of the outcomes before
+                st = self._initial_state(o.source, req.domain)
+            req.states[o.source] = sc.observe(st, control, o.num_draft_tokens, o.num_accepted)
             if o.source == req.last_source and req.last_path:
                 self.chooser.calibrate(o.source, req.domain, req.calibration, o.num_accepted,
                                        sum(req.last_path[: o.num_draft_tokens]))
-            self.stats.add(self.stats.draft_tokens, o.source, o.num_draft_tokens)
-            self.stats.add(self.stats.accepted_tokens, o.source, o.num_accepted)
-            self.stats.add(self.stats.drafts, o.source)
-            if o.source in self.pools:
-                self.pools.accepted(o.source, o.num_accepted)
+            stats.observe_draft(o.source, o.num_draft_tokens, o.num_accepted)
+            if o.source in self._pool_names:
+                pools.accepted(o.source, o.num_accepted)
             # every source's per-domain acceptance is learned across requests (prompt lookup's too:
             # it is the prior of the next request of the domain); pools' arms also route
+            learned.append(routing.Outcome(o.source, req.domain, o.num_draft_tokens, o.num_accepted,
+                                           req.last_confidence))
+        self._learn(learned)
+
+    def _learn(self, learned: list[routing.Outcome]) -> None:
+        """Fold outcomes into the router, in order, under one hold of its lock; `learned` is emptied."""
+        if learned:
             with self._lock:
-                self.router = routing.observe(self.router, o.source, req.domain, o.num_draft_tokens,
-                                              o.num_accepted, req.last_confidence, self.settings.routing)
+                self.router = routing.observe_all(self.router, learned, self.settings.routing)
+            learned.clear()
 
     def propose(
         self, contexts: Mapping[str, Sequence[int]], prompt_lens: Mapping[str, int] | None = None
@@ -280,7 +291,10 @@ class CoSineProposer:
         Returns:
             request id -> draft token ids, at most `settings.speculation.max_draft_len`.
         """
-        base = sum(1 for _ in contexts)  # each request's pending token
+        num_requests = len(contexts)
+        base = num_requests  # each request's pending token
+        chooser, max_model_len = self.chooser, self.settings.max_model_len
+        k_max = self.settings.speculation.max_draft_len
         drafts: dict[str, list[int]] = {}
         drafted = 0  # draft tokens given to the requests before this one (a running sum: O(1) per request)
         engine_k = -1  # the most draft tokens of the engine's drafter a request may take next (-1: none known)
@@ -293,26 +307,27 @@ class CoSineProposer:
             k = 0
             if tokens:
                 state = req.states.get(source) or self._initial_state(source, req.domain)
-                req.states[source], k = self.chooser.draft_len(
-                    state, self.chooser.calibrated(source, req.domain, req.calibration, path),
-                    other_tokens=base - 1 + drafted, num_requests=len(contexts), paid=source in self._paid)
-            if self.settings.max_model_len is not None:
-                k = min(k, max(0, self.settings.max_model_len - len(ctx) - 1))
-            drafts[rid] = list(tokens[:k])
-            drafted += len(drafts[rid])
+                req.states[source], k = chooser.draft_len(
+                    state, chooser.calibrated(source, req.domain, req.calibration, path),
+                    other_tokens=base - 1 + drafted, num_requests=num_requests, paid=source in self._paid)
+            if max_model_len is not None:
+                k = min(k, max(0, max_model_len - len(ctx) - 1))
+            draft = drafts[rid] = list(tokens[:k])
+            drafted += len(draft)
             if source in self._paid:
                 req.engine_k = k
-            engine_k = max(engine_k, self.settings.speculation.max_draft_len if req.engine_k is None else req.engine_k)
+            engine_k = max(engine_k, k_max if req.engine_k is None else req.engine_k)
             if k:
                 req.unverified.pop(source, None)  # verified: its outcome is the engine's to report
-            req.last_source = source if k else ""
-            req.last_path = path[:k]
-            if k:
+                req.last_source = source
                 req.last_confidence = sum(path[:k]) / k
+            else:
+                req.last_source = ""
+            req.last_path = path[:k]
             req.steps += 1
-            self._request_pool_drafts(rid, req, ctx, drafts[rid])
+            if self.profiles:  # (without pools nothing is asked, nor routed)
+                self._request_pool_drafts(rid, req, ctx, draft)
         if self._paid:
-            k_max = self.settings.speculation.max_draft_len
             self._engine_depth = k_max if engine_k < 0 else max(1, min(k_max, engine_k + 1))
         return drafts
 
@@ -419,21 +434,27 @@ class CoSineProposer:
         continues `ctx`), fused (`DraftChooser.fuse`): the chain, its first token's source and
         each token's path probability."""
         k_max = self.settings.speculation.max_draft_len
-        self._score_unverified(req, ctx)
+        if req.unverified:
+            self._score_unverified(req, ctx)
         paths: list[DraftPath] = []
+        alphas: dict[str, float] = {}  # each candidate's source's acceptance rate for the request
+        hits, states = req.hits, req.states
         for src in self.sources if k_max > 0 else ():
-            alpha = self._state(req, src.name).acceptance_rate
+            name = src.name
+            alpha = (states.get(name) or self._initial_state(name, req.domain)).acceptance_rate
             cand = src.candidate(rid, ctx, k_max, alpha)
-            req.hits[src.name] = PoolPolicy.hit_rate(req.hits.get(src.name, 0.5), cand is not None)
+            if self.profiles:  # (hit rates weigh pools only: `_skip_reason`)
+                hits[name] = PoolPolicy.hit_rate(hits.get(name, 0.5), cand is not None)
             if cand is not None:
-                paths.append(DraftPath(src.name, cand.token_ids, cand.confidences))
-                req.unverified[src.name] = (len(ctx), cand.token_ids)
+                paths.append(DraftPath(name, cand.token_ids, cand.confidences))
+                alphas[name] = alpha
+                req.unverified[name] = (len(ctx), cand.token_ids)
         for name in req.pools:
             usable = self._arrived(req, name, ctx)
             if usable:
                 paths.append(DraftPath(name, usable[0], usable[1]))
-        weights = {p.drafter: self._state(req, p.drafter).acceptance_rate for p in paths} if len(paths) > 1 else {}
-        return self.chooser.fuse(paths, weights)
+                alphas[name] = self._state(req, name).acceptance_rate
+        return self.chooser.fuse(paths, alphas if len(paths) > 1 else {})
 
     def _state(self, req: _Request, source: str) -> sc.SpeculationState:
         return req.states.get(source) or self._initial_state(source, req.domain)
@@ -447,7 +468,9 @@ class CoSineProposer:
             n = min(len(tokens), len(emitted))
             if n <= 0 or len(ctx) < ctx_len:
                 continue
-            accepted = next((i for i in range(n) if tokens[i] != emitted[i]), n)
+            accepted = 0
+            while accepted < n and tokens[accepted] == emitted[accepted]:
+                accepted += 1
             req.states[name] = sc.observe(self._state(req, name), self.settings.control, n, accepted)
         req.unverified.clear()
 
@@ -499,6 +522,8 @@ class CoSineProposer:
         points (the verifier's next context is `ctx` plus what it accepts of them plus one token)."""
         if req.steps % self.settings.reroute_every == 0 and req.steps:
             req.pools, req.down = self._route(req.domain)
+        if not req.pools and not req.down:
+            return
         now = self.clock()
         s = self.settings
         step_s = self.chooser.step_s()

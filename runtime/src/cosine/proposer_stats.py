@@ -48,6 +48,13 @@ class ProposerStats:
         with self._lock:
             counter[key] = counter.get(key, 0) + n
 
+    def observe_draft(self, source: str, draft_tokens: int, accepted: int) -> None:
+        """One verified draft of `source`: `draft_tokens` tokens, `accepted` of them accepted."""
+        with self._lock:
+            self.draft_tokens[source] = self.draft_tokens.get(source, 0) + draft_tokens
+            self.accepted_tokens[source] = self.accepted_tokens.get(source, 0) + accepted
+            self.drafts[source] = self.drafts.get(source, 0) + 1
+
     def set(self, gauge: dict[Any, float], key: Any, value: float) -> None:
         """Set `gauge[key]` (one of this object's per-pool estimates) to `value`."""
         with self._lock:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 DOMAINS = ("code", "math", "chat", "edit")
 
@@ -51,6 +52,9 @@ class ArmStats:
     rejected: float = 0.0
     confidence_sum: float = 0.0
     drafts: float = 0.0
+
+
+_NO_ARM = ArmStats()  # an arm never observed
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,44 @@ def route(
     return [name for _, name in scored[: settings.max_drafters]]
 
 
+class Outcome(NamedTuple):
+    """One verification outcome for `observe_all`: `observe`'s arguments, the settings aside."""
+
+    drafter: str
+    domain: str
+    num_draft_tokens: int
+    num_accepted: int
+    mean_confidence: float
+
+
+def observe_all(state: RouterState, outcomes: Sequence[Outcome], settings: RoutingSettings) -> RouterState:
+    """`observe` each outcome in turn (one engine step's): the same counts, to the float, with one
+    new state and one `ArmStats` per arm the outcomes touch."""
+    g = settings.discount
+    counts: dict[tuple[str, str], list[float]] = {}  # arm -> [accepted, rejected, confidence_sum, drafts]
+    for drafter, domain, num_draft_tokens, num_accepted, mean_confidence in outcomes:
+        if num_draft_tokens <= 0:
+            continue
+        c = counts.get((drafter, domain))
+        if c is None:
+            arm = state.arms.get((drafter, domain), _NO_ARM)
+            c = counts[(drafter, domain)] = [arm.accepted, arm.rejected, arm.confidence_sum, arm.drafts]
+        c[0] = g * c[0] + num_accepted
+        c[1] = g * c[1] + (1.0 if num_accepted < num_draft_tokens else 0.0)  # it stops at the first rejection
+        c[2] = g * c[2] + mean_confidence
+        c[3] = g * c[3] + 1
+    return RouterState({**state.arms, **{key: ArmStats(*c) for key, c in counts.items()}})
+
+
+def _observed(arm: ArmStats, num_draft_tokens: int, num_accepted: int, mean_confidence: float,
+              discount: float) -> ArmStats:
+    """The arm after one outcome, the past discounted by `discount` (as `observe_all` folds them)."""
+    g = discount
+    rejected = 1.0 if num_accepted < num_draft_tokens else 0.0  # acceptance stops at the first rejection
+    return ArmStats(accepted=g * arm.accepted + num_accepted, rejected=g * arm.rejected + rejected,
+                    confidence_sum=g * arm.confidence_sum + mean_confidence, drafts=g * arm.drafts + 1)
+
+
 def observe(
     state: RouterState,
     drafter: str,
@@ -146,14 +188,5 @@ def observe(
     if num_draft_tokens <= 0:
         return state
     key = (drafter, domain)
-    arm = state.arms.get(key, ArmStats())
-    g = settings.discount
-    rejected = 1.0 if num_accepted < num_draft_tokens else 0.0  # acceptance stops at the first rejection
-    new = replace(
-        arm,
-        accepted=g * arm.accepted + num_accepted,
-        rejected=g * arm.rejected + rejected,
-        confidence_sum=g * arm.confidence_sum + mean_confidence,
-        drafts=g * arm.drafts + 1,
-    )
+    new = _observed(state.arms.get(key, _NO_ARM), num_draft_tokens, num_accepted, mean_confidence, settings.discount)
     return RouterState({**state.arms, key: new})

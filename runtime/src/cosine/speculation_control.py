@@ -23,8 +23,9 @@ pays alone is slower than plain decoding at batch 32.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Protocol
 
@@ -69,6 +70,9 @@ class Cost(Protocol):
         ...
 
 
+_BLOCK_TOKENS = 32  # token counts a `PassCurve` values together when one of them is first asked for
+
+
 @dataclass(frozen=True)
 class PassCurve:
     """Target pass time vs the tokens in the pass (all requests together), in seconds.
@@ -92,22 +96,47 @@ class PassCurve:
         # seconds by token count, filled as asked: the proposer prices every request's draft on
         # one curve per step (tens of thousands of calls a second at 64 requests)
         object.__setattr__(self, "_memo", {})
+        object.__setattr__(self, "_xs", xs)  # the points' token counts, for finding a segment by bisection
 
     def seconds(self, num_tokens: float) -> float:
         """Pass time for `num_tokens` tokens (at least one)."""
         memo: dict[float, float] = self._memo  # type: ignore[attr-defined]
         got = memo.get(num_tokens)
         if got is None:
-            got = memo[num_tokens] = self._interpolate(num_tokens)
+            if type(num_tokens) is int and num_tokens > 1 and len(self.points) > 1:
+                self._value_block(num_tokens)  # the proposer asks for every count of a range each step
+                got = memo[num_tokens]
+            else:
+                got = memo[num_tokens] = self._interpolate(num_tokens)
         return got
+
+    def _value_block(self, n: int) -> None:
+        """Memoise the pass time of `n` and of the integer token counts around it, up to
+        `_BLOCK_TOKENS` of them within its segment (or past the last point), in one pass: each by
+        `_interpolate`'s formula on the same segment, so to the same float, at a fraction of the
+        cost of valuing each alone. n > 1, with two points or more."""
+        pts = self.points
+        i = bisect_left(self._xs, n)  # type: ignore[attr-defined]  # the first point at or past n (i >= 1)
+        if i < len(pts):
+            (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+            lo = x0 + 1 + (n - x0 - 1) // _BLOCK_TOKENS * _BLOCK_TOKENS
+            hi = min(lo + _BLOCK_TOKENS - 1, x1)
+            values = [y0 + (y1 - y0) * (m - x0) / (x1 - x0) for m in map(float, range(lo, hi + 1))]
+        else:
+            (x0, y0), (x1, y1) = pts[-2], pts[-1]
+            lo = x1 + 1 + (n - x1 - 1) // _BLOCK_TOKENS * _BLOCK_TOKENS
+            hi = lo + _BLOCK_TOKENS - 1
+            values = [y1 + (y1 - y0) * (m - x1) / (x1 - x0) for m in map(float, range(lo, hi + 1))]
+        self._memo.update(zip(range(lo, hi + 1), values, strict=True))  # type: ignore[attr-defined]
 
     def _interpolate(self, num_tokens: float) -> float:
         pts, n = self.points, max(1.0, float(num_tokens))
         if len(pts) == 1:
             return pts[0][1]
-        for (x0, y0), (x1, y1) in pairwise(pts):
-            if n <= x1:
-                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        i = bisect_left(self._xs, n)  # type: ignore[attr-defined]  # the first point at or past n
+        if i < len(pts):  # between points i - 1 and i (n = 1: the first segment)
+            (x0, y0), (x1, y1) = pts[max(i, 1) - 1], pts[max(i, 1)]
+            return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
         (x0, y0), (x1, y1) = pts[-2], pts[-1]
         return y1 + (y1 - y0) * (n - x1) / (x1 - x0)
 
@@ -172,12 +201,14 @@ class BatchedCost:
     def __post_init__(self) -> None:
         if self.draft_token_s < 0 or self.other_tokens < 0 or self.num_requests < 1:
             raise ValueError(f"invalid batched cost {self!r}")
+        # the formula's two terms that do not depend on n (verify_s is asked for every k)
+        object.__setattr__(self, "_share", self.curve.seconds(self.num_requests) / self.num_requests)
+        object.__setattr__(self, "_others", self.curve.seconds(self.other_tokens + 1))
 
     def verify_s(self, num_tokens: int) -> float:
         """The request's seconds for verifying `num_tokens` tokens in the shared pass (formula above)."""
-        c, r = self.curve, self.num_requests
-        added = c.seconds(self.other_tokens + num_tokens) - c.seconds(self.other_tokens + 1)
-        return c.seconds(r) / r + added
+        added = self.curve.seconds(self.other_tokens + num_tokens) - self._others  # type: ignore[attr-defined]
+        return self._share + added  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -295,13 +326,15 @@ def best_path_len(path_probs: Sequence[float], cost: Cost, max_k: int, min_path_
     acceptance estimate and the path product as a token's value is EAGLE-2's dynamic draft tree
     (Li et al. 2024, arXiv:2406.16858, §4), priced by goodput (SmartSpec, arXiv:2406.14066).
     """
-    best_k, best = 0, goodput_per_s(0.0, 0, cost)
+    verify_s, draft_token_s = cost.verify_s, cost.draft_token_s
+    best_k, best = 0, 1.0 / verify_s(1)  # goodput_per_s(alpha, 0, cost): one token a pass
     value = 1.0
     for k in range(1, min(max_k, len(path_probs)) + 1):
-        if path_probs[k - 1] < min_path_prob:
+        p = path_probs[k - 1]
+        if p < min_path_prob:
             break
-        value += min(1.0, max(0.0, path_probs[k - 1]))
-        g = value / (k * cost.draft_token_s + cost.verify_s(k + 1))
+        value += min(1.0, max(0.0, p))
+        g = value / (k * draft_token_s + verify_s(k + 1))
         if g > best * 1.0001:
             best_k, best = k, g
     return best_k
@@ -334,10 +367,16 @@ def next_draft_len(
     else:
         k = best_path_len(path_probs, cost, max_k, settings.min_path_prob)
     if k > 0:
-        return (state if state.steps_since_probe == 0 else replace(state, steps_since_probe=0)), k
+        return (state if state.steps_since_probe == 0 else _probed(state, 0)), k
     if state.steps_since_probe + 1 >= settings.probe_interval_steps:
-        return replace(state, steps_since_probe=0), min(settings.probe_draft_tokens, max_k)
-    return replace(state, steps_since_probe=state.steps_since_probe + 1), 0
+        return _probed(state, 0), min(settings.probe_draft_tokens, max_k)
+    return _probed(state, state.steps_since_probe + 1), 0
+
+
+def _probed(state: SpeculationState, steps_since_probe: int) -> SpeculationState:
+    """`state` with its steps since the last probe set (what `dataclasses.replace` does, without its
+    per-call field introspection: this runs for every request every step)."""
+    return SpeculationState(state.accepted_ema, state.trials_ema, steps_since_probe)
 
 
 def observe(
@@ -352,8 +391,5 @@ def observe(
         return state
     trials = num_accepted + (1 if num_accepted < num_draft_tokens else 0)
     w = settings.ema_weight
-    return replace(
-        state,
-        accepted_ema=(1 - w) * state.accepted_ema + w * num_accepted,
-        trials_ema=(1 - w) * state.trials_ema + w * trials,
-    )
+    return SpeculationState((1 - w) * state.accepted_ema + w * num_accepted, (1 - w) * state.trials_ema + w * trials,
+                            state.steps_since_probe)
