@@ -212,3 +212,16 @@ def test_a_short_confident_candidate_does_not_cut_off_a_longer_one_worth_more():
     assert p.chooser.fuse([head, copy], weights)[:2] == ((9, 8, 7, 6), "lookup")
     agree = DraftPath("lookup", (1, 2, 3, 4), (0.9,) * 4)  # agreeing candidates: the fused chain
     assert p.chooser.fuse([head, agree], weights)[0] == (1, 2, 3, 4)
+
+
+def test_the_engine_drafter_drafts_one_token_where_another_sources_draft_wins():
+    """Where lookup's draft is the one verified (a copied span), the head's deeper forwards would
+    be paid for nothing: the depth falls to its first, free token; it grows back once the head's
+    draft wins again."""
+    engine = EngineSource("eagle3")
+    copy = ScriptedSource("lookup", lambda c, k: [c[-1] + 1 + i for i in range(k)], 1.0)
+    p = CoSineProposer(_settings(4), sources=[engine, copy])
+    ctx = list(range(20))
+    engine.offer({"r": [ctx[-1] + 1, 7000, 7001, 7002]})  # the head is right on one token only
+    assert p.propose({"r": ctx})["r"] == [20, 21, 22, 23] and p.source_of("r") == "lookup"
+    assert p.engine_draft_len() == 1

@@ -316,6 +316,8 @@ class CoSineProposer:
             drafted += len(draft)
             if source in self._paid:
                 req.engine_k = k
+            elif k and self._paid:
+                req.engine_k = 0  # another source's draft won: the engine's first (free) token is enough
             engine_k = max(engine_k, k_max if req.engine_k is None else req.engine_k)
             if k:
                 req.unverified.pop(source, None)  # verified: its outcome is the engine's to report
@@ -335,7 +337,8 @@ class CoSineProposer:
         """How many tokens the engine's own drafter should draft after the coming step (vLLM's
         `SchedulerOutput.num_spec_tokens_to_schedule`, its dynamic speculative decoding's seam):
         one more than the most any request of the last `propose` took of its engine draft (a
-        request's k for the source grows by at most one a step: `speculation_control`'s probes),
+        request's k for the source grows by at most one a step: `speculation_control`'s probes;
+        none where another source's draft was verified instead: lookup copying a span),
         `max_draft_len` while a request has not had one, at least 1 (vLLM runs the drafter's first
         forward at any depth). Drafting past what goodput verifies costs the verifier's step a
         drafter forward per token for nothing (about a third of a pass each for the 0.5B drafter
