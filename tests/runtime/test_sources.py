@@ -225,3 +225,15 @@ def test_the_engine_drafter_drafts_one_token_where_another_sources_draft_wins():
     engine.offer({"r": [ctx[-1] + 1, 7000, 7001, 7002]})  # the head is right on one token only
     assert p.propose({"r": ctx})["r"] == [20, 21, 22, 23] and p.source_of("r") == "lookup"
     assert p.engine_draft_len() == 1
+
+
+def test_the_engine_drafter_is_not_paid_for_a_chain_lookup_also_drafted():
+    """The head and lookup draft the same four tokens (code being copied): the head's draft wins
+    the tie, but lookup had it too, so the head's deeper forwards buy nothing next step."""
+    engine = EngineSource("eagle3")
+    copy = ScriptedSource("lookup", lambda c, k: [c[-1] + 1 + i for i in range(k)], 1.0)
+    p = CoSineProposer(_settings(4), sources=[engine, copy])
+    ctx = list(range(20))
+    engine.offer({"r": [20, 21, 22, 23]})
+    assert p.propose({"r": ctx})["r"] == [20, 21, 22, 23]
+    assert p.engine_draft_len() == 1

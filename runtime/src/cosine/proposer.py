@@ -314,10 +314,12 @@ class CoSineProposer:
                 k = min(k, max(0, max_model_len - len(ctx) - 1))
             draft = drafts[rid] = list(tokens[:k])
             drafted += len(draft)
-            if source in self._paid:
-                req.engine_k = k
-            elif k and self._paid:
-                req.engine_k = 0  # another source's draft won: the engine's first (free) token is enough
+            if self._paid and (source in self._paid or k):
+                # the engine's draft paid for only where no free source had the verified chain: where
+                # another source's draft won, or lookup drafted the same tokens, its first token will do
+                covered = source not in self._paid or any(
+                    name not in self._paid and cand[:k] == tokens[:k] for name, (_, cand) in req.unverified.items())
+                req.engine_k = 0 if covered and k else k
             engine_k = max(engine_k, k_max if req.engine_k is None else req.engine_k)
             if k:
                 req.unverified.pop(source, None)  # verified: its outcome is the engine's to report
@@ -338,7 +340,8 @@ class CoSineProposer:
         `SchedulerOutput.num_spec_tokens_to_schedule`, its dynamic speculative decoding's seam):
         one more than the most any request of the last `propose` took of its engine draft (a
         request's k for the source grows by at most one a step: `speculation_control`'s probes;
-        none where another source's draft was verified instead: lookup copying a span),
+        none where another source's draft was verified instead, or a free source drafted the same
+        chain: lookup copying a span),
         `max_draft_len` while a request has not had one, at least 1 (vLLM runs the drafter's first
         forward at any depth). Drafting past what goodput verifies costs the verifier's step a
         drafter forward per token for nothing (about a third of a pass each for the 0.5B drafter
