@@ -208,7 +208,7 @@ class BatchedCost:
     def verify_s(self, num_tokens: int) -> float:
         """The request's seconds for verifying `num_tokens` tokens in the shared pass (formula above)."""
         added = self.curve.seconds(self.other_tokens + num_tokens) - self._others  # type: ignore[attr-defined]
-        return self._share + added  # type: ignore[attr-defined]
+        return float(self._share + added)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
