@@ -170,17 +170,31 @@ def test_second_field_manager_does_not_fight_the_operator(real_operator: Any, ku
     generation = r.json()["metadata"]["generation"]
     wait_for(lambda: kube.get(CLUSTERS, NS, "delta")["status"].get("observedGeneration") == generation,
              what="observedGeneration after the second manager's apply")
-    time.sleep(2)  # let the reconcile's own writes land
-    versions = {n: kube.get(r, NS, n)["metadata"]["resourceVersion"]
-                for r, n in [(CLUSTERS, "delta"), (POOLS, "delta-code"), (POOLS, "delta-ngram")]}
+    objects = [(CLUSTERS, "delta"), (POOLS, "delta-code"), (POOLS, "delta-ngram")]
+
+    def current() -> dict[str, str]:
+        return {n: kube.get(r, NS, n)["metadata"]["resourceVersion"] for r, n in objects}
+
+    # The reconcile's own writes land first; on a loaded machine they can take seconds, so wait
+    # for a whole resync with nothing moving (a write loop never gets there) rather than a fixed
+    # sleep.
+    versions, still_since = current(), time.monotonic()
+
+    def settled() -> bool:
+        nonlocal versions, still_since
+        now = current()
+        if now != versions:
+            versions, still_since = now, time.monotonic()
+        return time.monotonic() - still_since > RESYNC_S + 0.5
+
+    wait_for(settled, timeout_s=30, what="the reconcile's own writes to land")
     start = _writes(router)
     time.sleep(2 * RESYNC_S + 1)
     # Quiet: no write loop between the operator's patches and the other manager's fields. The
     # resync re-applies every RESYNC_S (writes are sent), and the real server finds nothing to
     # change: no resourceVersion moves.
     assert _writes(router) > start  # the resync ran
-    assert versions == {n: kube.get(r, NS, n)["metadata"]["resourceVersion"]
-                        for r, n in [(CLUSTERS, "delta"), (POOLS, "delta-code"), (POOLS, "delta-ngram")]}
+    assert versions == current()
     obj = kube.get(CLUSTERS, NS, "delta")
     assert obj["spec"]["speculation"]["maxDraftLen"] == 4
     assert obj["metadata"]["generation"] == generation
