@@ -9,8 +9,9 @@ output is kept as package data, so nothing of the tests runs it).
 
 Each figure is the least of `--repeats` runs (the machine is shared), taken round by round over
 every batch size, so a burst of load spoils one run of each figure rather than every run of one.
-The requests are synthetic: 256-token prompts and outputs over a 2,000-token vocabulary in which
-12-token phrases repeat, so lookup finds drafts on part of the steps (as on chat); the head's
+The requests are synthetic (`cosine.simulation.proposer_workload`, whose drafts
+`tests/runtime/test_proposer_drafts.py` pins): 256-token prompts and outputs over a 2,000-token
+vocabulary in which 12-token phrases repeat, so lookup finds drafts on part of the steps (as on chat); the head's
 draft is the target's next tokens at a per-token rate of 0.7, k = 5. Measured on whatever CPU
 runs it: a GPU host's CPU is usually faster than a shared 2-core development machine.
 """
@@ -27,50 +28,28 @@ import time
 from pathlib import Path
 
 from cosine.lookup import SuffixLookup, SuffixSettings
-from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
+from cosine.proposer import CoSineProposer, ProposerSettings, StepRecord
+from cosine.simulation.proposer_workload import head_drafts, phrase_book, text, verify
 from cosine.sources.engine import EngineSource
 from cosine.sources.lookup import LookupSource
-
-PHRASES = 200
-PHRASE_TOKENS = 12
-VOCAB = 2000
-
-
-def _text(rng: random.Random, phrases: list[list[int]], n: int) -> list[int]:
-    out: list[int] = []
-    while len(out) < n:
-        out += rng.choice(phrases) if rng.random() < 0.5 else [rng.randrange(VOCAB) for _ in range(PHRASE_TOKENS)]
-    return out[:n]
 
 
 def measure(batch: int, steps: int, head: bool = True, seed: int = 0, k: int = 5, alpha: float = 0.7) -> float:
     """Mean wall seconds of one step's `observe_step` + `propose` at `batch` running requests, with
     the engine's drafter as a source (`head`) and lookup, or lookup alone."""
     rng = random.Random(seed)
-    phrases = [[rng.randrange(VOCAB) for _ in range(PHRASE_TOKENS)] for _ in range(PHRASES)]
+    phrases = phrase_book(rng)
     engine = EngineSource("eagle3")
     lookup = LookupSource(SuffixLookup(SuffixSettings()))
     proposer = CoSineProposer(ProposerSettings(), sources=[engine, lookup] if head else [lookup])
-    truth = {f"r{i}": _text(rng, phrases, 256 + 2048) for i in range(batch)}
+    truth = {f"r{i}": text(rng, phrases, 256 + 2048) for i in range(batch)}
     emitted = dict.fromkeys(truth, 256)
     drafts: dict[str, list[int]] = {}
     times = []
     for step in range(steps):
-        outcomes = []
-        for rid, d in drafts.items():
-            pos = emitted[rid]
-            acc = next((i for i, t in enumerate(d) if t != truth[rid][pos + i]), len(d))
-            emitted[rid] = pos + acc + 1
-            outcomes.append(RequestOutcome(rid, len(d), acc, proposer.source_of(rid)))
-        head = {}
-        for rid, pos in emitted.items():
-            row, ok = [], True
-            for j in range(k):
-                ok = ok and rng.random() < alpha
-                row.append(truth[rid][pos + j] if ok else VOCAB + 1)
-            head[rid] = row
+        outcomes = verify(proposer, drafts, truth, emitted)
         contexts = {rid: truth[rid][:pos] for rid, pos in emitted.items()}
-        engine.offer(head)
+        engine.offer(head_drafts(rng, truth, emitted, k, alpha))
         t0 = time.perf_counter()
         proposer.observe_step(StepRecord(0.03, batch + sum(len(d) for d in drafts.values()), tuple(outcomes)))
         drafts = proposer.propose(contexts, dict.fromkeys(contexts, 256))

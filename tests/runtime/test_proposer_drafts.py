@@ -1,6 +1,7 @@
 """The proposer's drafts on a seeded synthetic workload, pinned by fingerprint.
 
-What is checked: on the workload of `tools/proposer_step_cost.py` (256-token prompts over a
+What is checked: on the workload `tools/proposer_step_cost.py` times
+(`cosine.simulation.proposer_workload`: 256-token prompts over a
 2,000-token vocabulary with repeating 12-token phrases; the engine's head drafts the target's next
 tokens at a per-token rate of 0.7, k = 5; the target accepts a draft's matching prefix), every
 draft `CoSineProposer.propose` returns, step by step and request by request, and the source it
@@ -29,11 +30,10 @@ from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine.drafter import Draft
 from cosine.lookup import SuffixLookup, SuffixSettings
-from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
+from cosine.proposer import CoSineProposer, ProposerSettings, StepRecord
+from cosine.simulation.proposer_workload import VOCAB, head_drafts, phrase_book, text, verify
 from cosine.sources.engine import EngineSource
 from cosine.sources.lookup import LookupSource
-
-PHRASES, PHRASE_TOKENS, VOCAB = 200, 12, 2000
 
 
 class InlineExecutor(Executor):
@@ -70,21 +70,14 @@ class TruthPool:
         pass
 
 
-def _text(rng: random.Random, phrases: list[list[int]], n: int) -> list[int]:
-    out: list[int] = []
-    while len(out) < n:
-        out += rng.choice(phrases) if rng.random() < 0.5 else [rng.randrange(VOCAB) for _ in range(PHRASE_TOKENS)]
-    return out[:n]
-
-
 def drive(batch: int, steps: int, *, head: bool = True, lookup: bool = True, pools: int = 0, seed: int = 0,
           speculation: SpeculationSpec | None = None, max_model_len: int | None = None,
           k: int = 5, alpha: float = 0.7, life: int = 120) -> str:
-    """SHA-256 over every (step, request, draft, source) the proposer proposes on the workload of
-    `tools/proposer_step_cost.py`; a request finishes after about `life` steps (staggered) and a new
-    one takes its place, its domain one of two."""
+    """SHA-256 over every (step, request, draft, source) the proposer proposes on the workload
+    `tools/proposer_step_cost.py` times (`cosine.simulation.proposer_workload`); a request
+    finishes after about `life` steps (staggered) and a new one takes its place, its domain one of two."""
     rng = random.Random(seed)
-    phrases = [[rng.randrange(VOCAB) for _ in range(PHRASE_TOKENS)] for _ in range(PHRASES)]
+    phrases = phrase_book(rng)
     now = [0.0]
     truth: dict[str, list[int]] = {}
     engine = EngineSource("eagle3")
@@ -102,7 +95,7 @@ def drive(batch: int, steps: int, *, head: bool = True, lookup: bool = True, poo
     def start() -> None:
         rid = f"r{started[0]}"
         started[0] += 1
-        truth[rid] = _text(rng, phrases, 256 + 2048)
+        truth[rid] = text(rng, phrases, 256 + 2048)
         emitted[rid] = 256
         ends[rid] = life + rng.randrange(life)
 
@@ -111,23 +104,12 @@ def drive(batch: int, steps: int, *, head: bool = True, lookup: bool = True, poo
     digest = hashlib.sha256()
     drafts: dict[str, list[int]] = {}
     for step in range(steps):
-        outcomes = []
-        for rid, d in drafts.items():
-            pos = emitted[rid]
-            acc = next((i for i, t in enumerate(d) if t != truth[rid][pos + i]), len(d))
-            emitted[rid] = pos + acc + 1
-            outcomes.append(RequestOutcome(rid, len(d), acc, proposer.source_of(rid)))
+        outcomes = verify(proposer, drafts, truth, emitted)
         for rid in [r for r in emitted if step >= ends[r]]:
             del emitted[rid]
             proposer.release(rid)
             start()
-        row = {}
-        for rid, pos in emitted.items():
-            r, ok = [], True
-            for j in range(k):
-                ok = ok and rng.random() < alpha
-                r.append(truth[rid][pos + j] if ok else VOCAB + 1)
-            row[rid] = r
+        row = head_drafts(rng, truth, emitted, k, alpha)
         contexts = {rid: truth[rid][:pos] for rid, pos in emitted.items()}
         engine.offer(row)
         proposer.observe_step(StepRecord(0.01 + 0.0004 * (len(emitted) + sum(len(d) for d in drafts.values())),
