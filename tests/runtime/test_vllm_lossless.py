@@ -1,8 +1,8 @@
 """Lossless through vLLM: CoSine's drafts change speed, never the output distribution.
 
 A real small model (SmolLM2-135M-Instruct) in vLLM, engine in-process so the test can read the
-proposer's counters. Each engine runs in its own subprocess (vLLM holds process-wide state). CoSine
-drafts k = 4 tokens every step (`adaptive: false`):
+proposer's counters. Each engine runs in its own subprocess (vLLM holds process-wide state), two
+at a time on two cores, each bound to its own. CoSine drafts k = 4 tokens every step (`adaptive: false`):
 - sampling (temperature 1): the distribution of each generated position, and the joint of
   adjacent positions, matches vLLM target-only by chi-square two-sample tests, on a prompt where
   the drafts are partly accepted: prompt lookup alone; then prompt lookup and a drafter pool over
@@ -19,8 +19,10 @@ without the repair this test fails (position 1: '.' 61/600 against 4/600, at 600
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import os
+import queue
 import subprocess
 import sys
 import textwrap
@@ -82,10 +84,14 @@ _SCRIPT = textwrap.dedent('''
 ''').replace("MODEL", MODEL)
 
 
-def _run(system: str, tmp_path, samples: int = SAMPLES, *extra: str) -> dict:
+def _run(system: str, tmp_path, samples: int = SAMPLES, *extra: str, cpu: int | None = None) -> dict:
+    """One engine's samples, greedy output and CoSine's counters (a subprocess of its own); `cpu`:
+    the core its one OpenMP thread is bound to (None: vLLM's own choice)."""
     script = tmp_path / f"run_{system}.py"  # never `vllm.py` or `cosine.py`: its folder is first on sys.path
     script.write_text(_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if cpu is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
     out = subprocess.run([sys.executable, str(script), system, PROMPT, str(samples), str(TOKENS), *extra],
                          capture_output=True, text=True, env=env, timeout=600)
     lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
@@ -94,12 +100,46 @@ def _run(system: str, tmp_path, samples: int = SAMPLES, *extra: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    from cosine.model_store import pull
+def all_runs(tmp_path_factory) -> dict[str, dict | BaseException]:
+    """Every engine of this module, run two at a time where two cores are ours: each engine uses
+    one OpenMP thread, bound to a core of its own, so two run side by side in about the time of
+    one. system -> its result, or the exception its run raised (the test that reads it fails)."""
+    from cosine.model_store import pull, resolve
+
+    from .eagle3_head import write_eagle3_head
 
     pull(MODEL, progress=False)
     tmp = tmp_path_factory.mktemp("lossless")
-    return _run("vllm", tmp), _run("cosine", tmp)
+    head = write_eagle3_head(resolve(MODEL), tmp / "eagle3-head")
+    jobs = {"cosine-draft": (200,), "vllm": (SAMPLES,), "cosine": (SAMPLES,), "cosine-eagle3": (200, str(head)),
+            "cosine-pool": (200,)}  # the longest first
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    free: queue.Queue[int | None] = queue.Queue()
+    for c in cores if len(cores) == 2 else [None]:
+        free.put(c)
+
+    def one(system: str) -> dict:
+        cpu = free.get()
+        try:
+            return _run(system, tmp, jobs[system][0], *jobs[system][1:], cpu=cpu)
+        finally:
+            free.put(cpu)
+
+    with cf.ThreadPoolExecutor(free.qsize()) as pool:
+        futures = {system: pool.submit(one, system) for system in jobs}
+    return {system: f.exception() or f.result() for system, f in futures.items()}
+
+
+def _result(all_runs: dict[str, dict | BaseException], system: str) -> dict:
+    r = all_runs[system]
+    if isinstance(r, BaseException):
+        raise r
+    return r
+
+
+@pytest.fixture(scope="module")
+def runs(all_runs) -> tuple[dict, dict]:
+    return _result(all_runs, "vllm"), _result(all_runs, "cosine")
 
 
 def _chi2_same(a: Counter, b: Counter, min_count: int = 5) -> float:
@@ -140,11 +180,11 @@ def test_sampled_distribution_matches_target_only(runs):
     _same_distribution(ref, cos, ("lookup",))
 
 
-def test_sampled_distribution_with_pool_drafts_matches_target_only(runs, tmp_path):
+def test_sampled_distribution_with_pool_drafts_matches_target_only(runs, all_runs):
     """The path `cosine serve` runs: lookup and a llama.cpp pool over gRPC, fused (200 samples,
-    about 30 s on 2 cores; compared with the target-only run's 400)."""
+    compared with the target-only run's 400)."""
     ref, _ = runs
-    _same_distribution(ref, _run("cosine-pool", tmp_path, samples=200), ("lookup", "pool"))
+    _same_distribution(ref, _result(all_runs, "cosine-pool"), ("lookup", "pool"))
 
 
 def test_greedy_identical_to_target_only(runs):
@@ -152,25 +192,20 @@ def test_greedy_identical_to_target_only(runs):
     assert cos["greedy"] == ref["greedy"]
 
 
-def test_sampled_and_greedy_with_the_engines_draft_model_fused_match_target_only(runs, tmp_path):
+def test_sampled_and_greedy_with_the_engines_draft_model_fused_match_target_only(runs, all_runs):
     """`spec.verifier.speculator: {method: draftModel}`: vLLM's draft_model drafts inside the
     engine, CoSine offers its draft beside lookup's and the pool's and verifies the fused choice."""
     ref, _ = runs
-    cos = _run("cosine-draft", tmp_path, 200)
+    cos = _result(all_runs, "cosine-draft")
     _same_distribution(ref, cos, ("draftModel", "lookup"))
     assert cos["greedy"] == ref["greedy"]
 
 
-def test_sampled_and_greedy_with_a_test_made_eagle3_head_fused_match_target_only(runs, tmp_path):
-    """`spec.verifier.speculator: {method: eagle3}`, with a random EAGLE-3 head written here: its
-    drafts are verified (rarely accepted) and nothing changes the target's distribution."""
-    from cosine.model_store import resolve
-
-    from .eagle3_head import write_eagle3_head
-
+def test_sampled_and_greedy_with_a_test_made_eagle3_head_fused_match_target_only(runs, all_runs):
+    """`spec.verifier.speculator: {method: eagle3}`, with a random EAGLE-3 head written by the
+    fixture: its drafts are verified (rarely accepted) and nothing changes the target's distribution."""
     ref, _ = runs
-    head = write_eagle3_head(resolve(MODEL), tmp_path / "eagle3-head")
-    cos = _run("cosine-eagle3", tmp_path, 200, str(head))
+    cos = _result(all_runs, "cosine-eagle3")
     assert cos["stats"]["draft_tokens"].get("eagle3", 0) > 0, cos["stats"]
     _same_distribution(ref, cos, ("lookup",))
     assert cos["greedy"] == ref["greedy"]

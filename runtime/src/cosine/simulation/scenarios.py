@@ -6,10 +6,14 @@ Each returns a JSON-able dict; `plots` draws them.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import json
+import multiprocessing
+import os
 import random
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +264,38 @@ def _row(setup: SimSetup, summ: dict[str, Any]) -> dict[str, Any]:
             if setup.mode != "target-only" else 0}
 
 
+def _map_cells(fn: Callable[..., Any], cells: list[tuple[Any, ...]]) -> list[Any]:
+    """`fn(*cell)` for every cell, in order: on a process per core where there is more than one
+    core and cell (each cell's simulation is independent and deterministic; spawned, so no engine
+    thread of the caller's is forked), else here."""
+    workers = min(len(cells), len(os.sched_getaffinity(0)))
+    if workers < 2:
+        return [fn(*cell) for cell in cells]
+    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(fn, *zip(*cells, strict=True)))
+
+
+def _paper_cell(pair: str, workload: str, c: int, closed: tuple[RequestSpec, ...], profiles: Profiles | None,
+                seed: int) -> dict[str, Any]:
+    """One cell of `paper_testbed`: every system's row, the ratios and each part's gain."""
+    profiles = profiles or load_profiles()
+    setups = paper_setups(pair, profiles, Workload(closed[: 4 * c], c), seed, domains=WORKLOADS[workload])
+    rows = {system: _row(setups[system], simulate(setups[system], Workload(closed, c)).summary())
+            for system in PAPER_SYSTEMS}
+
+    def per_usd(a: str, b: str) -> float:
+        return float(rows[a]["tok_s_per_usd_h"]) / float(rows[b]["tok_s_per_usd_h"])
+
+    rows["ratios"] = {system: {"vs_eagle3": per_usd(system, "eagle3"),
+                               "vs_eagle3_best": per_usd(system, "eagle3-best"),
+                               "vs_target_only": per_usd(system, "target-only"),
+                               "vs_lookup": per_usd(system, "lookup"),
+                               "vs_cosine_head": per_usd(system, "cosine-head")}
+                      for system in COSINE_SYSTEMS}
+    rows["gains"] = {part: per_usd("cosine", without) - 1 for part, without in ABLATIONS.items()}
+    return rows
+
+
 def paper_testbed(profiles: Profiles | None = None, concurrency: tuple[int, ...] = (16, 64),
                   requests_per_client: int = 6, workloads: tuple[str, ...] = tuple(WORKLOADS),
                   seed: int = 0) -> dict[str, Any]:
@@ -279,30 +315,17 @@ def paper_testbed(profiles: Profiles | None = None, concurrency: tuple[int, ...]
       kept, what the proposer's rule gives apart from what running it costs.
     Per cell, ratios per dollar to `eagle3`, to target-only and to `cosine-head`, and each part's
     gain: `cosine` per dollar over the ablation without it."""
-    profiles = profiles or load_profiles()
-    table: dict[str, Any] = {}
+    cells = []
     for pair in PAIRS:
         for workload in workloads:
             rng = random.Random(f"{seed}/{workload}")
-            domains = WORKLOADS[workload]
             for c in concurrency:
-                closed = tuple(RequestSpec(0.0, 256, 128, rng.choice(domains))
+                closed = tuple(RequestSpec(0.0, 256, 128, rng.choice(WORKLOADS[workload]))
                                for _ in range(requests_per_client * c))
-                setups = paper_setups(pair, profiles, Workload(closed[: 4 * c], c), seed, domains=domains)
-                rows = {system: _row(setups[system], simulate(setups[system], Workload(closed, c)).summary())
-                        for system in PAPER_SYSTEMS}
-
-                def per_usd(a: str, b: str, rows: dict[str, Any] = rows) -> float:
-                    return float(rows[a]["tok_s_per_usd_h"]) / float(rows[b]["tok_s_per_usd_h"])
-
-                rows["ratios"] = {system: {"vs_eagle3": per_usd(system, "eagle3"),
-                                           "vs_eagle3_best": per_usd(system, "eagle3-best"),
-                                           "vs_target_only": per_usd(system, "target-only"),
-                                           "vs_lookup": per_usd(system, "lookup"),
-                                           "vs_cosine_head": per_usd(system, "cosine-head")}
-                                  for system in COSINE_SYSTEMS}
-                rows["gains"] = {part: per_usd("cosine", without) - 1 for part, without in ABLATIONS.items()}
-                table.setdefault(pair, {}).setdefault(workload, {})[str(c)] = rows
+                cells.append((pair, workload, c, closed, profiles, seed))
+    table: dict[str, Any] = {}
+    for (pair, workload, c, *_), rows in zip(cells, _map_cells(_paper_cell, cells), strict=True):
+        table.setdefault(pair, {}).setdefault(workload, {})[str(c)] = rows
     return {"workloads": {w: list(d) for w, d in WORKLOADS.items() if w in workloads},
             "concurrency": list(concurrency), "pairs": table,
             "assumed": {"sync_step_s": SYNC_STEP_S}}
