@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
@@ -48,7 +49,7 @@ def test_engine_draft_is_offered_per_request_and_zeros_are_no_draft():
 
 
 def test_source_names_must_be_distinct():
-    import pytest
+
 
     with pytest.raises(ValueError, match="distinct"):
         CoSineProposer(_settings(), sources=[EngineSource("x"), EngineSource("x")])
@@ -237,3 +238,51 @@ def test_the_engine_drafter_is_not_paid_for_a_chain_lookup_also_drafted():
     engine.offer({"r": [20, 21, 22, 23]})
     assert p.propose({"r": ctx})["r"] == [20, 21, 22, 23]
     assert p.engine_draft_len() == 1
+
+
+def _closed_loop(depth_s: float, alpha: float, fixed: bool, steps: int = 300) -> tuple[float, float]:
+    """Four requests decode under an engine drafter whose draft is right for a geometric(alpha)
+    run of tokens, each step taking 0.1 s + 0.02 s a token in the pass + `depth_s` per forward of
+    the drafter past its first: vLLM's own drafter (`fixed`: full depth, all of it verified) or
+    the proposer choosing k and the depth, assuming the drafter a third of the target (its
+    weights' bytes) until measured. Returns (tokens per second, the fitted depth cost)."""
+    rng = random.Random(0)
+    engine = EngineSource("draftModel")
+    settings = ProposerSettings(speculation=SpeculationSpec(max_draft_len=4), lookup=False, engine_depth_ratio=0.35)
+    p = CoSineProposer(settings, sources=[engine])
+    contexts = {f"r{i}": list(range(1000 * i, 1000 * i + 20)) for i in range(4)}
+    emitted, total_s = 0, 0.0
+    for _ in range(steps):
+        depth = 4 if fixed else p.engine_draft_len()
+        offers = {}
+        for rid, ctx in contexts.items():
+            good = 0
+            while good < depth and rng.random() < alpha:
+                good += 1
+            offers[rid] = [ctx[-1] + 1 + i if i < good else 99999 for i in range(depth)]
+        engine.offer(offers)
+        drafts = offers if fixed else p.propose(contexts)
+        outcomes, n = [], 0
+        for rid, ctx in contexts.items():
+            d = drafts[rid]
+            accepted = next((i for i, t in enumerate(d) if t != ctx[-1] + 1 + i), len(d))
+            outcomes.append(RequestOutcome(rid, len(d), accepted, p.source_of(rid)))
+            ctx.extend(ctx[-1] + 1 + i for i in range(accepted + 1))
+            n += 1 + len(d)
+            emitted += accepted + 1
+        step_s = 0.1 + 0.02 * n + (depth - 1) * depth_s
+        total_s += step_s
+        if not fixed:
+            p.observe_step(StepRecord(step_s, n, tuple(outcomes), engine_depth=depth, num_requests=4))
+    return emitted / total_s, p.chooser.depth_s()
+
+
+def test_the_drafters_deeper_forwards_are_measured_and_paid_for_only_where_they_pay():
+    """Where the drafter's forwards cost a step more than its drafts save (batch of 4, acceptance
+    0.5), the proposer measures what a deeper forward costs from the step times (`fit_depth_s`)
+    and drafts shallower (`best_depth`): well ahead of the drafter alone at full depth. Where they
+    cost nothing and the head is good, it is not behind the drafter alone."""
+    costly, fitted = _closed_loop(0.05, 0.5, fixed=False)
+    assert fitted == pytest.approx(0.05, rel=0.2)
+    assert costly > 1.3 * _closed_loop(0.05, 0.5, fixed=True)[0]
+    assert _closed_loop(0.0, 0.8, fixed=False)[0] >= 0.98 * _closed_loop(0.0, 0.8, fixed=True)[0]

@@ -10,9 +10,11 @@ from cosine.speculation_control import (
     BatchedCost,
     PassCurve,
     SpeculationSettings,
+    best_depth,
     best_draft_len,
     best_path_len,
     expected_tokens,
+    fit_depth_s,
     initial_state,
     next_draft_len,
     observe,
@@ -26,6 +28,9 @@ class LinearCost:
     draft_token_s: float
     verify_base_s: float
     verify_token_s: float
+
+    def draft_s(self, k: int) -> float:
+        return k * self.draft_token_s
 
     def verify_s(self, num_tokens: int) -> float:
         return self.verify_base_s + max(0, num_tokens - 1) * self.verify_token_s
@@ -262,3 +267,36 @@ def test_pool_ask_fits_a_pools_draft_into_the_verifier_step_it_overlaps():
     # before the pool's speed is measured: the longest ask, with every branch
     assert ask(0.3, None, 0.0, 8, 2) == (10, 2)
     assert ask(0.3, 0.01, 0.0, 1, 0, lookahead=0) == (1, 0)  # never below one token
+
+
+def test_the_depth_cost_is_fitted_from_step_times_and_the_prior_stands_where_depth_never_varies():
+    """step_s = 0.1 + 0.02 n + 0.05 (depth - 1) with noise: the fit finds 0.05 although the depth
+    and the tokens in the pass move together; at one depth only, the prior is all there is."""
+    import random
+
+    rng = random.Random(0)
+    samples = []
+    for _ in range(200):
+        depth = rng.randint(1, 4)
+        n = 4 + rng.randint(0, 4 * (depth - 1)) + rng.randint(0, 2)
+        samples.append((n, depth, (0.1 + 0.02 * n + 0.05 * (depth - 1)) * rng.uniform(0.95, 1.05)))
+    assert fit_depth_s(samples, prior_s=0.2) == pytest.approx(0.05, rel=0.2)
+    assert fit_depth_s(samples, prior_s=0.0) == pytest.approx(0.05, rel=0.2)
+    flat = [(n, 4, 0.1 + 0.02 * n + 0.15) for n in range(4, 21)]
+    assert fit_depth_s(flat, prior_s=0.03) == pytest.approx(0.03, rel=0.05)
+    assert fit_depth_s([], prior_s=0.03) == 0.03
+
+
+def test_the_drafters_depth_is_chosen_for_the_batch():
+    """Four requests whose head drafts are accepted at 0.6 a token: where a forward of the drafter
+    is a third of the pass (a 0.5B drafter of a 1.5B target on CPU) no forward past the first pays;
+    where it is 2 % (an EAGLE-3 head on a GPU), the whole depth does; one request alone deep does
+    not pay for the batch's forward; the depth stops where the drafts stop."""
+    head = [tuple(0.6 ** (i + 1) for i in range(4))] * 4
+    assert best_depth(head, base_tokens=4, pass_s=0.3, depth_s=0.1, max_depth=4) == 1
+    assert best_depth(head, base_tokens=4, pass_s=0.03, depth_s=0.0006, max_depth=4) == 4
+    one = [tuple(0.6 ** (i + 1) for i in range(4))] + [(0.6,)] * 3
+    assert best_depth(one, base_tokens=4, pass_s=0.03, depth_s=0.006, max_depth=4) == 1
+    assert best_depth([(0.9, 0.8)] * 4, base_tokens=4, pass_s=0.03, depth_s=0.0006, max_depth=4) == 2
+    with pytest.raises(ValueError):
+        best_depth(head, base_tokens=4, pass_s=0.0, depth_s=0.1, max_depth=4)

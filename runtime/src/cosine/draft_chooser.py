@@ -3,6 +3,11 @@
 `DraftChooser` holds what the choice learns across requests and steps:
 - the **pass curve**: seconds of one engine pass by the tokens in it, refined by every decode step
   the engine ran (`speculation_control.PassCurve`; SmartSpec, arXiv:2406.14066);
+- the **depth cost** of the engine's own drafter: seconds one more forward of it adds to a step,
+  fitted to the steps' times against the depth it drafted (`speculation_control.fit_depth_s`).
+  The pass curve still learns from whole steps, the drafter's forwards in them included: taking
+  the fitted forwards out of them was tried, and cost `cosine-head` 3-5% in the simulator at c=16
+  (why was not found);
 - **calibration**: per source and domain (and per request, with the domain's as its prior), what
   the target accepted of a source's drafts over what their path probabilities predicted
   (EAGLE-2, arXiv:2406.16858, §4, uses the draft model's confidence as the acceptance estimate;
@@ -16,6 +21,7 @@ goodput on the measured pass curve (`speculation_control.next_draft_len`), down 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -35,10 +41,16 @@ class DraftChooser:
         control: the k controller's tuning. initial_step_s: the pass time assumed before any
             step was measured (seconds). calibration_decay / calibration_prior_tokens: per-step
             decay of the (accepted, predicted) counts and the pseudo-tokens at ratio 1.
+        depth_ratio: the engine drafter's forward over the target's one-token-per-request pass,
+            assumed until the steps measure it (e.g. their weights' bytes: decoding reads every
+            weight once a forward); 0 without an engine drafter.
     """
 
+    DEPTH_WINDOW = 256  # decode steps the depth cost is fitted to
+    DEPTH_REFIT = 8  # steps between fits
+
     def __init__(self, speculation: SpeculationSpec, control: sc.SpeculationSettings, initial_step_s: float,
-                 calibration_decay: float, calibration_prior_tokens: float) -> None:
+                 calibration_decay: float, calibration_prior_tokens: float, depth_ratio: float = 0.0) -> None:
         self.speculation, self.control = speculation, control
         # a draft already paid for (the engine's own drafter ran whatever wins): no path floor
         self._paid_control = replace(control, min_path_prob=0.0)
@@ -47,13 +59,26 @@ class DraftChooser:
         self._curve_observations = 0
         self._decay, self._prior = calibration_decay, calibration_prior_tokens
         self._calibration: dict[tuple[str, str], tuple[float, float]] = {}  # (source, domain) -> decayed counts
+        self.depth_ratio = max(0.0, depth_ratio)
+        self._depth_samples: deque[tuple[int, int, float]] = deque(maxlen=self.DEPTH_WINDOW)
+        self._depth_batch = 1.0  # decoding requests per step (EMA): the prior's pass
+        self._depth_s: float | None = None  # fitted; None: not yet
+        self._depth_seen = 0
 
     # ------------------------------------------------------------ the pass curve
 
-    def observe_pass(self, num_tokens: int, step_s: float) -> None:
-        """A decode pass of `num_tokens` tokens took `step_s` seconds."""
+    def observe_pass(self, num_tokens: int, step_s: float, depth: int = 0, num_requests: int = 0) -> None:
+        """A decode step of `num_tokens` tokens took `step_s` seconds, the engine's own drafter
+        drafting `depth` forwards deep in it (0: no engine drafter) for `num_requests` requests."""
         if num_tokens < 1 or step_s <= 0:
             return
+        if depth > 0:
+            if num_requests > 0:
+                self._depth_batch += 0.1 * (num_requests - self._depth_batch)
+            self._depth_samples.append((num_tokens, depth, step_s))
+            self._depth_seen += 1
+            if self._depth_s is None or self._depth_seen % self.DEPTH_REFIT == 0:
+                self._depth_s = sc.fit_depth_s(self._depth_samples, self._depth_prior_s())
         if self.curve is None:  # flat until measured: drafts look cheap and get tried, then priced
             budget = max(2, 8 * (self.speculation.max_draft_len + 1))
             self.curve = sc.PassCurve(((1, step_s),)).extended(budget)
@@ -61,6 +86,15 @@ class DraftChooser:
         # learn fast at first (the flat start is a guess), then follow the machine's drift
         weight = 0.5 if self._curve_observations <= 20 else 0.2
         self.curve = self.curve.observe(num_tokens, step_s, weight=weight)
+
+    def _depth_prior_s(self) -> float:
+        return self.depth_ratio * (self.curve.seconds(max(1, round(self._depth_batch))) if self.curve
+                                   else self.initial_step_s)
+
+    def depth_s(self) -> float:
+        """Seconds one more forward of the engine's own drafter adds to a step (fitted; before any
+        step with it, `depth_ratio` times the pass)."""
+        return self._depth_s if self._depth_s is not None else self._depth_prior_s()
 
     def step_s(self) -> float:
         """Seconds of a one-token pass (measured, else the initial guess)."""
@@ -119,6 +153,14 @@ class DraftChooser:
         confs = [w.confidences[i] for i, w in enumerate(winners)]
         return chain, winners[0].drafter if winners else "", path_of(confs)
 
+    def engine_depth(self, values: Sequence[Sequence[float]], base_tokens: float, pass_tokens: int,
+                     max_depth: int) -> int:
+        """The engine drafter's depth for the next step (`speculation_control.best_depth`): the
+        requests' `values` (path probabilities of the drafter's tokens each would take) against the
+        fitted `depth_s`, on a step of `pass_tokens` tokens emitting `base_tokens` without them."""
+        curve = self.curve or sc.PassCurve(((1, self.initial_step_s),))
+        return sc.best_depth(values, base_tokens, curve.seconds(max(1, pass_tokens)), self.depth_s(), max_depth)
+
     def draft_len(self, state: sc.SpeculationState, path: Sequence[float], other_tokens: int,
                   num_requests: int, paid: bool = False) -> tuple[sc.SpeculationState, int]:
         """(the request's new state for the source, k) for a draft of calibrated path
@@ -126,7 +168,8 @@ class DraftChooser:
         requests carry `other_tokens` tokens (`speculation_control.next_draft_len`, probes included).
         `paid`: the draft was made whatever is verified (the engine's own drafter drafts every
         step, as vLLM's eagle3 verifies every token it drafted), so only the pass prices its tokens
-        and the control's `min_path_prob` floor does not cut it."""
+        and the control's `min_path_prob` floor does not cut it; how deep it drafts is decided
+        for the batch (`engine_depth`)."""
         curve = self.curve or sc.PassCurve(((1, self.initial_step_s),))
         cost = sc.BatchedCost(draft_token_s=0.0, curve=curve, other_tokens=max(0, other_tokens),
                               num_requests=max(1, num_requests))

@@ -102,12 +102,16 @@ class StepRecord:
     """One engine step. step_s: wall seconds of the model pass (schedule to output). num_tokens:
     tokens computed in the pass, all requests together (prefill chunks, decodes and drafts).
     has_prefill: the pass computed prompt tokens too; such passes do not teach the pass curve,
-    which prices decode passes (one pending token plus draft tokens per request)."""
+    which prices decode passes (one pending token plus draft tokens per request).
+    engine_depth: forwards the engine's own drafter ran in the step (vLLM's
+    `num_spec_tokens_to_schedule`; 0: no engine drafter). num_requests: requests decoding in it."""
 
     step_s: float
     num_tokens: int
     outcomes: tuple[RequestOutcome, ...] = ()
     has_prefill: bool = False
+    engine_depth: int = 0
+    num_requests: int = 0
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,8 @@ class ProposerSettings:
     step computes them and a bonus token), as vLLM's own proposers clamp (None: no limit).
     calibration_decay: per-step decay of each source's (accepted, predicted) token counts that
     calibrate its path probabilities; calibration_prior_tokens: pseudo-tokens at ratio 1 (the
-    source's own probabilities trusted until measured).
+    source's own probabilities trusted until measured). engine_depth_ratio: the engine drafter's
+    forward over the target's, assumed until steps measure it (`DraftChooser`'s `depth_ratio`).
 
     Raises ValueError for pool_yield_decay or calibration_decay outside (0, 1] or a negative prior
     (`SpeculationSpec` and `SuffixSettings` check their own bounds)."""
@@ -149,6 +154,7 @@ class ProposerSettings:
     max_model_len: int | None = None  # the verifier's context limit, tokens: drafts never reach past it
     calibration_decay: float = 0.98
     calibration_prior_tokens: float = 2.0
+    engine_depth_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 < self.pool_yield_decay <= 1 or not 0 < self.calibration_decay <= 1:
@@ -236,7 +242,7 @@ class CoSineProposer:
                                  down_after=s.pool_down_after, retry_s=s.pool_retry_s,
                                  warn_every_s=s.pool_warn_every_s, yield_decay=s.pool_yield_decay, executor=executor)
         self.chooser = DraftChooser(s.speculation, s.control, s.initial_step_s, s.calibration_decay,
-                                    s.calibration_prior_tokens)
+                                    s.calibration_prior_tokens, depth_ratio=s.engine_depth_ratio)
         self._rng = random.Random(seed)
         self._requests: dict[str, _Request] = {}
         self._lock = threading.Lock()  # the router: routed from the engine's thread, observed from it too
@@ -247,7 +253,7 @@ class CoSineProposer:
         """Fold one engine step in: the pass curve learns (tokens, seconds); each outcome updates
         its request's acceptance estimate for the source and the router's (pool, domain) arm."""
         if not step.has_prefill:
-            self.chooser.observe_pass(step.num_tokens, step.step_s)
+            self.chooser.observe_pass(step.num_tokens, step.step_s, step.engine_depth, step.num_requests)
         self.stats.observe_step(step.step_s, step.num_tokens, any(o.num_draft_tokens for o in step.outcomes))
         control, stats, pools = self.settings.control, self.stats, self.pools
         learned: list[routing.Outcome] = []  # the router's, folded in together (`_learn`)
@@ -298,6 +304,8 @@ class CoSineProposer:
         drafts: dict[str, list[int]] = {}
         drafted = 0  # draft tokens given to the requests before this one (a running sum: O(1) per request)
         engine_k = -1  # the most draft tokens of the engine's drafter a request may take next (-1: none known)
+        engine_values: list[tuple[float, ...]] = []  # per request taking the drafter's draft: its tokens' values
+        other_value = 0.0  # expected accepted tokens of the other sources' drafts
         for rid, ctx in contexts.items():
             req = self._requests.get(rid)
             if req is None:
@@ -305,11 +313,13 @@ class CoSineProposer:
                 req = self._new_request(rid, ctx[:plen])
             tokens, source, path = self._fused(rid, req, ctx)
             k = 0
+            calibrated: tuple[float, ...] = ()
             if tokens:
                 state = req.states.get(source) or self._initial_state(source, req.domain)
+                calibrated = chooser.calibrated(source, req.domain, req.calibration, path)
                 req.states[source], k = chooser.draft_len(
-                    state, chooser.calibrated(source, req.domain, req.calibration, path),
-                    other_tokens=base - 1 + drafted, num_requests=num_requests, paid=source in self._paid)
+                    state, calibrated, other_tokens=base - 1 + drafted, num_requests=num_requests,
+                    paid=source in self._paid)
             if max_model_len is not None:
                 k = min(k, max(0, max_model_len - len(ctx) - 1))
             draft = drafts[rid] = list(tokens[:k])
@@ -320,6 +330,15 @@ class CoSineProposer:
                 covered = source not in self._paid or any(
                     name not in self._paid and cand[:k] == tokens[:k] for name, (_, cand) in req.unverified.items())
                 req.engine_k = 0 if covered and k else k
+                if not covered:  # next step it may take one token more (k grows a token a step): a draft
+                    # shorter than that (the drafter drafted no deeper) goes on at the request's rate
+                    value = list(calibrated[: k + 1])
+                    alpha = req.states[source].acceptance_rate if source in req.states else 0.0
+                    while len(value) < k + 1:
+                        value.append((value[-1] if value else 1.0) * alpha)
+                    engine_values.append(tuple(value))
+            if source not in self._paid or (k and covered):
+                other_value += sum(calibrated[:k])
             engine_k = max(engine_k, k_max if req.engine_k is None else req.engine_k)
             if k:
                 req.unverified.pop(source, None)  # verified: its outcome is the engine's to report
@@ -332,20 +351,24 @@ class CoSineProposer:
             if self.profiles:  # (without pools nothing is asked, nor routed)
                 self._request_pool_drafts(rid, req, ctx, draft)
         if self._paid:
-            self._engine_depth = k_max if engine_k < 0 else max(1, min(k_max, engine_k + 1))
+            most = k_max if engine_k < 0 else max(1, min(k_max, engine_k + 1))
+            self._engine_depth = most if engine_k < 0 else chooser.engine_depth(
+                engine_values, num_requests + other_value, base + drafted, most)
         return drafts
 
     def engine_draft_len(self) -> int:
         """How many tokens the engine's own drafter should draft after the coming step (vLLM's
-        `SchedulerOutput.num_spec_tokens_to_schedule`, its dynamic speculative decoding's seam):
-        one more than the most any request of the last `propose` took of its engine draft (a
-        request's k for the source grows by at most one a step: `speculation_control`'s probes;
-        none where another source's draft was verified instead, or a free source drafted the same
-        chain: lookup copying a span),
-        `max_draft_len` while a request has not had one, at least 1 (vLLM runs the drafter's first
-        forward at any depth). Drafting past what goodput verifies costs the verifier's step a
-        drafter forward per token for nothing (about a third of a pass each for the 0.5B drafter
-        of a 1.5B target on CPU); within the bound, the measured pass curve prices each token."""
+        `SchedulerOutput.num_spec_tokens_to_schedule`, its dynamic speculative decoding's seam),
+        for the whole batch: at most one more than the most any request of the last `propose` took
+        of its engine draft (a request's k for the source grows by at most one a step:
+        `speculation_control`'s probes; none where another source's draft was verified instead,
+        or a free source drafted the same chain: lookup copying a span), and within that the depth
+        with the most expected tokens a second for the batch (`speculation_control.best_depth`):
+        each forward past the first costs the whole step its measured seconds
+        (`DraftChooser.depth_s`, about a third of a pass for the 0.5B drafter of a 1.5B target on
+        CPU, a few percent for an EAGLE-3 head on GPU) and adds the path probabilities of the
+        tokens the requests would take from it. `max_draft_len` while a request has not had an
+        engine draft; at least 1 (vLLM runs the drafter's first forward at any depth)."""
         return self._engine_depth
 
     def prefetch(self, request_id: str, prompt: Sequence[int]) -> None:

@@ -340,6 +340,82 @@ def best_path_len(path_probs: Sequence[float], cost: Cost, max_k: int, min_path_
     return best_k
 
 
+def fit_depth_s(samples: Sequence[tuple[int, int, float]], prior_s: float, prior_weight: float = 2.0) -> float:
+    """Seconds one more forward of the engine's own drafter adds to a step, fitted to measured steps.
+
+    A step's wall time is the target's pass plus the drafter's forwards after it,
+        step_s ~ b0 + b1 * num_tokens + depth_s * (depth - 1)
+    (the first forward runs at any depth, so it is part of every step), fitted by least squares
+    over `samples` (num_tokens, depth, step_s) with `depth_s` pulled toward `prior_s` as by
+    `prior_weight` samples at the window's mean depth: where the depth never varied the data
+    cannot tell a deeper forward from a longer pass, and the prior stands. At least 0.
+    """
+    if not samples:
+        return max(0.0, prior_s)
+    rows = [((1.0, float(n), float(d - 1)), s) for n, d, s in samples]
+    extra = sum(x[2] ** 2 for x, _ in rows) / len(rows)
+    lam = prior_weight * max(extra, 1.0)
+    # the normal equations of the least squares, the prior as one more row (0, 0, sqrt(lam)) = sqrt(lam) * prior_s,
+    # and a vanishing ridge on the pass's terms (a window at one token count cannot tell them apart)
+    ata = [[sum(x[i] * x[j] for x, _ in rows) for j in range(3)] for i in range(3)]
+    aty = [sum(x[i] * y for x, y in rows) for i in range(3)]
+    ata[2][2] += lam
+    aty[2] += lam * prior_s
+    for i in range(2):
+        ata[i][i] += 1e-9 * (ata[i][i] + 1.0)
+    return max(0.0, _solve3(ata, aty)[2])
+
+
+def _solve3(a: list[list[float]], b: list[float]) -> list[float]:
+    """x with a x = b, for a symmetric positive definite 3 x 3 `a` (Gaussian elimination)."""
+    m = [row[:] + [v] for row, v in zip(a, b, strict=True)]
+    for i in range(3):
+        pivot = max(range(i, 3), key=lambda r: abs(m[r][i]))
+        m[i], m[pivot] = m[pivot], m[i]
+        for r in range(i + 1, 3):
+            f = m[r][i] / m[i][i]
+            for c in range(i, 4):
+                m[r][c] -= f * m[i][c]
+    x = [0.0, 0.0, 0.0]
+    for i in (2, 1, 0):
+        x[i] = (m[i][3] - sum(m[i][c] * x[c] for c in range(i + 1, 3))) / m[i][i]
+    return x
+
+
+def best_depth(values: Sequence[Sequence[float]], base_tokens: float, pass_s: float, depth_s: float,
+               max_depth: int, margin: float = 0.03) -> int:
+    """How many forwards deep the engine's own drafter should draft for the next step, for the
+    whole batch: expected tokens a second at depth d,
+        g(d) = (base_tokens + sum_r sum_{i < min(d, len(values[r]))} values[r][i]) / (pass_s + (d - 1) * depth_s),
+    and the deepest d in [1, max_depth] within `margin` of the best g, no deeper than the longest
+    of `values` (SmartSpec's goodput,
+    arXiv:2406.14066, applied to the drafter's depth, which vLLM sets for the batch:
+    `SchedulerOutput.num_spec_tokens_to_schedule`). The margin leans to the drafter's depth
+    because the values are estimates that undervalue deep tokens (a path probability is a product
+    of per-token rates; the target accepts in runs): a cut must save more than they can be off.
+    In the simulator at GPU scale, cutting at the best g alone cost `cosine-head` up to 3%.
+
+    values[r]: request r's expected accepted tokens from each draft token it would take of the
+    drafter's draft (its path probabilities); base_tokens: the tokens the batch emits without
+    them (one a request, plus other sources' drafts); pass_s: the step without the drafter's
+    deeper forwards; depth_s: seconds each forward past the first adds. Raises ValueError for
+    max_depth < 1 or pass_s <= 0.
+    """
+    if max_depth < 1 or pass_s <= 0:
+        raise ValueError(f"need max_depth >= 1 and pass_s > 0, got {max_depth}, {pass_s}")
+    max_depth = max(1, min(max_depth, max((len(v) for v in values), default=1)))  # no deeper than a draft goes
+    by_depth = [0.0] * max_depth  # by_depth[i]: what the batch gains from draft token i + 1
+    for v in values:
+        for i, p in enumerate(v[:max_depth]):
+            by_depth[i] += min(1.0, max(0.0, p))
+    goodput, tokens = [], base_tokens
+    for d in range(1, max_depth + 1):
+        tokens += by_depth[d - 1]
+        goodput.append(tokens / (pass_s + (d - 1) * depth_s))
+    best = max(goodput)
+    return max(d for d, g in enumerate(goodput, 1) if g * (1 + margin) >= best)
+
+
 def calibration(accepted: float, predicted: float, prior_tokens: float, prior: float = 1.0) -> float:
     """What a source's drafts were accepted over what their path probabilities predicted (tokens,
     decayed counts), shrunk toward `prior` with `prior_tokens` pseudo-tokens at that ratio: the

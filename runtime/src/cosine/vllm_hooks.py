@@ -302,12 +302,33 @@ def cosine_llm(model: str, speculation: SpeculationSpec | None, proposer: Mappin
     return LLM(model=model, **spec, **llm_kwargs)
 
 
+def weights_ratio(target: str | None, drafter: str | None) -> float:
+    """The bytes of a drafter's weights over the target's (each model directory's .safetensors
+    files, else its .bin, else .pt): what a decode forward of each reads, so about the ratio of
+    their forwards' times where decoding is memory-bound. 0.0 where either has no local weights."""
+    from pathlib import Path
+
+    def size(path: str | None) -> int:
+        if not path or not Path(path).is_dir():
+            return 0
+        for suffix in (".safetensors", ".bin", ".pt"):
+            total = sum(f.stat().st_size for f in Path(path).glob(f"*{suffix}") if f.is_file())
+            if total:
+                return total
+        return 0
+
+    t, d = size(target), size(drafter)
+    return min(1.0, d / t) if t and d else 0.0
+
+
 def build_proposer(config: Mapping[str, Any], max_model_len: int | None = None,
-                   sources: Sequence[Any] | None = None) -> prop.CoSineProposer:
+                   sources: Sequence[Any] | None = None, engine_depth_ratio: float = 0.0) -> prop.CoSineProposer:
     """A `CoSineProposer` from the `additional_config["cosine"]` dict: each pool a
     `transport.replica_pool.ReplicaPool` over its replicas' gRPC addresses, all calls tagged with
     one id for this verifier replica (drafters key per-request state by verifier and request);
-    `sources`: the local draft sources (None: prompt lookup if the config asks for it)."""
+    `sources`: the local draft sources (None: prompt lookup if the config asks for it);
+    `engine_depth_ratio`: the engine drafter's forward over the target's, assumed until measured
+    (`weights_ratio`)."""
     import os
     import socket
     import uuid
@@ -325,7 +346,8 @@ def build_proposer(config: Mapping[str, Any], max_model_len: int | None = None,
     speculation = speculation_of(config)
     settings = prop.ProposerSettings(speculation=speculation, lookup=speculation.prompt_lookup,
                                      max_model_len=max_model_len,
-                                     pool=prop.PoolPolicy(branches=speculation.branches))
+                                     pool=prop.PoolPolicy(branches=speculation.branches),
+                                     engine_depth_ratio=engine_depth_ratio)
     return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")), sources=sources)
 
 
@@ -367,7 +389,11 @@ class CoSineScheduler(Scheduler):
         sources: list[Any] = [self.engine_source] if self.engine_source is not None else []
         if trees is not None:
             sources.append(LookupSource(trees))
-        self.cosine = build_proposer(config, self.vllm_config.model_config.max_model_len, sources)
+        ratio = 0.0
+        if self.engine_source is not None:
+            spec_config = self.vllm_config.speculative_config
+            ratio = weights_ratio(self.vllm_config.model_config.model, getattr(spec_config, "model", None))
+        self.cosine = build_proposer(config, self.vllm_config.model_config.max_model_len, sources, ratio)
         self._step_t0 = 0.0
         self._exporter = None
         self.suffix = None
@@ -411,13 +437,15 @@ class CoSineScheduler(Scheduler):
         spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         has_prefill = bool(scheduler_output.scheduled_new_reqs) or any(
             n > 1 + len(spec_tokens.get(rid, ())) for rid, n in scheduler_output.num_scheduled_tokens.items())
+        depth = scheduler_output.num_spec_tokens_to_schedule if self.engine_source is not None else 0
         out = super().update_from_output(scheduler_output, model_runner_output)
         self.cosine.stats.observe_queue(len(self.running), len(self.waiting))
         if self.suffix is not None:
             self.suffix.update(time.monotonic())
         if scheduler_output.total_num_scheduled_tokens > 0:
             self.cosine.observe_step(prop.StepRecord(step_s, scheduler_output.total_num_scheduled_tokens,
-                                                     tuple(outcomes), has_prefill))
+                                                     tuple(outcomes), has_prefill, depth or 0,
+                                                     len(scheduler_output.num_scheduled_tokens)))
         return out
 
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:

@@ -116,9 +116,12 @@ class _Cluster:
         if setup.mode == "cosine":
             if setup.engine_drafter is not None:
                 self.engines = [EngineSource(setup.engine_drafter.name) for _ in range(setup.verifier.replicas)]
+            head = setup.engine_drafter
+            # the depth cost's prior, as `cosine serve` takes it from the weights' bytes: a forward's ratio
+            ratio = head.draft_token_s(1) / setup.verifier.pass_s(1, 0) if head is not None else 0.0
             settings = ProposerSettings(speculation=setup.speculation, control=setup.control,
                                         routing=setup.routing_settings, lookup=setup.lookup is not None,
-                                        pool=setup.pool_policy)
+                                        pool=setup.pool_policy, engine_depth_ratio=ratio)
             expertise = {p.name: p.expertise for p in setup.pools}
             self.proposers = [
                 CoSineProposer(settings, list(self.sim_pools.values()), expertise,
@@ -295,8 +298,10 @@ class _Cluster:
             outcomes = [self._after_step(seq, n, running) for seq, n in step]
             if proposer is not None:
                 t0 = time.perf_counter()
+                depth = self.head_depth[replica] if decodes and self.s.engine_drafter else 0
                 proposer.observe_step(StepRecord(pass_s, tokens, tuple(o for o in outcomes if o is not None),
-                                                 has_prefill=len(decodes) < len(step)))
+                                                 has_prefill=len(decodes) < len(step), engine_depth=depth,
+                                                 num_requests=len(decodes)))
                 self.out.proposer_cpu_s += time.perf_counter() - t0
                 self.out.proposer_steps += 1
             self._draft(running, proposer)
