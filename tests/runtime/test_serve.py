@@ -469,6 +469,10 @@ def test_the_engines_own_drafter_serves_beside_lookup_and_the_pool(tmp_path_fact
         _stop(proc)
 
 
+# 140-210 s on two cores, the slowest test the default run had, which must stay under 15 minutes: it
+# runs with `-m slow` (README); the default run keeps the rule's tests (tests/spec) and the embedded
+# autoscaler's (tests/runtime/test_embedded.py), without real replicas.
+@pytest.mark.slow
 def test_the_autoscaler_closes_the_loop_on_real_processes(tmp_path, reference):
     """`cosine serve` with `spec.autoscaling` on: the operator's rule (imported) on its own scrape,
     starting and stopping real llama.cpp replicas. Pool "small" (minReplicas 1, maxReplicas 3)
