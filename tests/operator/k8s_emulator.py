@@ -93,6 +93,10 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self.patches: list[tuple[str, str | None, str | None, Any]] = []
         # (resource, namespace, name) -> (manager, operation) -> the leaf paths it owns
         self._owners: dict[tuple[str, str | None, str], dict[tuple[str, str], set[tuple[str, ...]]]] = {}
+        # A slow API server, for tests: (resource, name) -> seconds each write to it waits before
+        # it is served; `slowed` counts the writes that waited.
+        self.slow_writes: dict[tuple[str, str], float] = {}
+        self.slowed = 0
 
     def _server_side_apply(self, request: rendering.Request) -> None:
         """Rewrite an apply patch, in place (kmock follows the request object), into the create or
@@ -188,6 +192,10 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         if request.resource is None:
             return await super()._handle(request)
         writes = request.action in (enums.action.CREATE, enums.action.UPDATE)
+        delay = self.slow_writes.get((self._key(request), request.name or "")) if writes else None
+        if delay:
+            self.slowed += 1
+            await asyncio.sleep(delay)
         manager = request.params.get("fieldManager") or "unknown"
         found = self._find(request) if request.name is not None else None
         before = copy.deepcopy(found[1].raw) if found is not None and not found[1].deleted else None

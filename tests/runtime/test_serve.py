@@ -219,9 +219,14 @@ class TestFixedCluster:
         base, proc, metrics_url, pools_url = cluster
         client = _client(base)
         deadline = time.monotonic() + 120  # both replicas up (the test before restarts one)
-        while len(pids := _drafter_pids(proc.pid)) < 2 or _replica(metrics_url, _address(pids[0])) is None:
+        while (len(pids := _drafter_pids(proc.pid)) < 2 or any(_replica(metrics_url, _address(p)) is None for p in pids)
+               or not all(_serving(_address(p)) for p in pids)):
             assert time.monotonic() < deadline, "two replicas never served"
             time.sleep(1)
+        # A replica the test before restarted may still be behind the verifier's circuit breaker
+        # for it (the pool's `retry_s`, 5 s, from its last failed call); the verifier moves the
+        # stopped replica's requests only to a replica it may call, else they finish where they are.
+        time.sleep(5 + 1)
         by_address = {_address(p): p for p in pids}
         before = {a: _replica(metrics_url, a) or {} for a in by_address}
         exits, clean = _exits(pools_url), _exits(pools_url, "0")
@@ -394,6 +399,19 @@ def _address(pid: int) -> str:
     """The gRPC address of the drafter process `pid` (from its command line)."""
     cmd = open(f"/proc/{pid}/cmdline").read().split("\0")
     return f"127.0.0.1:{cmd[cmd.index('--grpc-port') + 1]}"
+
+
+def _serving(address: str) -> bool:
+    """Whether the drafter at `address` answers SERVING to a gRPC health check."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def _replica(metrics_url: str, address: str) -> dict[str, float] | None:

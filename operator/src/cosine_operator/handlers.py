@@ -110,6 +110,10 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, log
         prefix="cosine.dev", key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
+    # A deleted cluster keeps kopf's finalizer until its resync timer has stopped. A timer caught
+    # mid-pass is not cancelled: kopf looks again after `background.cancellation_polling`, 60 s by
+    # default, so a deletion landing during a pass took a minute. A pass takes well under a second.
+    settings.background.cancellation_polling = 1.0
     if config.peering_lifetime_s is not None:
         settings.peering.lifetime = config.peering_lifetime_s
     if config.webhook_port is not None:
