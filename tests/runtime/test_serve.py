@@ -26,6 +26,7 @@ import httpx
 import pytest
 import yaml
 
+from cosine.embedded import serving
 from cosine.model_store import pull
 from cosine.processes import free_port
 from tests.runtime.test_processes import assert_all_gone, descendants
@@ -220,7 +221,7 @@ class TestFixedCluster:
         client = _client(base)
         deadline = time.monotonic() + 120  # both replicas up (the test before restarts one)
         while (len(pids := _drafter_pids(proc.pid)) < 2 or any(_replica(metrics_url, _address(p)) is None for p in pids)
-               or not all(_serving(_address(p)) for p in pids)):
+               or not all(serving(_address(p), timeout_s=2) for p in pids)):
             assert time.monotonic() < deadline, "two replicas never served"
             time.sleep(1)
         # A replica the test before restarted may still be behind the verifier's circuit breaker
@@ -399,19 +400,6 @@ def _address(pid: int) -> str:
     """The gRPC address of the drafter process `pid` (from its command line)."""
     cmd = open(f"/proc/{pid}/cmdline").read().split("\0")
     return f"127.0.0.1:{cmd[cmd.index('--grpc-port') + 1]}"
-
-
-def _serving(address: str) -> bool:
-    """Whether the drafter at `address` answers SERVING to a gRPC health check."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
-        except grpc.RpcError:
-            return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def _replica(metrics_url: str, address: str) -> dict[str, float] | None:

@@ -80,24 +80,27 @@ def start_replica(manifest: Manifest, pool, name: str, host: str = "127.0.0.1",
     return Child(name, proc, port, cmd, env, cores=tuple(cores), metrics_port=metrics_port)
 
 
-def wait_healthy(children: list[Child], host: str = "127.0.0.1", timeout_s: float = 600) -> None:
-    """Block until every child answers its gRPC health check. Raises RuntimeError on exit/timeout."""
+def serving(address: str, timeout_s: float = 1.0) -> bool:
+    """Whether the drafter at `address` (host:port, plaintext) answers SERVING to a gRPC health
+    check within `timeout_s` seconds (False if it does not answer)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    with grpc.insecure_channel(address) as ch:
+        try:
+            status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s).status
+        except grpc.RpcError:
+            return False
+    return bool(status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def wait_healthy(children: list[Child], host: str = "127.0.0.1", timeout_s: float = 600) -> None:
+    """Block until every child answers its gRPC health check. Raises RuntimeError on exit/timeout."""
     deadline = time.monotonic() + timeout_s
     for c in children:
-        with grpc.insecure_channel(f"{host}:{c.grpc_port}") as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-
-            def serving() -> bool:
-                try:
-                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status  # noqa: B023
-                except grpc.RpcError:
-                    return False
-                return bool(status == health_pb2.HealthCheckResponse.SERVING)
-
-            poll_until(serving, c.process, deadline, 0.5, f"drafter {c.name}", f"not healthy after {timeout_s:.0f} s")
+        address = f"{host}:{c.grpc_port}"
+        poll_until(lambda a=address: serving(a), c.process, deadline, 0.5, f"drafter {c.name}",
+                   f"not healthy after {timeout_s:.0f} s")
 
 
 def stop_children(children: list[Child], timeout_s: float = 10) -> None:
