@@ -286,3 +286,17 @@ def test_the_drafters_deeper_forwards_are_measured_and_paid_for_only_where_they_
     assert fitted == pytest.approx(0.05, rel=0.2)
     assert costly > 1.3 * _closed_loop(0.05, 0.5, fixed=True)[0]
     assert _closed_loop(0.0, 0.8, fixed=False)[0] >= 0.98 * _closed_loop(0.0, 0.8, fixed=True)[0]
+
+
+def test_mrv2_rows_of_minus_one_are_no_draft():
+    """MRV2 answers `take_draft_token_ids` with rows of -1 when async scheduling is off (its drafts
+    stay on the device): kept as a draft they were credited to the engine's source and calibrated."""
+    from cosine.sources.engine import ON_DEVICE, EngineSource
+
+    src = EngineSource("eagle3")
+    src.offer({"a": [-1, -1, -1], "b": [0, 0], "c": [7, 0, 9]})
+    assert src.candidate("a", [1, 2], 4, 0.5) is None
+    assert src.candidate("b", [1, 2], 4, 0.5) is None
+    assert src.candidate("c", [1, 2], 4, 0.5).token_ids == (7, 0, 9)
+    src.on_device(["a"], 3)  # the MRV2 seam: drafted on the device, weighed by its rate
+    assert src.candidate("a", [1, 2], 4, 0.5).token_ids == (ON_DEVICE,) * 3

@@ -59,9 +59,33 @@ def test_engine_kwargs_with_the_engines_own_drafter():
                                         "draft_sample_method": "greedy", "num_speculative_tokens": 4}
     assert kw["additional_config"]["cosine"]["engine_source"] == "draftModel"
     assert kw["worker_cls"] == vllm_hooks.LOSSLESS_CPU_WORKER and kw["async_scheduling"] is False
+
+
+def test_on_a_gpu_every_configuration_takes_the_mrv2_seam_with_async_scheduling_on(monkeypatch):
+    """vLLM 0.32 runs every in-engine drafter on Model Runner V2 wherever Triton runs: CoSine's
+    choice is then a speculator (`vllm_mrv2`), async scheduling stays on, and without an engine
+    drafter vLLM's device lookup (`ngram_gpu`) is the inner drafter (MRV2 has no custom_class)."""
+    from cosine_spec.cluster_spec import SpeculationSpec
+    from cosine_spec.verifier_spec import SpeculatorSpec
+
+    from cosine import vllm_mrv2
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    assert vllm_hooks.model_runner(cpu=False) == "mrv2" and vllm_hooks.model_runner(cpu=True) == "v1"
     mtp = vllm_hooks.engine_kwargs(SpeculationSpec(max_draft_len=2), SpeculatorSpec("mtp"), cpu=False)
     assert mtp["speculative_config"] == {"method": "mtp", "draft_sample_method": "greedy", "num_speculative_tokens": 2}
-    assert "worker_cls" not in mtp
+    assert mtp["scheduler_cls"] == vllm_mrv2.SCHEDULER_CLS and mtp["async_scheduling"] is True
+    assert mtp["worker_cls"] == vllm_hooks.GPU_WORKER and mtp["additional_config"]["cosine"]["seam"] == "mrv2"
+    lookup = vllm_hooks.engine_kwargs(SpeculationSpec(max_draft_len=3), cpu=False)
+    assert lookup["speculative_config"]["method"] == "ngram_gpu" and lookup["async_scheduling"] is True
+    assert lookup["scheduler_cls"] == vllm_mrv2.SCHEDULER_CLS
+    # the GPU worker is vLLM's with the seam's mixin before it
+    from vllm.v1.worker.gpu_worker import Worker
+
+    module, _, name = vllm_hooks.GPU_WORKER.rpartition(".")
+    worker = getattr(__import__(module, fromlist=[name]), name)
+    assert issubclass(worker, vllm_mrv2.MRV2SeamWorker) and issubclass(worker, Worker)
+    assert worker.__mro__.index(vllm_mrv2.MRV2SeamWorker) < worker.__mro__.index(Worker)
 
 
 def test_lossless_cpu_worker_is_vllm_cpus_worker_repairing_sampling():

@@ -73,7 +73,7 @@ from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine import routing
 from cosine import speculation_control as sc
-from cosine.draft_chooser import DraftChooser
+from cosine.draft_chooser import DraftChooser, path_of
 from cosine.drafter import Drafter
 from cosine.fusion import DraftPath
 from cosine.lookup import SuffixLookup, SuffixSettings
@@ -356,6 +356,45 @@ class CoSineProposer:
                 engine_values, num_requests + other_value, base + drafted, most)
         return drafts
 
+    def anchored(self, request_id: str, context: Sequence[int], max_tokens: int
+                 ) -> tuple[tuple[int, ...], tuple[float, ...], str]:
+        """The best candidate of the verifier process's sources for the request (every local source
+        not in the engine, each routed pool's arrived draft that continues `context`), for the
+        MRV2 seam to deliver *anchored* at `len(context)`: (its tokens, up to `max_tokens`, each
+        token's calibrated path probability, its source), the one with the most expected accepted
+        tokens (the sum of its path probabilities); empty for an unknown request or none. Call
+        after `propose` for the same step (which routes the request and scores the last step)."""
+        req = self._requests.get(request_id)
+        if req is None or max_tokens <= 0:
+            return (), (), ""
+        found: list[tuple[str, tuple[int, ...], tuple[float, ...]]] = []
+        for src in self.sources:
+            if src.name in self._paid:
+                continue
+            cand = src.candidate(request_id, context, max_tokens, self._state(req, src.name).acceptance_rate)
+            if cand is not None:
+                found.append((src.name, cand.token_ids, cand.confidences))
+        for name in req.pools:
+            d = req.arrived.get(name)
+            usable = continuation(d, context) if d is not None else None
+            if usable:
+                found.append((name, tuple(usable[0][:max_tokens]), tuple(usable[1][:max_tokens])))
+        best: tuple[tuple[int, ...], tuple[float, ...], str] = ((), (), "")
+        best_value = 0.0
+        for name, tokens, confidences in found:
+            path = self.chooser.calibrated(name, req.domain, req.calibration, path_of(confidences))
+            if sum(path) > best_value:
+                best, best_value = (tokens, path, name), sum(path)
+        return best
+
+    def acceptance_rate(self, request_id: str, source: str) -> float:
+        """The request's per-token acceptance estimate for `source` (its domain's prior for an
+        unknown request or a source it has not drafted from)."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return self._initial_state(source, "chat").acceptance_rate
+        return self._state(req, source).acceptance_rate
+
     def engine_draft_len(self) -> int:
         """How many tokens the engine's own drafter should draft after the coming step (vLLM's
         `SchedulerOutput.num_spec_tokens_to_schedule`, its dynamic speculative decoding's seam),
@@ -493,6 +532,8 @@ class CoSineProposer:
         tokens it emitted since: n of them compared, the matching prefix accepted (censored at the
         tokens emitted, as a draft of that length would be)."""
         for name, (ctx_len, tokens) in req.unverified.items():
+            if tokens and tokens[0] < 0:  # drafted on the device (the MRV2 seam): its tokens are not known here
+                continue
             emitted = ctx[ctx_len:]
             n = min(len(tokens), len(emitted))
             if n <= 0 or len(ctx) < ctx_len:

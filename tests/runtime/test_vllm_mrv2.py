@@ -1,0 +1,88 @@
+"""The MRV2 seam's pure parts (`vllm_mrv2.choose`, the plan, the scheduler's placeholders), with
+plain tensors: the real runner is exercised by `test_vllm_mrv2_lossless.py`."""
+
+from __future__ import annotations
+
+import pickle
+
+import torch
+
+from cosine.vllm_mrv2 import PLAN_ATTR, RowPlan, StepPlan, choose
+
+INNER = "draftModel"
+
+
+def _history(rows: list[list[int]], width: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.zeros((len(rows) + 1, width), dtype=torch.int32)
+    for i, row in enumerate(rows):
+        tokens[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    return tokens, torch.tensor([len(r) for r in rows] + [0], dtype=torch.int32)
+
+
+def test_a_fresh_candidate_with_more_expected_tokens_replaces_the_inner_draft() -> None:
+    # anchored at 3 tokens; the device has 5 since (the step in flight emitted 7, 8): the candidate
+    # begins 7, 8, so its rest 9, 10, 11, 12 is drafted
+    tokens, total = _history([[1, 2, 3, 7, 8]])
+    plan = StepPlan(INNER, {"a": RowPlan(0.3, 3, (7, 8, 9, 10, 11, 12), (0.9, 0.9, 0.9, 0.9, 0.9, 0.9), "lookup")})
+    inner = torch.tensor([[50, 51, 52, 53]])
+    drafts, chosen = choose(inner, tokens, total, torch.tensor([0]), plan, ["a"])
+    assert drafts.tolist() == [[9, 10, 11, 12]]
+    assert chosen.tolist() == [True]
+
+
+def test_a_stale_candidate_falls_back_to_the_inner_draft() -> None:
+    # the step in flight emitted 7, 6: the candidate guessed 7, 8, so it no longer continues the tokens there
+    tokens, total = _history([[1, 2, 3, 7, 6]])
+    plan = StepPlan(INNER, {"a": RowPlan(0.3, 3, (7, 8, 9, 10, 11, 12), (0.9,) * 6, "lookup")})
+    inner = torch.tensor([[50, 51, 52, 53]])
+    drafts, chosen = choose(inner, tokens, total, torch.tensor([0]), plan, ["a"])
+    assert drafts.tolist() == [[50, 51, 52, 53]]
+    assert chosen.tolist() == [False]
+
+
+def test_a_candidate_used_up_by_the_tokens_emitted_is_no_draft() -> None:
+    tokens, total = _history([[1, 2, 3, 7, 8]])
+    plan = StepPlan(INNER, {"a": RowPlan(0.0, 3, (7, 8), (0.9, 0.9), "lookup")})
+    drafts, chosen = choose(torch.tensor([[50, 51]]), tokens, total, torch.tensor([0]), plan, ["a"])
+    assert chosen.tolist() == [False] and drafts.tolist() == [[50, 51]]
+
+
+def test_the_inner_draft_wins_where_it_is_worth_more() -> None:
+    # the candidate's rest: 2 tokens at path 0.5, 0.25 (0.75 expected) against the head's 4 at 0.8 (2.36)
+    tokens, total = _history([[1, 2, 3]])
+    plan = StepPlan(INNER, {"a": RowPlan(0.8, 3, (9, 10), (0.5, 0.25), "lookup")})
+    drafts, chosen = choose(torch.tensor([[50, 51, 52, 53]]), tokens, total, torch.tensor([0]), plan, ["a"])
+    assert chosen.tolist() == [False] and drafts.tolist() == [[50, 51, 52, 53]]
+    # the path past the emitted tokens is conditional on them: (0.5, 0.45, 0.4) after a 0.5 first token
+    # is worth 0.9 + 0.8 = 1.7 expected tokens, more than a head at 0.5 (0.94)
+    tokens, total = _history([[1, 2, 3, 9]])
+    plan = StepPlan(INNER, {"a": RowPlan(0.5, 3, (9, 10, 11), (0.5, 0.45, 0.4), "lookup")})
+    drafts, chosen = choose(torch.tensor([[50, 51]]), tokens, total, torch.tensor([0]), plan, ["a"])
+    assert chosen.tolist() == [True] and drafts.tolist() == [[10, 11]]
+
+
+def test_rows_follow_the_batch_through_idx_mapping_and_unplanned_rows_keep_the_inner_draft() -> None:
+    tokens, total = _history([[5, 5, 5], [1, 2, 3]])  # state rows: request b at 0, request a at 1
+    plan = StepPlan(INNER, {"a": RowPlan(0.0, 3, (4, 5), (0.9, 0.8), "lookup")})
+    inner = torch.tensor([[60, 61], [70, 71], [80, 81]])
+    drafts, chosen = choose(inner, tokens, total, torch.tensor([1, 0, 2]), plan, ["a", "b", "c"])
+    assert drafts.tolist() == [[4, 5], [70, 71], [80, 81]]
+    assert chosen.tolist() == [True, False, False]
+
+
+def test_two_ranks_given_the_same_scheduler_output_choose_the_same_drafts() -> None:
+    # tensor-parallel ranks: each unpickles the scheduler output (vLLM's message queue pickles it) and
+    # holds the same token history; the choice is a function of those alone
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    out = SchedulerOutput.make_empty()
+    setattr(out, PLAN_ATTR, StepPlan(INNER, {"a": RowPlan(0.2, 2, (3, 4, 5), (0.9, 0.8, 0.7), "lookup"),
+                                             "b": RowPlan(0.9, 2, (9,), (0.1,), "pool")}))
+    tokens, total = _history([[1, 2, 3], [1, 2, 8]])
+    inner = torch.tensor([[11, 12, 13], [21, 22, 23]])
+    results = []
+    for _ in range(2):
+        plan = getattr(pickle.loads(pickle.dumps(out)), PLAN_ATTR)
+        drafts, chosen = choose(inner.clone(), tokens.clone(), total.clone(), torch.tensor([0, 1]), plan, ["a", "b"])
+        results.append((drafts.tolist(), chosen.tolist()))
+    assert results[0] == results[1] == ([[4, 5, 13], [21, 22, 23]], [True, False])
