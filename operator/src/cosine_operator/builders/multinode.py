@@ -49,7 +49,7 @@ def build_verifier_group(name: str, namespace: str, cluster: ClusterSpec) -> Man
         "env": container_env(v.pod, []),
         "lifecycle": {"preStop": {"exec": {"command": _leader_wait_command(v.termination_grace_s)}}},
     }
-    worker_spec = build_pod_spec(cluster, capacity_placement.on_demand(v.pod, None), v.image, worker_container, name,
+    worker_spec = build_pod_spec(cluster, capacity_placement.on_demand(v.pod, cluster), v.image, worker_container, name,
                             [v.model], v.termination_grace_s, None, shm=True)
     worker = pod_template(name, WORKER_COMPONENT, None, worker_spec, VERIFIER_METRICS_PORT,
                        config_hashes.verifier_hash(cluster), v.pod)

@@ -127,7 +127,7 @@ def verifier_template(name: str, namespace: str, cluster: ClusterSpec) -> dict[s
         ],
         **health_probes({"httpGet": {"path": "/health", "port": VERIFIER_HTTP_PORT}}, v.startup_timeout_s),
     }
-    pod = capacity_placement.on_demand(v.pod, None)  # the verifier stays off spot nodes
+    pod = capacity_placement.on_demand(v.pod, cluster)  # the verifier stays off spot nodes
     pod_spec = build_pod_spec(cluster, pod, v.image, container, name, [v.model], v.termination_grace_s, tls, shm=True)
     return pod_template(name, "verifier", None, pod_spec, VERIFIER_METRICS_PORT, config_hashes.verifier_hash(cluster),
                      v.pod)
@@ -215,7 +215,7 @@ def build_fallback_deployment(
     operator owns its replicas (no scaler writes them). ``KeyError`` if the cluster has no pool
     ``pool``."""
     p = cluster.pool(pool)
-    pod = capacity_placement.on_demand(p.pod, cluster.spot)
+    pod = capacity_placement.on_demand(p.pod, cluster, fallback=True)
     on_demand = replace(cluster, drafter_pools=tuple(replace(q, capacity="onDemand", pod=pod) if q.name == pool else q
                                                      for q in cluster.drafter_pools))
     out = build_drafter_deployment(name, namespace, on_demand, pool, replicas)
