@@ -561,6 +561,24 @@ def test_no_service_account_token_in_workload_pods() -> None:
     assert [p["automountServiceAccountToken"] for p in pods] == [False, False, False]
 
 
+def test_the_pull_job_runs_as_the_verifiers_service_account() -> None:
+    """The pull Job takes the verifier's ``serviceAccountName``, which the workload identity
+    webhooks (IRSA, EKS Pod Identity) and GKE's metadata server key on. Catches: a Job run as the
+    namespace's ``default`` account, so an ``s3://`` or ``gs://`` model without a Secret fails the
+    pull and every pod waits on it."""
+    spec = copy.deepcopy(SPEC)
+    spec["verifier"]["model"] = "s3://weights/models/qwen2.5-coder-1.5b-instruct"
+    spec["verifier"]["serviceAccountName"] = "cosine-irsa"
+    spec["modelCache"] = {"size": "20Gi"}
+    cluster = parse_cluster_spec(spec)
+    job = build_model_job("demo", "ns", cluster)["spec"]["template"]["spec"]
+    verifier = _template(build_verifier_deployment("demo", "ns", cluster))
+    assert job["serviceAccountName"] == verifier["serviceAccountName"] == "cosine-irsa"
+    del spec["verifier"]["serviceAccountName"]
+    assert "serviceAccountName" not in build_model_job("demo", "ns", parse_cluster_spec(spec))["spec"]["template"][
+        "spec"]  # the namespace's default, as the verifier's
+
+
 def test_pull_job_name_follows_its_whole_template() -> None:
     """A Job's template is immutable: whatever changes it must change the name (test_k8s_emulator)."""
     spec = copy.deepcopy(SPEC)
