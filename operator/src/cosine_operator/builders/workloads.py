@@ -139,8 +139,8 @@ def build_verifier_deployment(name: str, namespace: str, cluster: ClusterSpec) -
     ``replicas``: ``spec.verifier.replicas``, at creation only (then whoever scales it writes them:
     an HPA on it, or ``cosinecluster_scale_verifier`` following ``spec.verifier.replicas``)."""
     v = cluster.verifier
-    return deployment_of(name, namespace, verifier_name(name), "verifier", None, v.replicas, rollout_strategy(v.pod),
-                          verifier_template(name, namespace, cluster))
+    return deployment_of(name, namespace, verifier_name(name), "verifier", None, v.replicas,
+                          rollout_strategy(v.pod, v.rollout.max_surge), verifier_template(name, namespace, cluster))
 
 
 def build_drafter_deployment(
