@@ -561,6 +561,24 @@ def test_no_service_account_token_in_workload_pods() -> None:
     assert [p["automountServiceAccountToken"] for p in pods] == [False, False, False]
 
 
+def test_the_pull_job_runs_as_the_verifiers_service_account() -> None:
+    """The pull Job takes the verifier's ``serviceAccountName``, which the workload identity
+    webhooks (IRSA, EKS Pod Identity) and GKE's metadata server key on. Catches: a Job run as the
+    namespace's ``default`` account, so an ``s3://`` or ``gs://`` model without a Secret fails the
+    pull and every pod waits on it."""
+    spec = copy.deepcopy(SPEC)
+    spec["verifier"]["model"] = "s3://weights/models/qwen2.5-coder-1.5b-instruct"
+    spec["verifier"]["serviceAccountName"] = "cosine-irsa"
+    spec["modelCache"] = {"size": "20Gi"}
+    cluster = parse_cluster_spec(spec)
+    job = build_model_job("demo", "ns", cluster)["spec"]["template"]["spec"]
+    verifier = _template(build_verifier_deployment("demo", "ns", cluster))
+    assert job["serviceAccountName"] == verifier["serviceAccountName"] == "cosine-irsa"
+    del spec["verifier"]["serviceAccountName"]
+    assert "serviceAccountName" not in build_model_job("demo", "ns", parse_cluster_spec(spec))["spec"]["template"][
+        "spec"]  # the namespace's default, as the verifier's
+
+
 def test_pull_job_name_follows_its_whole_template() -> None:
     """A Job's template is immutable: whatever changes it must change the name (test_k8s_emulator)."""
     spec = copy.deepcopy(SPEC)
@@ -720,6 +738,33 @@ def test_a_group_drains_one_at_a_time_and_talks_only_to_itself() -> None:
                                     for p in rule["from"]} == {"verifier", "verifier-worker"}
     drafter = policies["demo-drafter-code"]["spec"]["ingress"][0]["from"]
     assert drafter == [{"podSelector": {"matchLabels": selector_labels("demo", "verifier")}}]
+
+
+def test_a_verifier_with_a_surge_starts_its_successor_before_the_old_pod_goes() -> None:
+    """``spec.verifier.rollout.maxSurge``: the Deployment and a multi-node verifier's
+    LeaderWorkerSet roll that many replicas beyond ``replicas`` and take none down first. Catches: a
+    lone GPU verifier down for a whole model load on every roll, with no way to say the node pool
+    can add a node (the groups of a LeaderWorkerSet had no way at all)."""
+    import kubernetes_validate
+
+    surge = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert build_verifier("demo", "ns", CLUSTER)["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 0, "maxUnavailable": 1}  # the default: a GPU pod surges none
+    spec = copy.deepcopy(SPEC)
+    spec["verifier"]["rollout"] = {"maxSurge": 1}
+    deployment = build_verifier("demo", "ns", parse_cluster_spec(spec))
+    assert deployment["spec"]["strategy"] == surge
+    kubernetes_validate.validate(deployment, "1.30.0", strict=True)
+    spec["verifier"].update(resources={"limits": {"nvidia.com/gpu": 8}},
+                            parallelism={"tensor": 8, "pipeline": 2, "nodes": 2})
+    lws = build_verifier("demo", "ns", parse_cluster_spec(spec))
+    assert lws["spec"]["rolloutStrategy"] == {"type": "RollingUpdate", "rollingUpdateConfiguration": surge[
+        "rollingUpdate"]}
+    assert build_verifier("demo", "ns", MULTINODE)["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {
+        "maxSurge": 0, "maxUnavailable": 1}
+    # a pool's strategy is its own: the verifier's surge leaves the pools as they were
+    assert build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "ngram", 1)["spec"]["strategy"][
+        "rollingUpdate"]["maxSurge"] == "25%"
 
 
 ROUTED = parse_cluster_spec({**SPEC, "router": {"enabled": True, "gatewayName": "gw",

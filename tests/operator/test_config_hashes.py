@@ -73,8 +73,9 @@ def _set(path: str, value: Any) -> Edit:
     _set("router.endpointPickerReplicas", 2),
     _set("autoscaling", {"intervalSeconds": 10}),
     _set("networkPolicy", {"metricsFrom": [{"podSelector": {}}]}),
+    _set("verifier.rollout", {"maxSurge": 1}),  # the Deployment's strategy, not what its pods run
 ], ids=["price", "spot-price", "max-replicas", "pending-timeout", "gateway-port", "gateway-type",
-        "router-weights", "picker-replicas", "autoscaling", "network-policy"])
+        "router-weights", "picker-replicas", "autoscaling", "network-policy", "verifier-surge"])
 def test_what_no_process_reads_at_start_restarts_no_drafter_or_verifier(edit: Edit) -> None:
     assert not _changed(edit) - {"demo-epp"}
 

@@ -145,6 +145,9 @@ CEL_TABLE: list[tuple[str, Any, str]] = [
      lambda s: s.update(gateway={"loadBalancerClass": "service.k8s.aws/nlb"}), "spec.gateway.serviceType"),
     ("modelCache.prePopulated needs modelCache.claimName, the claim that holds the models",
      lambda s: s.update(modelCache={"prePopulated": True}), "spec.modelCache"),
+    ("spec.verifier.rollout.maxSurge and spec.verifier.strategy cannot both be set",
+     lambda s: s["verifier"].update(rollout={"maxSurge": 1}, strategy={"type": "Recreate"}),
+     "spec.verifier.rollout.maxSurge"),
 ]
 
 

@@ -224,7 +224,7 @@ def test_a_field_removed_from_the_spec_leaves_the_child(operator: Any, kube: Kub
     kube.patch(CLUSTERS, NS, "sigma", {"spec": {"verifier": spec["verifier"], "drafterPools": spec["drafterPools"]}})
     wait_for(lambda: "nodeSelector" not in template("sigma-drafter-code"), what="pool's nodeSelector removed")
     # the verifier keeps the operator's own rule (off spot nodes), the spec's zone term goes
-    off_spot = capacity_placement.off_spot({})
+    off_spot = capacity_placement.off_spot({}, None)  # no spec.spot, no router provider: every provider's
     wait_for(lambda: template("sigma-verifier").get("affinity") == off_spot, what="verifier's affinity removed")
     for name in ("sigma-verifier", "sigma-drafter-code"):
         pod = template(name)

@@ -202,12 +202,12 @@ def test_second_field_manager_does_not_fight_the_operator(real_operator: Any, ku
 
 
 def test_webhook_over_tls_allows_and_denies(real_operator: Any, webhook_port: int, router: ApiRouter) -> None:
-    def review(name: str, pools: list[dict[str, Any]]) -> dict[str, Any]:
+    def review(name: str, pools: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
         request = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
             "uid": f"uid-{name}", "operation": "CREATE", "namespace": NS, "name": name,
             "kind": {"group": "cosine.dev", "version": "v1alpha1", "kind": "CoSineCluster"},
             "resource": {"group": "cosine.dev", "version": "v1alpha1", "resource": "cosineclusters"},
-            "userInfo": {"username": "tester"}, "object": cluster_body(name, drafterPools=pools)}}
+            "userInfo": {"username": "tester"}, "object": cluster_body(name, drafterPools=pools, **spec)}}
 
         def post() -> dict[str, Any] | None:
             try:
@@ -225,7 +225,13 @@ def test_webhook_over_tls_allows_and_denies(real_operator: Any, webhook_port: in
     assert bad["allowed"] is False and bad["status"]["code"] == 422
     assert "spec.drafterPools[0].model" in bad["status"]["message"]
     good = review("eps", [{"name": "chat", "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "translateTokenizer": True}])
-    assert good["allowed"] is True
+    assert good["allowed"] is True and "warnings" not in good
+    # one GPU verifier that cannot surge: admitted, with the outage every roll costs as a warning
+    gpu = {"model": "qwen2.5-coder-1.5b-instruct", "resources": {"limits": {"nvidia.com/gpu": 1}}}
+    lone = review("eps", [{"name": "ngram", "kind": "ngram"}], verifier=gpu)
+    assert lone["allowed"] is True and [w.split(":")[0] for w in lone["warnings"]] == ["spec.verifier.replicas"]
+    surged = review("eps", [{"name": "ngram", "kind": "ngram"}], verifier={**gpu, "rollout": {"maxSurge": 1}})
+    assert surged["allowed"] is True and "warnings" not in surged
 
 
 def test_delete_runs_kopf_finalizer_and_leaves_owned_children(real_operator: Any, kube: Kube,

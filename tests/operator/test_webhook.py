@@ -173,3 +173,48 @@ def test_a_llamacpp_pool_by_uri_needs_a_gguf_there() -> None:
     assert problems("s3://b/models/qwen2.5-coder-0.5b-instruct") != []
     assert problems("hf://Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF@main") == []
     assert problems("s3://b/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") == []
+
+
+GPU = {"resources": {"limits": {"nvidia.com/gpu": 1}}}
+
+
+def test_one_gpu_verifier_that_cannot_surge_is_admitted_with_a_warning() -> None:
+    """Catches: a lone GPU verifier (``maxSurge`` 0 by default) admitted without a word, though
+    every roll takes it down for a whole model load; a warning where a successor starts first."""
+    from cosine_operator.webhook import cluster_warnings, cosinecluster_validate
+
+    def warned(verifier: dict, **rest: object) -> list[str]:
+        body = {"verifier": {"model": "qwen2.5-coder-1.5b-instruct", **verifier},
+                "drafterPools": [{"name": "ngram", "kind": "ngram"}], **rest}
+        assert validate_cluster("demo", body) == []  # admitted either way
+        warnings: list[str] = []
+        cosinecluster_validate(name="demo", spec=body, warnings=warnings)
+        assert warnings == cluster_warnings(body)
+        return warnings
+
+    (warning,) = warned(GPU)
+    assert warning.startswith("spec.verifier.replicas:") and "spec.verifier.rollout.maxSurge: 1" in warning
+    assert warned({**GPU, "strategy": {"type": "Recreate"}})
+    assert warned({**GPU, "rollout": {"maxSurge": 0}})
+    assert warned({**GPU, "parallelism": {"nodes": 2}})  # a group rolls without a surge too
+    assert warned({**GPU, "rollout": {"maxSurge": 1}}) == []
+    assert warned({**GPU, "rollout": {"maxSurge": 1}, "parallelism": {"nodes": 2}}) == []
+    assert warned({**GPU, "replicas": 2}) == []  # one goes at a time, one serves
+    assert warned({**GPU, "replicas": 2, "strategy": {"type": "Recreate"}})
+    assert warned({**GPU, "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "10%",
+                                                                                   "maxUnavailable": 0}}}) == []
+    # a surge that may still take the old pod down first, or percentages that both round to 0
+    assert warned({**GPU, "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1,
+                                                                                   "maxUnavailable": 1}}})
+    assert warned({**GPU, "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "0%",
+                                                                                   "maxUnavailable": "10%"}}})
+    assert warned({}) == []  # a CPU verifier surges by Kubernetes' default (25%, one pod)
+    assert cluster_warnings({"verifier": {}}) == []  # refused elsewhere, no warning to add
+
+
+def test_rollout_surge_and_a_verbatim_strategy_are_one_or_the_other() -> None:
+    (problem,) = validate_cluster("demo", {
+        "verifier": {"model": "qwen2.5-coder-1.5b-instruct", **GPU, "rollout": {"maxSurge": 1},
+                     "strategy": {"type": "Recreate"}},
+        "drafterPools": [{"name": "ngram", "kind": "ngram"}]})
+    assert problem.startswith("spec.verifier.rollout.maxSurge and spec.verifier.strategy: set one")

@@ -9,8 +9,8 @@ it is. What a process reads is what its entry point reads from the cluster's Con
 arguments) roll the pods on their own and need not be hashed.
 
 - verifier (``roles.verifier_command``): ``spec.verifier`` (model, dtype, engine limits,
-  parallelism) but its replicas, ``spec.speculation``, each pool's name and expertise (the
-  proposer's routing), ``spec.drafterTLS``;
+  parallelism) but its replicas and ``rollout`` (how its pods roll), ``spec.speculation``, each
+  pool's name and expertise (the proposer's routing), ``spec.drafterTLS``;
 - drafter pool P and its on-demand sibling (``roles.run_drafter``): the pool as written but its
   replica bounds and prices, the verifier's model and dtype (its tokenizer, its engine's dtype),
   ``spec.speculation.minConfidence``, ``spec.spot.provider`` (the grace its notice leaves),
@@ -40,7 +40,7 @@ def _digest(doc: Any) -> str:
 def verifier_reads(cluster: ClusterSpec) -> dict[str, Any]:
     """The part of ``spec`` (as written) the verifier's process reads at start."""
     raw = cluster.raw
-    verifier = {k: v for k, v in dict(raw.get("verifier") or {}).items() if k != "replicas"}
+    verifier = {k: v for k, v in dict(raw.get("verifier") or {}).items() if k not in ("replicas", "rollout")}
     pools = [{"name": p.name, "expertise": list(p.expertise)} for p in cluster.drafter_pools]
     return {"verifier": verifier, "speculation": raw.get("speculation"), "drafterPools": pools,
             "drafterTLS": raw.get("drafterTLS")}

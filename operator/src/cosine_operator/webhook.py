@@ -9,6 +9,7 @@ the length of child names built from the object's name (CEL on ``spec`` cannot s
 ``metadata.name``), and verifier shapes vLLM cannot run (``spec.verifier.parallelism``: its ranks
 against the GPUs of a group, which CEL cannot read from the verbatim ``resources``), and model
 URIs of a scheme no puller serves (:func:`cosine_spec.catalogue.model_source_problems`).
+What is admitted but costs an outage is a warning (:func:`cluster_warnings`; kubectl prints it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from cosine_spec.pods import PodOverrides
 from cosine_spec.verifier_spec import engine_args_problems, parallelism_problems, speculator_problems
 
 from cosine_operator.builders.names import drafter_name, model_job_name, verifier_name
+from cosine_operator.builders.pods import rollout_strategy, surge_update, unavailable_replicas
 
 MAX_NAME_LENGTH = 63  # DNS-1035 label: Services and Deployments of the children
 # The volume types Pod Security's `restricted` profile admits ("Volume Types" control,
@@ -93,9 +95,33 @@ def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
     return problems + tokenizer_problems(cluster)
 
 
+def cluster_warnings(spec: Mapping[str, Any]) -> list[str]:
+    """What an admitted spec costs that its author may not know, each message starting with the
+    field: a verifier whose roll may take down every replica before a successor is Ready (one GPU
+    replica by default: ``maxSurge`` 0, a new pod takes the old one's GPU), so every change to its
+    pods (a config change, an operator upgrade that rolls every pod) leaves no verifier for a whole
+    model load. ``[]`` for a spec :func:`validate_cluster` refuses."""
+    try:
+        v = parse_cluster_spec(spec).verifier
+    except ValueError:
+        return []
+    if v.nodes > 1:  # a LeaderWorkerSet's groups roll by rollout.maxSurge alone
+        strategy = {"type": "RollingUpdate", "rollingUpdate": surge_update(v.rollout.max_surge or 0)}
+    else:
+        strategy = rollout_strategy(v.pod, v.rollout.max_surge)
+    if unavailable_replicas(strategy, v.replicas) < v.replicas:
+        return []
+    return [f"spec.verifier.replicas: {v.replicas} and no surge: every change to the verifier's pods (a config "
+            "change, an upgrade) may take every verifier down at once, for a whole model load. Set "
+            "spec.verifier.rollout.maxSurge: 1 where the node pool can add a node, or run more replicas"]
+
+
 @kopf.on.validate(GROUP, VERSION, CLUSTER_PLURAL, id="validate-cosinecluster")
-def cosinecluster_validate(name: str | None, spec: Mapping[str, Any], **_: Any) -> None:
-    """Reject a CoSineCluster whose spec fails :func:`validate_cluster` (HTTP 422, all messages)."""
+def cosinecluster_validate(name: str | None, spec: Mapping[str, Any], warnings: list[str], **_: Any) -> None:
+    """Reject a CoSineCluster whose spec fails :func:`validate_cluster` (HTTP 422, all messages);
+    admit one with :func:`cluster_warnings` in kopf's ``warnings`` (the AdmissionReview's, which
+    kubectl prints)."""
     problems = validate_cluster(name or "", spec)
     if problems:
         raise kopf.AdmissionError("; ".join(problems), code=422)
+    warnings.extend(cluster_warnings(spec))

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from cosine_spec.pods import ImageSpec, PodOverrides, RoleImage
 from cosine_spec.schema import Checked, read_fields, refuse_unknown, spec_field, spec_keys
 from cosine_spec.spot import CAPACITY_TYPES, SPOT_PROVIDERS, SpotCapacity
-from cosine_spec.verifier_spec import ParallelismSpec, SpeculatorSpec, VerifierSpec
+from cosine_spec.verifier_spec import ParallelismSpec, RolloutSpec, SpeculatorSpec, VerifierSpec
 
 DRAFTER_ENGINES = ("llamacpp", "vllm")  # spec.drafterPools[].engine
 MAX_DRAFT_LEN = 32  # spec.speculation.maxDraftLen's maximum
@@ -394,7 +394,9 @@ def _with_pod(cls: type, raw: Mapping[str, Any]) -> Any:
         parallelism = read_fields(ParallelismSpec, raw.get("parallelism") or {})
         sp = raw.get("speculator")
         speculator = read_fields(SpeculatorSpec, sp) if sp is not None else None
-        return read_fields(cls, raw, pod=pod, image=image, parallelism=parallelism, speculator=speculator)
+        rollout = read_fields(RolloutSpec, raw.get("rollout") or {})
+        return read_fields(cls, raw, pod=pod, image=image, parallelism=parallelism, speculator=speculator,
+                           rollout=rollout)
     return read_fields(cls, raw, pod=pod, image=image)
 
 

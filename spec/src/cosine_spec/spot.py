@@ -34,13 +34,15 @@ SPOT_PROVIDERS: Mapping[str, SpotCapacity] = {
     # GKE Spot VMs: 30 s from the preemption notice, the first 15 s for non-system pods (the
     # kubelet's graceful node shutdown; GKE's "Spot VMs" concepts page). Standard pools on 1.35+
     # may extend it to 120 s: set terminationGracePeriodSeconds lower than that yourself. Spot
-    # and preemptible nodes are labelled cloud.google.com/gke-spot / gke-preemptible "true"; a
-    # Standard pool is tainted only when created with --node-taints, so the label is the guard.
+    # nodes are labelled cloud.google.com/gke-spot "true"; a Standard pool is tainted only when
+    # created with --node-taints, so the label is the guard. Only that key: GKE Autopilot refuses
+    # node affinity on keys outside its allowlist, which names gke-spot and not gke-preemptible
+    # (the refusal quoted in rancher/dashboard#10564); a Standard pool of the older preemptible
+    # VMs (labelled cloud.google.com/gke-preemptible) must be tainted to keep the verifier off.
     "gke": SpotCapacity({"cloud.google.com/gke-spot": "true"},
                         {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
                          "effect": "NoSchedule"}, 30, 15,
-                        spot_labels={"cloud.google.com/gke-spot": ("true",),
-                                     "cloud.google.com/gke-preemptible": ("true",)}),
+                        spot_labels={"cloud.google.com/gke-spot": ("true",)}),
     # EC2 Spot under Karpenter: a 2-minute interruption notice (plus a rebalance recommendation),
     # on which Karpenter's interruption handling drains the node; its NodePools put no taint on
     # spot nodes by default. Karpenter labels karpenter.sh/capacity-type (spot, on-demand,

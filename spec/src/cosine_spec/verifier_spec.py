@@ -51,6 +51,19 @@ class SpeculatorSpec(Checked):
 
 
 @dataclass(frozen=True)
+class RolloutSpec(Checked):
+    """``spec.verifier.rollout``: how a change of the verifier's pods rolls. ``max_surge``: verifier
+    replicas (pods; groups of a multi-node verifier) a roll may start beyond ``replicas`` before an
+    old one goes; from 1 none is taken down before its successor is Ready (``maxUnavailable`` 0), which
+    needs a node pool that can add a node (an autoscaled or spare GPU node). ``None``: the default,
+    which surges no GPU pod (a new pod takes the old one's GPU) and so takes a lone GPU verifier
+    down for a whole model load on every roll (the admission webhook warns)."""
+
+    SPEC_PATH: ClassVar[str] = "spec.verifier.rollout"
+    max_surge: int | None = spec_field("maxSurge", None, minimum=0)
+
+
+@dataclass(frozen=True)
 class VerifierSpec(Checked):
     """The target model's pods: vLLM with CoSine's proposer, serving the OpenAI-compatible API."""
 
@@ -77,7 +90,14 @@ class VerifierSpec(Checked):
     # more vLLM engine arguments, as `vllm serve` flags (quantization, KV-cache dtype, served model
     # name ...), after CoSine's own; `engine_args_problems` refuses those CoSine must set itself
     engine_args: tuple[str, ...] = spec_field("engineArgs", ())
+    rollout: RolloutSpec = field(default_factory=RolloutSpec, metadata={"key": "rollout"})
     pod: PodOverrides = field(default_factory=PodOverrides)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rollout.max_surge is not None and self.pod.strategy:
+            raise ValueError("spec.verifier.rollout.maxSurge and spec.verifier.strategy: set one (strategy is the "
+                             "Deployment's as written; rollout.maxSurge also rolls a multi-node verifier's groups)")
 
     @property
     def tokenizer_family(self) -> str:

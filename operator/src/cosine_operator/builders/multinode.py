@@ -8,7 +8,7 @@ from cosine_spec.contract import CONFIG_FILE, LWS_LEADER_ADDRESS, VERIFIER_HTTP_
 
 from cosine_operator import capacity_placement, config_hashes
 from cosine_operator.builders.names import WORKER_COMPONENT, Manifest, labels, verifier_name
-from cosine_operator.builders.pods import build_pod_spec, container_env, pod_template
+from cosine_operator.builders.pods import build_pod_spec, container_env, pod_template, surge_update
 from cosine_operator.builders.workloads import build_verifier_deployment, verifier_template
 
 # LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, LWS v0.7); the variables it gives every container of a
@@ -39,7 +39,7 @@ def build_verifier_group(name: str, namespace: str, cluster: ClusterSpec) -> Man
     ``LWS_WORKER_INDEX``, the leader from ``LWS_LEADER_ADDRESS``) and carries the component
     ``verifier-worker`` instead. ``RecreateGroupOnPodRestart``: a worker's loss restarts its group
     (vLLM's ranks cannot rejoin a running world). Groups roll one at a time, surging none (a group
-    holds whole GPU nodes)."""
+    holds whole GPU nodes) unless ``spec.verifier.rollout.maxSurge`` says how many groups may surge."""
     v = cluster.verifier
     leader = verifier_template(name, namespace, cluster)
     worker_container = {
@@ -49,7 +49,7 @@ def build_verifier_group(name: str, namespace: str, cluster: ClusterSpec) -> Man
         "env": container_env(v.pod, []),
         "lifecycle": {"preStop": {"exec": {"command": _leader_wait_command(v.termination_grace_s)}}},
     }
-    worker_spec = build_pod_spec(cluster, capacity_placement.on_demand(v.pod, None), v.image, worker_container, name,
+    worker_spec = build_pod_spec(cluster, capacity_placement.on_demand(v.pod, cluster), v.image, worker_container, name,
                             [v.model], v.termination_grace_s, None, shm=True)
     worker = pod_template(name, WORKER_COMPONENT, None, worker_spec, VERIFIER_METRICS_PORT,
                        config_hashes.verifier_hash(cluster), v.pod)
@@ -63,7 +63,7 @@ def build_verifier_group(name: str, namespace: str, cluster: ClusterSpec) -> Man
             "replicas": v.replicas,
             "startupPolicy": "LeaderCreated",
             "rolloutStrategy": {"type": "RollingUpdate",
-                                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
+                                "rollingUpdateConfiguration": surge_update(v.rollout.max_surge or 0)},
             "leaderWorkerTemplate": {
                 "size": v.nodes,
                 "restartPolicy": "RecreateGroupOnPodRestart",

@@ -130,14 +130,45 @@ def container_env(pod: PodOverrides, extra: list[dict[str, Any]]) -> list[dict[s
     return [{"name": COSINE_CACHE_ENV, "value": MODEL_CACHE_DIR}, *extra, *[dict(e) for e in pod.env]]
 
 
-def rollout_strategy(pod: PodOverrides) -> dict[str, Any]:
-    """The pod's ``strategy`` as written; else, for a GPU pod, a rolling update that surges none
-    (a new pod takes the old one's GPU: an update needs no spare GPU); else Kubernetes' default."""
+def surge_update(max_surge: int) -> dict[str, int]:
+    """A rolling update's bounds that surge ``max_surge`` replicas: from 1, none goes before its
+    successor is Ready (``maxUnavailable`` 0); at 0, one goes first (both 0 is refused, by
+    Deployments and LeaderWorkerSets alike)."""
+    return {"maxSurge": max_surge, "maxUnavailable": 0 if max_surge else 1}
+
+
+def rollout_strategy(pod: PodOverrides, max_surge: int | None = None) -> dict[str, Any]:
+    """The pod's ``strategy`` as written; else with ``max_surge`` (the verifier's
+    ``rollout.maxSurge``) a rolling update of :func:`surge_update`; else, for a GPU pod, a rolling
+    update that surges none (a new pod takes the old one's GPU: an update needs no spare GPU); else
+    Kubernetes' default."""
     if pod.strategy:
         return json.loads(json.dumps(dict(pod.strategy)))
+    if max_surge is not None:
+        return {"type": "RollingUpdate", "rollingUpdate": surge_update(max_surge)}
     if pod.requests_gpu:
         return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
+
+
+def _resolve(value: int | str, replicas: int, round_up: bool) -> int:
+    if isinstance(value, str) and value.endswith("%"):
+        exact = replicas * float(value[:-1]) / 100
+        return math.ceil(exact) if round_up else math.floor(exact)
+    return int(value)
+
+
+def unavailable_replicas(strategy: dict[str, Any], replicas: int) -> int:
+    """How many of ``replicas`` a roll under ``strategy`` (a Deployment's; a LeaderWorkerSet's
+    ``rollingUpdateConfiguration`` as its ``rollingUpdate``) may take down before their successors
+    are Ready, as the controllers resolve it: ``maxUnavailable`` (a percentage rounded down, 25% by
+    default), 1 when it and ``maxSurge`` (rounded up) both come to 0; all of them for ``Recreate``."""
+    if strategy.get("type") == "Recreate":
+        return replicas
+    bounds = strategy.get("rollingUpdate") or {}
+    unavailable = _resolve(bounds.get("maxUnavailable", "25%"), replicas, round_up=False)
+    surge = _resolve(bounds.get("maxSurge", "25%"), replicas, round_up=True)
+    return 1 if unavailable == 0 and surge == 0 else unavailable
 
 
 def pod_template(

@@ -134,26 +134,28 @@ def build_model_job(name: str, namespace: str, cluster: ClusterSpec) -> Manifest
     """Job ``N-models-<hash>`` (:func:`model_job_name`): ``cosine models pull`` of every model of the
     cluster (:func:`cluster_models`) into ``spec.modelCache``'s claim, before any pod that loads
     them starts (reconcile waits for it to succeed); ``None`` without ``spec.modelCache`` or with
-    ``prePopulated`` (the pods read the claim as it is). Three retries; its pods are kept for their logs."""
+    ``prePopulated`` (the pods read the claim as it is). Three retries; its pods are kept for their logs.
+    It runs as the verifier's ``serviceAccountName`` (when set): the workload identity bound to it
+    (IRSA and EKS Pod Identity, keyed on the pod's service account by their admission webhook;
+    GKE Workload Identity, by the node's metadata server) is what reads ``s3://`` and ``gs://``
+    models without ``spec.modelCredentialsSecretRef``, as for a verifier pod that pulls its own."""
     cache = cluster.model_cache
     if cache is None or cache.pre_populated:
         return None
     models = cluster_models(cluster)
     pull = pull_container(cluster, models, [{"name": COSINE_CACHE_ENV, "value": MODEL_CACHE_DIR}])
-    spec = {
-        "backoffLimit": 3,
-        "template": {
-            "metadata": {"labels": labels(name, "models")},
-            "spec": {
-                "restartPolicy": "Never",
-                "automountServiceAccountToken": False,
-                "securityContext": pod_security(),
-                "containers": [pull],
-                "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": model_claim_name(name, cache)}},
-                            *model_credentials_volumes(cluster)],
-            },
-        },
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # the identity webhooks project their own token
+        "securityContext": pod_security(),
+        "containers": [pull],
+        "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": model_claim_name(name, cache)}},
+                    *model_credentials_volumes(cluster)],
     }
+    account = cluster.verifier.pod.service_account_name
+    if account:
+        pod["serviceAccountName"] = account
+    spec = {"backoffLimit": 3, "template": {"metadata": {"labels": labels(name, "models")}, "spec": pod}}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -127,7 +127,7 @@ def verifier_template(name: str, namespace: str, cluster: ClusterSpec) -> dict[s
         ],
         **health_probes({"httpGet": {"path": "/health", "port": VERIFIER_HTTP_PORT}}, v.startup_timeout_s),
     }
-    pod = capacity_placement.on_demand(v.pod, None)  # the verifier stays off spot nodes
+    pod = capacity_placement.on_demand(v.pod, cluster)  # the verifier stays off spot nodes
     pod_spec = build_pod_spec(cluster, pod, v.image, container, name, [v.model], v.termination_grace_s, tls, shm=True)
     return pod_template(name, "verifier", None, pod_spec, VERIFIER_METRICS_PORT, config_hashes.verifier_hash(cluster),
                      v.pod)
@@ -139,8 +139,8 @@ def build_verifier_deployment(name: str, namespace: str, cluster: ClusterSpec) -
     ``replicas``: ``spec.verifier.replicas``, at creation only (then whoever scales it writes them:
     an HPA on it, or ``cosinecluster_scale_verifier`` following ``spec.verifier.replicas``)."""
     v = cluster.verifier
-    return deployment_of(name, namespace, verifier_name(name), "verifier", None, v.replicas, rollout_strategy(v.pod),
-                          verifier_template(name, namespace, cluster))
+    return deployment_of(name, namespace, verifier_name(name), "verifier", None, v.replicas,
+                          rollout_strategy(v.pod, v.rollout.max_surge), verifier_template(name, namespace, cluster))
 
 
 def build_drafter_deployment(
@@ -215,7 +215,7 @@ def build_fallback_deployment(
     operator owns its replicas (no scaler writes them). ``KeyError`` if the cluster has no pool
     ``pool``."""
     p = cluster.pool(pool)
-    pod = capacity_placement.on_demand(p.pod, cluster.spot)
+    pod = capacity_placement.on_demand(p.pod, cluster, fallback=True)
     on_demand = replace(cluster, drafter_pools=tuple(replace(q, capacity="onDemand", pod=pod) if q.name == pool else q
                                                      for q in cluster.drafter_pools))
     out = build_drafter_deployment(name, namespace, on_demand, pool, replicas)
