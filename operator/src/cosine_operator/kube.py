@@ -39,12 +39,14 @@ _PATHS: dict[str, tuple[str, str]] = {
     "LeaderWorkerSet": ("/apis/leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
     "GCPBackendPolicy": ("/apis/networking.gke.io/v1", "gcpbackendpolicies"),  # spec.router.provider: gke
     "HealthCheckPolicy": ("/apis/networking.gke.io/v1", "healthcheckpolicies"),
+    "DestinationRule": ("/apis/networking.istio.io/v1", "destinationrules"),  # spec.router.provider: istio
     POOL_KIND: (f"/apis/{GROUP}/{VERSION}", POOL_PLURAL),
     CLUSTER_KIND: (f"/apis/{GROUP}/{VERSION}", CLUSTER_PLURAL),
 }
 # Kinds of other projects' APIs: a cluster without their CRDs answers 404 (or 403) for them, and
 # holds none of them.
-FOREIGN_KINDS = ("InferencePool", "HTTPRoute", "LeaderWorkerSet", "GCPBackendPolicy", "HealthCheckPolicy")
+FOREIGN_KINDS = ("InferencePool", "HTTPRoute", "LeaderWorkerSet", "GCPBackendPolicy", "HealthCheckPolicy",
+                 "DestinationRule")
 
 # (apiGroup, resource) -> verbs this module uses; kopf's own needs are in the chart's RBAC test.
 CALLS: dict[tuple[str, str], set[str]] = {
@@ -65,6 +67,7 @@ CALLS: dict[tuple[str, str], set[str]] = {
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "create", "patch", "list", "delete"},
     ("networking.gke.io", "gcpbackendpolicies"): {"create", "patch", "list", "delete"},
     ("networking.gke.io", "healthcheckpolicies"): {"create", "patch", "list", "delete"},
+    ("networking.istio.io", "destinationrules"): {"create", "patch", "list", "delete"},
     (GROUP, POOL_PLURAL): {"get", "create", "patch", "list", "delete"},
     (GROUP, f"{CLUSTER_PLURAL}/status"): {"patch"},
     (GROUP, CLUSTER_PLURAL): {"get"},
