@@ -110,6 +110,9 @@ app.kubernetes.io/component: operator
 - apiGroups: ["networking.gke.io"]
   resources: ["gcpbackendpolicies", "healthcheckpolicies"]
   verbs: ["list", "create", "patch", "delete"]
+- apiGroups: ["networking.istio.io"]
+  resources: ["destinationrules"]
+  verbs: ["list", "create", "patch", "delete"]
 # held to grant them: the endpoint picker's Role (kube.GRANTS), as llm-d's charts write it
 - apiGroups: ["inference.networking.x-k8s.io", "llm-d.ai"]
   resources: ["inferenceobjectives", "inferencemodelrewrites"]
