@@ -45,7 +45,32 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{- define "cosine-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
 {{- default (include "cosine-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name: the existing ServiceAccount to run as (serviceAccount.create is false)" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Cluster-scoped objects' name (ClusterRole, ClusterRoleBinding, webhook configuration): the
+release's namespace and fullname, so a release of the same name in another namespace is another object. */}}
+{{- define "cosine-operator.clusterName" -}}
+{{- list .Release.Namespace (include "cosine-operator.fullname" .) | compact | join "-" }}
+{{- end }}
+
+{{/* The chart's pods' securityContexts (values.podSecurityContext, values.securityContext). */}}
+{{- define "cosine-operator.podSecurityContext" -}}
+{{- with .Values.podSecurityContext -}}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "cosine-operator.securityContext" -}}
+{{- with .Values.securityContext -}}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{- define "cosine-operator.image" -}}
@@ -124,18 +149,24 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* The webhook's self-signed CA and serving certificate ({ca, crt, key}, base64), kept across
-upgrades: the existing Secret's if there is one (`lookup`; empty under `helm template`), else new.
-Computed once per render (kept in .Values) so the Secret, the caBundle and the operator's restart
-checksum agree. */}}
+{{/* The webhook's CA and serving certificate ({ca, crt, key}, base64): from values
+(webhook.certificate) if set; else self-signed and kept across upgrades: the existing Secret's if
+there is one (`lookup`; empty under `helm template`), else new. Computed once per render (kept in
+.Values) so the Secret, the caBundle and the operator's restart checksum agree. */}}
 {{- define "cosine-operator.webhookCert" -}}
 {{- if not (hasKey .Values "__webhookCert") }}
 {{- $fullname := include "cosine-operator.fullname" . }}
 {{- $service := printf "%s.%s.svc" $fullname .Release.Namespace }}
+{{- $given := .Values.webhook.certificate }}
 {{- $existing := lookup "v1" "Secret" .Release.Namespace (include "cosine-operator.webhookSecret" .) }}
 {{- $data := (($existing | default dict).data | default dict) }}
 {{- $cert := dict }}
-{{- if and (index $data "ca.crt") (index $data "tls.crt") (index $data "tls.key") }}
+{{- if or $given.crt $given.key $given.ca }}
+{{- if not (and $given.crt $given.key $given.ca) }}
+{{- fail "webhook.certificate: set crt, key and ca (PEM), or none" }}
+{{- end }}
+{{- $cert = dict "ca" ($given.ca | b64enc) "crt" ($given.crt | b64enc) "key" ($given.key | b64enc) }}
+{{- else if and (index $data "ca.crt") (index $data "tls.crt") (index $data "tls.key") }}
 {{- $cert = dict "ca" (index $data "ca.crt") "crt" (index $data "tls.crt") "key" (index $data "tls.key") }}
 {{- else }}
 {{- $ca := genCA (printf "%s-ca" $fullname) 3650 }}
