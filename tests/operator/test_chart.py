@@ -608,3 +608,21 @@ def test_cert_manager_objects_match_cert_managers_crds() -> None:
     (certificate,) = [d for d in own if d["kind"] == "Certificate"]
     jsonschema.validate(certificate["spec"], schemas["Certificate"]["properties"]["spec"])
     assert certificate["spec"]["issuerRef"]["kind"] == "ClusterIssuer" and not [d for d in own if d["kind"] == "Issuer"]
+
+
+def test_only_the_operators_pods_carry_its_selector() -> None:
+    """The operator's Service (the webhook's endpoints), PodDisruptionBudget and NetworkPolicy
+    select its pods by label; the chart's other pods (the sample's hook Jobs, the `helm test` pod)
+    must not match, or the API server's webhook calls reach a pod that does not serve them.
+    Catches: hook pods labelled with the operator's selector labels."""
+    sample = {"name": "demo", "spec": {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}]}}
+    docs = render({"sampleCluster": sample})
+    selector = next(d for d in docs if d["kind"] == "Service")["spec"]["selector"]
+    by_name = {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
+    pods = {name: by_name[name] for name, _ in pod_specs(docs)}
+    matching = []
+    for name, obj in pods.items():
+        labels = obj["metadata"]["labels"] if obj["kind"] == "Pod" else obj["spec"]["template"]["metadata"]["labels"]
+        if selector.items() <= labels.items():
+            matching.append(name)
+    assert matching == ["Deployment/cosine-cosine-operator"] and len(pods) == 4

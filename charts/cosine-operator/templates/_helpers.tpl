@@ -44,6 +44,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: operator
 {{- end }}
 
+{{/* Labels of the chart's hook objects and their pods (the sample's Jobs, the `helm test` pod;
+dict "root" $ "component" NAME): the release's, without the operator's selector label
+(app.kubernetes.io/name), so the operator's Service never routes the webhook to such a pod. */}}
+{{- define "cosine-operator.hookLabels" -}}
+helm.sh/chart: {{ include "cosine-operator.chart" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
 {{- define "cosine-operator.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "cosine-operator.fullname" .) .Values.serviceAccount.name }}
