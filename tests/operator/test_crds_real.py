@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from cosine_spec.cluster_spec import parse_cluster_spec
-from test_chart import render
+from test_chart import render, sample_cluster
 
 pytestmark = pytest.mark.real_apiserver
 
@@ -60,9 +60,7 @@ def crds(routed: Any) -> Any:
 def _examples() -> list[tuple[str, dict[str, Any]]]:
     out = [(p.name, yaml.safe_load(p.read_text())) for p in sorted((ROOT / "manifests" / "examples").glob("*.yaml"))]
     sample = {"name": "sample", "spec": {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}]}}
-    docs = [d for d in render({"sampleCluster": sample}) if d.get("kind") == "CoSineCluster"]
-    assert len(docs) == 1
-    return [*out, ("chart sample-cluster.yaml", docs[0])]
+    return [*out, ("chart sample-cluster.yaml", sample_cluster(render({"sampleCluster": sample})))]
 
 
 def _missing_defaults(schema: dict[str, Any], obj: Any, path: str = "") -> list[str]:

@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import RESYNC_S
+from conftest import RESYNC_S, RUNTIME_REPOSITORY
+from cosine_spec.pods import RUNTIME_TAG
 from fake_metrics import Counters, serve
 from k8s_emulator import (
     CLUSTERS,
@@ -126,6 +127,10 @@ def test_create_children_owner_references_and_status(operator: Any, kube: Kube) 
         assert [r["uid"] for r in obj["metadata"]["ownerReferences"]] == [uid], name
     args = verifier["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "code=dns:///alpha-drafter-code.default.svc:50052" in args
+    # spec.image unset: the operator's default repository (the chart's runtimeImage), the release's tag
+    for name in ("alpha-verifier", "alpha-drafter-code"):
+        image = kube.get(DEPLOYMENTS, NS, name)["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == f"{RUNTIME_REPOSITORY}:{RUNTIME_TAG}", name
     # the operator's own pods (namespace and labels from its environment) may scrape the metrics ports
     operator_peer = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "cosine-system"}},

@@ -44,8 +44,44 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: operator
 {{- end }}
 
+{{/* Labels of the chart's hook objects and their pods (the sample's Jobs, the `helm test` pod;
+dict "root" $ "component" NAME): the release's, without the operator's selector label
+(app.kubernetes.io/name), so the operator's Service never routes the webhook to such a pod. */}}
+{{- define "cosine-operator.hookLabels" -}}
+helm.sh/chart: {{ include "cosine-operator.chart" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
 {{- define "cosine-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
 {{- default (include "cosine-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name: the existing ServiceAccount to run as (serviceAccount.create is false)" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Cluster-scoped objects' name (ClusterRole, ClusterRoleBinding, webhook configuration): the
+release's namespace and fullname, so a release of the same name in another namespace is another object. */}}
+{{- define "cosine-operator.clusterName" -}}
+{{- list .Release.Namespace (include "cosine-operator.fullname" .) | compact | join "-" }}
+{{- end }}
+
+{{/* The chart's pods' securityContexts (values.podSecurityContext, values.securityContext). */}}
+{{- define "cosine-operator.podSecurityContext" -}}
+{{- with .Values.podSecurityContext -}}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "cosine-operator.securityContext" -}}
+{{- with .Values.securityContext -}}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{- define "cosine-operator.image" -}}
@@ -127,18 +163,24 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* The webhook's self-signed CA and serving certificate ({ca, crt, key}, base64), kept across
-upgrades: the existing Secret's if there is one (`lookup`; empty under `helm template`), else new.
-Computed once per render (kept in .Values) so the Secret, the caBundle and the operator's restart
-checksum agree. */}}
+{{/* The webhook's CA and serving certificate ({ca, crt, key}, base64): from values
+(webhook.certificate) if set; else self-signed and kept across upgrades: the existing Secret's if
+there is one (`lookup`; empty under `helm template`), else new. Computed once per render (kept in
+.Values) so the Secret, the caBundle and the operator's restart checksum agree. */}}
 {{- define "cosine-operator.webhookCert" -}}
 {{- if not (hasKey .Values "__webhookCert") }}
 {{- $fullname := include "cosine-operator.fullname" . }}
 {{- $service := printf "%s.%s.svc" $fullname .Release.Namespace }}
+{{- $given := .Values.webhook.certificate }}
 {{- $existing := lookup "v1" "Secret" .Release.Namespace (include "cosine-operator.webhookSecret" .) }}
 {{- $data := (($existing | default dict).data | default dict) }}
 {{- $cert := dict }}
-{{- if and (index $data "ca.crt") (index $data "tls.crt") (index $data "tls.key") }}
+{{- if or $given.crt $given.key $given.ca }}
+{{- if not (and $given.crt $given.key $given.ca) }}
+{{- fail "webhook.certificate: set crt, key and ca (PEM), or none" }}
+{{- end }}
+{{- $cert = dict "ca" ($given.ca | b64enc) "crt" ($given.crt | b64enc) "key" ($given.key | b64enc) }}
+{{- else if and (index $data "ca.crt") (index $data "tls.crt") (index $data "tls.key") }}
 {{- $cert = dict "ca" (index $data "ca.crt") "crt" (index $data "tls.crt") "key" (index $data "tls.key") }}
 {{- else }}
 {{- $ca := genCA (printf "%s-ca" $fullname) 3650 }}

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import logging
 import os
@@ -321,6 +322,8 @@ async def _reconcile(
     except ValueError as e:
         memo.metrics.reconciles.labels(event, "invalid").inc()
         raise kopf.PermanentError(f"invalid spec: {e}") from e
+    # spec.image's unset fields: the operator's default image (the chart's runtimeImage)
+    cluster = dataclasses.replace(cluster, image=cluster.image.under(memo.config.runtime_image))
     api = memo.api
     memo.metrics.cluster_info.labels(namespace, name).set(1)  # a cluster whose verifier must be up
     for pool in cluster.drafter_pools:  # the dashboards' accepted tokens per pool dollar

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from cosine_spec.cluster_spec import ClusterSpec
 from cosine_spec.contract import VERIFIER_HTTP_PORT
+from cosine_spec.pods import RoleImage
 
 from cosine_operator import config_hashes, endpoint_picker
 from cosine_operator.builders.names import (
@@ -102,7 +103,7 @@ def _endpoint_picker(name: str, namespace: str, cluster: ClusterSpec,
     container = {
         "name": "epp",
         "image": r.image,
-        "imagePullPolicy": cluster.image.pull_policy,
+        "imagePullPolicy": cluster.image.for_pod(RoleImage(), gpu=False)[1],  # the pull policy only
         "args": endpoint_picker.args(router_name(name), namespace, r.replicas, picker_config),
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
