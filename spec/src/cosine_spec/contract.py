@@ -18,6 +18,7 @@ VERIFIER_HTTP_PORT = 8000  # vLLM's OpenAI server: the API, /health and /metrics
 VERIFIER_METRICS_PORT = 9091  # CoSine's proposer in vLLM's engine core: cosine_ series (the autoscaler's)
 DRAFTER_GRPC_PORT = 50052
 DRAFTER_METRICS_PORT = 9090
+EMBEDDED_METRICS_PORT = 9092  # `cosine serve`'s own series: its pools' replicas and price, autoscaling
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
