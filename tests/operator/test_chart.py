@@ -239,7 +239,7 @@ def test_pod_monitor_scrapes_the_workload_pods() -> None:
     (monitor,) = [d for d in render({"metrics": {"podMonitor": {"enabled": True}}}) if d["kind"] == "PodMonitor"]
     selector = {e["key"]: e["values"] for e in monitor["spec"]["selector"]["matchExpressions"]}
     assert selector == {"app.kubernetes.io/managed-by": ["cosine-operator"],
-                        "app.kubernetes.io/component": ["verifier", "drafter"]}
+                        "app.kubernetes.io/component": ["verifier", "drafter", "router"]}
     assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics", "http"]
     assert not [d for d in render() if d["kind"] == "PodMonitor"]
 

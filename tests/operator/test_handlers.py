@@ -593,11 +593,12 @@ def test_a_spot_pool_without_spot_capacity_gets_an_on_demand_sibling_and_returns
                                            spot={"provider": "gke", "pendingTimeoutSeconds": 1}))
     spot = wait_for(lambda: kube.get(DEPLOYMENTS, NS, "kappa-drafter-code"), what="spot Deployment")
     # the dashboards' per-pool-dollar panel reads the price the spec gives a spot replica
-    price = 'cosine_drafter_pool_price_usd_per_hour{cluster="kappa",namespace="default",pool="code"} 0.25'
+    # (labelled cosine_cluster and cosine_namespace: a scrape's `namespace` is the operator pod's)
+    price = 'cosine_drafter_pool_price_usd_per_hour{cosine_cluster="kappa",cosine_namespace="default",pool="code"} 0.25'
     wait_for(lambda: price in httpx.get(f"http://127.0.0.1:{operator_metrics_port}/metrics").text,
              what="the pool's spot price exported")
     # CoSineVerifierDown's clusters: each one the operator reconciles
-    info = 'cosine_operator_cluster_info{cluster="kappa",namespace="default"} 1.0'
+    info = 'cosine_operator_cluster_info{cosine_cluster="kappa",cosine_namespace="default"} 1.0'
     assert info in httpx.get(f"http://127.0.0.1:{operator_metrics_port}/metrics").text
     assert spot["spec"]["template"]["metadata"]["labels"]["cosine.dev/capacity"] == "spot"
     assert spot["spec"]["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-spot"] == "true"

@@ -191,3 +191,61 @@ there is one (`lookup`; empty under `helm template`), else new. Computed once pe
 {{- end }}
 {{- toYaml (get .Values "__webhookCert") }}
 {{- end }}
+
+{{/*
+The components of a CoSineCluster whose pods the workloads' monitor scrapes: the verifier, the
+drafters, and spec.router's endpoint picker (operator builders' labels: app.kubernetes.io/component).
+*/}}
+{{- define "cosine-operator.scrapedComponents" -}}
+[verifier, drafter, router]
+{{- end }}
+
+{{/*
+The scrape jobs CoSine's rules watch: what the chart's monitors name their targets' `job` (a
+ServiceMonitor's: its Service's name; a PodMonitor's: <namespace>/<name>; GMP's PodMonitoring and
+ClusterPodMonitoring: their name), unless metrics.prometheusRule names your own scrape's.
+*/}}
+{{- define "cosine-operator.operatorJob" -}}
+{{- .Values.metrics.prometheusRule.operatorJob | default (include "cosine-operator.fullname" .) }}
+{{- end }}
+
+{{- define "cosine-operator.workloadsJob" -}}
+{{- $name := printf "%s-workloads" (include "cosine-operator.fullname" .) }}
+{{- if eq .Values.metrics.provider "gmp" }}
+{{- .Values.metrics.prometheusRule.workloadsJob | default $name }}
+{{- else }}
+{{- .Values.metrics.prometheusRule.workloadsJob | default (printf "%s/%s" .Release.Namespace $name) }}
+{{- end }}
+{{- end }}
+
+{{/*
+CoSine's rule groups (files/rules/), as many as what is scraped can feed: the runtime's with the
+workloads' monitor (metrics.podMonitor, or your own scrape named in prometheusRule.workloadsJob),
+the operator's with its monitor (metrics.serviceMonitor, or prometheusRule.operatorJob), and
+CoSineVerifierDown, which reads both, with both. A rule on a series nobody scrapes either never
+fires or, read as absence, fires for ever (CoSineOperatorDown without the operator's monitor).
+*/}}
+{{- define "cosine-operator.ruleGroups" -}}
+{{- $rule := .Values.metrics.prometheusRule }}
+{{- $operator := or .Values.metrics.serviceMonitor.enabled $rule.operatorJob }}
+{{- $workloads := or .Values.metrics.podMonitor.enabled $rule.workloadsJob }}
+{{- if not (or $operator $workloads) }}
+{{- fail "metrics.prometheusRule needs a scrape to alert on: metrics.serviceMonitor (the operator), metrics.podMonitor (the clusters' pods), or the jobs of your own scrape configs (metrics.prometheusRule.operatorJob, workloadsJob)" }}
+{{- end }}
+{{- $files := list }}
+{{- if $workloads }}{{ $files = append $files "files/rules/runtime.yaml" }}{{ end }}
+{{- if $operator }}{{ $files = append $files "files/rules/operator.yaml" }}{{ end }}
+{{- if and $operator $workloads }}{{ $files = append $files "files/rules/clusters.yaml" }}{{ end }}
+{{- $runbook := $rule.runbookUrl | default (printf "https://github.com/cosine-project/cosine/blob/v%s/docs/runbooks.md" .Chart.AppVersion) }}
+{{- $budget := subf 1.0 $rule.tpotSlo.objective }}
+{{- range $files }}
+{{ $.Files.Get .
+    | replace "__RUNBOOK_URL__" $runbook
+    | replace "__TPOT_SLO_SECONDS__" (toString $rule.tpotSlo.seconds)
+    | replace "__FAST_BURN__" (printf "%.4g" (mulf 14.4 $budget))
+    | replace "__SLOW_BURN__" (printf "%.4g" (mulf 6.0 $budget))
+    | replace "__OPERATOR_JOB__" (include "cosine-operator.operatorJob" $)
+    | replace "__OPERATOR_NAMESPACE__" $.Release.Namespace
+    | replace "__WORKLOADS_JOB__" (include "cosine-operator.workloadsJob" $) }}
+{{- end }}
+{{- end }}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cosine_spec.cluster_spec import SpeculationSpec
+from cosine_spec.contract import EMBEDDED_METRICS_PORT
 from cosine_spec.schema import read_fields
 
 from cosine.placement import DEFAULT, MODES, parse_cpu_list
@@ -353,8 +354,8 @@ def _add_role_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     se.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (OpenAI API)")
     se.add_argument("--host", default="127.0.0.1", help="the verifier's HTTP bind address")
     se.add_argument("--metrics-port", type=int, default=9091, help="CoSine's per-pool cosine_ series (0 = off)")
-    se.add_argument("--pools-metrics-port", type=int, default=0,
-                    help="the embedded cluster's own series: pool replicas, autoscaling passes (0 = off)")
+    se.add_argument("--pools-metrics-port", type=int, default=EMBEDDED_METRICS_PORT,
+                    help="the embedded cluster's own series: pool replicas and prices, autoscaling passes (0 = off)")
     se.add_argument("--placement", choices=MODES, default=DEFAULT, help=placement_help)
     se.add_argument("--evidence", type=Path, default=None, help=evidence_help)
     se.set_defaults(func=_serve)
