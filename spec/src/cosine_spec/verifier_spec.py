@@ -27,15 +27,21 @@ class ParallelismSpec(Checked):
     nodes: int = spec_field("nodes", 1, minimum=1, maximum=64)
 
 
-# spec.verifier.speculator.method -> vLLM's speculative_config method
-SPECULATOR_METHODS = {"eagle3": "eagle3", "mtp": "mtp", "draftModel": "draft_model"}
+# spec.verifier.speculator.method -> vLLM's speculative_config method: the drafters vLLM 0.32 runs
+# inside the engine for the target on its GPU runner (Model Runner V2), where CoSine composes them
+# (`cosine.vllm_mrv2`). Not admitted: medusa and mlp_speculator (vLLM runs them on the V1 runner
+# only: `VllmConfig._get_v2_model_runner_unsupported_features`), ngram, ngram_gpu and suffix (prompt
+# lookup, which CoSine runs itself), custom_class and extract_hidden_states (no drafter).
+SPECULATOR_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "draftModel": "draft_model",
+                      "dflash": "dflash", "dspark": "dspark"}
 
 
 @dataclass(frozen=True)
 class SpeculatorSpec(Checked):
     """``spec.verifier.speculator``: the engine's own drafter, run by vLLM inside the verifier
-    (``eagle3``: a trained EAGLE-3 head; ``mtp``: the target's own multi-token-prediction layers;
-    ``draftModel``: a small model sharing the target's vocabulary). CoSine takes its draft per
+    (``eagle3``: a trained EAGLE-3 head; ``eagle``: an EAGLE-1/2 head; ``mtp``: the target's own
+    multi-token-prediction layers; ``draftModel``: a small model sharing the target's vocabulary;
+    ``dflash``, ``dspark``: vLLM's parallel drafters, run on its GPU runner only). CoSine takes its draft per
     request as one source among the others (prompt lookup, drafter pools). ``model``: the head's or
     draft model's name or path, pulled like the target's (``mtp``: none, the layers are the
     target's). :func:`speculator_problems` says what the spec alone shows cannot run."""
