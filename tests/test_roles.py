@@ -159,3 +159,24 @@ def test_the_engines_own_drafter_and_extra_engine_args_reach_vllm_serve(tmp_path
     assert engine.kv_cache_dtype == "fp8" and engine.served_model_name == ["team-model"]
     config = json.loads(argv[argv.index("--additional-config") + 1])["cosine"]
     assert config["engine_source"] == "draftModel"
+
+
+def test_the_api_key_guards_every_route_through_vllms_middleware_flag(tmp_path, monkeypatch):
+    """With a key (`COSINE_API_KEY`, from `spec.gateway.apiKeySecretRef`) the verifier's argv asks
+    vLLM's own parser for CoSine's middleware, which puts the key on every route; the key itself
+    travels in the environment. Catches: the key left to vLLM's check alone (paths under /v1, /v2,
+    /inference and /cohere only: /invocations runs completions without it)."""
+    monkeypatch.setattr("cosine.model_store.resolve", lambda model: tmp_path / model)
+    (tmp_path / "m").mkdir()
+    manifest = tmp_path / "cluster.yaml"
+    spec = {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}]}
+    manifest.write_text(json.dumps({"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster",
+                                    "metadata": {"name": "t"}, "spec": spec}))
+    for key, middleware in (("s3cret", ["cosine.vllm_hooks.ApiKeyOnEveryRoute"]), (None, [])):
+        argv, env = roles.verifier_command(load_manifest(manifest), 8000, "127.0.0.1", [], key)
+        flags = argv[argv.index(roles.VLLM_SERVER) + 1:]
+        i = flags.index("--model")
+        args, _ = _vllm_serve_parse([flags[i + 1], *flags[:i], *flags[i + 2:]])
+        assert args.middleware == middleware and args.api_key is None
+        assert env.get("VLLM_API_KEY") == key and "s3cret" not in argv
+
