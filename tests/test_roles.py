@@ -180,3 +180,31 @@ def test_the_api_key_guards_every_route_through_vllms_middleware_flag(tmp_path, 
         assert args.middleware == middleware and args.api_key is None
         assert env.get("VLLM_API_KEY") == key and "s3cret" not in argv
 
+
+def test_reserved_engine_args_are_every_spelling_of_their_flags_in_vllms_parser():
+    """`RESERVED_ENGINE_ARGS` against vLLM 0.32's own `serve` parser: every option string of a
+    reserved flag's destination is listed (aliases: `-sc`, `-n`, `-r`,
+    `--device-memory-utilization`), no other option is refused (no false alarm on a flag CoSine
+    leaves to users), and each odd spelling the check refuses is one vLLM reads as that flag.
+    Catches: a vLLM upgrade adding an alias, a check of dash spellings only."""
+    from cosine_spec.verifier_spec import RESERVED_ENGINE_ARGS, reserved_flag, vllm_flag
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    dest = {o: a.dest for a in parser._actions for o in a.option_strings}
+    reserved_dests = {dest[f] for f in RESERVED_ENGINE_ARGS}
+    assert {o for o, d in dest.items() if d in reserved_dests} == set(RESERVED_ENGINE_ARGS)
+    assert [o for o, d in dest.items() if d not in reserved_dests and reserved_flag(vllm_flag(o))] == []
+    defaults = vars(parser.parse_args([]))
+    for argv, name in ((["--speculative_config", '{"method": "ngram"}'], "speculative_config"),
+                       (["--speculative-config.method", "ngram"], "speculative_config"),
+                       (["--speculative_config.num_speculative_tokens=5"], "speculative_config"),
+                       (["-sc.method", "ngram"], "speculative_config"), (["-s", "{}"], "speculative_config"),
+                       (["--async_scheduling"], "async_scheduling"), (["--no-async"], "async_scheduling"),
+                       (["--scheduler_cls=x.Y"], "scheduler_cls"), (["--max_model_len=4096"], "max_model_len"),
+                       (["--max-model", "4096"], "max_model_len"), (["-tp=2"], "tensor_parallel_size"),
+                       (["-n2"], "nnodes"), (["-r1"], "node_rank"), (["--api_key=k"], "api_key"),
+                       (["--device_memory_utilization=0.5"], "gpu_memory_utilization")):
+        assert vars(parser.parse_args(argv))[name] != defaults[name], argv  # vLLM sets the flag
+        assert reserved_flag(vllm_flag(argv[0])) in RESERVED_ENGINE_ARGS, argv  # CoSine refuses it

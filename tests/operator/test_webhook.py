@@ -173,3 +173,17 @@ def test_a_llamacpp_pool_by_uri_needs_a_gguf_there() -> None:
     assert problems("s3://b/models/qwen2.5-coder-0.5b-instruct") != []
     assert problems("hf://Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF@main") == []
     assert problems("s3://b/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") == []
+
+
+@pytest.mark.parametrize(("arg", "flag"), [("--speculative_config", "--speculative-config"),
+                                           ("--async_scheduling", "--async-scheduling"),
+                                           ("--scheduler_cls=x.Y", "--scheduler-cls"),
+                                           ("--max_model_len=4096", "--max-model-len")])
+def test_an_engine_arg_cosine_sets_is_refused_in_vllms_other_spellings(arg: str, flag: str) -> None:
+    """Catches: the webhook comparing dash spellings only, so that underscores or `--flag=value`
+    (vLLM reads both, and takes the last value) replaced CoSine's speculative config, scheduler
+    or lengths."""
+    body = {"verifier": {"model": "qwen2.5-coder-1.5b-instruct", "engineArgs": ["--enforce-eager", arg]},
+            "drafterPools": [{"name": "ngram", "kind": "ngram"}]}
+    (problem,) = validate_cluster("demo", body)
+    assert problem.startswith(f"spec.verifier.engineArgs[1]: {flag} is set by CoSine (vLLM reads {arg!r}"), problem
