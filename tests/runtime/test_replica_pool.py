@@ -189,7 +189,7 @@ def test_a_dead_replica_costs_one_call_never_the_request(replicas):
 def test_two_verifiers_share_a_replica_and_a_gone_verifier_is_evicted():
     clock = Clock()
     engine = RuleEngine()
-    servicer = DrafterServicer(engine, pool="code", verifier_timeout_s=60.0, clock=clock)
+    servicer = DrafterServicer(engine, pool="code", verifier_timeout_s=60.0, context_idle_s=1000.0, clock=clock)
     server = serve(servicer, port=0)
     address = [f"127.0.0.1:{server.bound_port}"]
     a = ReplicaPool("code", address, verifier_id="verifier-a")
