@@ -151,6 +151,19 @@ def test_create_children_owner_references_and_status(operator: Any, kube: Kube) 
     assert status["observedGeneration"] == 1
 
 
+def test_an_engine_arg_cosine_sets_is_refused_where_no_webhook_runs(operator: Any, kube: Kube, caplog: Any) -> None:
+    """A plain-manifest install has no admission webhook: the reconcile runs its engine-argument
+    check, fails permanently naming the entry, and creates nothing. Catches: `--max_model_len=4096`
+    (vLLM reads it as `--max-model-len`, last value wins) reaching the verifier's argv unchecked."""
+    verifier = {"model": "qwen2.5-coder-1.5b-instruct", "engineArgs": ["--max_model_len=4096"]}
+    kube.create(CLUSTERS, NS, cluster_body("eta", verifier=verifier))
+    failed = wait_for(lambda: [r.getMessage() for r in caplog.records if "failed permanently" in r.getMessage()],
+                      what="the reconcile's permanent failure")
+    assert "spec.verifier.engineArgs[0]: --max-model-len is set by CoSine" in failed[0], failed
+    assert "spec.verifier.maxModelLen" in failed[0]
+    assert kube.get(DEPLOYMENTS, NS, "eta-verifier") is None and kube.get(CONFIGMAPS, NS, "eta-config") is None
+
+
 def test_scale_pool_change_model_and_remove_pool(operator: Any, kube: Kube) -> None:
     kube.create(CLUSTERS, NS, cluster_body("beta"))
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "beta-drafter-ngram"), what="drafter Deployments")
