@@ -180,8 +180,11 @@ def test_network_policy_and_drafter_tls_parse() -> None:
          r"^spec\.verifier\.parallelism\.node: unknown field; did you mean 'nodes'\?"),
         ({"verifier": {"model": "m", "parallelism": {"nodes": "2"}}},
          r"^spec\.verifier\.parallelism\.nodes: expected an integer, got string"),
-        ({"verifier": {"model": "m", "speculator": {"method": "eagle"}}},
-         r"^spec\.verifier\.speculator\.method must be one of \['eagle3', 'mtp', 'draftModel'\]"),
+        ({"verifier": {"model": "m", "speculator": {"method": "medusa"}}},  # V1 runner only in vLLM 0.32
+         r"^spec\.verifier\.speculator\.method must be one of \['eagle3', 'eagle', 'mtp', 'draftModel', 'dflash', "
+         r"'dspark'\]"),
+        ({"verifier": {"model": "m", "speculator": {"method": "ngram_gpu"}}},  # prompt lookup is CoSine's own
+         r"^spec\.verifier\.speculator\.method must be one of"),
         ({"verifier": {"model": "m", "speculator": {"model": "h"}}},
          r"^spec\.verifier\.speculator\.method is required"),
         ({"verifier": {"model": "m", "speculator": {"method": "mtp", "models": "h"}}},
