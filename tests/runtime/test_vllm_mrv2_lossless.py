@@ -25,9 +25,8 @@ import sys
 import textwrap
 from collections import Counter
 
-import vllm  # noqa: F401 - a required dependency: a broken vLLM fails here, never skips
-
 import pytest
+import vllm  # noqa: F401 - a required dependency: a broken vLLM fails here, never skips
 
 pytestmark = pytest.mark.real_model
 
@@ -53,7 +52,8 @@ _SCRIPT = textwrap.dedent('''
         if system == "vllm":
             llm = LLM(model=model, **kw)
         else:
-            speculation, proposer, speculator, speculator_model = SpeculationSpec(max_draft_len=4, adaptive=False), {}, None, None
+            speculation = SpeculationSpec(max_draft_len=4, adaptive=False)
+            proposer, speculator, speculator_model = {}, None, None
             if system in ("cosine-draft", "cosine-all"):
                 speculator, speculator_model = SpeculatorSpec("draftModel", model), model
             if system == "cosine-eagle3":
@@ -62,8 +62,10 @@ _SCRIPT = textwrap.dedent('''
                 from cosine.draft_engine import LlamaCppEngine
                 from cosine.model_store import resolve_gguf
                 from cosine.transport.drafter_service import DrafterServicer, serve
-                server = serve(DrafterServicer(LlamaCppEngine(str(resolve_gguf("MODEL")), "pool", threads=1), "pool"), port=0)
-                proposer = {"pools": [{"name": "pool", "addresses": [f"127.0.0.1:{server.bound_port}"], "expertise": ["chat"]}]}
+                engine = LlamaCppEngine(str(resolve_gguf("MODEL")), "pool", threads=1)
+                server = serve(DrafterServicer(engine, "pool"), port=0)
+                address = f"127.0.0.1:{server.bound_port}"
+                proposer = {"pools": [{"name": "pool", "addresses": [address], "expertise": ["chat"]}]}
             llm = vllm_hooks.cosine_llm(model, speculation, proposer, speculator, speculator_model, **kw)
         core = llm.llm_engine.engine_core.engine_core
         greedy = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=greedy_tokens), use_tqdm=False)
@@ -73,7 +75,8 @@ _SCRIPT = textwrap.dedent('''
         if system != "vllm":
             s = core.scheduler.cosine.stats
             stats = {"draft_tokens": s.draft_tokens, "accepted": s.accepted_tokens,
-                     "scheduler": type(core.scheduler).__name__, "async": core.vllm_config.scheduler_config.async_scheduling,
+                     "scheduler": type(core.scheduler).__name__,
+                     "async": core.vllm_config.scheduler_config.async_scheduling,
                      "runner": type(core.model_executor.driver_worker.worker.model_runner).__module__}
         core.shutdown()
         if server is not None:

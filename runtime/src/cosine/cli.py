@@ -82,6 +82,10 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     path = str(resolve(args.target))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on a CPU (vLLM's CPU backend)
+    if args.mrv2_harness:  # a developer's view of the GPU seam: before vLLM is imported
+        from cosine import mrv2_harness
+
+        mrv2_harness.enable()
     from cosine_spec import metric_names
     from vllm import SamplingParams
 
@@ -253,6 +257,9 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     g.add_argument("--max-model-len", type=int, default=4096, help="context length of vLLM's engine")
     g.add_argument("--max-draft-len", type=int, default=SpeculationSpec().max_draft_len,
                    help="upper bound on speculation length k, as spec.speculation.maxDraftLen (0: the target alone)")
+    g.add_argument("--mrv2-harness", action="store_true",
+                   help="developers: run vLLM's GPU model runner (MRV2) on this CPU under Triton's interpreter, with "
+                        "CoSine's MRV2 seam and async scheduling (about 3 tok/s: correctness, not speed)")
     g.set_defaults(func=_generate)
 
 
