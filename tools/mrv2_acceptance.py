@@ -53,9 +53,9 @@ def _engine(system: str):
 
 def run_system(system: str, prompts: list[dict], max_tokens: int) -> dict:
     """Per prompt: (domain, output tokens, decode steps) for `system` (in this process)."""
+    llm = _engine(system)  # first: the harness patches vLLM before it is imported
     from vllm import SamplingParams
 
-    llm = _engine(system)
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     steps: dict[str, int] = defaultdict(int)
     update = scheduler.update_from_output
