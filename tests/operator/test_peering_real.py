@@ -10,7 +10,7 @@ removes a stopping replica's peering record); a replica of higher priority that 
 and after it is SIGKILLed (its record stays until its lifetime runs out) the standby reconciles a
 new cluster within the chart's peering lifetime plus a margin. Only what cannot run on one machine
 is changed from the chart: the ports (processes on one host), the webhook certificate's path and
-the downward API's values.
+the downward API's values; and the chart is rendered with a shorter peering lifetime (a value).
 """
 
 from __future__ import annotations
@@ -47,9 +47,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# The chart's peering lifetime (`peering.lifetimeSeconds`), set lower than its default 30 s: the
+# SIGKILL hand-over waits it out, and nothing else here depends on it.
+PEERING_LIFETIME_S = 15
+
+
 def _chart_operator() -> tuple[list[str], dict[str, Any], dict[str, Any]]:
-    """The default chart's operator container (command + args, env) and its peering object."""
-    docs = render()
+    """The chart's operator container (command + args, env) and its peering object."""
+    docs = render({"peering": {"lifetimeSeconds": PEERING_LIFETIME_S}})
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 2
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
