@@ -77,9 +77,8 @@ def _conditions(kube: Kube, name: str) -> dict[str, str]:
 
 
 def _create(router: ApiRouter, name: str) -> dict[str, Any]:
-    # fieldValidation=Ignore (kubectl's --validate=false, as the docs' examples are applied to a
-    # standalone apiextensions-apiserver, which publishes no OpenAPI for CRDs); the server's own
-    # schema validation still applies (strictness is tested in test_crds_real).
+    # fieldValidation=Ignore, as `kubectl apply --validate=false` sends it; the server's own schema
+    # validation still applies (strictness is tested in test_crds_real).
     kube_api.apply(router, cluster_body(name), validation="Ignore")
     created = kube_api.get(router, f"{CSC}/{name}")
     assert created is not None, name
