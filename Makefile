@@ -113,7 +113,11 @@ crds: install
 	$(BIN)/python spec/crdgen.py
 
 # The suite includes the import layers (.importlinter: tests/test_layers.py runs lint-imports).
+# The real models its default run loads are pulled first, as the CRD server is built first: on a fresh
+# machine their download and conversion (about a minute) is not charged to the first test that needs them.
+TEST_MODELS ?= smollm2-135m-instruct qwen2.5-coder-0.5b-instruct
 test: install apiserver prometheus
+	$(BIN)/cosine models pull $(TEST_MODELS)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The two images (Dockerfile): the runtime (`cosine`: verifier, drafters) and the operator

@@ -57,8 +57,26 @@ def served_model(cluster: Cluster, namespace: str, name: str) -> str:
 
 
 def completion_request(model: str, prompt: str) -> dict[str, Any]:
-    """The journey's completion: greedy, short."""
-    return {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0}
+    """The journey's completion: greedy, short, with the prompt's and the answer's token ids
+    (vLLM's ``return_token_ids``) for the comparison with the target's own answer."""
+    return {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0, "return_token_ids": True}
+
+
+def target_greedy(model: str, prompt_token_ids: list[int], max_tokens: int) -> list[int]:
+    """The target model's own greedy continuation of ``prompt_token_ids``: transformers in float32,
+    no speculation, no server (the model pulled here, ``cosine models pull``). A lossless verifier
+    answers the same tokens in float32 (docs: losslessness); a draft wrongly accepted does not."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from cosine.model_store import pull
+
+    path = pull(model, progress=False)
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = target.generate(torch.tensor([prompt_token_ids]), max_new_tokens=max_tokens, do_sample=False,
+                              attention_mask=torch.ones(1, len(prompt_token_ids), dtype=torch.long))
+    return [int(t) for t in out[0, len(prompt_token_ids):]]
 
 
 def ready(cluster: Cluster, namespace: str, name: str) -> bool:

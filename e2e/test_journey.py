@@ -6,7 +6,8 @@ emulator and the real operator, no kubelet: the test plays the Deployment contro
 ``readyReplicas``) and the kubelet of the verifier pod, which is a real ``cosine serve`` on the
 ConfigMap's ``cluster.yaml`` with the example's models swapped for SmolLM2-135M (it serves on a
 CPU in seconds); the completion goes where the gateway Service's selector and ``targetPort`` lead,
-for the model the spec names, and the answer is the verifier's.
+for the model the spec names, and the answer must be the target model's own greedy answer, token for
+token (transformers in float32 on the same prompt tokens, ``journey.target_greedy``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,17 @@ from typing import Any
 
 import pytest
 import yaml
-from journey import CLUSTERS, ROOT, Cluster, RealCluster, completion_request, ready, served_model, wait
+from journey import (
+    CLUSTERS,
+    ROOT,
+    Cluster,
+    RealCluster,
+    completion_request,
+    ready,
+    served_model,
+    target_greedy,
+    wait,
+)
 
 DEPLOYMENTS = "apps/v1/deployments"
 SERVICES = "v1/services"
@@ -250,9 +261,13 @@ def test_user_journey(cluster: Cluster) -> None:
 
     prompt = "def fibonacci(n):"
     answer = cluster.complete(NS, name, prompt)
-    # the verifier served it, as the model the spec names
-    assert answer["choices"][0]["text"] and answer["model"] == example["spec"]["verifier"]["model"]
-    assert answer["usage"]["completion_tokens"] == 16
+    # the verifier served it, as the model the spec names, and the answer is the target's own, token
+    # for token (the cluster speculates: a wrongly accepted draft would change it)
+    model = example["spec"]["verifier"]["model"]
+    choice = answer["choices"][0]
+    assert choice["text"] and answer["model"] == model
+    assert answer["usage"]["completion_tokens"] == 16 == len(choice["token_ids"])
+    assert choice["token_ids"] == target_greedy(model, choice["prompt_token_ids"], 16), choice["text"]
 
     # Scale the code pool by hand: the pool's scale target, then its Deployment, follow.
     spec = cluster.get(CLUSTERS, NS, name)["spec"]  # type: ignore[index]

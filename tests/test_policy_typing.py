@@ -3,8 +3,6 @@
 import subprocess
 import sys
 
-import pytest
-
 # The policy modules (.importlinter's "pure" contract) that are strictly typed. The operator's
 # builders and status are pure too but not yet strict (PyYAML has no stubs here).
 POLICY = ["cosine.speculation_control", "cosine.pool_policy", "cosine.routing", "cosine.fusion", "cosine.placement",
@@ -19,7 +17,6 @@ def test_policy_modules_are_strictly_typed(tmp_path):
     """mypy finds both distributions where they are installed (editable: runtime/src, operator/src;
     both ship py.typed), so the policy modules' imports of each other are checked too; run outside
     the repository so its folders are no candidates."""
-    pytest.importorskip("mypy")
     out = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir", "/dev/null",
          *[arg for module in POLICY for arg in ("-m", module)]],

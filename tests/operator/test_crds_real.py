@@ -1,16 +1,17 @@
 """The CRDs as Kubernetes itself executes them (apiextensions-apiserver + etcd, real_apiserver.py):
-``kubectl apply`` of crds/ and every shipped example, schema defaults, every CEL rule firing with
-its field named, the scale subresource through ``kubectl scale``, server-side apply conflicts."""
+``kubectl apply --server-side`` of crds/ and every shipped example, schema defaults, every CEL rule
+firing with its field named, the scale subresource as ``kubectl scale`` writes it, server-side apply
+conflicts. kubectl's requests are made by ``kube_api`` (no kubectl binary needed)."""
 
 from __future__ import annotations
 
 import copy
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kube_api
 import pytest
 import yaml
 from cosine_spec.cluster_spec import parse_cluster_spec
@@ -23,17 +24,6 @@ CLUSTERS = "/apis/cosine.dev/v1alpha1/namespaces/default/cosineclusters"
 POOLS = "/apis/cosine.dev/v1alpha1/namespaces/default/cosinedrafterpools"
 
 
-def kubectl(router: Any, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """kubectl through the router: it needs core discovery (/api), which only the emulator has."""
-    out = subprocess.run(
-        ["kubectl", "--kubeconfig", str(router.kubeconfig), *args],
-        capture_output=True, text=True, input=stdin, timeout=60,
-    )
-    if check and out.returncode != 0:
-        raise AssertionError(f"kubectl {' '.join(args)} failed: {out.stderr}")
-    return out
-
-
 EXTERNAL_CRDS = Path(__file__).resolve().parent / "data" / "external-crds"
 
 
@@ -41,12 +31,12 @@ def apply_crds(routed: Any) -> None:
     """Our CRDs, and the schemas of the other projects' APIs the operator writes objects of
     (``data/external-crds``: GIE's InferencePool, the Gateway API's HTTPRoute, LWS, GKE's
     GCPBackendPolicy and HealthCheckPolicy, Istio's DestinationRule), established."""
-    kubectl(routed, "apply", "--server-side", "-f", str(ROOT / "crds"), "-f", str(EXTERNAL_CRDS))
-    kubectl(routed, "wait", "--for", "condition=Established", "--timeout", "30s",
-            "crd/cosineclusters.cosine.dev", "crd/cosinedrafterpools.cosine.dev",
-            "crd/inferencepools.inference.networking.k8s.io", "crd/httproutes.gateway.networking.k8s.io",
-            "crd/leaderworkersets.leaderworkerset.x-k8s.io", "crd/gcpbackendpolicies.networking.gke.io",
-            "crd/healthcheckpolicies.networking.gke.io", "crd/destinationrules.networking.istio.io")
+    kube_api.apply_files(routed, ROOT / "crds", EXTERNAL_CRDS)
+    kube_api.wait_established(
+        routed, "cosineclusters.cosine.dev", "cosinedrafterpools.cosine.dev",
+        "inferencepools.inference.networking.k8s.io", "httproutes.gateway.networking.k8s.io",
+        "leaderworkersets.leaderworkerset.x-k8s.io", "gcpbackendpolicies.networking.gke.io",
+        "healthcheckpolicies.networking.gke.io", "destinationrules.networking.istio.io")
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +82,7 @@ def test_every_example_is_accepted_and_defaulted(crds: Any) -> None:
         doc["metadata"] = {"name": f"ex-{name.split('.')[0].split()[-1].replace('_', '-')}"[:40].lower()}
         # Server-side dry run with strict field validation (unknown fields are errors, not
         # pruned): admitted, defaulted and validated exactly as stored, but not kept (the operator
-        # tests share this server). Not kubectl: its client-side validation wants /openapi/v2,
-        # which this server does not serve.
+        # tests share this server).
         out = crds.http.post(CLUSTERS, json=doc, params={"dryRun": "All", "fieldValidation": "Strict"})
         assert out.status_code == 201, f"{name}: {out.text}"
         stored = out.json()
@@ -216,7 +205,7 @@ def test_kubectl_scale_goes_through_the_scale_subresource(crds: Any, cleanup: li
     cleanup.append("scale-me")
     crds.http.patch(f"{POOLS}/scale-me/status", json={"status": {"replicas": 1, "selector": "app=x"}},
                     headers={"Content-Type": "application/merge-patch+json"}).raise_for_status()
-    kubectl(crds, "scale", "cosinedrafterpool/scale-me", "--replicas=3")
+    assert kube_api.scale(crds, f"{POOLS}/scale-me", 3).status_code == 200
     scale = crds.http.get(f"{POOLS}/scale-me/scale").json()
     assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 3
     assert scale["status"] == {"replicas": 1, "selector": "app=x"}
@@ -224,8 +213,8 @@ def test_kubectl_scale_goes_through_the_scale_subresource(crds: Any, cleanup: li
     assert after["spec"]["replicas"] == 3
     assert after["metadata"]["generation"] == pool["metadata"]["generation"] + 1
     # A negative count is rejected by the CRD's schema through the subresource too.
-    bad = kubectl(crds, "scale", "cosinedrafterpool/scale-me", "--replicas=-1", check=False)
-    assert bad.returncode != 0
+    bad = kube_api.scale(crds, f"{POOLS}/scale-me", -1)
+    assert bad.status_code == 422, bad.text
 
 
 def test_stale_resource_version_is_a_conflict(crds: Any, cleanup: list[str]) -> None:
@@ -333,8 +322,8 @@ def test_crd_upgrade_from_the_previous_release(crds: Any) -> None:
     Catches: a CRD change that breaks stored objects (a new required field, a narrowed type)."""
     name = "upgrade-me"
     try:
-        kubectl(crds, "apply", "--server-side", "-f", str(PREVIOUS_CRDS))
-        kubectl(crds, "wait", "--for", "condition=Established", "--timeout", "30s", "crd/cosineclusters.cosine.dev")
+        kube_api.apply_files(crds, PREVIOUS_CRDS)
+        kube_api.wait_established(crds, "cosineclusters.cosine.dev")
         body = {"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": name},
                 "spec": {"verifier": {"model": "qwen2.5-coder-1.5b-instruct"},
                          "drafterPools": [{"name": "ngram", "kind": "ngram"}], "modelCache": {"size": "10Gi"}}}
@@ -343,8 +332,7 @@ def test_crd_upgrade_from_the_previous_release(crds: Any) -> None:
         old = r.json()["spec"]
         assert "modelCache" not in old  # unknown to the old schema: pruned
         assert old["image"]["tag"] == "0.1.0"  # the old CRD defaulted the tag (README: upgrading)
-        apply_crds(crds)  # this release's
-        kubectl(crds, "wait", "--for", "condition=Established", "--timeout", "30s", "crd/cosineclusters.cosine.dev")
+        apply_crds(crds)  # this release's (and waits for them Established)
         stored = crds.http.get(f"{CLUSTERS}/{name}").json()["spec"]
         assert stored["verifier"]["startupTimeoutSeconds"] == 1800  # new defaults apply on read
         patched = crds.http.patch(f"{CLUSTERS}/{name}", json={"spec": {"modelCache": {"size": "10Gi"}}},

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import kube_api
 import pytest
 import yaml
 from k8s_emulator import CONFIGMAPS, DEPLOYMENTS, SERVICES, Kube, wait_for
-from test_crds_real import apply_crds, kubectl
+from test_crds_real import apply_crds
 from test_handlers import cluster_body
 
 from cosine.model_store import cache_root
@@ -180,8 +181,7 @@ def test_operator_image_reconciles_a_cluster(engine: str, router: Any, tmp_path:
     _run(engine, image, name, ["--standalone", "--all-namespaces", f"--liveness=http://127.0.0.1:{health}/healthz"],
          env={"KUBECONFIG": "/etc/cosine/kubeconfig"}, volumes=[f"{tmp_path}:/etc/cosine:ro"])
     try:
-        kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-",
-                stdin=json.dumps(cluster_body("imaged")))
+        kube_api.apply(router, cluster_body("imaged"), validation="Ignore")
         kube = Kube(router.url)
         for resource, child in [(CONFIGMAPS, "imaged-config"), (SERVICES, "imaged-verifier"),
                                 (DEPLOYMENTS, "imaged-verifier"), (DEPLOYMENTS, "imaged-drafter-code"),

@@ -4,7 +4,8 @@ CoSineCluster and CoSineDrafterPool live in apiextensions-apiserver + etcd (real
 schema, status and scale subresources, resourceVersions, managedFields and deletion are
 Kubernetes' code. Core and apps children live in the emulator (k8s_emulator.py); api_router.py
 puts both behind the operator's one URL. There is no garbage collector: owner references are
-asserted, not followed. ``kubectl`` talks to the real server directly, as a user would.
+asserted, not followed. What a user does with ``kubectl`` (apply, patch, scale, delete, get) is sent
+as kubectl sends it, to the real server through the router (``kube_api``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import kube_api
 import pytest
 from api_router import ApiRouter
 from conftest import RESYNC_S, run_operator
@@ -33,7 +35,7 @@ from k8s_emulator import (
     Kube,
     wait_for,
 )
-from test_crds_real import apply_crds, kubectl
+from test_crds_real import apply_crds
 from test_handlers import cluster_body, mark_ready, replicas
 
 pytestmark = pytest.mark.real_apiserver
@@ -41,6 +43,9 @@ pytestmark = pytest.mark.real_apiserver
 NS = "default"
 CLUSTERS = "cosine.dev/v1alpha1/cosineclusters"
 POOLS = "cosine.dev/v1alpha1/cosinedrafterpools"
+# the same collections as kubectl addresses them through the router (kube_api)
+CSC = f"/apis/{CLUSTERS.replace('/cosineclusters', '')}/namespaces/{NS}/cosineclusters"
+POOL_PATH = f"/apis/{POOLS.replace('/cosinedrafterpools', '')}/namespaces/{NS}/cosinedrafterpools"
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +77,12 @@ def _conditions(kube: Kube, name: str) -> dict[str, str]:
 
 
 def _create(router: ApiRouter, name: str) -> dict[str, Any]:
-    # --validate=false: kubectl validates against the OpenAPI document, and a standalone
-    # apiextensions-apiserver publishes none for CRDs (kube-apiserver's aggregator does); the
-    # server's own schema validation still applies (strictness is tested in test_crds_real).
-    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(cluster_body(name)))
-    return json.loads(kubectl(router, "get", "csc", name, "-o", "json").stdout)
+    # fieldValidation=Ignore, as `kubectl apply --validate=false` sends it; the server's own schema
+    # validation still applies (strictness is tested in test_crds_real).
+    kube_api.apply(router, cluster_body(name), validation="Ignore")
+    created = kube_api.get(router, f"{CSC}/{name}")
+    assert created is not None, name
+    return created
 
 
 def test_reconcile_children_status_and_printer_columns(real_operator: Any, kube: Kube, router: ApiRouter) -> None:
@@ -103,17 +109,14 @@ def test_reconcile_children_status_and_printer_columns(real_operator: Any, kube:
     for name in ("alpha-verifier", "alpha-drafter-code", "alpha-drafter-ngram"):
         mark_ready(kube, name)
     wait_for(lambda: _conditions(kube, "alpha").get("Ready") == "True", what="Ready=True")
-    table = kubectl(router, "get", "csc", "alpha", "--no-headers", "-o",
-                    "custom-columns=X:.metadata.name").stdout.split()
-    assert table == ["alpha"]
-    row = kubectl(router, "get", "csc", "alpha").stdout.splitlines()
-    assert row[0].split()[:5] == ["NAME", "READY", "VERIFIER", "DRAFTERS", "ACCEPTANCE"], row
-    assert row[1].split()[:4] == ["alpha", "True", "1/1", "2/2"], row
+    # `kubectl get csc alpha`: the server's table of the CRD's printer columns
+    columns, rows = kube_api.table(router, f"{CSC}/alpha")
+    assert columns[:5] == ["Name", "Ready", "Verifier", "Drafters", "Acceptance"], columns
+    assert len(rows) == 1 and rows[0][:4] == ["alpha", "True", "1/1", "2/2"], rows
 
     # observedGeneration follows a spec change the server counted as a new generation.
     before = kube.get(CLUSTERS, NS, "alpha")
-    kubectl(router, "patch", "csc", "alpha", "--type", "merge", "-p",
-            json.dumps({"spec": {"verifier": {"model": "qwen2.5-coder-3b-instruct"}}}))
+    kube_api.patch(router, f"{CSC}/alpha", {"spec": {"verifier": {"model": "qwen2.5-coder-3b-instruct"}}})
     after = kube.get(CLUSTERS, NS, "alpha")
     assert after["metadata"]["generation"] == before["metadata"]["generation"] + 1
     wait_for(lambda: kube.get(CLUSTERS, NS, "alpha")["status"].get("observedGeneration")
@@ -125,9 +128,9 @@ def test_reconcile_children_status_and_printer_columns(real_operator: Any, kube:
 def test_kubectl_scale_reaches_the_deployment(real_operator: Any, kube: Kube, router: ApiRouter) -> None:
     _create(router, "gamma")
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "gamma-drafter-code"), what="drafter Deployment")
-    kubectl(router, "scale", "cosinedrafterpool/gamma-code", "--replicas=3")
+    assert kube_api.scale(router, f"{POOL_PATH}/gamma-code", 3).status_code == 200
     wait_for(lambda: replicas(kube, "gamma-drafter-code") == 3, what="code pool at 3")
-    kubectl(router, "scale", "cosinedrafterpool/gamma-code", "--replicas=40")
+    assert kube_api.scale(router, f"{POOL_PATH}/gamma-code", 40).status_code == 200
     wait_for(lambda: replicas(kube, "gamma-drafter-code") == 4, what="clamped to maxReplicas 4")
 
 
@@ -137,15 +140,14 @@ def test_kubectl_scale_on_the_cluster_reaches_the_verifier(real_operator: Any, k
     scale reports the pods' selector, and a later spec edit keeps the scaled value."""
     _create(router, "theta")
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "theta-verifier"), what="verifier Deployment")
-    kubectl(router, "scale", "csc/theta", "--replicas=3")
+    assert kube_api.scale(router, f"{CSC}/theta", 3).status_code == 200
     wait_for(lambda: replicas(kube, "theta-verifier") == 3, what="verifier at 3")
     scale = wait_for(lambda: (r := router.real.http.get(
         f"/apis/cosine.dev/v1alpha1/namespaces/{NS}/cosineclusters/theta/scale").json())["status"].get("selector")
         and r, what="scale with selector")
     assert scale["spec"]["replicas"] == 3
     assert "app.kubernetes.io/component=verifier" in scale["status"]["selector"].split(","), scale
-    kubectl(router, "patch", "csc", "theta", "--type", "merge", "-p",
-            json.dumps({"spec": {"speculation": {"maxDraftLen": 5}}}))
+    kube_api.patch(router, f"{CSC}/theta", {"spec": {"speculation": {"maxDraftLen": 5}}})
     generation = kube.get(CLUSTERS, NS, "theta")["metadata"]["generation"]
     wait_for(lambda: kube.get(CLUSTERS, NS, "theta")["status"].get("observedGeneration") == generation,
              what="the edit reconciled")
@@ -240,7 +242,7 @@ def test_delete_runs_kopf_finalizer_and_leaves_owned_children(real_operator: Any
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "zeta-verifier"), what="children")
     finalizers = wait_for(lambda: kube.get(CLUSTERS, NS, "zeta")["metadata"].get("finalizers"), what="finalizer")
     assert all(f.startswith("kopf.zalando.org/") for f in finalizers), finalizers
-    kubectl(router, "delete", "csc", "zeta", "--wait=false")
+    kube_api.delete(router, f"{CSC}/zeta")
     # The real server only marks it (deletionTimestamp) until kopf removes its finalizer.
     wait_for(lambda: kube.get(CLUSTERS, NS, "zeta") is None, what="cluster gone")
     # No garbage collector here: the children remain, each pointing at the deleted owner, which
@@ -324,8 +326,7 @@ def test_router_children_are_created_valid_owned_and_removed(real_operator: Any,
     Kubernetes' own server under the schemas of GIE v1.0 and Gateway API v1.3
     (data/external-crds), the endpoint picker's objects exist, everything is owned by the cluster;
     switched off, all of them go."""
-    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-",
-            stdin=json.dumps(cluster_body("iota", router=ROUTER_ON)))
+    kube_api.apply(router, cluster_body("iota", router=ROUTER_ON), validation="Ignore")
     uid = kube.get(CLUSTERS, NS, "iota")["metadata"]["uid"]
     children = [(INFERENCEPOOLS, "iota-router"), (HTTPROUTES, "iota-router"), (DEPLOYMENTS, "iota-epp"),
                 (SERVICES, "iota-epp"), (SERVICEACCOUNTS, "iota-epp"), (ROLES, "iota-epp"),
@@ -352,7 +353,7 @@ def test_router_children_are_created_valid_owned_and_removed(real_operator: Any,
                                             "app.kubernetes.io/component": "router"}}} in peers
 
     off = json.dumps({"spec": {"router": {"enabled": False}}})
-    kubectl(router, "patch", "csc", "iota", "--type", "merge", "-p", off)
+    kube_api.patch(router, f"{CSC}/iota", json.loads(off))
     for resource, name in children:
         wait_for(lambda: kube.get(resource, NS, name) is None, what=f"{resource} {name} deleted")  # noqa: B023
     assert kube.get(DEPLOYMENTS, NS, "iota-verifier") is not None
@@ -369,8 +370,7 @@ def test_gke_router_policies_are_made_valid_and_dropped_with_the_provider(real_o
     accepted by the real server under GKE's schemas (data/external-crds) and owned by the cluster,
     the picker's NetworkPolicy admits GKE's health checkers to 9003; back to ``none``, the policies
     go and the rest of the router stays."""
-    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-",
-            stdin=json.dumps(cluster_body("gkepol", router={**ROUTER_ON, "provider": "gke"})))
+    kube_api.apply(router, cluster_body("gkepol", router={**ROUTER_ON, "provider": "gke"}), validation="Ignore")
     uid = kube.get(CLUSTERS, NS, "gkepol")["metadata"]["uid"]
     for resource in (GCPBACKENDPOLICIES, HEALTHCHECKPOLICIES):
         obj = wait_for(lambda: kube.get(resource, NS, "gkepol-router"), what=resource)  # noqa: B023
@@ -381,7 +381,7 @@ def test_gke_router_policies_are_made_valid_and_dropped_with_the_provider(real_o
     assert health and {p["ipBlock"]["cidr"] for p in health[0]["from"]} == {"35.191.0.0/16", "130.211.0.0/22"}
 
     none = json.dumps({"spec": {"router": {"provider": "none"}}})
-    kubectl(router, "patch", "csc", "gkepol", "--type", "merge", "-p", none)
+    kube_api.patch(router, f"{CSC}/gkepol", json.loads(none))
     for resource in (GCPBACKENDPOLICIES, HEALTHCHECKPOLICIES):
         wait_for(lambda: kube.get(resource, NS, "gkepol-router") is None, what=f"{resource} deleted")  # noqa: B023
     assert kube.get(INFERENCEPOOLS, NS, "gkepol-router") is not None
@@ -392,7 +392,7 @@ def _delete(router: ApiRouter, name: str) -> None:
     """Delete a cluster once its test is done (not waited for: kopf stops its daemons first), so the
     operator's shutdown at the module's end has fewer clusters' resyncs and daemons to stop within
     the runner's timeout."""
-    kubectl(router, "delete", "csc", name, "--wait=false")
+    kube_api.delete(router, f"{CSC}/{name}")
 
 
 def test_a_verifier_on_two_nodes_is_a_leader_worker_set(real_operator: Any, kube: Kube, router: ApiRouter,
@@ -402,8 +402,7 @@ def test_a_verifier_on_two_nodes_is_a_leader_worker_set(real_operator: Any, kube
     multi-node mode; back to one node, the Deployment returns and the set goes."""
     gpu = {"model": "qwen2.5-coder-1.5b-instruct", "resources": {"limits": {"nvidia.com/gpu": 4}},
            "parallelism": {"nodes": 2, "tensor": 4, "pipeline": 2}}
-    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-",
-            stdin=json.dumps(cluster_body("kappa", verifier=gpu)))
+    kube_api.apply(router, cluster_body("kappa", verifier=gpu), validation="Ignore")
     lws = wait_for(lambda: kube.get(LEADERWORKERSETS, NS, "kappa-verifier"), what="LeaderWorkerSet")
     group = lws["spec"]["leaderWorkerTemplate"]
     assert group["size"] == 2 and group["restartPolicy"] == "RecreateGroupOnPodRestart"
@@ -418,7 +417,7 @@ def test_a_verifier_on_two_nodes_is_a_leader_worker_set(real_operator: Any, kube
     assert drafter_policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"][
         "app.kubernetes.io/component"] == "verifier"
     # kubectl scale on the cluster scales groups
-    kubectl(router, "scale", "csc/kappa", "--replicas=2")
+    assert kube_api.scale(router, f"{CSC}/kappa", 2).status_code == 200
     wait_for(lambda: kube.get(LEADERWORKERSETS, NS, "kappa-verifier")["spec"]["replicas"] == 2, what="2 groups")
     # the webhook refuses a shape vLLM cannot run, naming the field
     bad = {**gpu, "parallelism": {"nodes": 2, "tensor": 4}}
@@ -433,14 +432,14 @@ def test_a_verifier_on_two_nodes_is_a_leader_worker_set(real_operator: Any, kube
     assert answer["status"]["message"].startswith("spec.verifier.parallelism: tensor (4) x pipeline (1) = 4 ranks")
     # a new group size is a new set (LWS refuses to resize one in place), its scale kept from the spec
     uid = kube.get(LEADERWORKERSETS, NS, "kappa-verifier")["metadata"]["uid"]
-    kubectl(router, "patch", "csc", "kappa", "--type", "merge", "-p",
-            json.dumps({"spec": {"verifier": {"parallelism": {"nodes": 4, "tensor": 4, "pipeline": 4}}}}))
+    kube_api.patch(router, f"{CSC}/kappa",
+                   {"spec": {"verifier": {"parallelism": {"nodes": 4, "tensor": 4, "pipeline": 4}}}})
     resized = wait_for(lambda: (x := kube.get(LEADERWORKERSETS, NS, "kappa-verifier")) and x["metadata"]["uid"] != uid
                        and x, what="LeaderWorkerSet recreated")
     assert resized["spec"]["leaderWorkerTemplate"]["size"] == 4 and resized["spec"]["replicas"] == 2
     # one node again: a Deployment, and the set is deleted
-    kubectl(router, "patch", "csc", "kappa", "--type", "merge", "-p",
-            json.dumps({"spec": {"verifier": {"parallelism": {"nodes": 1, "tensor": 4, "pipeline": 1}}}}))
+    kube_api.patch(router, f"{CSC}/kappa",
+                   {"spec": {"verifier": {"parallelism": {"nodes": 1, "tensor": 4, "pipeline": 1}}}})
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "kappa-verifier"), what="verifier Deployment back")
     wait_for(lambda: kube.get(LEADERWORKERSETS, NS, "kappa-verifier") is None, what="LeaderWorkerSet deleted")
     _delete(router, "kappa")

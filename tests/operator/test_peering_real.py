@@ -10,12 +10,11 @@ removes a stopping replica's peering record); a replica of higher priority that 
 and after it is SIGKILLed (its record stays until its lifetime runs out) the standby reconciles a
 new cluster within the chart's peering lifetime plus a margin. Only what cannot run on one machine
 is changed from the chart: the ports (processes on one host), the webhook certificate's path and
-the downward API's values.
+the downward API's values; and the chart is rendered with a shorter peering lifetime (a value).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -27,11 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kube_api
 import pytest
 from api_router import ApiRouter
 from k8s_emulator import CONFIGMAPS, DEPLOYMENTS, Kube, wait_for
 from test_chart import render
-from test_crds_real import apply_crds, kubectl
+from test_crds_real import apply_crds
 from test_handlers import cluster_body
 
 from cosine_operator.__main__ import peering_priority
@@ -47,9 +47,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# The chart's peering lifetime (`peering.lifetimeSeconds`), set lower than its default 30 s: the
+# SIGKILL hand-over waits it out, and nothing else here depends on it.
+PEERING_LIFETIME_S = 15
+
+
 def _chart_operator() -> tuple[list[str], dict[str, Any], dict[str, Any]]:
-    """The default chart's operator container (command + args, env) and its peering object."""
-    docs = render()
+    """The chart's operator container (command + args, env) and its peering object."""
+    docs = render({"peering": {"lifetimeSeconds": PEERING_LIFETIME_S}})
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 2
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -104,8 +109,7 @@ class _Replica:
 @pytest.fixture(scope="module")
 def router(routed: ApiRouter) -> ApiRouter:
     apply_crds(routed)
-    kubectl(routed, "wait", "--for", "condition=Established", "--timeout", "30s",
-            "crd/clusterkopfpeerings.kopf.dev", "crd/kopfpeerings.kopf.dev")
+    kube_api.wait_established(routed, "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
     return routed
 
 
@@ -113,7 +117,7 @@ def router(routed: ApiRouter) -> ApiRouter:
 def chart(router: ApiRouter, tmp_path: Path) -> Iterator[Any]:
     """Starts operator processes as the chart's pods (``chart(pod_name)``); stops them all after."""
     command, env, peering = _chart_operator()
-    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(peering))
+    kube_api.apply(router, peering, validation="Ignore")
     certs = tmp_path / "webhook"
     certs.mkdir()
     shutil.copy(router.real.certs["server.crt"], certs / "tls.crt")
@@ -141,8 +145,9 @@ def _pods_by_priority(n: int) -> list[str]:
 
 def _peers(router: ApiRouter, peering: str) -> set[str]:
     """The live peers' ids (``POD_ID``) in the cluster's peering object."""
-    out = kubectl(router, "get", "clusterkopfpeering", peering, "-o", "json")
-    return set(json.loads(out.stdout).get("status") or {})
+    out = kube_api.get(router, f"/apis/kopf.dev/v1/clusterkopfpeerings/{peering}")
+    assert out is not None, peering
+    return set(out.get("status") or {})
 
 
 def _settled(router: ApiRouter, peering: str, acting: _Replica, paused: list[_Replica]) -> bool:
@@ -152,7 +157,7 @@ def _settled(router: ApiRouter, peering: str, acting: _Replica, paused: list[_Re
 
 
 def _create(router: ApiRouter, name: str) -> None:
-    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(cluster_body(name)))
+    kube_api.apply(router, cluster_body(name), validation="Ignore")
 
 
 def test_one_replica_acts_and_the_standby_takes_over(chart: Any, router: ApiRouter) -> None:
@@ -268,4 +273,4 @@ def test_prometheus_2_and_3_read_every_operator_panel_and_alert_series(chart: An
                 assert not [a for a in firing if a["labels"]["alertname"] == "CoSineOperatorDown"], (version, firing)
             assert not empty, empty
     finally:
-        kubectl(router, "delete", "cosinecluster", "prom1", "--wait=false", check=False)
+        kube_api.delete(router, f"/apis/cosine.dev/v1alpha1/namespaces/{NS}/cosineclusters/prom1")

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from cosine.model_store import ModelNotAvailable, resolve
+from cosine.model_store import pull
 from cosine.tooling import draft_cost
 
 SMALL = "smollm2-135m-instruct"
@@ -18,13 +18,6 @@ PROMPTS = [
     [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}],
     [{"role": "user", "content": "What is 17 times 23? Show your steps."}],
 ]
-
-
-def _need(model: str) -> None:
-    try:
-        resolve(model)
-    except ModelNotAvailable as e:
-        pytest.skip(str(e))
 
 
 def _check(costs: list[draft_cost.DraftCost], engine: str, k: int, batches: list[int], cores: list[int]) -> None:
@@ -37,8 +30,9 @@ def _check(costs: list[draft_cost.DraftCost], engine: str, k: int, batches: list
         assert 0 < c.draft_s_per_token <= c.draft_step_s
 
 
+@pytest.mark.real_model
 def test_llamacpp_draft_cost_in_a_pinned_child() -> None:
-    _need(SMALL)
+    pull(SMALL, progress=False)  # pulled here, never skipped for want of it
     cores = sorted(os.sched_getaffinity(0))[-1:]
     costs = draft_cost.measure_in_child("llamacpp", SMALL, PROMPTS, 4, [1, 2], cores, timeout_s=300)
     _check(costs, "llamacpp", 4, [1, 2], cores)
@@ -46,8 +40,9 @@ def test_llamacpp_draft_cost_in_a_pinned_child() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 def test_vllm_draft_cost_in_a_pinned_child() -> None:
-    _need(SMALL)
+    pull(SMALL, progress=False)
     cores = sorted(os.sched_getaffinity(0))[-1:]
     costs = draft_cost.measure_in_child("vllm", SMALL, PROMPTS, 4, [1, 2], cores, timeout_s=900)
     _check(costs, "vllm", 4, [1, 2], cores)

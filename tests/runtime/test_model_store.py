@@ -268,7 +268,7 @@ def test_interrupted_pull_is_not_taken_as_done(store):
 
 
 def test_chat_template_read_from_gguf_metadata(tmp_path):
-    gguf = pytest.importorskip("gguf")
+    import gguf
     path = tmp_path / "t.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_chat_template("{{ messages[0]['content'] }}")

@@ -24,11 +24,10 @@ import sys
 import textwrap
 
 import httpx
+import llama_cpp  # noqa: F401 - required, as vLLM is: a broken install fails here, never skips
 import pytest
+import vllm  # noqa: F401
 import yaml
-
-pytest.importorskip("vllm")
-pytest.importorskip("llama_cpp")
 
 # Slow (-m slow, 52 s here): the default suite's closed loop (test_serve's autoscaling test) starts
 # and stops real replicas through the same address re-resolution, and test_serve kills a replica

@@ -2,7 +2,8 @@
 
 Real processes: first the watchdog alone on a process group of two `sleep`s whose holder is
 SIGKILLed (no model: milliseconds); then `cosine serve` itself, on a real small model, SIGKILLed
-while its verifier loads. (`tests/runtime/test_serve.py` SIGKILLs a serving one.) A SIGKILLed
+while its verifier loads (its engine core and a drafter replica up; `tests/runtime/test_serve.py` drains
+a serving one with SIGTERM and checks the same). A SIGKILLed
 process runs no code, so nothing but the kernel and the watchdog can clean up after it: the
 test lists every descendant before the kill and waits for each to be gone.
 """

@@ -7,7 +7,8 @@ seconds), the official `openai` client. The reference is vLLM serving the same t
 (`maxDraftLen: 0`), in float32: greedy outputs must be identical. Faults: a drafter replica
 killed mid-stream costs speed, never a request (its requests move to the other replica), and is
 restarted and rejoins; 50 requests at
-concurrency 8 all complete exactly once. The API contract users rely on (API key, 4xx naming the
+concurrency 8 all complete exactly once; SIGTERM (a rollout) drains: requests in flight finish, a
+new one is refused, and every process exits. The API contract users rely on (API key, 4xx naming the
 field, 404 for an unknown model, streaming usage) is vLLM's server's.
 """
 
@@ -23,6 +24,7 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
 import yaml
 
@@ -36,6 +38,10 @@ pytestmark = pytest.mark.real_model
 MODEL = "smollm2-135m-instruct"
 PROMPTS = ["Name three colors.", "What is 7 times 6?", "Write a haiku about the sea.", "List two fruits."]
 API_KEY = "test-key"
+# the drain test's: each of the 8 is still mid-stream when SIGTERM lands after every first token
+DRAIN_PROMPTS = [f"Write a long story about a {thing}." for thing in
+                 ("lighthouse", "fox", "baker", "comet", "violin", "glacier", "market", "robot")]
+DRAIN_TOKENS = 128
 
 
 def _manifest(tmp_path_factory, max_draft_len: int, speculator: dict | None = None) -> str:
@@ -44,7 +50,8 @@ def _manifest(tmp_path_factory, max_draft_len: int, speculator: dict | None = No
         "kind": "CoSineCluster",
         "metadata": {"name": "test"},
         "spec": {
-            "verifier": {"model": MODEL, "threads": 1},
+            # the drain test reads the grace period back from vLLM's --shutdown-timeout
+            "verifier": {"model": MODEL, "threads": 1, "terminationGracePeriodSeconds": 60},
             # priced: the dashboards' accepted tokens per pool dollar (test_a_real_prometheus...)
             "drafterPools": [{"name": "small", "model": MODEL, "replicas": 2, "threads": 1, "pricePerHourUsd": 0.5}],
             # the same model drafts: always speculate, so every path is exercised
@@ -133,6 +140,19 @@ def _chat(client, prompt: str, stream: bool = False) -> str:
                    if c.choices)
 
 
+def _stream_long(client, prompt: str, started: threading.Barrier | None = None) -> str:
+    """A streamed greedy answer of DRAIN_TOKENS tokens; `started` is waited on at its first text."""
+    text = []
+    for chunk in client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=DRAIN_TOKENS,
+            stream=True, extra_body={"ignore_eos": True}):
+        if chunk.choices and chunk.choices[0].delta.content:
+            if started is not None and not text:
+                started.wait(timeout=120)
+            text.append(chunk.choices[0].delta.content)
+    return "".join(text)
+
+
 def _counter(metrics_url: str, name: str, pool: str) -> float:
     """A `cosine_` counter of one draft source (prompt lookup is pool="lookup")."""
     for line in httpx.get(metrics_url).text.splitlines():
@@ -148,8 +168,8 @@ def _pool_asked(metrics_url: str, pool: str = "small") -> float:
 
 
 class TestFixedCluster:
-    """One cluster of two replicas (no autoscaling) for the four tests below; stopped before the
-    autoscaling test starts its own (the cores are few)."""
+    """One cluster of two replicas (no autoscaling) for the tests below; the last one drains it
+    with SIGTERM, before the other tests start their own (the cores are few)."""
 
     def test_openai_client_gets_target_identical_output(self, cluster, reference):
         base, _, metrics_url, _ = cluster
@@ -270,15 +290,14 @@ class TestFixedCluster:
         alone = {p: complete(p) for p in prompts}
         assert len(set(alone.values())) == len(prompts), alone  # distinct answers: a crossed one would show
 
-        def one(i: int) -> tuple[int, str, float]:
+        def one(i: int) -> tuple[str, float]:
             t = time.perf_counter()
-            return i, complete(prompts[i % len(prompts)]), time.perf_counter() - t
+            return complete(prompts[i % len(prompts)]), time.perf_counter() - t
 
         with cf.ThreadPoolExecutor(8) as pool:
-            results = list(pool.map(one, range(50)))
-        assert [r[0] for r in results] == list(range(50))
-        assert [r[1] for r in results] == [alone[prompts[i % len(prompts)]] for i in range(50)]
-        lat = sorted(r[2] for r in results)
+            results = list(pool.map(one, range(50)))  # in the order submitted: the i-th answer is request i's
+        assert [r[0] for r in results] == [alone[prompts[i % len(prompts)]] for i in range(50)]
+        lat = sorted(r[1] for r in results)
         p50, p99 = statistics.median(lat), lat[int(0.99 * (len(lat) - 1))]
         print(f"\n50 requests at concurrency 8: p50 {p50:.2f} s, p99 {p99:.2f} s")
         assert httpx.get(f"{base}/health").status_code == 200
@@ -387,17 +406,45 @@ class TestFixedCluster:
                 assert named and named <= names, (version, sorted(named - names))
                 assert not {n for n in names if n.startswith("cosine:")}, version
 
-    def test_sigkill_while_serving_leaves_no_child(self, cluster):
-        """Last of the class (it ends the cluster). Catches: vLLM's server, engine core and
-        workers, or a drafter replica, left running after `cosine serve` dies without running any
-        code of its own."""
-        _, proc, _, _ = cluster
+    def test_sigterm_drains_the_requests_in_flight_refuses_new_ones_and_exits(self, cluster):
+        """Last of the class (it ends the cluster). A rollout drains: `cosine serve` sent SIGTERM
+        with 8 requests in flight finishes all 8 (each with the greedy output it had before),
+        refuses a new one, exits 0 by itself and leaves no child. The drain is vLLM's own
+        (`--shutdown-timeout`, from `spec.verifier.terminationGracePeriodSeconds`:
+        `VerifierSpec.shutdown_timeout_s`); on Kubernetes the pod's preStop wait comes first.
+        Catches: a request cut off or changed by the drain, a new request served while draining,
+        a server that holds on to the end of its grace or exits failing, a child left running."""
+        base, proc, _, _ = cluster
+        # vLLM's drain time comes from the grace period (60 s - 10 s preStop - 5 s): not a fixed 5 s
+        verifier = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "vllm"], capture_output=True, text=True)
+        argv = open(f"/proc/{verifier.stdout.split()[0]}/cmdline").read().split("\0")
+        timeout = int(argv[argv.index("--shutdown-timeout") + 1])
+        assert timeout == 45, argv
+        client = _client(base)
+        with cf.ThreadPoolExecutor(len(DRAIN_PROMPTS)) as pool:
+            reference = dict(zip(DRAIN_PROMPTS, pool.map(lambda p: _stream_long(client, p), DRAIN_PROMPTS),
+                                 strict=True))
+        assert all(reference.values())
         below = descendants(proc.pid)
-        names = [" ".join(p.cmdline()) for p in below]
-        assert any("EngineCore" in n for n in names) and sum("cosine drafter" in n for n in names) == 2, names
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert_all_gone(below)
+        started = threading.Barrier(len(DRAIN_PROMPTS) + 1)
+        with cf.ThreadPoolExecutor(len(DRAIN_PROMPTS)) as pool:
+            futures = {p: pool.submit(_stream_long, client, p, started) for p in DRAIN_PROMPTS}
+            started.wait(timeout=120)  # every request has its first tokens: all 8 in flight
+            os.kill(proc.pid, signal.SIGTERM)  # what the kubelet sends after preStop
+            sigterm_s = time.monotonic()
+            # a new request is refused, not served: no text comes back (a drained server's listening
+            # socket is closed, or vLLM's engine rejects the add, or the stream is cut off)
+            try:
+                served = _stream_long(client, "Say hi.")
+            except (openai.APIConnectionError, openai.APIStatusError) as refused:
+                served = f"refused: {type(refused).__name__}"
+            assert served.startswith("refused: "), f"served while draining: {served!r}"
+            done = {p: f.result(timeout=120) for p, f in futures.items()}
+            drained_s = time.monotonic() - sigterm_s
+        assert done == reference  # all 8 finished, each with its whole greedy output
+        assert proc.wait(timeout=60) == 0  # exits by itself once drained
+        assert_all_gone(below)  # vLLM's server, engine core and the drafter replicas with it
+        print(f"drained 8 requests in {drained_s:.1f} s after SIGTERM (vLLM given {timeout} s); {served}")
 
 
 def _address(pid: int) -> str:
@@ -457,6 +504,11 @@ def _embedded(url: str) -> tuple[dict[str, int], float]:
     return replicas, passes
 
 
+# With -m slow (a server start and four answers, about a minute on two cores; the default run must stay under
+# 15 minutes): the same path is checked by the losslessness tests (test_vllm_lossless: vLLM's draft_model fused
+# with lookup and a pool over gRPC, greedy and sampled), the verifier's arguments for it as vLLM's own parser
+# reads them by tests/test_roles.py, and its engine arguments by test_vllm_hooks.
+@pytest.mark.slow
 def test_the_engines_own_drafter_serves_beside_lookup_and_the_pool(tmp_path_factory, reference):
     """`spec.verifier.speculator: {method: draftModel}`: vLLM drafts with the draft model inside the
     verifier (here the target's own weights), CoSine takes its draft per request beside prompt

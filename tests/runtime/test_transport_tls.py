@@ -10,16 +10,15 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from cosine.transport.drafter_service import DrafterServicer, serve
 from cosine.transport.remote_drafter import RemoteDrafter
 
 from .test_transport import RuleEngine
-
-x509 = pytest.importorskip("cryptography.x509")
-from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
-from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
-from cryptography.x509.oid import NameOID  # noqa: E402
 
 SERVICE = "demo-drafter-code.ns.svc"  # what the verifier dials in a cluster (a SAN below)
 
@@ -99,7 +98,6 @@ def test_clients_that_cannot_verify_the_drafter_get_nothing(tls_pool):
 
 def test_the_verifiers_proposer_dials_tls_from_its_config(tls_pool):
     """Catches: `tls_dir` dropped between the verifier's pool config and its RemoteDrafter."""
-    pytest.importorskip("vllm")
     from cosine import vllm_hooks
 
     port, secret, _ = tls_pool

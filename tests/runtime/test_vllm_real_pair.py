@@ -14,7 +14,6 @@ import yaml
 
 from tests.runtime.test_serve import _client, _counter, _start, _stop
 
-pytest.importorskip("vllm")
 # ~6 min (two 1.5B servers in turn): with -m slow. By default, test_serve checks the same path (target
 # identical through CoSine's proposer and a drafter process) on a small real model, and every
 # `cosine bench` run counts outputs identical to vLLM target-only on this pair.
