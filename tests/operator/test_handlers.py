@@ -621,3 +621,18 @@ def test_a_spot_pool_without_spot_capacity_gets_an_on_demand_sibling_and_returns
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "kappa-drafter-code-ondemand") is None, timeout_s=4 * RESYNC_S + 5,
              what="sibling removed")
     wait_for(lambda: (condition(kube, "kappa", "SpotFallback") or {}).get("status") == "False", what="back on spot")
+
+
+def test_a_field_of_a_later_release_is_read_past_and_counted(operator: Any, kube: Kube,
+                                                             operator_metrics_port: int) -> None:
+    """The API server fills a later release's CRD defaults into every stored object: this operator
+    reconciles it anyway and counts the fields it ignored (``cosine_operator_spec_unknown_fields``,
+    what tells a rollback or a half-done upgrade). Catches: a strict read (``invalid spec``, nothing
+    reconciled, every cluster stuck until the new operator runs)."""
+    kube.create(CLUSTERS, NS, cluster_body("skew", speculation={"maxDraftLen": 4, "futureKnob": 3}))
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "skew-verifier"), what="the cluster reconciled")
+    gauge = 'cosine_operator_spec_unknown_fields{cluster="skew",namespace="default"} 1.0'
+    wait_for(lambda: gauge in httpx.get(f"http://127.0.0.1:{operator_metrics_port}/metrics").text,
+             what="the unknown field counted")
+    config = kube.get(CONFIGMAPS, NS, "skew-config")["data"]["cluster.yaml"]
+    assert "futureKnob: 3" in config  # the pods get the spec as stored (and read it tolerantly)

@@ -28,6 +28,7 @@ class OperatorMetrics:
     autoscaler_errors: Counter  # labels: stage (observe/actuate/report): passes that failed and went on
     pool_price: Gauge  # cosine_drafter_pool_price_usd_per_hour{namespace, cluster, pool}: from the spec
     cluster_info: Gauge  # labels: namespace, cluster; 1 per CoSineCluster reconciled (CoSineVerifierDown's clusters)
+    spec_unknown_fields: Gauge  # labels: namespace, cluster; spec fields this release does not know (version skew)
 
     @classmethod
     def create(cls) -> OperatorMetrics:
@@ -74,6 +75,13 @@ class OperatorMetrics:
             cluster_info=Gauge(
                 "cosine_operator_cluster_info",
                 "1 for each CoSineCluster this replica has reconciled (and not seen deleted).",
+                ["namespace", "cluster"],
+                registry=registry,
+            ),
+            spec_unknown_fields=Gauge(
+                "cosine_operator_spec_unknown_fields",
+                "Fields of a CoSineCluster's stored spec this operator does not know and ignores (a later "
+                "release's CRD defaults: the operator is older than the CRDs).",
                 ["namespace", "cluster"],
                 registry=registry,
             ),
