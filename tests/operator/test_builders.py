@@ -367,19 +367,19 @@ def test_gpu_pods_run_the_cuda_image_and_others_the_cpu_image() -> None:
     cluster = parse_cluster_spec(spec)
     images = {d["metadata"]["name"]: _template(d)["containers"][0]["image"]
               for d in build_children("demo", "ns", cluster, {}) if d["kind"] == "Deployment"}
-    assert images == {"demo-verifier": "ghcr.io/cosine-project/cosine:0.1.0-cuda",
-                      "demo-drafter-code": "ghcr.io/cosine-project/cosine:0.1.0-cuda",
-                      "demo-drafter-ngram": "ghcr.io/cosine-project/cosine:0.1.0"}
+    assert images == {"demo-verifier": "ghcr.io/cosine-project/cosine:0.2.0-cuda",
+                      "demo-drafter-code": "ghcr.io/cosine-project/cosine:0.2.0-cuda",
+                      "demo-drafter-ngram": "ghcr.io/cosine-project/cosine:0.2.0"}
     # the pull container needs no GPU: the CPU image
     init = _template(build_verifier_deployment("demo", "ns", cluster))["initContainers"]
-    assert init[0]["image"].endswith(":0.1.0")
+    assert init[0]["image"].endswith(":0.2.0")
     spec["image"] = {"repository": "registry.example/cosine", "pullPolicy": "Always"}
     spec["verifier"]["image"] = {"tag": "dev-cuda"}
     cluster = parse_cluster_spec(spec)
     v = _template(build_verifier_deployment("demo", "ns", cluster))["containers"][0]
     assert (v["image"], v["imagePullPolicy"]) == ("registry.example/cosine:dev-cuda", "Always")
     ngram = _template(build_drafter_deployment("demo", "ns", cluster, "ngram", 1))["containers"][0]
-    assert ngram["image"] == "registry.example/cosine:0.1.0"
+    assert ngram["image"] == "registry.example/cosine:0.2.0"
     spec["image"]["tag"] = "pinned"  # spec.image.tag: every role
     code = _template(build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", 1))
     assert code["containers"][0]["image"] == "registry.example/cosine:pinned"
@@ -575,7 +575,7 @@ def test_pull_job_name_follows_its_whole_template() -> None:
 
     base = name()
     assert base == name()  # stable
-    assert base != name(image={"tag": "0.2.0"})
+    assert base != name(image={"tag": "0.3.0"})
     assert base != name(hfTokenSecretRef={"name": "hf", "key": "token"})
     assert base != name(verifier={"model": "qwen2.5-coder-3b-instruct"})
     assert len(base) == len("demo-models-") + 8

@@ -4,7 +4,9 @@ kubernetes-validate (strict schemas), the CRD copy is byte-identical, RBAC = wha
 from __future__ import annotations
 
 import copy
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -253,11 +255,11 @@ def test_operator_network_policy() -> None:
 
 
 def _make_var(name: str) -> str:
-    """A ``NAME ?= value`` default of the Makefile, ``$(VAR)`` references expanded."""
-    text = (ROOT / "Makefile").read_text()
-    value = re.search(rf"^{name} \?= (.*)$", text, re.M)
-    assert value, name
-    return re.sub(r"\$\((\w+)\)", lambda m: _make_var(m.group(1)), value.group(1).strip())
+    """A variable of the Makefile as make expands it (its defaults, no overrides)."""
+    out = subprocess.run(["make", "-s", "--no-print-directory", "-f", "Makefile", "-f", "-", "print"], cwd=ROOT,
+                         input=f"print:\n\t@echo $({name})\n", capture_output=True, text=True, check=True,
+                         env={k: v for k, v in os.environ.items() if not k.endswith(("_IMAGE", "IMAGE_TAG"))})
+    return out.stdout.strip()
 
 
 def test_chart_images_are_the_images_make_builds() -> None:
