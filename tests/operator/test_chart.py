@@ -166,7 +166,7 @@ def test_two_operator_replicas_with_peering_and_a_disruption_budget() -> None:
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert deployment["spec"]["replicas"] == 2 and "--peering=cosine-cosine-operator" in args
-    assert "--standalone" not in args and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "--standalone" not in args and deployment["spec"]["strategy"] == {"type": "Recreate"}
     (peering,) = [d for d in docs if d["kind"] == "ClusterKopfPeering"]
     assert peering["metadata"]["name"] == "cosine-cosine-operator"
     (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
