@@ -325,3 +325,40 @@ def test_helm_test_sends_a_completion_through_the_sample_clusters_gateway() -> N
     assert env["GATEWAY"] == f"http://{gateway['metadata']['name']}.cosine-system.svc:{port}/v1"
     assert "/completions" in pod["spec"]["containers"][0]["command"][2]
     assert not [d for d in render() if d["kind"] == "Pod"]  # no sample cluster, no test
+
+
+def _deleted_crds(line: str, base: Path) -> set[str]:
+    """The CRDs a documented ``kubectl delete`` line deletes: by name, or every CRD in its ``-f`` files."""
+    words = line.split()
+    if words[:3] == ["kubectl", "delete", "crd"]:
+        return {w for w in words[3:] if not w.startswith("-")}
+    names = set()
+    for flag, path in zip(words, words[1:], strict=False):
+        if flag == "-f":
+            target = (base / path) if (base / path).exists() else ROOT / path
+            for file in sorted(target.glob("*.yaml")) if target.is_dir() else [target]:
+                names |= {d["metadata"]["name"] for d in yaml.safe_load_all(file.read_text())
+                          if d and d.get("kind") == "CustomResourceDefinition"}
+    return names
+
+
+def test_the_documented_upgrade_and_uninstall_keep_kopfs_crds_and_apply_ours_first() -> None:
+    """Catches: an uninstall that deletes kopf's peering CRDs (``kubectl delete -f crds/``: every other
+    kopf operator in the cluster uses them); the chart's README or NOTES not saying that Helm never
+    upgrades ``crds/`` (from 0.1 the upgrade then fails on ClusterKopfPeering)."""
+    with helm.Chart.load(CHART) as chart:
+        notes = chart.render({}, name="cosine", namespace="cosine-system", is_install=True)[
+            "cosine-operator/templates/NOTES.txt"]
+    pages = {ROOT / "docs" / "kubernetes.md": ROOT, CHART / "README.md": CHART}
+    texts = {path: path.read_text() for path in pages} | {CHART / "templates" / "NOTES.txt": notes}
+    deleted: set[str] = set()
+    for path, text in texts.items():  # the commands: markdown's fenced blocks, all of NOTES
+        commands = "\n".join(re.findall(r"^```bash\n(.*?)^```", text, re.M | re.S)) if path in pages else text
+        for line in re.findall(r"kubectl delete [^\n`)]*", commands):
+            deleted |= _deleted_crds(line.strip(), pages.get(path, CHART))
+    assert deleted == {"cosineclusters.cosine.dev", "cosinedrafterpools.cosine.dev"}, deleted
+    apply_first = "kubectl apply --server-side --force-conflicts -f charts/cosine-operator/crds/"
+    for path in (CHART / "README.md", CHART / "templates" / "NOTES.txt"):
+        lines = [line.strip() for line in texts[path].splitlines()]
+        assert apply_first in lines, path
+        assert lines[lines.index(apply_first) + 1].startswith("helm upgrade"), path  # the CRDs first
