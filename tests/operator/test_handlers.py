@@ -319,16 +319,16 @@ def test_image_change_is_a_new_pull_job_and_a_claim_change_a_condition(operator:
                       what="pull Job")
     kube.patch(JOBS, NS, job["metadata"]["name"], {"status": {"succeeded": 1}}, sub="status")
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "upg-verifier"), what="verifier after the pull", timeout_s=30)
-    kube.patch(CLUSTERS, NS, "upg", {"spec": {"image": {"tag": "0.2.0"}}})
+    kube.patch(CLUSTERS, NS, "upg", {"spec": {"image": {"tag": "0.3.0"}}})
     wait_for(lambda: kube.get(JOBS, NS, job["metadata"]["name"]) is None, what="old Job replaced")
     (new,) = [j for j in kube.list(JOBS, NS) if j["metadata"]["name"].startswith("upg-models-")]
-    assert new["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.2.0")
+    assert new["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.3.0")
     kube.patch(JOBS, NS, new["metadata"]["name"], {"status": {"succeeded": 1}}, sub="status")
 
     def image() -> str:
         return str(kube.get(DEPLOYMENTS, NS, "upg-verifier")["spec"]["template"]["spec"]["containers"][0]["image"])
 
-    wait_for(lambda: image().endswith(":0.2.0"), what="verifier on the new image", timeout_s=30)
+    wait_for(lambda: image().endswith(":0.3.0"), what="verifier on the new image", timeout_s=30)
     assert (condition(kube, "upg", "ModelCacheReady") or {}).get("status") == "True"
     # a claim change the server refuses: a condition naming the field; the rest reconciles
     kube.patch(CLUSTERS, NS, "upg", {"spec": {"modelCache": {"storageClassName": "premium"},
