@@ -108,6 +108,14 @@ def _admission_on(router: ApiRouter, source: AdmissionSource, port: int) -> None
     assert "spec.drafterPools[0].model" in answer.json()["message"]
 
 
+def _admission_off(router: ApiRouter, source: AdmissionSource) -> None:
+    """No webhook configuration served, and none in force: a write the webhook would refuse passes."""
+    source.set_webhooks()
+    wait_for(lambda: _write(router, "POST", f"{CLUSTERS}?dryRun=All",
+                            cluster_body("probe", drafterPools=[NO_GGUF])).status_code == 201,
+             timeout_s=60, what="no webhook in force")
+
+
 def _gone(router: ApiRouter, name: str) -> bool:
     return _write(router, "GET", f"{CLUSTERS}/{name}").status_code == 404
 
@@ -118,7 +126,7 @@ def test_kopfs_patches_pass_the_real_admission_path_and_a_persons_bad_spec_does_
     one of an object being deleted (kopf removing its finalizer): the cluster never finishes deleting."""
     router, source = admitting
     kube = Kube(router.url)
-    source.set_webhooks()  # none yet: stored as an earlier, laxer release admitted it
+    _admission_off(router, source)  # none yet: stored as an earlier, laxer release admitted it
     with operator():
         assert _write(router, "POST", CLUSTERS, cluster_body("legacy", drafterPools=[NO_GGUF])).status_code == 201
         wait_for(lambda: kube.get(DEPLOYMENTS, NS, "legacy-verifier"), timeout_s=60, what="legacy reconciled")
@@ -155,7 +163,7 @@ def test_a_later_releases_defaulted_field_is_read_with_a_warning_and_refused_onl
     router, source = admitting
     caplog.set_level(logging.WARNING)
     kube = Kube(router.url)
-    source.set_webhooks()  # stored before the CRD step (no operator runs to answer a webhook yet)
+    _admission_off(router, source)  # stored before the CRD step (no operator answers a webhook yet)
     assert _write(router, "POST", CLUSTERS, cluster_body("skew", speculation={"maxDraftLen": 4})).status_code == 201
     crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/cosineclusters.cosine.dev"
     later = _later_release_crd()
