@@ -396,8 +396,8 @@ def _with_pod(cls: type, raw: Mapping[str, Any], unknown: dict[str, str] | None)
         pod = read_fields(PodOverrides, {k: v for k, v in raw.items() if k in pod_keys})
     except ValueError as e:  # name the role: spec.verifier.image.tag, spec.drafterPools[].resources
         raise ValueError(str(e).replace("spec.<role>", role, 1)) from None
-    if found:
-        unknown.update(_renamed(found, "spec.<role>", role))  # type: ignore[union-attr]
+    if found and unknown is not None:
+        unknown.update(_renamed(found, "spec.<role>", role))
     if cls is VerifierSpec:
         parallelism = read_fields(ParallelismSpec, raw.get("parallelism") or {}, unknown=unknown)
         sp = raw.get("speculator")
@@ -430,8 +430,8 @@ def parse_cluster_spec(spec: Mapping[str, Any], *, unknown: dict[str, str] | Non
             pools.append(_with_pod(DrafterPoolSpec, p, found))
         except ValueError as e:
             raise ValueError(str(e).replace("spec.drafterPools[]", f"spec.drafterPools[{i}]", 1)) from None
-        if found:
-            unknown.update(_renamed(found, "spec.drafterPools[]", f"spec.drafterPools[{i}]"))  # type: ignore[union-attr]
+        if found and unknown is not None:
+            unknown.update(_renamed(found, "spec.drafterPools[]", f"spec.drafterPools[{i}]"))
     if not pools:
         raise ValueError("spec.drafterPools must name at least one pool")
 
