@@ -127,7 +127,11 @@ test: install apiserver prometheus
 # build's --build-arg TORCH_SPEC=... VLLM_SPEC=... TORCH_INDEX_URL=... (Dockerfile header).
 # IMAGE_BUILD_FLAGS: this machine's own settings (OCI runtime, ulimits, network, CA bundle and pip
 # configuration mounts): nothing by default; README "Images" shows the ones of a machine without registries.
-IMAGE_TAG ?= 0.1.0
+# The release's version, defined once: the chart's appVersion (charts/cosine-operator/Chart.yaml). It tags
+# the images here and the chart (its version); RUNTIME_TAG in spec/src/cosine_spec/pods.py and the
+# pyproject.toml files carry it too (tests/test_version.py fails when one differs).
+VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/cosine-operator/Chart.yaml)
+IMAGE_TAG ?= $(VERSION)
 RUNTIME_IMAGE ?= ghcr.io/cosine-project/cosine:$(IMAGE_TAG)
 OPERATOR_IMAGE ?= ghcr.io/cosine-project/cosine-operator:$(IMAGE_TAG)
 BASE_IMAGE ?=

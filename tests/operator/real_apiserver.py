@@ -251,10 +251,14 @@ class RealApiServer:
     """etcd and ``apiextensions-apiserver`` on loopback ports; stopped by PID on exit.
 
     ``url``, ``kubeconfig`` (a client in ``system:masters``) and ``tls`` (for httpx) are what
-    clients need."""
+    clients need.
 
-    def __init__(self, inst: Installation, workdir: Path) -> None:
-        self.inst, self.workdir = inst, workdir
+    ``core``: a kubeconfig of a core API (``admission_source.AdmissionSource``) that serves the
+    server's admission plugins their Namespaces and ValidatingWebhookConfigurations; the
+    ``ValidatingAdmissionWebhook`` plugin then runs (without one, no admission plugin does)."""
+
+    def __init__(self, inst: Installation, workdir: Path, core: Path | None = None) -> None:
+        self.inst, self.workdir, self.core = inst, workdir, core
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> RealApiServer:
@@ -291,9 +295,10 @@ class RealApiServer:
              "--tls-cert-file", str(self.certs["server.crt"]), "--tls-private-key-file", str(self.certs["server.key"]),
              "--client-ca-file", str(self.certs["ca.crt"]), "--authentication-skip-lookup",
              "--authentication-kubeconfig", str(dead), "--authorization-kubeconfig", str(dead),
-             "--kubeconfig", str(dead),
+             "--kubeconfig", str(self.core or dead),
              "--disable-admission-plugins", "NamespaceLifecycle,MutatingAdmissionPolicy,MutatingAdmissionWebhook,"
-             "ValidatingAdmissionPolicy,ValidatingAdmissionWebhook"], stdout=log, stderr=subprocess.STDOUT))
+             "ValidatingAdmissionPolicy" + ("" if self.core else ",ValidatingAdmissionWebhook")],
+            stdout=log, stderr=subprocess.STDOUT))
         self.url = f"https://127.0.0.1:{port}"
         self.kubeconfig = self.workdir / "kubeconfig"
         self.kubeconfig.write_text(_kubeconfig(self.url, self.certs))

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from cosine_spec.cluster_spec import parse_cluster_spec
 from cosine_spec.contract import COMPONENT_LABEL, CONFIG_FILE, POOL_LABEL
+from cosine_spec.pods import RUNTIME_TAG
 
 from cosine_operator.builders.inventory import build_children
 from cosine_operator.builders.multinode import build_verifier
@@ -367,19 +368,19 @@ def test_gpu_pods_run_the_cuda_image_and_others_the_cpu_image() -> None:
     cluster = parse_cluster_spec(spec)
     images = {d["metadata"]["name"]: _template(d)["containers"][0]["image"]
               for d in build_children("demo", "ns", cluster, {}) if d["kind"] == "Deployment"}
-    assert images == {"demo-verifier": "ghcr.io/cosine-project/cosine:0.1.0-cuda",
-                      "demo-drafter-code": "ghcr.io/cosine-project/cosine:0.1.0-cuda",
-                      "demo-drafter-ngram": "ghcr.io/cosine-project/cosine:0.1.0"}
+    assert images == {"demo-verifier": f"ghcr.io/cosine-project/cosine:{RUNTIME_TAG}-cuda",
+                      "demo-drafter-code": f"ghcr.io/cosine-project/cosine:{RUNTIME_TAG}-cuda",
+                      "demo-drafter-ngram": f"ghcr.io/cosine-project/cosine:{RUNTIME_TAG}"}
     # the pull container needs no GPU: the CPU image
     init = _template(build_verifier_deployment("demo", "ns", cluster))["initContainers"]
-    assert init[0]["image"].endswith(":0.1.0")
+    assert init[0]["image"].endswith(f":{RUNTIME_TAG}")
     spec["image"] = {"repository": "registry.example/cosine", "pullPolicy": "Always"}
     spec["verifier"]["image"] = {"tag": "dev-cuda"}
     cluster = parse_cluster_spec(spec)
     v = _template(build_verifier_deployment("demo", "ns", cluster))["containers"][0]
     assert (v["image"], v["imagePullPolicy"]) == ("registry.example/cosine:dev-cuda", "Always")
     ngram = _template(build_drafter_deployment("demo", "ns", cluster, "ngram", 1))["containers"][0]
-    assert ngram["image"] == "registry.example/cosine:0.1.0"
+    assert ngram["image"] == f"registry.example/cosine:{RUNTIME_TAG}"
     spec["image"]["tag"] = "pinned"  # spec.image.tag: every role
     code = _template(build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", 1))
     assert code["containers"][0]["image"] == "registry.example/cosine:pinned"
@@ -593,7 +594,7 @@ def test_pull_job_name_follows_its_whole_template() -> None:
 
     base = name()
     assert base == name()  # stable
-    assert base != name(image={"tag": "0.2.0"})
+    assert base != name(image={"tag": "0.3.0"})
     assert base != name(hfTokenSecretRef={"name": "hf", "key": "token"})
     assert base != name(verifier={"model": "qwen2.5-coder-3b-instruct"})
     assert len(base) == len("demo-models-") + 8

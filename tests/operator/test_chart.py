@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +190,7 @@ def test_two_operator_replicas_with_peering_and_a_disruption_budget() -> None:
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert deployment["spec"]["replicas"] == 2 and "--peering=cosine-cosine-operator" in args
-    assert "--standalone" not in args and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "--standalone" not in args and deployment["spec"]["strategy"] == {"type": "Recreate"}
     (peering,) = [d for d in docs if d["kind"] == "ClusterKopfPeering"]
     assert peering["metadata"]["name"] == "cosine-cosine-operator"
     (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
@@ -277,11 +279,11 @@ def test_operator_network_policy() -> None:
 
 
 def _make_var(name: str) -> str:
-    """A ``NAME ?= value`` default of the Makefile, ``$(VAR)`` references expanded."""
-    text = (ROOT / "Makefile").read_text()
-    value = re.search(rf"^{name} \?= (.*)$", text, re.M)
-    assert value, name
-    return re.sub(r"\$\((\w+)\)", lambda m: _make_var(m.group(1)), value.group(1).strip())
+    """A variable of the Makefile as make expands it (its defaults, no overrides)."""
+    out = subprocess.run(["make", "-s", "--no-print-directory", "-f", "Makefile", "-f", "-", "print"], cwd=ROOT,
+                         input=f"print:\n\t@echo $({name})\n", capture_output=True, text=True, check=True,
+                         env={k: v for k, v in os.environ.items() if not k.endswith(("_IMAGE", "IMAGE_TAG"))})
+    return out.stdout.strip()
 
 
 def test_chart_images_are_the_images_make_builds() -> None:
@@ -626,3 +628,40 @@ def test_only_the_operators_pods_carry_its_selector() -> None:
         if selector.items() <= labels.items():
             matching.append(name)
     assert matching == ["Deployment/cosine-cosine-operator"] and len(pods) == 4
+
+
+def _deleted_crds(line: str, base: Path) -> set[str]:
+    """The CRDs a documented ``kubectl delete`` line deletes: by name, or every CRD in its ``-f`` files."""
+    words = line.split()
+    if words[:3] == ["kubectl", "delete", "crd"]:
+        return {w for w in words[3:] if not w.startswith("-")}
+    names = set()
+    for flag, path in zip(words, words[1:], strict=False):
+        if flag == "-f":
+            target = (base / path) if (base / path).exists() else ROOT / path
+            for file in sorted(target.glob("*.yaml")) if target.is_dir() else [target]:
+                names |= {d["metadata"]["name"] for d in yaml.safe_load_all(file.read_text())
+                          if d and d.get("kind") == "CustomResourceDefinition"}
+    return names
+
+
+def test_the_documented_upgrade_and_uninstall_keep_kopfs_crds_and_apply_ours_first() -> None:
+    """Catches: an uninstall that deletes kopf's peering CRDs (``kubectl delete -f crds/``: every other
+    kopf operator in the cluster uses them); the chart's README or NOTES not saying that Helm never
+    upgrades ``crds/`` (from 0.1 the upgrade then fails on ClusterKopfPeering)."""
+    with helm.Chart.load(CHART) as chart:
+        notes = chart.render({}, name="cosine", namespace="cosine-system", is_install=True)[
+            "cosine-operator/templates/NOTES.txt"]
+    pages = {ROOT / "docs" / "kubernetes.md": ROOT, CHART / "README.md": CHART}
+    texts = {path: path.read_text() for path in pages} | {CHART / "templates" / "NOTES.txt": notes}
+    deleted: set[str] = set()
+    for path, text in texts.items():  # the commands: markdown's fenced blocks, all of NOTES
+        commands = "\n".join(re.findall(r"^```bash\n(.*?)^```", text, re.M | re.S)) if path in pages else text
+        for line in re.findall(r"kubectl delete [^\n`)]*", commands):
+            deleted |= _deleted_crds(line.strip(), pages.get(path, CHART))
+    assert deleted == {"cosineclusters.cosine.dev", "cosinedrafterpools.cosine.dev"}, deleted
+    apply_first = "kubectl apply --server-side --force-conflicts -f charts/cosine-operator/crds/"
+    for path in (CHART / "README.md", CHART / "templates" / "NOTES.txt"):
+        lines = [line.strip() for line in texts[path].splitlines()]
+        assert apply_first in lines, path
+        assert lines[lines.index(apply_first) + 1].startswith("helm upgrade"), path  # the CRDs first

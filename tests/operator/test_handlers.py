@@ -337,16 +337,16 @@ def test_image_change_is_a_new_pull_job_and_a_claim_change_a_condition(operator:
                       what="pull Job")
     kube.patch(JOBS, NS, job["metadata"]["name"], {"status": {"succeeded": 1}}, sub="status")
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "upg-verifier"), what="verifier after the pull", timeout_s=30)
-    kube.patch(CLUSTERS, NS, "upg", {"spec": {"image": {"tag": "0.2.0"}}})
+    kube.patch(CLUSTERS, NS, "upg", {"spec": {"image": {"tag": "0.3.0"}}})
     wait_for(lambda: kube.get(JOBS, NS, job["metadata"]["name"]) is None, what="old Job replaced")
     (new,) = [j for j in kube.list(JOBS, NS) if j["metadata"]["name"].startswith("upg-models-")]
-    assert new["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.2.0")
+    assert new["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.3.0")
     kube.patch(JOBS, NS, new["metadata"]["name"], {"status": {"succeeded": 1}}, sub="status")
 
     def image() -> str:
         return str(kube.get(DEPLOYMENTS, NS, "upg-verifier")["spec"]["template"]["spec"]["containers"][0]["image"])
 
-    wait_for(lambda: image().endswith(":0.2.0"), what="verifier on the new image", timeout_s=30)
+    wait_for(lambda: image().endswith(":0.3.0"), what="verifier on the new image", timeout_s=30)
     assert (condition(kube, "upg", "ModelCacheReady") or {}).get("status") == "True"
     # a claim change the server refuses: a condition naming the field; the rest reconciles
     kube.patch(CLUSTERS, NS, "upg", {"spec": {"modelCache": {"storageClassName": "premium"},
@@ -640,3 +640,18 @@ def test_a_spot_pool_without_spot_capacity_gets_an_on_demand_sibling_and_returns
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "kappa-drafter-code-ondemand") is None, timeout_s=4 * RESYNC_S + 5,
              what="sibling removed")
     wait_for(lambda: (condition(kube, "kappa", "SpotFallback") or {}).get("status") == "False", what="back on spot")
+
+
+def test_a_field_of_a_later_release_is_read_past_and_counted(operator: Any, kube: Kube,
+                                                             operator_metrics_port: int) -> None:
+    """The API server fills a later release's CRD defaults into every stored object: this operator
+    reconciles it anyway and counts the fields it ignored (``cosine_operator_spec_unknown_fields``,
+    what tells a rollback or a half-done upgrade). Catches: a strict read (``invalid spec``, nothing
+    reconciled, every cluster stuck until the new operator runs)."""
+    kube.create(CLUSTERS, NS, cluster_body("skew", speculation={"maxDraftLen": 4, "futureKnob": 3}))
+    wait_for(lambda: kube.get(DEPLOYMENTS, NS, "skew-verifier"), what="the cluster reconciled")
+    gauge = 'cosine_operator_spec_unknown_fields{cluster="skew",namespace="default"} 1.0'
+    wait_for(lambda: gauge in httpx.get(f"http://127.0.0.1:{operator_metrics_port}/metrics").text,
+             what="the unknown field counted")
+    config = kube.get(CONFIGMAPS, NS, "skew-config")["data"]["cluster.yaml"]
+    assert "futureKnob: 3" in config  # the pods get the spec as stored (and read it tolerantly)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import kopf
 import pytest
 from cosine_spec.catalogue import tokenizer_family
 
-from cosine_operator.webhook import validate_cluster
+from cosine_operator.webhook import spec_checked, unknown_fields, validate_cluster
 
 
 @pytest.mark.parametrize(
@@ -188,7 +189,8 @@ def test_one_gpu_verifier_that_cannot_surge_is_admitted_with_a_warning() -> None
                 "drafterPools": [{"name": "ngram", "kind": "ngram"}], **rest}
         assert validate_cluster("demo", body) == []  # admitted either way
         warnings: list[str] = []
-        cosinecluster_validate(name="demo", spec=body, warnings=warnings)
+        cosinecluster_validate(name="demo", spec=body, operation="CREATE", body=kopf.Body({"metadata": {}}),
+                               old=None, warnings=warnings)
         assert warnings == cluster_warnings(body)
         return warnings
 
@@ -232,3 +234,36 @@ def test_an_engine_arg_cosine_sets_is_refused_in_vllms_other_spellings(arg: str,
             "drafterPools": [{"name": "ngram", "kind": "ngram"}]}
     (problem,) = validate_cluster("demo", body)
     assert problem.startswith(f"spec.verifier.engineArgs[1]: {flag} is set by CoSine (vLLM reads {arg!r}"), problem
+
+
+# A pool the "llama.cpp needs a GGUF" rule refuses: a rule that arrived after the previous release's
+# CRD snapshot, so clusters stored under that release can fail it
+NO_GGUF = {"name": "p", "model": "Qwen/Qwen2.5-Coder-3B-Instruct"}
+
+
+def test_only_a_persons_write_has_its_spec_checked() -> None:
+    """kopf writes its finalizers and annotations with a PATCH of the object (an UPDATE to admission):
+    a spec a later, stricter release refuses must not block them, or the cluster never finishes
+    deleting. Catches: every CREATE/UPDATE checked whatever the operation (the old behaviour)."""
+    bad = spec(NO_GGUF)
+    edited = spec({**NO_GGUF, "replicas": 2})
+    assert spec_checked("CREATE", bad, None, deleting=False)
+    assert spec_checked("UPDATE", edited, bad, deleting=False)  # a person's change
+    assert not spec_checked("UPDATE", bad, bad, deleting=False)  # metadata only: kopf's annotations, a label
+    assert not spec_checked("UPDATE", bad, bad, deleting=True)  # kopf removing its finalizer
+    assert not spec_checked("UPDATE", edited, bad, deleting=True)  # whatever happens to a deleting object
+
+
+def test_an_unknown_field_is_refused_only_where_the_write_brings_it() -> None:
+    """A later release's CRD default is in the stored object (old) and in the new one alike: tolerated
+    with a warning; a field the write itself brings (a CREATE, an UPDATE adding it) is refused."""
+    stored = {**spec({"name": "ngram", "kind": "ngram"}), "speculation": {"futureKnob": 3}}
+    (problem,) = validate_cluster("demo", stored)
+    assert problem.startswith("spec.speculation.futureKnob: unknown field")
+    assert unknown_fields(stored) == {"spec.speculation.futureKnob"}
+    warnings: list[str] = []
+    assert validate_cluster("demo", stored, tolerated=unknown_fields(stored), warnings=warnings) == []
+    assert len(warnings) == 1 and warnings[0].startswith("spec.speculation.futureKnob: unknown to this operator")
+    pools = {**stored, "drafterPools": [{"name": "ngram", "kind": "ngram", "futurePoolKnob": True}]}
+    (problem,) = validate_cluster("demo", pools, tolerated=unknown_fields(stored))
+    assert problem.startswith("spec.drafterPools[0].futurePoolKnob: unknown field")

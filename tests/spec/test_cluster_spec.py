@@ -18,6 +18,7 @@ from cosine_spec.cluster_spec import (
     ModelCredentialsSecretRef,
     SpeculationSpec,
     parse_cluster_spec,
+    read_stored_spec,
 )
 from cosine_spec.verifier_spec import SpeculatorSpec, engine_args_problems, speculator_problems
 
@@ -317,3 +318,26 @@ def test_a_prepopulated_cache_and_model_credentials_parse() -> None:
     schema = _spec_schema()["properties"]
     assert schema["modelCredentialsSecretRef"]["required"] == ["name"]
     assert "prePopulated" in schema["modelCache"]["properties"]
+
+
+def test_a_stored_spec_is_read_past_fields_this_release_does_not_know() -> None:
+    """A later release's CRD defaults fields on write and on read: what the server stored is read
+    with them listed (the caller warns), a person's spec (`parse_cluster_spec`) is refused. Catches:
+    a strict reader of stored objects (every object unreadable once the CRDs are newer), an unknown
+    field hidden at one level, a pool's field named without its index."""
+    spec = {"verifier": {"model": "m", "futureVerifierKnob": 1, "image": {"futureImageKnob": "x"},
+                         "parallelism": {"futureRanks": 2}},
+            "drafterPools": [{"name": "a", "kind": "ngram"}, {"name": "b", "kind": "ngram", "futurePoolKnob": True}],
+            "speculation": {"maxDraftLen": 4, "futureKnob": 3}, "futureTopLevel": {}}
+    cluster, unknown = read_stored_spec(spec)
+    assert cluster.speculation.max_draft_len == 4 and [p.name for p in cluster.drafter_pools] == ["a", "b"]
+    assert set(unknown) == {"spec.futureTopLevel", "spec.verifier.futureVerifierKnob",
+                            "spec.verifier.image.futureImageKnob", "spec.verifier.parallelism.futureRanks",
+                            "spec.drafterPools[1].futurePoolKnob", "spec.speculation.futureKnob"}
+    assert cluster.raw == spec  # what the runtime is handed keeps them (it reads tolerantly too)
+    with pytest.raises(ValueError, match=r"^spec.futureTopLevel: unknown field"):
+        parse_cluster_spec(spec)
+    with pytest.raises(ValueError, match=r"^spec.drafterPools\[1\].futurePoolKnob: unknown field"):
+        parse_cluster_spec({"verifier": {"model": "m"}, "drafterPools": spec["drafterPools"]})
+    with pytest.raises(ValueError, match=r"^spec.speculation.maxDraftLen: expected an integer"):
+        read_stored_spec({**spec, "speculation": {"maxDraftLen": "4"}})  # what it knows stays strict

@@ -45,7 +45,7 @@ import aiohttp
 import kopf
 from cosine_spec.autoscaling import Observations, ScaleDecision, policy_from_spec
 from cosine_spec.capacity import on_demand_fallback
-from cosine_spec.cluster_spec import ClusterSpec, clamp_replicas, parse_cluster_spec
+from cosine_spec.cluster_spec import ClusterSpec, clamp_replicas, read_stored_spec
 from cosine_spec.contract import (
     CAPACITY_LABEL,
     CLUSTER_KIND,
@@ -160,7 +160,7 @@ def _hand_scaled(cluster: ClusterSpec, old_spec: Any) -> set[str]:
     if not old_spec:
         return set()
     try:
-        old = {p.name: p.replicas for p in parse_cluster_spec(old_spec).drafter_pools}
+        old = {p.name: p.replicas for p in read_stored_spec(old_spec)[0].drafter_pools}
     except ValueError:
         return set()
     return {p.name for p in cluster.drafter_pools if p.name in old and old[p.name] != p.replicas}
@@ -319,7 +319,7 @@ async def _reconcile(
 ) -> None:
     """One pass: every child applied (scale-free: see the module docstring), the status written once."""
     try:
-        cluster = parse_cluster_spec(spec)
+        cluster, unknown = read_stored_spec(spec)
         # the webhook's check, for installs without it: an engine argument CoSine sets itself
         # would silently replace CoSine's (vLLM takes a flag's last value)
         problems = engine_args_problems(cluster.verifier)
@@ -330,6 +330,11 @@ async def _reconcile(
         raise kopf.PermanentError(f"invalid spec: {e}") from e
     # spec.image's unset fields: the operator's default image (the chart's runtimeImage)
     cluster = dataclasses.replace(cluster, image=cluster.image.under(memo.config.runtime_image))
+    # fields a later release's CRDs default (version skew): read past, said once per event, counted
+    memo.metrics.spec_unknown_fields.labels(namespace, name).set(len(unknown))
+    if unknown and event != "resync":
+        logger.warning(f"spec fields this operator does not know, ignored (are the CRDs newer than the "
+                       f"operator?): {', '.join(sorted(unknown))}")
     api = memo.api
     memo.metrics.cluster_info.labels(namespace, name).set(1)  # a cluster whose verifier must be up
     for pool in cluster.drafter_pools:  # the dashboards' accepted tokens per pool dollar
@@ -483,8 +488,9 @@ async def cosinecluster_scale_verifier(
 async def cosinecluster_delete(spec: Any, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     """Forget the cluster's own series (the children go with it: owner references). ``optional``:
     no finalizer of its own; kopf's, held for the daemons, is what lets this run."""
-    with contextlib.suppress(KeyError):
-        memo.metrics.cluster_info.remove(namespace, name)
+    for gauge in (memo.metrics.cluster_info, memo.metrics.spec_unknown_fields):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)
     for pool in (spec or {}).get("drafterPools") or ():
         for gauge in (memo.metrics.desired_replicas, memo.metrics.pool_price):
             with contextlib.suppress(KeyError):
@@ -527,7 +533,7 @@ async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, log
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return
     try:
-        cluster = parse_cluster_spec(owner.get("spec") or {})
+        cluster, _ = read_stored_spec(owner.get("spec") or {})
     except ValueError:
         return
     update = await _children_status(api, cluster_name, namespace, owner["metadata"].get("generation"), cluster)
@@ -719,7 +725,7 @@ async def cosinecluster_autoscaler(
     last_scrape_s = float("-inf")
     while not stopped:
         try:
-            cluster = parse_cluster_spec(body.spec)
+            cluster, _ = read_stored_spec(body.spec)
         except ValueError:
             cluster = None  # reconcile reports an invalid spec
         try:

@@ -32,6 +32,7 @@ class OperatorMetrics:
     autoscaler_errors: Counter  # labels: stage (observe/actuate/report): passes that failed and went on
     pool_price: Gauge  # cosine_drafter_pool_price_usd_per_hour{cosine_namespace, cosine_cluster, pool}: spec's
     cluster_info: Gauge  # cosine_namespace, cosine_cluster; 1 per CoSineCluster reconciled (CoSineVerifierDown's)
+    spec_unknown_fields: Gauge  # cosine_namespace, cosine_cluster; stored spec fields this release does not know
 
     @classmethod
     def create(cls) -> OperatorMetrics:
@@ -78,6 +79,13 @@ class OperatorMetrics:
             cluster_info=Gauge(
                 "cosine_operator_cluster_info",
                 "1 for each CoSineCluster this replica has reconciled (and not seen deleted).",
+                [NAMESPACE, CLUSTER],
+                registry=registry,
+            ),
+            spec_unknown_fields=Gauge(
+                "cosine_operator_spec_unknown_fields",
+                "Fields of a CoSineCluster's stored spec this operator does not know and ignores (a later "
+                "release's CRD defaults: the operator is older than the CRDs).",
                 [NAMESPACE, CLUSTER],
                 registry=registry,
             ),

@@ -10,11 +10,18 @@ the length of child names built from the object's name (CEL on ``spec`` cannot s
 against the GPUs of a group, which CEL cannot read from the verbatim ``resources``), and model
 URIs of a scheme no puller serves (:func:`cosine_spec.catalogue.model_source_problems`).
 What is admitted but costs an outage is a warning (:func:`cluster_warnings`; kubectl prints it).
+
+Only what a person writes is checked (:func:`spec_checked`): a CREATE, and an UPDATE that changes
+the spec of an object not being deleted. kopf writes its finalizers and annotations with a PATCH of
+the object itself, an UPDATE to admission (kopf ``_cogs/clients/patching.py``): refusing it because
+the spec fails a rule a later release added would leave a cluster that can never finish deleting.
+A field this release does not know is refused only where the change brings it; one the stored
+object already had (a later release's CRD default, filled in on read) is admitted with a warning.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import kopf
@@ -54,14 +61,34 @@ def pod_override_problems(field: str, pod: PodOverrides) -> list[str]:
     return problems
 
 
-def validate_cluster(name: str, spec: Mapping[str, Any]) -> list[str]:
-    """Every problem CEL cannot catch, each message starting with the offending field's path."""
+def spec_checked(operation: str | None, spec: Any, old_spec: Any, deleting: bool) -> bool:
+    """Whether admission checks this write's spec: a CREATE, or an UPDATE that changes the spec of
+    an object not being deleted. An UPDATE that leaves the spec as stored changes metadata only
+    (kopf's finalizer and annotation patches, a label, ``kubectl annotate``): admitted whatever the
+    spec, so an object a later, stricter release refuses can still be deleted and handled."""
+    if operation != "UPDATE":
+        return True
+    return not deleting and spec != old_spec
+
+
+def validate_cluster(name: str, spec: Mapping[str, Any], *, tolerated: Collection[str] = (),
+                     warnings: list[str] | None = None) -> list[str]:
+    """Every problem CEL cannot catch, each message starting with the offending field's path.
+
+    A field this release does not know is a problem unless its path is in ``tolerated`` (it was in
+    the stored object: :func:`unknown_fields`), then a line in ``warnings`` (if given)."""
     problems: list[str] = []
+    unknown: dict[str, str] = {}
     try:
-        cluster = parse_cluster_spec(spec)
+        cluster = parse_cluster_spec(spec, unknown=unknown)
     except ValueError as e:
         message = str(e)
         return [message if message.startswith("spec.") else f"spec: {message}"]
+    for path, message in unknown.items():
+        if path not in tolerated:
+            problems.append(message)
+        elif warnings is not None:
+            warnings.append(f"{path}: unknown to this operator, ignored (the CRDs are newer than the operator?)")
     problems += pod_override_problems("spec.verifier", cluster.verifier.pod)
     problems += parallelism_problems(cluster.verifier)
     problems += speculator_problems(cluster.verifier)
@@ -116,12 +143,26 @@ def cluster_warnings(spec: Mapping[str, Any]) -> list[str]:
             "spec.verifier.rollout.maxSurge: 1 where the node pool can add a node, or run more replicas"]
 
 
+def unknown_fields(spec: Any) -> frozenset[str]:
+    """The paths of the fields of ``spec`` this release does not know (none if it does not parse)."""
+    unknown: dict[str, str] = {}
+    try:
+        parse_cluster_spec(spec or {}, unknown=unknown)
+    except ValueError:
+        pass
+    return frozenset(unknown)
+
+
 @kopf.on.validate(GROUP, VERSION, CLUSTER_PLURAL, id="validate-cosinecluster")
-def cosinecluster_validate(name: str | None, spec: Mapping[str, Any], warnings: list[str], **_: Any) -> None:
-    """Reject a CoSineCluster whose spec fails :func:`validate_cluster` (HTTP 422, all messages);
-    admit one with :func:`cluster_warnings` in kopf's ``warnings`` (the AdmissionReview's, which
-    kubectl prints)."""
-    problems = validate_cluster(name or "", spec)
+def cosinecluster_validate(name: str | None, spec: Mapping[str, Any], operation: str | None, body: kopf.Body,
+                           old: kopf.Body | None, warnings: list[str], **_: Any) -> None:
+    """Reject a CoSineCluster whose spec fails :func:`validate_cluster` (HTTP 422, all messages),
+    where :func:`spec_checked` says the write is a person's; admit one with :func:`cluster_warnings`
+    in kopf's ``warnings`` (the AdmissionReview's, which kubectl prints)."""
+    old_spec = old.get("spec") if old is not None else None
+    if not spec_checked(operation, spec, old_spec, bool(body.metadata.get("deletionTimestamp"))):
+        return
+    problems = validate_cluster(name or "", spec, tolerated=unknown_fields(old_spec), warnings=warnings)
     if problems:
         raise kopf.AdmissionError("; ".join(problems), code=422)
     warnings.extend(cluster_warnings(spec))

@@ -149,8 +149,9 @@ def _drafter(args: argparse.Namespace) -> int:
     from cosine.manifest import load_manifest
     from cosine.roles import run_drafter
 
-    return run_drafter(load_manifest(args.cluster), args.pool, args.grpc_port, args.metrics_port, args.host,
-                       args.tls_dir)
+    # strict=False: a pod's ConfigMap, written by the operator from what the API server stored
+    manifest = load_manifest(args.cluster, strict=False)
+    return run_drafter(manifest, args.pool, args.grpc_port, args.metrics_port, args.host, args.tls_dir)
 
 
 def _verifier(args: argparse.Namespace) -> int:
@@ -159,7 +160,7 @@ def _verifier(args: argparse.Namespace) -> int:
     from cosine.manifest import load_manifest
     from cosine.roles import run_verifier
 
-    return run_verifier(load_manifest(args.cluster), args.http_port, args.host, args.drafter,
+    return run_verifier(load_manifest(args.cluster, strict=False), args.http_port, args.host, args.drafter,
                         os.environ.get(COSINE_API_KEY_ENV), args.metrics_port, args.drafter_tls_dir,
                         args.drafter_tls_server_name, args.cores)
 
@@ -168,7 +169,7 @@ def _verifier_worker(args: argparse.Namespace) -> int:
     from cosine.manifest import load_manifest
     from cosine.roles import run_verifier_worker
 
-    return run_verifier_worker(load_manifest(args.cluster))
+    return run_verifier_worker(load_manifest(args.cluster, strict=False))
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -2,12 +2,19 @@
 
 `cosine serve`, `cosine drafter`, `cosine verifier`, `cosine demo` and `cosine bench` read a
 manifest here, once per process, and refuse an invalid one naming the field (the spec types and
-their strict parser are the spec distribution's, `cosine_spec.cluster_spec`: one reading of the
-spec for the API server's webhook and the runtime alike).
+their parser are the spec distribution's, `cosine_spec.cluster_spec`: one reading of the spec for
+the API server's webhook, the operator and the runtime alike).
+
+Strict where a person wrote the file (`cosine serve`, `demo`, `bench`: a field this release does
+not know is refused, with the closest known one); tolerant in a pod reading the ConfigMap the
+operator wrote from what the API server stored (`cosine drafter`, `verifier`, `verifier-worker`):
+a later release's CRD defaults fields this release does not know, so those are ignored with a
+warning (and counted on a drafter's metrics: `cosine_manifest_unknown_fields`).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -15,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 from cosine_spec.verifier_spec import engine_args_problems
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from cosine_spec.cluster_spec import ClusterSpec
@@ -28,18 +37,22 @@ class Manifest:
 
     path: the file (None: the cluster shipped with cosine), which child processes (drafters, a
     `cosine serve`) are given to read themselves. obj: the object as written (copies are derived
-    from it, e.g. the bench's ablations). spec: its `spec`, parsed (`ClusterSpec`)."""
+    from it, e.g. the bench's ablations). spec: its `spec`, parsed (`ClusterSpec`). unknown: the
+    paths of the spec's fields this release does not know, ignored (read with `strict=False` only)."""
 
     path: Path | None
     obj: dict[str, Any]
     spec: ClusterSpec
+    unknown: tuple[str, ...] = ()
 
 
-def load_manifest(path: Path | None) -> Manifest:
+def load_manifest(path: Path | None, *, strict: bool = True) -> Manifest:
     """Read a CoSineCluster manifest (default: the one shipped for this machine) and check it:
     its spec parsed, `spec.verifier.engineArgs` free of the flags CoSine sets itself
     (`cosine_spec.verifier_spec.engine_args_problems`, the admission webhook's check, for manifests
     no webhook saw) and its pools' tokenizers checked against the target's (`tokenizer_problems`).
+    strict: refuse a field this release does not know (a person's file); False: ignore it with a
+    warning (a pod's ConfigMap, written by the operator from what the API server stored).
 
     Raises:
         ValueError: not a CoSineCluster, or an invalid spec (the message names the field).
@@ -49,15 +62,20 @@ def load_manifest(path: Path | None) -> Manifest:
     if not isinstance(obj, dict) or obj.get("kind") != "CoSineCluster":
         kind = obj.get("kind") if isinstance(obj, dict) else None
         raise ValueError(f"{path or DEFAULT_CLUSTER}: not a CoSineCluster manifest (kind is {kind!r})")
-    spec = parse_spec(obj)
+    unknown: dict[str, str] | None = None if strict else {}
+    spec = parse_spec(obj, unknown)
+    if unknown:
+        log.warning("%s: spec fields this release does not know, ignored (a later release's CRD "
+                    "defaults?): %s", path or DEFAULT_CLUSTER, ", ".join(sorted(unknown)))
     problems = engine_args_problems(spec.verifier) + tokenizer_problems(spec)
     if problems:
         raise ValueError(f"{path or DEFAULT_CLUSTER}: " + "; ".join(problems))
-    return Manifest(path, obj, spec)
+    return Manifest(path, obj, spec, tuple(sorted(unknown or ())))
 
 
-def parse_spec(obj: dict[str, Any]) -> ClusterSpec:
-    """The manifest's `spec` as an `operator.settings.ClusterSpec`.
+def parse_spec(obj: dict[str, Any], unknown: dict[str, str] | None = None) -> ClusterSpec:
+    """The manifest's `spec` as a `cosine_spec.cluster_spec.ClusterSpec` (`unknown`: collect the
+    fields this release does not know there instead of refusing them).
 
     Raises:
         ValueError: an invalid spec (a missing or ill-typed field; the message names it).
@@ -65,7 +83,7 @@ def parse_spec(obj: dict[str, Any]) -> ClusterSpec:
     from cosine_spec.cluster_spec import parse_cluster_spec
 
     try:
-        return parse_cluster_spec(obj.get("spec") or {})
+        return parse_cluster_spec(obj.get("spec") or {}, unknown=unknown)
     except (KeyError, TypeError) as e:
         raise ValueError(f"invalid CoSineCluster spec: {e}") from e
 

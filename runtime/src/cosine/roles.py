@@ -50,6 +50,7 @@ def run_drafter(manifest: Manifest, pool: str, grpc_port: int, metrics_port: int
     p = spec.pool(pool)
     engine, vocab, family = drafter_engine(p, spec.verifier)
     metrics = DrafterMetrics(pool)
+    metrics.manifest_unknown_fields.set(len(manifest.unknown))
     servicer = DrafterServicer(engine, pool, family, model=p.model or p.kind, metrics=metrics, vocab_size=vocab,
                                min_confidence=spec.speculation.min_confidence)
     server = serve(servicer, grpc_port, host=host, tls_dir=tls_dir)

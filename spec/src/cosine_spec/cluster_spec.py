@@ -393,70 +393,102 @@ class ClusterSpec:
         raise KeyError(name)
 
 
-def _with_pod(cls: type, raw: Mapping[str, Any]) -> Any:
+def _renamed(found: dict[str, str], old: str, new: str) -> dict[str, str]:
+    """``found``'s paths and messages with the prefix ``old`` (``spec.drafterPools[]``) as ``new``."""
+    return {k.replace(old, new, 1): v.replace(old, new, 1) for k, v in found.items()}
+
+
+def _with_pod(cls: type, raw: Mapping[str, Any], unknown: dict[str, str] | None) -> Any:
     role = getattr(cls, "SPEC_PATH", "spec")
     pod_keys = spec_keys(PodOverrides)
+    found: dict[str, str] | None = None if unknown is None else {}
     try:
-        image = read_fields(RoleImage, raw.get("image") or {})
+        image = read_fields(RoleImage, raw.get("image") or {}, unknown=found)
         pod = read_fields(PodOverrides, {k: v for k, v in raw.items() if k in pod_keys})
     except ValueError as e:  # name the role: spec.verifier.image.tag, spec.drafterPools[].resources
         raise ValueError(str(e).replace("spec.<role>", role, 1)) from None
+    if found and unknown is not None:
+        unknown.update(_renamed(found, "spec.<role>", role))
     if cls is VerifierSpec:
-        parallelism = read_fields(ParallelismSpec, raw.get("parallelism") or {})
+        parallelism = read_fields(ParallelismSpec, raw.get("parallelism") or {}, unknown=unknown)
         sp = raw.get("speculator")
-        speculator = read_fields(SpeculatorSpec, sp) if sp is not None else None
-        rollout = read_fields(RolloutSpec, raw.get("rollout") or {})
-        return read_fields(cls, raw, pod=pod, image=image, parallelism=parallelism, speculator=speculator,
-                           rollout=rollout)
-    return read_fields(cls, raw, pod=pod, image=image)
+        speculator = read_fields(SpeculatorSpec, sp, unknown=unknown) if sp is not None else None
+        rollout = read_fields(RolloutSpec, raw.get("rollout") or {}, unknown=unknown)
+        return read_fields(cls, raw, unknown=unknown, pod=pod, image=image, parallelism=parallelism,
+                           speculator=speculator, rollout=rollout)
+    return read_fields(cls, raw, unknown=unknown, pod=pod, image=image)
 
 
-def parse_cluster_spec(spec: Mapping[str, Any]) -> ClusterSpec:
+def parse_cluster_spec(spec: Mapping[str, Any], *, unknown: dict[str, str] | None = None) -> ClusterSpec:
     """Map a (possibly not defaulted) ``spec`` mapping onto :class:`ClusterSpec`.
 
     Raises ``ValueError`` (its message starts with the offending field's path, e.g.
     ``spec.drafterPools[1].replicas``) on a spec the CRD schema would have rejected: a missing
-    required field, a wrong type, a value out of bounds or not in its enum, no drafter pool.
+    required field, a wrong type, a value out of bounds or not in its enum, no drafter pool, and a
+    field this release does not know (strict: what a person wrote). ``unknown`` (a dict): such
+    fields are ignored instead, each path mapped to its message there (:func:`read_stored_spec`).
     """
     if not isinstance(spec, Mapping):
         raise ValueError(f"spec must be a mapping, got {type(spec).__name__}")
     raw = json.loads(json.dumps(dict(spec)))  # plain deep copy
-    refuse_unknown("spec", raw, spec_keys(ClusterSpec))
+    refuse_unknown("spec", raw, spec_keys(ClusterSpec), unknown)
     if not isinstance(raw.get("verifier"), Mapping):
         raise ValueError("spec.verifier is required")
-    verifier = _with_pod(VerifierSpec, raw["verifier"])
+    verifier = _with_pod(VerifierSpec, raw["verifier"], unknown)
     pools = []
     for i, p in enumerate(raw.get("drafterPools") or ()):
+        found: dict[str, str] | None = None if unknown is None else {}
         try:
-            pools.append(_with_pod(DrafterPoolSpec, p))
+            pools.append(_with_pod(DrafterPoolSpec, p, found))
         except ValueError as e:
             raise ValueError(str(e).replace("spec.drafterPools[]", f"spec.drafterPools[{i}]", 1)) from None
+        if found and unknown is not None:
+            unknown.update(_renamed(found, "spec.drafterPools[]", f"spec.drafterPools[{i}]"))
     if not pools:
         raise ValueError("spec.drafterPools must name at least one pool")
-    spot = read_fields(SpotSpec, raw["spot"]) if raw.get("spot") is not None else None
+
+    def read(cls: type, key: str, **given: Any) -> Any:
+        return read_fields(cls, raw.get(key) or {}, unknown=unknown, **given)
+
+    spot = read(SpotSpec, "spot") if raw.get("spot") is not None else None
     for i, pool in enumerate(pools):
         if pool.capacity == "spot" and spot is None:
             raise ValueError(f"spec.spot.provider is required: spec.drafterPools[{i}] ({pool.name}) asks for "
                              f"capacity: spot (one of {list(SPOT_PROVIDERS)})")
     r = raw.get("router") or {}
-    router = read_fields(RouterSpec, r, weights=read_fields(RouterWeights, r.get("weights") or {}))
+    router = read(RouterSpec, "router", weights=read_fields(RouterWeights, r.get("weights") or {}, unknown=unknown))
     g = raw.get("gateway") or {}
     secret = g.get("apiKeySecretRef")
-    gateway = read_fields(GatewaySpec, g, api_key_secret=read_fields(ApiKeySecretRef, secret) if secret else None)
+    gateway = read(GatewaySpec, "gateway",
+                   api_key_secret=read_fields(ApiKeySecretRef, secret, unknown=unknown) if secret else None)
     return ClusterSpec(
         verifier,
         tuple(pools),
-        image=read_fields(ImageSpec, raw.get("image") or {}),
-        speculation=read_fields(SpeculationSpec, raw.get("speculation") or {}),
-        autoscaling=read_fields(AutoscalingSpec, raw.get("autoscaling") or {}),
+        image=read(ImageSpec, "image"),
+        speculation=read(SpeculationSpec, "speculation"),
+        autoscaling=read(AutoscalingSpec, "autoscaling"),
         gateway=gateway,
-        network_policy=read_fields(NetworkPolicySpec, raw.get("networkPolicy") or {}),
-        drafter_tls=read_fields(DrafterTLSSpec, raw["drafterTLS"]) if raw.get("drafterTLS") else None,
-        model_cache=read_fields(ModelCacheSpec, raw["modelCache"]) if raw.get("modelCache") is not None else None,
-        hf_token=read_fields(HfTokenSecretRef, raw["hfTokenSecretRef"]) if raw.get("hfTokenSecretRef") else None,
-        model_credentials=(read_fields(ModelCredentialsSecretRef, raw["modelCredentialsSecretRef"])
+        network_policy=read(NetworkPolicySpec, "networkPolicy"),
+        drafter_tls=read(DrafterTLSSpec, "drafterTLS") if raw.get("drafterTLS") else None,
+        model_cache=read(ModelCacheSpec, "modelCache") if raw.get("modelCache") is not None else None,
+        hf_token=read(HfTokenSecretRef, "hfTokenSecretRef") if raw.get("hfTokenSecretRef") else None,
+        model_credentials=(read(ModelCredentialsSecretRef, "modelCredentialsSecretRef")
                            if raw.get("modelCredentialsSecretRef") else None),
         spot=spot,
         router=router,
         raw=raw,
     )
+
+
+def read_stored_spec(spec: Mapping[str, Any]) -> tuple[ClusterSpec, dict[str, str]]:
+    """A spec as the API server stored it, read tolerantly: ``(cluster, unknown)``, ``unknown``
+    mapping each field this release does not know (``spec.speculation.newField``) to a message.
+
+    Why: the API server fills a CRD's defaults on write and on read, so once a later release's
+    CRDs add a defaulted field, every stored object carries it; a strict reader (the operator's
+    handlers, a pod reading the ConfigMap the operator wrote) would refuse all of them until the
+    new release runs, and a rollback after the CRD step would leave nothing readable. The caller
+    warns and counts (the operator's ``cosine_operator_spec_unknown_fields``). Everything else is
+    as strict as :func:`parse_cluster_spec` (a wrong type or bound still raises ``ValueError``)."""
+    unknown: dict[str, str] = {}
+    return parse_cluster_spec(spec, unknown=unknown), unknown

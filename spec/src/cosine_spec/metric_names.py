@@ -60,6 +60,9 @@ DRAFTER_BYTES_SENT = "cosine_drafter_bytes_sent"  # counter{pool}: bytes of draf
 DRAFTER_ROUNDS = "cosine_drafter_rounds"  # counter{pool}: batched draft rounds
 DRAFTER_BATCHED_REQUESTS = "cosine_drafter_batched_requests"  # counter{pool}: requests, summed over rounds
 DRAFTER_CONTEXTS = "cosine_drafter_contexts"  # gauge{pool}: requests whose context the replica keeps
+# spec fields of the manifest (the ConfigMap the operator wrote) this release does not know and
+# ignored: a later release's CRD defaults, i.e. the CRDs are newer than this image
+MANIFEST_UNKNOWN_FIELDS = "cosine_manifest_unknown_fields"  # gauge{pool}
 # one replica's price per hour from the spec (spotPricePerHourUsd on spot capacity, else
 # pricePerHourUsd), exported by the operator per cluster and by `cosine serve`: what the dashboards
 # divide accepted tokens by

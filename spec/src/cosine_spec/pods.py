@@ -10,8 +10,9 @@ from typing import Any, ClassVar
 from cosine_spec.contract import GPU_RESOURCE
 from cosine_spec.schema import Checked, spec_field
 
-# The runtime image's tag when none is given: this release; GPU pods get its CUDA build.
-RUNTIME_TAG = "0.1.0"
+# The runtime image's tag when none is given: this release (the chart's appVersion, which tags the
+# images: Makefile VERSION; tests/test_version.py keeps them equal); GPU pods get its CUDA build.
+RUNTIME_TAG = "0.2.0"
 CUDA_TAG_SUFFIX = "-cuda"
 # The runtime image's repository and pull policy when neither the spec nor the operator names one.
 RUNTIME_REPOSITORY = "ghcr.io/cosine-project/cosine"

@@ -114,27 +114,37 @@ def spec_keys(cls: type) -> frozenset[str]:
     return frozenset(keys)
 
 
-def refuse_unknown(path: str, raw: Mapping[str, Any], known: frozenset[str]) -> None:
+def refuse_unknown(path: str, raw: Mapping[str, Any], known: frozenset[str],
+                   unknown: dict[str, str] | None = None) -> None:
     """Raise ``ValueError`` naming ``path.<key>`` for the first key of ``raw`` not in ``known``, with
     the closest known key as a suggestion: what the API server's strict field validation
-    (``kubectl apply``'s default since Kubernetes 1.27) answers for a field the schema lacks."""
+    (``kubectl apply``'s default since Kubernetes 1.27) answers for a field the schema lacks.
+
+    ``unknown`` (a dict): tolerant instead: every such key's path (``spec.speculation.newField``)
+    maps to that message and nothing is raised. Software reading what the API server stored is
+    tolerant: a later release's CRD defaults fields this release does not know, on write and on
+    read, so a strict reader would refuse every object (:func:`cosine_spec.cluster_spec.read_stored_spec`)."""
     for key in raw:
         if key not in known:
             close = difflib.get_close_matches(str(key), sorted(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; known fields: {', '.join(sorted(known))}"
-            raise ValueError(f"{path}.{key}: unknown field{hint}")
+            message = f"{path}.{key}: unknown field{hint}"
+            if unknown is None:
+                raise ValueError(message)
+            unknown[f"{path}.{key}"] = message
 
 
-def read_fields(cls: type, raw: Mapping[str, Any], **given: Any) -> Any:
+def read_fields(cls: type, raw: Mapping[str, Any], *, unknown: dict[str, str] | None = None, **given: Any) -> Any:
     """``cls`` (a dataclass of :func:`spec_field` fields) from the spec mapping ``raw``: each field
     from its key (absent or null: the field's default), of the field's type; ``given`` sets fields
     directly. Raises ``ValueError`` naming the field on an unknown key, a missing required key, a
     value of the wrong type (no coercion: ``3.9`` is no integer, ``true`` no count, ``123`` no
-    string) or one out of bounds."""
+    string) or one out of bounds. ``unknown``: collect unknown keys there instead of raising
+    (:func:`refuse_unknown`)."""
     path = getattr(cls, "SPEC_PATH", "spec")
     if not isinstance(raw, Mapping):
         raise ValueError(f"{path} must be a mapping, got {type(raw).__name__}")
-    refuse_unknown(path, raw, spec_keys(cls))
+    refuse_unknown(path, raw, spec_keys(cls), unknown)
     hints = typing.get_type_hints(cls)
     kwargs = dict(given)
     for f in fields(cls):

@@ -81,6 +81,9 @@ class DrafterMetrics:
         self.batched = counter(names.DRAFTER_BATCHED_REQUESTS, "Requests drafted, summed over rounds.")
         self.contexts = Gauge(names.DRAFTER_CONTEXTS, "Requests whose context the pool keeps.", ["pool"],
                               registry=self.registry).labels(pool=pool)
+        self.manifest_unknown_fields = Gauge(
+            names.MANIFEST_UNKNOWN_FIELDS, "Spec fields of the manifest this release does not know, ignored.",
+            ["pool"], registry=self.registry).labels(pool=pool)
 
 
 class _Collector:
