@@ -650,7 +650,7 @@ def test_a_field_of_a_later_release_is_read_past_and_counted(operator: Any, kube
     reconciled, every cluster stuck until the new operator runs)."""
     kube.create(CLUSTERS, NS, cluster_body("skew", speculation={"maxDraftLen": 4, "futureKnob": 3}))
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "skew-verifier"), what="the cluster reconciled")
-    gauge = 'cosine_operator_spec_unknown_fields{cluster="skew",namespace="default"} 1.0'
+    gauge = 'cosine_operator_spec_unknown_fields{cosine_cluster="skew",cosine_namespace="default"} 1.0'
     wait_for(lambda: gauge in httpx.get(f"http://127.0.0.1:{operator_metrics_port}/metrics").text,
              what="the unknown field counted")
     config = kube.get(CONFIGMAPS, NS, "skew-config")["data"]["cluster.yaml"]

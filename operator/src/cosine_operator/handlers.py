@@ -307,6 +307,29 @@ async def _write_status(api: Any, name: str, namespace: str, update: Any, attemp
     raise kopf.TemporaryError(f"status of {namespace}/{name}: {attempts} conflicts in a row", delay=1)
 
 
+def _stored_cluster(event: str, spec: Any, name: str, namespace: str, memo: kopf.Memo, logger: Any) -> ClusterSpec:
+    """The cluster's stored spec, read past fields a later release's CRDs default (version skew: said
+    once per event, counted), with the operator's default image for what ``spec.image`` leaves unset.
+
+    Raises:
+        kopf.PermanentError: an invalid spec, or ``engineArgs`` that set a flag CoSine sets itself (the
+            webhook's check, for installs without it: vLLM takes a flag's last value).
+    """
+    try:
+        cluster, unknown = read_stored_spec(spec)
+        problems = engine_args_problems(cluster.verifier)
+        if problems:
+            raise ValueError("; ".join(problems))
+    except ValueError as e:
+        memo.metrics.reconciles.labels(event, "invalid").inc()
+        raise kopf.PermanentError(f"invalid spec: {e}") from e
+    memo.metrics.spec_unknown_fields.labels(namespace, name).set(len(unknown))
+    if unknown and event != "resync":
+        logger.warning(f"spec fields this operator does not know, ignored (are the CRDs newer than the "
+                       f"operator?): {', '.join(sorted(unknown))}")
+    return dataclasses.replace(cluster, image=cluster.image.under(memo.config.runtime_image))
+
+
 async def _reconcile(
     event: str,
     body: kopf.Body,
@@ -318,23 +341,7 @@ async def _reconcile(
     logger: Any,
 ) -> None:
     """One pass: every child applied (scale-free: see the module docstring), the status written once."""
-    try:
-        cluster, unknown = read_stored_spec(spec)
-        # the webhook's check, for installs without it: an engine argument CoSine sets itself
-        # would silently replace CoSine's (vLLM takes a flag's last value)
-        problems = engine_args_problems(cluster.verifier)
-        if problems:
-            raise ValueError("; ".join(problems))
-    except ValueError as e:
-        memo.metrics.reconciles.labels(event, "invalid").inc()
-        raise kopf.PermanentError(f"invalid spec: {e}") from e
-    # spec.image's unset fields: the operator's default image (the chart's runtimeImage)
-    cluster = dataclasses.replace(cluster, image=cluster.image.under(memo.config.runtime_image))
-    # fields a later release's CRDs default (version skew): read past, said once per event, counted
-    memo.metrics.spec_unknown_fields.labels(namespace, name).set(len(unknown))
-    if unknown and event != "resync":
-        logger.warning(f"spec fields this operator does not know, ignored (are the CRDs newer than the "
-                       f"operator?): {', '.join(sorted(unknown))}")
+    cluster = _stored_cluster(event, spec, name, namespace, memo, logger)
     api = memo.api
     memo.metrics.cluster_info.labels(namespace, name).set(1)  # a cluster whose verifier must be up
     for pool in cluster.drafter_pools:  # the dashboards' accepted tokens per pool dollar
