@@ -63,11 +63,12 @@ def _image(engine: str, target: str, tag: str) -> str:
     return tag
 
 
-def pod_filesystem(spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+def pod_filesystem(spec: dict[str, Any], empty_dirs: Path) -> tuple[list[str], dict[str, str]]:
     """The run flags and environment that give a container the filesystem and environment of the
-    verifier pod the operator writes for ``spec``: a read-only root, a tmpfs (executable, as an
-    emptyDir is) where the pod mounts a disk emptyDir other than the models' (HOME, /tmp), and the
-    container's literal environment."""
+    verifier pod the operator writes for ``spec``: a read-only root; where the pod mounts a disk
+    emptyDir other than the models' (HOME, /tmp), an empty directory of ``empty_dirs`` writable by
+    the image's user (as a kubelet makes an emptyDir: on disk, executable); the container's
+    literal environment."""
     pod = build_verifier_deployment("image", NS, parse_cluster_spec(spec))["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -76,7 +77,10 @@ def pod_filesystem(spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     for m in container["volumeMounts"]:
         empty = volumes[m["name"]].get("emptyDir")
         if empty is not None and empty.get("medium") != "Memory" and m["name"] != "models":
-            flags.append(f"--tmpfs={m['mountPath']}:rw,exec,nosuid,nodev,mode=1777,size={empty['sizeLimit']}")
+            host = empty_dirs / m["name"]
+            host.mkdir(parents=True)
+            host.chmod(0o777)
+            flags.append(f"--volume={host}:{m['mountPath']}")
     return flags, {e["name"]: e["value"] for e in container["env"] if "value" in e}
 
 
@@ -158,11 +162,11 @@ print("RESULT" + json.dumps([probe.answer(), probe.__file__, stub, is_usage_stat
 '''
 
 
-def triton_builds_in_image(engine: str, image: str) -> tuple[int, str, str, bool]:
+def triton_builds_in_image(engine: str, image: str, empty_dirs: Path) -> tuple[int, str, str, bool]:
     """:data:`_TRITON_BUILD` run in ``image`` with a GPU verifier pod's filesystem and environment
     (:func:`pod_filesystem`): (the extension's answer, where Triton cached it, where it put the
     driver stub, whether usage statistics are on). Fails with the container's output."""
-    flags, env = pod_filesystem(SPEC)
+    flags, env = pod_filesystem(SPEC, empty_dirs)
     run = [engine, "run", "--rm", *shlex.split(os.environ.get("IMAGE_RUN_FLAGS", "")), *flags,
            *[f"--env={k}={v}" for k, v in env.items()], "--entrypoint", "python", image, "-c", _TRITON_BUILD]
     out = subprocess.run(run, capture_output=True, text=True)
@@ -171,7 +175,7 @@ def triton_builds_in_image(engine: str, image: str) -> tuple[int, str, str, bool
     return answer, cached, stub, usage
 
 
-def test_cuda_image_builds_tritons_driver_stub_on_a_read_only_root(engine: str) -> None:
+def test_cuda_image_builds_tritons_driver_stub_on_a_read_only_root(engine: str, tmp_path: Path) -> None:
     """The CUDA image, run as the operator runs a GPU verifier (read-only root, HOME and /tmp on
     emptyDirs, its environment), compiles and loads a C extension as Triton does on first use and
     compiles Triton's own CUDA driver stub, both kept under HOME; vLLM sends no usage statistics.
@@ -179,7 +183,7 @@ def test_cuda_image_builds_tritons_driver_stub_on_a_read_only_root(engine: str) 
     every GPU verifier fails at engine start, vLLM's rejection sampler being a Triton kernel),
     Triton's cache outside the pod's volumes, usage statistics sent."""
     image = _image(engine, "images-cuda", _make_var("CUDA_RUNTIME_IMAGE"))
-    answer, cached, stub, usage = triton_builds_in_image(engine, image)
+    answer, cached, stub, usage = triton_builds_in_image(engine, image, tmp_path / "pod")
     assert answer == 42 and usage is False
     assert cached.startswith("/home/cosine/.cache/triton/") and stub.startswith("/home/cosine/.cache/triton/")
 
@@ -203,7 +207,7 @@ def test_runtime_image_serves_health_and_a_completion(engine: str, tmp_path: Pat
     tmp_path.chmod(0o755)
     port = free_port()
     name = f"cosine-runtime-test-{port}"
-    flags, env = pod_filesystem(cluster["spec"])  # as in the verifier's pod: its root filesystem read-only
+    flags, env = pod_filesystem(cluster["spec"], tmp_path / "pod")  # as in the verifier's pod: root read-only
     _run(engine, image, name,
          ["serve", "--cluster", "/etc/cosine/cluster.yaml", "--host", "127.0.0.1", "--port", str(port),
           "--metrics-port", "0", "--placement", "shared"],
