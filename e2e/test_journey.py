@@ -80,7 +80,7 @@ class EmulatedControlPlane:
         port = free_port()
         self.server = subprocess.Popen(
             [sys.executable, "-m", "cosine", "serve", "--cluster", str(manifest), "--port", str(port),
-             "--metrics-port", "0", "--placement", "lookup"], start_new_session=True)
+             "--metrics-port", "0", "--pools-metrics-port", "0", "--placement", "lookup"], start_new_session=True)
         return port
 
     def _stop_server(self) -> None:

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from cosine.cli import build_parser, main
 
 
@@ -90,6 +92,26 @@ def test_serve_and_simulate_refuse_a_typo_naming_the_field(tmp_path, capsys):
             command = ["serve"] if name == "default_cluster.yaml" else ["simulate", "--out", str(tmp_path / "s.json")]
             assert main([*command, "--cluster", str(manifest)]) == 2, (name, field)
             assert field in capsys.readouterr().err, (name, field)
+
+
+@pytest.mark.parametrize("arg", ["--speculative_config", "--async_scheduling", "--scheduler_cls=x.Y",
+                                 "--max_model_len=4096"])
+def test_serve_and_verifier_refuse_an_engine_arg_cosine_sets_in_any_spelling(tmp_path, capsys, arg):
+    """`cosine serve` and `cosine verifier` (a plain-manifest pod: no webhook saw it) run the
+    webhook's engine-argument check before starting anything. Catches: vLLM's spellings
+    (underscores, `--flag=value`) starting a server whose speculative config, scheduler or
+    length a user's argument silently replaced."""
+    import yaml
+
+    manifest = tmp_path / "cluster.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": "t"},
+        "spec": {"verifier": {"model": "m", "engineArgs": [arg, "{}"] if "=" not in arg else [arg]},
+                 "drafterPools": [{"name": "p", "kind": "ngram"}]}}))
+    for command in (["serve"], ["verifier"]):
+        assert main([*command, "--cluster", str(manifest)]) == 2, command
+        err = capsys.readouterr().err
+        assert "spec.verifier.engineArgs[0]: --" in err and "is set by CoSine" in err, err
 
 
 def test_simulate_refuses_an_unknown_study_or_mode(capsys):

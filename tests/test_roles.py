@@ -159,3 +159,52 @@ def test_the_engines_own_drafter_and_extra_engine_args_reach_vllm_serve(tmp_path
     assert engine.kv_cache_dtype == "fp8" and engine.served_model_name == ["team-model"]
     config = json.loads(argv[argv.index("--additional-config") + 1])["cosine"]
     assert config["engine_source"] == "draftModel"
+
+
+def test_the_api_key_guards_every_route_through_vllms_middleware_flag(tmp_path, monkeypatch):
+    """With a key (`COSINE_API_KEY`, from `spec.gateway.apiKeySecretRef`) the verifier's argv asks
+    vLLM's own parser for CoSine's middleware, which puts the key on every route; the key itself
+    travels in the environment. Catches: the key left to vLLM's check alone (paths under /v1, /v2,
+    /inference and /cohere only: /invocations runs completions without it)."""
+    monkeypatch.setattr("cosine.model_store.resolve", lambda model: tmp_path / model)
+    (tmp_path / "m").mkdir()
+    manifest = tmp_path / "cluster.yaml"
+    spec = {"verifier": {"model": "m"}, "drafterPools": [{"name": "p", "kind": "ngram"}]}
+    manifest.write_text(json.dumps({"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster",
+                                    "metadata": {"name": "t"}, "spec": spec}))
+    for key, middleware in (("s3cret", ["cosine.vllm_hooks.ApiKeyOnEveryRoute"]), (None, [])):
+        argv, env = roles.verifier_command(load_manifest(manifest), 8000, "127.0.0.1", [], key)
+        flags = argv[argv.index(roles.VLLM_SERVER) + 1:]
+        i = flags.index("--model")
+        args, _ = _vllm_serve_parse([flags[i + 1], *flags[:i], *flags[i + 2:]])
+        assert args.middleware == middleware and args.api_key is None
+        assert env.get("VLLM_API_KEY") == key and "s3cret" not in argv
+
+
+def test_reserved_engine_args_are_every_spelling_of_their_flags_in_vllms_parser():
+    """`RESERVED_ENGINE_ARGS` against vLLM 0.32's own `serve` parser: every option string of a
+    reserved flag's destination is listed (aliases: `-sc`, `-n`, `-r`,
+    `--device-memory-utilization`), no other option is refused (no false alarm on a flag CoSine
+    leaves to users), and each odd spelling the check refuses is one vLLM reads as that flag.
+    Catches: a vLLM upgrade adding an alias, a check of dash spellings only."""
+    from cosine_spec.verifier_spec import RESERVED_ENGINE_ARGS, reserved_flag, vllm_flag
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    dest = {o: a.dest for a in parser._actions for o in a.option_strings}
+    reserved_dests = {dest[f] for f in RESERVED_ENGINE_ARGS}
+    assert {o for o, d in dest.items() if d in reserved_dests} == set(RESERVED_ENGINE_ARGS)
+    assert [o for o, d in dest.items() if d not in reserved_dests and reserved_flag(vllm_flag(o))] == []
+    defaults = vars(parser.parse_args([]))
+    for argv, name in ((["--speculative_config", '{"method": "ngram"}'], "speculative_config"),
+                       (["--speculative-config.method", "ngram"], "speculative_config"),
+                       (["--speculative_config.num_speculative_tokens=5"], "speculative_config"),
+                       (["-sc.method", "ngram"], "speculative_config"), (["-s", "{}"], "speculative_config"),
+                       (["--async_scheduling"], "async_scheduling"), (["--no-async"], "async_scheduling"),
+                       (["--scheduler_cls=x.Y"], "scheduler_cls"), (["--max_model_len=4096"], "max_model_len"),
+                       (["--max-model", "4096"], "max_model_len"), (["-tp=2"], "tensor_parallel_size"),
+                       (["-n2"], "nnodes"), (["-r1"], "node_rank"), (["--api_key=k"], "api_key"),
+                       (["--device_memory_utilization=0.5"], "gpu_memory_utilization")):
+        assert vars(parser.parse_args(argv))[name] != defaults[name], argv  # vLLM sets the flag
+        assert reserved_flag(vllm_flag(argv[0])) in RESERVED_ENGINE_ARGS, argv  # CoSine refuses it

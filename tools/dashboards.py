@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cosine_spec import metric_names as n
+from cosine_spec.contract import METRIC_CLUSTER_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_DIRS = (ROOT / "manifests" / "observability", ROOT / "charts" / "cosine-operator" / "files" / "dashboards")
@@ -29,8 +30,16 @@ OPERATOR_SCRAPE_FAILURES = "cosine_operator_scrape_failures_total"
 OPERATOR_SCALE_DECISIONS = "cosine_operator_scale_decisions_total"
 OPERATOR_DESIRED_REPLICAS = "cosine_operator_desired_replicas"
 
-NS = 'namespace=~"$namespace", cluster=~"$cluster"'  # `cluster`: the chart's PodMonitor relabels it on
+# A series' CoSineCluster is `cosine_cluster` (cosine_spec.contract.METRIC_CLUSTER_LABEL): the chart's
+# monitors copy it from the pod's label; the operator's per-cluster series carry it themselves, with
+# the cluster's namespace as `cosine_namespace` (their `namespace` is the operator pod's).
+C = METRIC_CLUSTER_LABEL  # cosine_cluster
+NS = f'namespace=~"$namespace", {C}=~"$cluster"'
 POOL = f'{NS}, pool=~"$pool"'
+OPERATOR_POOL = 'cosine_namespace=~"$namespace", cosine_cluster=~"$cluster", pool=~"$pool"'
+# a pool's price: the operator's series per cluster, or `cosine serve`'s (scraped with `namespace`);
+# matched on cluster and pool, as the per-pool queries it divides are grouped
+PRICE = 'cosine_cluster=~"$cluster", pool=~"$pool"'
 W = "[5m]"
 
 
@@ -58,69 +67,70 @@ def _rate(name: str, labels: str, by: str) -> str:
     return f"sum by ({by}) (rate({name}{{{labels}}}{W}))"
 
 
-# every query keeps `cluster`: two CoSineClusters in one namespace are two series, never one sum
-BY_POOL = "cluster, pool"
+# every query keeps `cosine_cluster`: two CoSineClusters in one namespace are two series, never one sum
+BY_POOL = "cosine_cluster, pool"
 
 
 SPECULATION: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     ("Drafter pools", (
         PanelSpec("Acceptance rate", "percentunit", (Query(
             f"{_rate(_t(n.ACCEPTED_TOKENS), POOL, BY_POOL)} / {_rate(_t(n.DRAFT_TOKENS), POOL, BY_POOL)}",
-            "{{cluster}}/{{pool}}"),),
+            "{{cosine_cluster}}/{{pool}}"),),
             "Share of a source's draft tokens the target accepted (pool=lookup: prompt lookup)."),
         PanelSpec("Mean acceptance length", "short", (Query(
             f"1 + {_rate(_t(n.ACCEPTED_TOKENS), POOL, BY_POOL)} / {_rate(_t(n.DRAFTS), POOL, BY_POOL)}",
-            "{{cluster}}/{{pool}}"),),
+            "{{cosine_cluster}}/{{pool}}"),),
             "Tokens a verification with the source's draft emits: accepted draft tokens plus the bonus token."),
         PanelSpec("Drafts used and late", "ops", (
-            Query(_rate(_t(n.DRAFTS), POOL, BY_POOL), "{{cluster}}/{{pool}} used"),
-            Query(_rate(_t(n.DRAFTS_LATE), POOL, BY_POOL), "{{cluster}}/{{pool}} late")),
+            Query(_rate(_t(n.DRAFTS), POOL, BY_POOL), "{{cosine_cluster}}/{{pool}} used"),
+            Query(_rate(_t(n.DRAFTS_LATE), POOL, BY_POOL), "{{cosine_cluster}}/{{pool}} late")),
             "Per second: verifications that carried the pool's draft, and steps its draft was still in flight."),
         PanelSpec("Asks skipped by reason", "ops", (Query(
-            _rate(_t(n.POOL_ASKS_SKIPPED), POOL, f"{BY_POOL}, reason"), "{{cluster}}/{{pool}} {{reason}}"),),
+            _rate(_t(n.POOL_ASKS_SKIPPED), POOL, f"{BY_POOL}, reason"), "{{cosine_cluster}}/{{pool}} {{reason}}"),),
             "Draft asks not made: late (drafts would arrive too late to pay), yield (too rarely accepted), "
             "down (no replica answers)."),
         PanelSpec("Round time and round trip", "s", (
             Query(f"{_rate(_t(n.DRAFTER_BUSY_SECONDS), POOL, BY_POOL)} / {_rate(_t(n.DRAFTER_ROUNDS), POOL, BY_POOL)}",
-                  "{{cluster}}/{{pool}} round"),
-            Query(f"avg by ({BY_POOL}) ({n.POOL_RTT_SECONDS}{{{POOL}}})", "{{cluster}}/{{pool}} round trip")),
+                  "{{cosine_cluster}}/{{pool}} round"),
+            Query(f"avg by ({BY_POOL}) ({n.POOL_RTT_SECONDS}{{{POOL}}})", "{{cosine_cluster}}/{{pool}} round trip")),
             "A drafter's seconds per batched round, and a draft call's wall time seen from the verifier."),
         PanelSpec("Replicas: serving and desired", "short", (
-            Query(f"count by ({BY_POOL}) ({n.DRAFTER_CONTEXTS}{{{POOL}}})", "{{cluster}}/{{pool}} serving"),
-            Query(f"max by ({BY_POOL}) ({OPERATOR_DESIRED_REPLICAS}{{{POOL}}}) "
-                  f"or max by ({BY_POOL}) ({n.EMBEDDED_REPLICAS}{{{POOL}}})", "{{cluster}}/{{pool}} desired")),
+            Query(f"count by ({BY_POOL}) ({n.DRAFTER_CONTEXTS}{{{POOL}}})", "{{cosine_cluster}}/{{pool}} serving"),
+            Query(f"max by ({BY_POOL}) ({OPERATOR_DESIRED_REPLICAS}{{{OPERATOR_POOL}}}) "
+                  f"or max by ({BY_POOL}) ({n.EMBEDDED_REPLICAS}{{{POOL}}})", "{{cosine_cluster}}/{{pool}} desired")),
             "Drafter replicas reporting metrics, against the autoscaler's desired count (the operator's, or "
             "cosine serve's). A pool held with PoolTooSlow or MetricsMissing says why in `kubectl get cdp`."),
     )),
     ("Verifier", (
         PanelSpec("Tokens per verification step", "short", (Query(
-            f"{_rate(_t(n.VERIFIER_TOKENS_VERIFIED), NS, 'cluster')} / {_rate(_t(n.VERIFIER_STEPS), NS, 'cluster')}",
-            "{{cluster}}"),)),
+            f"{_rate(_t(n.VERIFIER_TOKENS_VERIFIED), NS, C)} / {_rate(_t(n.VERIFIER_STEPS), NS, C)}",
+            "{{cosine_cluster}}"),)),
         PanelSpec("Steps with a draft", "percentunit", (Query(
-            f"{_rate(_t(n.VERIFIER_STEPS_WITH_DRAFT), NS, 'cluster')} / {_rate(_t(n.VERIFIER_STEPS), NS, 'cluster')}",
-            "{{cluster}}"),)),
+            f"{_rate(_t(n.VERIFIER_STEPS_WITH_DRAFT), NS, C)} / {_rate(_t(n.VERIFIER_STEPS), NS, C)}",
+            "{{cosine_cluster}}"),)),
         PanelSpec("TTFT", "s", tuple(Query(
-            f"histogram_quantile({q}, {_rate(n.VLLM_TTFT_SECONDS + '_bucket', NS, 'cluster, le')})",
-            f"{{{{cluster}}}} p{int(q * 100)}")
+            f"histogram_quantile({q}, {_rate(n.VLLM_TTFT_SECONDS + '_bucket', NS, f'{C}, le')})",
+            f"{{{{cosine_cluster}}}} p{int(q * 100)}")
             for q in (0.5, 0.99))),
         PanelSpec("TPOT", "s", tuple(Query(
-            f"histogram_quantile({q}, {_rate(n.VLLM_ITL_SECONDS + '_bucket', NS, 'cluster, le')})",
-            f"{{{{cluster}}}} p{int(q * 100)}")
+            f"histogram_quantile({q}, {_rate(n.VLLM_ITL_SECONDS + '_bucket', NS, f'{C}, le')})",
+            f"{{{{cosine_cluster}}}} p{int(q * 100)}")
             for q in (0.5, 0.99)), "vLLM's inter-token latency."),
         PanelSpec("Requests running and waiting", "short", (
-            Query(f"sum by (cluster) ({n.VLLM_REQUESTS_RUNNING}{{{NS}}})", "{{cluster}} running"),
-            Query(f"sum by (cluster) ({n.VLLM_REQUESTS_WAITING}{{{NS}}})", "{{cluster}} waiting"))),
+            Query(f"sum by (cosine_cluster) ({n.VLLM_REQUESTS_RUNNING}{{{NS}}})", "{{cosine_cluster}} running"),
+            Query(f"sum by (cosine_cluster) ({n.VLLM_REQUESTS_WAITING}{{{NS}}})", "{{cosine_cluster}} waiting"))),
         PanelSpec("KV cache usage", "percentunit", (Query(
-            f"max by (cluster, pod) ({n.VLLM_KV_CACHE_USAGE}{{{NS}}})", "{{cluster}}/{{pod}}"),)),
+            f"max by (cosine_cluster, pod) ({n.VLLM_KV_CACHE_USAGE}{{{NS}}})", "{{cosine_cluster}}/{{pod}}"),)),
     )),
     ("Cost", (
         PanelSpec("Accepted draft tokens per pool dollar", "short", (Query(
-            f"{_rate(_t(n.ACCEPTED_TOKENS), POOL, BY_POOL)} * 3600 / (max by ({BY_POOL}) ({n.POOL_PRICE}{{{POOL}}}) "
-            f"* count by ({BY_POOL}) ({n.DRAFTER_CONTEXTS}{{{POOL}}}))", "{{cluster}}/{{pool}}"),),
+            f"{_rate(_t(n.ACCEPTED_TOKENS), POOL, BY_POOL)} * 3600 / (max by ({BY_POOL}) ({n.POOL_PRICE}{{{PRICE}}}) "
+            f"* count by ({BY_POOL}) ({n.DRAFTER_CONTEXTS}{{{POOL}}}))", "{{cosine_cluster}}/{{pool}}"),),
             "Accepted draft tokens per second of each pool, per dollar its replicas cost per hour (the spec's "
             "pricePerHourUsd, spotPricePerHourUsd on spot capacity)."),
         PanelSpec("Accepted draft tokens per dollar", "short", (Query(
-            f"sum by (cluster) (rate({_t(n.ACCEPTED_TOKENS)}{{{POOL}}}{W})) * 3600 / $usd_per_hour", "{{cluster}}"),),
+            f"sum by ({C}) (rate({_t(n.ACCEPTED_TOKENS)}{{{POOL}}}{W})) * 3600 / $usd_per_hour",
+            "{{cosine_cluster}}"),),
             "Accepted draft tokens per second, per dollar of the cluster's hourly price (the usd_per_hour "
             "variable: verifier plus pools at your prices)."),
     )),
@@ -138,8 +148,8 @@ OPERATOR: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
         PanelSpec("Scrape failures", "ops", (Query(
             f"sum by (role) (rate({OPERATOR_SCRAPE_FAILURES}{W}))", "{{role}}"),)),
         PanelSpec("Scale decisions", "short", (Query(
-            f"sum by (namespace, cluster, pool, direction) (increase({OPERATOR_SCALE_DECISIONS}[1h]))",
-            "{{namespace}}/{{cluster}}/{{pool}} {{direction}}"),)),
+            f"sum by (cosine_namespace, cosine_cluster, pool, direction) (increase({OPERATOR_SCALE_DECISIONS}[1h]))",
+            "{{cosine_namespace}}/{{cosine_cluster}}/{{pool}} {{direction}}"),)),
     )),
 )
 
@@ -165,7 +175,7 @@ def build(uid: str) -> dict:
                                 .all_value(".*").multi(True).query(f"label_values({_t(n.VERIFIER_STEPS)}, namespace)"))
                  .with_variable(QueryVariable("cluster").label("CoSineCluster").datasource(ds).include_all(True)
                                 .all_value(".*").multi(True)
-                                .query(f'label_values({_t(n.VERIFIER_STEPS)}{{namespace=~"$namespace"}}, cluster)'))
+                                .query(f'label_values({_t(n.VERIFIER_STEPS)}{{namespace=~"$namespace"}}, {C})'))
                  .with_variable(QueryVariable("pool").label("Pool").datasource(ds).include_all(True).all_value(".*")
                                 .multi(True)
                                 .query(f"label_values({_t(n.DRAFTS)}{{{NS}}}, pool)"))

@@ -22,7 +22,7 @@ from aiohttp import web
 REAL_PREFIXES = ("/apis/cosine.dev", "/apis/kopf.dev", "/apis/apiextensions.k8s.io",
                  # other projects' CRDs the operator creates objects of (data/external-crds)
                  "/apis/inference.networking.k8s.io", "/apis/gateway.networking.k8s.io",
-                 "/apis/leaderworkerset.x-k8s.io", "/apis/networking.gke.io")
+                 "/apis/leaderworkerset.x-k8s.io", "/apis/networking.gke.io", "/apis/networking.istio.io")
 # kubectl validates manifests against the OpenAPI document; only the real server has one (with
 # our CRDs' schemas in it; no core types, which these tests never apply through kubectl).
 REAL_ONLY = (*REAL_PREFIXES, "/openapi")

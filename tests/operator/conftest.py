@@ -12,6 +12,7 @@ import pytest
 from k8s_emulator import EmulatorThread, Kube
 
 RESYNC_S = 2.0  # the operators under test re-apply children this often (drift repair)
+RUNTIME_REPOSITORY = "registry.example/cosine"  # the operator fixture's default runtime image repository
 # kopf registers the resync timer, with its interval, when the handlers are first imported: set
 # before any test of this folder can import them.
 os.environ["COSINE_OPERATOR_RESYNC_S"] = str(RESYNC_S)
@@ -51,7 +52,9 @@ def operator(emulator: EmulatorThread, webhook_port: int, operator_metrics_port:
                                             "COSINE_OPERATOR_METRICS_PORT": str(operator_metrics_port),
                                             "COSINE_OPERATOR_WEBHOOK_INSECURE": "1",
                                             "COSINE_OPERATOR_NAMESPACE": "cosine-system",
-                                            "COSINE_OPERATOR_POD_LABELS": "app.kubernetes.io/name=cosine-operator"}
+                                            "COSINE_OPERATOR_POD_LABELS": "app.kubernetes.io/name=cosine-operator",
+                                            # the chart's runtimeImage.repository (test_handlers.py)
+                                            "COSINE_OPERATOR_RUNTIME_IMAGE_REPOSITORY": RUNTIME_REPOSITORY}
                       ) as runner:
         yield runner
 

@@ -222,6 +222,7 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             )
             if request.data.get("kind") == "Deployment":
                 request.data.setdefault("status", {})
+                _default_strategy(request.data)
             if manager is not None:
                 self._stamp_owners(request, None, apply, manager)
         elif request.action in (enums.action.UPDATE, enums.action.DELETE) and request.name is not None:
@@ -265,6 +266,8 @@ class RealisticEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             return
         data = copy.deepcopy(data)  # rebuilt below, then written back into the request
         if request.subresource is None:
+            if self._key(request) == DEPLOYMENTS:
+                _default_strategy(data, _merge(current, data))
             _check_immutable(self._key(request), request.name, current, _merge(current, data))
         wanted_rv = (data.get("metadata") or {}).get("resourceVersion")
         if wanted_rv is not None and wanted_rv != current["metadata"].get("resourceVersion"):
@@ -362,6 +365,28 @@ def _pvc_change(current: dict[str, Any], updated: dict[str, Any]) -> str | None:
     return None
 
 
+def _default_strategy(data: dict[str, Any], merged: dict[str, Any] | None = None) -> None:
+    """The Deployment defaults the real server writes into ``data`` (a new object, or an update
+    whose result is ``merged``): strategy type ``RollingUpdate`` and, for that type, 25% surge and
+    unavailability (``SetDefaults_Deployment``, pkg/apis/apps/v1/defaults.go). Being defaults, no
+    manager owns them: an apply never removes them."""
+    strategy = ((merged or data).get("spec") or {}).get("strategy") or {}
+    if strategy.get("type", "RollingUpdate") == "RollingUpdate" and not strategy.get("rollingUpdate"):
+        into = data.setdefault("spec", {}).setdefault("strategy", {})
+        into.setdefault("type", "RollingUpdate")
+        into["rollingUpdate"] = {"maxSurge": "25%", "maxUnavailable": "25%"}
+
+
+def _deployment_change(current: dict[str, Any], updated: dict[str, Any]) -> str | None:
+    """A Deployment's fixed selector, and ``ValidateDeploymentStrategy`` (pkg/apis/apps/validation):
+    a ``Recreate`` strategy with a ``rollingUpdate`` is refused ("may not be specified when
+    strategy `type` is 'Recreate'"), as after an apply that only changes the type (kubernetes#24198)."""
+    strategy = (updated.get("spec") or {}).get("strategy") or {}
+    if strategy.get("type") == "Recreate" and strategy.get("rollingUpdate") is not None:
+        return "spec.strategy.rollingUpdate: Forbidden: may not be specified when strategy `type` is 'Recreate'"
+    return _fields_fixed("spec.selector")(current, updated)
+
+
 def _fields_fixed(*paths: str) -> Callable[[dict[str, Any], dict[str, Any]], str | None]:
     def check(current: dict[str, Any], updated: dict[str, Any]) -> str | None:
         for path in paths:
@@ -380,8 +405,9 @@ IMMUTABLE: dict[str, Callable[[dict[str, Any], dict[str, Any]], str | None]] = {
     # .spec.template ... immutable"; the API reference's JobSpec.template).
     JOBS: _fields_fixed("spec.selector", "spec.template"),
     # apps/v1: "a Deployment's label selector is immutable after it gets created"
-    # (https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#label-selector-updates).
-    DEPLOYMENTS: _fields_fixed("spec.selector"),
+    # (https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#label-selector-updates),
+    # and its strategy's validation (_deployment_change).
+    DEPLOYMENTS: _deployment_change,
     # ServiceSpec.clusterIP: "may not be changed through updates unless the type field is also being
     # changed to ExternalName" (API reference, Service v1; ValidateServiceUpdate).
     SERVICES: _fields_fixed("spec.clusterIP"),

@@ -96,11 +96,12 @@ if __name__ == "__main__":
 
 
 def chart_rules(operator_job: str, workloads_job: str) -> list:  # type: ignore[type-arg]
-    """The chart's alerting and recording rules (files/alerts.yaml) with its placeholders filled as
-    the PrometheusRule template fills them: their groups."""
+    """The chart's alerting and recording rules (every file of files/rules/) with their placeholders
+    filled as the PrometheusRule template fills them: their groups."""
     import yaml
 
-    rules = (Path(__file__).resolve().parents[2] / "charts" / "cosine-operator" / "files" / "alerts.yaml").read_text()
+    rules = "".join(p.read_text() for p in sorted(
+        (Path(__file__).resolve().parents[2] / "charts" / "cosine-operator" / "files" / "rules").glob("*.yaml")))
     for placeholder, value in (("__RUNBOOK_URL__", "https://example.com"), ("__TPOT_SLO_SECONDS__", "0.1"),
                                ("__FAST_BURN__", "0.144"), ("__SLOW_BURN__", "0.06"),
                                ("__OPERATOR_JOB__", operator_job), ("__OPERATOR_NAMESPACE__", "cosine-system"),

@@ -13,28 +13,37 @@ from typing import Any
 import pytest
 import yaml
 from cosine_spec import metric_names
-from cosine_spec.contract import CLUSTER_LABEL, COMPONENT_LABEL
+from cosine_spec.contract import CLUSTER_LABEL, COMPONENT_LABEL, METRIC_CLUSTER_LABEL
 from prometheus_tools import provision_all
 from test_chart import render
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOK = "https://example.com/runbooks.md"
-VALUES = {"metrics": {"prometheusRule": {"enabled": True, "runbookUrl": RUNBOOK}}}
-POOL = {"namespace": "prod", "cluster": "demo", "pool": "code"}
-CLUSTER = {"namespace": "prod", "cluster": "demo"}
+# every rule ships with both monitors on (each group only with the scrape its series come from:
+# test_each_wiring_ships_the_alerts_its_scrapes_can_fire_and_fires_none_when_healthy)
+MONITORS = {"operator": "serviceMonitor", "workloads": "podMonitor"}
+VALUES = {"metrics": {"prometheusRule": {"enabled": True, "runbookUrl": RUNBOOK},
+                      **{key: {"enabled": True} for key in MONITORS.values()}}}
+POOL = {"namespace": "prod", "cosine_cluster": "demo", "pool": "code"}
+CLUSTER = {"namespace": "prod", "cosine_cluster": "demo"}
 # The scrape jobs of the chart's monitors for release "cosine" in "cosine-system" (test_chart.render):
 # a ServiceMonitor's targets take its Service's name, a PodMonitor's <namespace>/<name> (the
 # Prometheus Operator's defaults; test_the_rules_watch_the_jobs_the_monitors_make holds them to the chart).
 OPERATOR_UP = 'up{job="cosine-cosine-operator",namespace="cosine-system",pod="op-1"}'
-VERIFIER_UP = ('up{job="cosine-system/cosine-cosine-operator-workloads",namespace="prod",cluster="demo",'
+VERIFIER_UP = ('up{job="cosine-system/cosine-cosine-operator-workloads",namespace="prod",cosine_cluster="demo",'
                'component="verifier",pod="demo-verifier-1"}')
+# the operator's series of cluster "demo" in "prod", as its ServiceMonitor stores them: the target's
+# namespace is the operator pod's, the cluster's is cosine_namespace
+CLUSTER_INFO = ('cosine_operator_cluster_info{cosine_namespace="prod",cosine_cluster="demo",'
+                'job="cosine-cosine-operator",namespace="cosine-system",pod="op-1"}')
+V1 = 'namespace="prod",cosine_cluster="demo",pod="v-1"'  # a verifier pod's series of cluster "demo"
 # the operator's series on a healthy operator before any CoSineCluster: none of its labelled ones yet
 NO_CLUSTERS = {OPERATOR_UP: "1+0x90"}
 
 
 def _v(name: str, labels: str, values: str) -> dict[str, str]:
     """One input series of pool "code" of cluster "demo" in "prod" (pod and other labels in `labels`)."""
-    return {f'{name}{{namespace="prod",cluster="demo",pool="code",{labels}}}': values}
+    return {f'{name}{{namespace="prod",cosine_cluster="demo",pool="code",{labels}}}': values}
 
 
 # alert -> (interval, input series firing, input series silent, evaluation time, labels of the alert)
@@ -74,29 +83,28 @@ CASES: dict[str, tuple[str, dict[str, str], dict[str, str], str, dict[str, str]]
     # target is up does not
     "CoSineVerifierDown": (
         "1m",
-        {**NO_CLUSTERS, 'cosine_operator_cluster_info{namespace="prod",cluster="demo",pod="op-1"}': "1+0x30"},
-        {**NO_CLUSTERS, 'cosine_operator_cluster_info{namespace="prod",cluster="demo",pod="op-1"}': "1+0x30",
-         VERIFIER_UP: "1+0x30"},
+        {**NO_CLUSTERS, CLUSTER_INFO: "1+0x30"},
+        {**NO_CLUSTERS, CLUSTER_INFO: "1+0x30", VERIFIER_UP: "1+0x30"},
         "20m", CLUSTER),
     "CoSineVerifierQueueBuildingUp": (
         "1m",
-        {'vllm:num_requests_waiting{namespace="prod",cluster="demo",pod="v-1"}': "3+0x30"},
-        {'vllm:num_requests_waiting{namespace="prod",cluster="demo",pod="v-1"}':
+        {f'vllm:num_requests_waiting{{{V1}}}': "3+0x30"},
+        {f'vllm:num_requests_waiting{{{V1}}}':
          "3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3 0 3"},
         "20m", {**CLUSTER, "pod": "v-1"}),
     "CoSineTPOTBudgetBurn": (
         "1m",
-        {'vllm:inter_token_latency_seconds_bucket{namespace="prod",cluster="demo",pod="v-1",le="0.1"}': "0+50x90",
-         'vllm:inter_token_latency_seconds_count{namespace="prod",cluster="demo",pod="v-1"}': "0+100x90"},
-        {'vllm:inter_token_latency_seconds_bucket{namespace="prod",cluster="demo",pod="v-1",le="0.1"}': "0+99.5x90",
-         'vllm:inter_token_latency_seconds_count{namespace="prod",cluster="demo",pod="v-1"}': "0+100x90"},
+        {f'vllm:inter_token_latency_seconds_bucket{{{V1},le="0.1"}}': "0+50x90",
+         f'vllm:inter_token_latency_seconds_count{{{V1}}}': "0+100x90"},
+        {f'vllm:inter_token_latency_seconds_bucket{{{V1},le="0.1"}}': "0+99.5x90",
+         f'vllm:inter_token_latency_seconds_count{{{V1}}}': "0+100x90"},
         "80m", CLUSTER),
     "CoSineTPOTBudgetBurnSlow": (
         "5m",
-        {'vllm:inter_token_latency_seconds_bucket{namespace="prod",cluster="demo",pod="v-1",le="0.1"}': "0+460x100",
-         'vllm:inter_token_latency_seconds_count{namespace="prod",cluster="demo",pod="v-1"}': "0+500x100"},
-        {'vllm:inter_token_latency_seconds_bucket{namespace="prod",cluster="demo",pod="v-1",le="0.1"}': "0+498x100",
-         'vllm:inter_token_latency_seconds_count{namespace="prod",cluster="demo",pod="v-1"}': "0+500x100"},
+        {f'vllm:inter_token_latency_seconds_bucket{{{V1},le="0.1"}}': "0+460x100",
+         f'vllm:inter_token_latency_seconds_count{{{V1}}}': "0+500x100"},
+        {f'vllm:inter_token_latency_seconds_bucket{{{V1},le="0.1"}}': "0+498x100",
+         f'vllm:inter_token_latency_seconds_count{{{V1}}}': "0+500x100"},
         "7h", CLUSTER),
     # no operator target up (another job's does not count) fires; a healthy operator with no
     # CoSineCluster yet, so none of its labelled series, does not
@@ -139,7 +147,7 @@ def _recorded(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _metrics(expr: str) -> set[str]:
     """The metric names an expression selects (PromQL's keywords, functions and labels left out)."""
-    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]", "", expr)  # matchers and ranges
+    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\"[^\"]*\"", "", expr)  # matchers, ranges, strings (label_replace's)
     expr = re.sub(r"\b(?:by|on|ignoring|without|group_left|group_right)\s*\([^)]*\)", "", expr)
     words = re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*\b(?!\s*\()", expr)  # not a function's name
     return set(words) - {"and", "or", "unless", "bool", "offset"}
@@ -149,7 +157,7 @@ def test_every_alert_has_a_case_a_runbook_and_only_known_metrics(rules: list[dic
     """Catches: an alert with no promtool case, a runbook link to no section of docs/runbooks.md, a
     metric name that is neither CoSine's (cosine_spec.metric_names, the operator's), nor vLLM's, nor
     `up`, nor recorded here; a recorded series without the level:metric:operations colons, or one
-    that drops `cluster` (two clusters in a namespace would add up)."""
+    that drops `cosine_cluster` (two clusters in a namespace would add up)."""
     alerts, recorded = _alerts(rules), _recorded(rules)
     assert set(alerts) == set(CASES)
     runbooks = (ROOT / "docs" / "runbooks.md").read_text().lower()
@@ -159,8 +167,8 @@ def test_every_alert_has_a_case_a_runbook_and_only_known_metrics(rules: list[dic
               "cosine_operator_cluster_info", "up",
               "vllm:inter_token_latency_seconds_bucket", "vllm:inter_token_latency_seconds_count"}
     for name, rule in recorded.items():
-        assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z0-9_]+", name) and "cluster" in name.split(":")[0], name
-        assert "(namespace, cluster" in rule["expr"], name
+        assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z0-9_]+", name) and "cosine_cluster" in name.split(":")[0], name
+        assert "(namespace, cosine_cluster" in rule["expr"], name
         assert _metrics(rule["expr"]) <= known, (name, _metrics(rule["expr"]) - known)
     for name, rule in alerts.items():
         url = rule["annotations"]["runbook_url"]
@@ -188,6 +196,12 @@ def _promtool(rules: list[dict[str, Any]], tests: list[dict[str, Any]], tmp_path
     assert versions == [2, 3]
 
 
+def _expected(rule: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    """The alert promtool must see from `rule` with `labels`: its own labels and annotations too."""
+    return {"exp_labels": {**labels, **rule["labels"]},
+            "exp_annotations": {k: _expand(v, labels) for k, v in rule["annotations"].items()}}
+
+
 def _series(series: dict[str, str]) -> list[dict[str, str]]:
     return [{"series": k, "values": v} for k, v in series.items()]
 
@@ -201,9 +215,7 @@ def test_promtool_fires_each_alert_on_its_case_and_never_on_the_other(rules: lis
     alerts = _alerts(rules)
     tests = []
     for name, (interval, firing, silent, at, labels) in CASES.items():
-        rule = alerts[name]
-        expected = {"exp_labels": {**labels, **rule["labels"]},
-                    "exp_annotations": {k: _expand(v, labels) for k, v in rule["annotations"].items()}}
+        expected = _expected(alerts[name], labels)
         for series, exp in ((firing, [expected]), (silent, [])):
             tests.append({"interval": interval, "input_series": _series(series),
                           "alert_rule_test": [{"eval_time": at, "alertname": name, "exp_alerts": exp}]})
@@ -220,6 +232,54 @@ def test_a_healthy_operator_with_no_clusters_fires_nothing(rules: list[dict[str,
     _promtool(rules, tests, tmp_path)
 
 
+def _sources(series: dict[str, str]) -> set[str]:
+    """The scrapes input series come from: the operator's (its own series, its targets' `up`) and the
+    workloads' (the clusters' pods: CoSine's and vLLM's series, their targets' `up`)."""
+    out = set()
+    for name in series:
+        if name.startswith("cosine_operator_") or 'job="cosine-cosine-operator"' in name:
+            out.add("operator")
+        elif name.startswith(("cosine_", "vllm:")) or "-workloads" in name:
+            out.add("workloads")
+    return out
+
+
+@pytest.mark.parametrize("scraped", [("operator",), ("workloads",), ("operator", "workloads")])
+def test_each_wiring_ships_the_alerts_its_scrapes_can_fire_and_fires_none_when_healthy(
+        scraped: tuple[str, ...], tmp_path: Path) -> None:
+    """Catches: an alert shipped without the scrape its series come from. CoSineOperatorDown with
+    no monitor on the operator sees no operator target up and fires for ever on a healthy install;
+    CoSineVerifierDown without it reads cosine_operator_cluster_info, which nothing scrapes, and
+    never fires. Per wiring of the chart's monitors (the operator's ServiceMonitor, the workloads'
+    PodMonitor, both): a healthy install, as those monitors scrape it, fires no alert; each alert
+    shipped fires on its case; and every alert whose series those monitors scrape is shipped."""
+    values = {"metrics": {"prometheusRule": {"enabled": True, "runbookUrl": RUNBOOK},
+                          **{MONITORS[s]: {"enabled": True} for s in scraped}}}
+    groups = next(d for d in render(values) if d["kind"] == "PrometheusRule")["spec"]["groups"]
+    alerts = _alerts(groups)
+    healthy = {OPERATOR_UP: "1+0x90"} if "operator" in scraped else {}
+    if "workloads" in scraped:
+        healthy[VERIFIER_UP] = "1+0x90"
+        if "operator" in scraped:
+            healthy[CLUSTER_INFO] = "1+0x90"
+    tests = [{"interval": "1m", "input_series": _series(healthy),
+              "alert_rule_test": [{"eval_time": at, "alertname": name, "exp_alerts": []}
+                                  for name in alerts for at in ("15m", "80m")]}]
+    for name in alerts:
+        interval, firing, _, at, labels = CASES[name]
+        tests.append({"interval": interval, "input_series": _series(firing), "alert_rule_test": [
+            {"eval_time": at, "alertname": name, "exp_alerts": [_expected(alerts[name], labels)]}]})
+    _promtool(groups, tests, tmp_path)
+    assert set(alerts) == {name for name, case in CASES.items() if _sources({**case[1], **case[2]}) <= set(scraped)}
+
+
+def test_rules_with_nothing_scraped_refuse_to_render() -> None:
+    """Catches: a PrometheusRule shipped with neither monitor nor a job of the user's own scrape:
+    every alert in it would be silent for ever or, read as absence, fire for ever."""
+    with pytest.raises(Exception, match="needs a scrape to alert on"):
+        render({"metrics": {"prometheusRule": {"enabled": True}}})
+
+
 def test_two_clusters_in_one_namespace_are_two_series_of_every_recorded_rule(rules: list[dict[str, Any]],
                                                                               tmp_path: Path) -> None:
     """Catches: a recording rule that sums two CoSineClusters of one namespace into one series (the
@@ -234,29 +294,30 @@ def test_two_clusters_in_one_namespace_are_two_series_of_every_recorded_rule(rul
     series: dict[str, str] = {}
     for cluster in ("a", "b"):
         for name, values in per_cluster.items():
-            series[f'{name}{{namespace="prod",cluster="{cluster}",pool="code",pod="{cluster}-1"}}'] = values
-        series[f'cosine_drafter_asks_skipped_total{{namespace="prod",cluster="{cluster}",pool="code",reason="down",'
-               f'pod="{cluster}-1"}}'] = "0+1x100"
+            series[f'{name}{{namespace="prod",cosine_cluster="{cluster}",pool="code",pod="{cluster}-1"}}'] = values
+        series[f'cosine_drafter_asks_skipped_total{{namespace="prod",cosine_cluster="{cluster}",pool="code",'
+               f'reason="down",pod="{cluster}-1"}}'] = "0+1x100"
         for le, values in (("0.1", "0+90x100"), ("+Inf", "0+100x100")):
-            series[f'vllm:inter_token_latency_seconds_bucket{{namespace="prod",cluster="{cluster}",pod="{cluster}-1",'
-                   f'le="{le}"}}'] = values
-        series[f'vllm:inter_token_latency_seconds_count{{namespace="prod",cluster="{cluster}",pod="{cluster}-1"}}'] = (
-            "0+100x100")
+            series[f'vllm:inter_token_latency_seconds_bucket{{namespace="prod",cosine_cluster="{cluster}",'
+                   f'pod="{cluster}-1",le="{le}"}}'] = values
+        series[f'vllm:inter_token_latency_seconds_count{{namespace="prod",cosine_cluster="{cluster}",'
+               f'pod="{cluster}-1"}}'] = "0+100x100"
         series[VERIFIER_UP.replace('"demo', f'"{cluster}')] = "1+0x100"
     exprs = []
     for name in _recorded(rules):
         pool = "pool" in name.split(":")[0]
-        exprs.append({"expr": f"count by (namespace, cluster) ({name})",
+        exprs.append({"expr": f"count by (namespace, cosine_cluster) ({name})",
                       "eval_time": "90m",
-                      "exp_samples": [{"labels": f'{{namespace="prod",cluster="{c}"}}', "value": 1} for c in "ab"]})
-        assert pool or name.startswith("namespace_cluster:"), name
+                      "exp_samples": [{"labels": f'{{namespace="prod",cosine_cluster="{c}"}}', "value": 1}
+                                      for c in "ab"]})
+        assert pool or name.startswith("namespace_cosine_cluster:"), name
     _promtool(rules, [{"interval": "1m", "input_series": _series(series), "promql_expr_test": exprs}], tmp_path)
 
 
 def test_the_rules_watch_the_jobs_and_labels_the_monitors_make() -> None:
     """Catches: CoSineOperatorDown or CoSineVerifierDown watching a job no monitor of the chart
     makes (silent forever, or firing forever), and a PodMonitor whose relabelling reads pod labels
-    the operator does not set (no `cluster` on any series)."""
+    the operator does not set (no `cosine_cluster` on any series)."""
     from cosine_operator.builders.names import labels
 
     values = {"metrics": {key: {"enabled": True} for key in ("serviceMonitor", "podMonitor", "prometheusRule")}}
@@ -267,7 +328,7 @@ def test_the_rules_watch_the_jobs_and_labels_the_monitors_make() -> None:
     operator_job = f'job="{service["metadata"]["name"]}", namespace="{service["metadata"]["namespace"]}"'
     workloads_job = f'job="{pod_monitor["metadata"]["namespace"]}/{pod_monitor["metadata"]["name"]}"'
     assert operator_job in _alerts(groups)["CoSineOperatorDown"]["expr"]
-    verifier_up = _recorded(groups)["namespace_cluster:cosine_verifier_up:max"]["expr"]
+    verifier_up = _recorded(groups)["namespace_cosine_cluster:cosine_verifier_up:max"]["expr"]
     assert f'{workloads_job}, component="verifier"' in verifier_up
     assert OPERATOR_UP.startswith(f'up{{{operator_job.replace(", ", ",")}')
     assert VERIFIER_UP.startswith(f"up{{{workloads_job}")
@@ -275,7 +336,7 @@ def test_the_rules_watch_the_jobs_and_labels_the_monitors_make() -> None:
     def meta(label: str) -> str:  # Kubernetes service discovery's name for a pod label
         return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
 
-    relabelled = {(meta(CLUSTER_LABEL), "cluster"), (meta(COMPONENT_LABEL), "component")}
+    relabelled = {(meta(CLUSTER_LABEL), METRIC_CLUSTER_LABEL), (meta(COMPONENT_LABEL), "component")}
     assert labels("demo", "verifier")[COMPONENT_LABEL] == "verifier"
     assert labels("demo", "verifier")[CLUSTER_LABEL] == "demo"
     for endpoint in pod_monitor["spec"]["podMetricsEndpoints"]:
@@ -288,7 +349,8 @@ def test_the_rules_watch_the_jobs_and_labels_the_monitors_make() -> None:
 
 def test_the_slo_and_its_burn_rates_come_from_the_values() -> None:
     """Catches: an SLO value that does not reach the expression (the alert watches another bucket)."""
-    values = {"metrics": {"prometheusRule": {"enabled": True, "tpotSlo": {"seconds": "0.05", "objective": 0.999}}}}
+    values = {"metrics": {"prometheusRule": {"enabled": True, "tpotSlo": {"seconds": "0.05", "objective": 0.999}},
+                          "podMonitor": {"enabled": True}}}
     rule = next(d for d in render(values) if d["kind"] == "PrometheusRule")
     fast = _alerts(rule["spec"]["groups"])["CoSineTPOTBudgetBurn"]
     assert "> 0.0144" in fast["expr"] and "__" not in yaml.safe_dump(rule)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import kubernetes_validate
 from cosine_spec import metric_names
+from cosine_spec.contract import METRIC_CLUSTER_LABEL
 from test_chart import K8S_VERSION, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,23 +51,39 @@ def test_every_query_names_known_series_and_every_panel_has_a_query() -> None:
         panels = [p for p in board["panels"] if p["type"] != "row"]
         assert panels and all(p["targets"] for p in panels), uid
         for title, expr in gen.queries(uid):
-            for metric in re.findall(r"\b(vllm:[a-z_:]+|cosine_[a-z_]+)", expr):
+            names = re.sub(r"\{[^}]*\}|\b(?:by|on|without|ignoring)\s*\([^)]*\)", "", expr)  # not labels
+            for metric in re.findall(r"\b(vllm:[a-z_:]+|cosine_[a-z_]+)", names):
                 assert metric in known, (uid, title, metric)
             assert set(re.findall(r"\$(\w+)", expr)) <= variables, (uid, title)
 
 
 def test_every_workload_query_keeps_clusters_apart() -> None:
     """Catches: a query that sums two CoSineClusters of one namespace into one line (a `sum` or
-    `by (pool)` without `cluster`), or that ignores the $cluster variable. (On a real Prometheus,
-    two clusters give two series on every query: tests/runtime/test_serve.py.)"""
+    `by (pool)` without `cosine_cluster`), or that ignores the $cluster variable. (On a real
+    Prometheus, two clusters give two series on every query: tests/runtime/test_serve.py.)"""
     gen = _dashboards()
     board = json.loads(gen.render("cosine-speculation"))
     assert {"namespace", "cluster", "pool"} <= {v["name"] for v in board["templating"]["list"]}
     for title, expr in gen.queries("cosine-speculation"):
         groupings = re.findall(r"\b(?:sum|max|min|avg|count)\b(?: by \(([^)]*)\))?", expr)
-        assert groupings and all("cluster" in g.split(", ") for g in groupings), (title, expr)
+        assert groupings and all(METRIC_CLUSTER_LABEL in g.split(", ") for g in groupings), (title, expr)
         selectors = re.findall(r"\{([^}]*)\}", expr)
-        assert selectors and all('cluster=~"$cluster"' in s for s in selectors), (title, expr)
+        assert selectors and all(f'{METRIC_CLUSTER_LABEL}=~"$cluster"' in s for s in selectors), (title, expr)
+
+
+def test_no_query_reads_the_labels_a_managed_prometheus_owns() -> None:
+    """Catches: a query, legend or variable on `cluster` (GKE's Managed Prometheus sets it to the GKE
+    cluster's name and refuses to write it from a pod label, prometheus-engine's protectedLabel;
+    Thanos and Mimir setups stamp it too), and one that picks the operator's per-cluster series by
+    `namespace` (a scrape sets that to the operator pod's namespace; theirs is `cosine_namespace`)."""
+    gen = _dashboards()
+    for uid in gen.DASHBOARDS:
+        text = gen.render(uid)
+        assert not re.search(r"\bcluster\s*[=!]~?|\{\{\s*cluster\s*\}\}|[(,]\s*cluster\s*[,)]", text), uid
+        for title, expr in gen.queries(uid):
+            operator_series = r"\b(cosine_operator_\w+|" + metric_names.POOL_PRICE + r")\{([^}]*)\}"
+            for name, labels in re.findall(operator_series, expr):
+                assert not re.search(r"(?<![\w])namespace\s*[=!]", labels), (uid, title, name)
 
 
 def test_the_chart_ships_the_dashboards_for_grafanas_sidecar() -> None:

@@ -24,6 +24,7 @@ from cosine_operator.builders.router import build_router
 DATA = Path(__file__).resolve().parent / "data" / "llm-d-router"
 SCHEMA = json.loads((DATA / "endpoint-picker-config-v0.10.0.schema.json").read_text())
 REGISTRY = json.loads((DATA / "plugins-v0.10.0.json").read_text())
+CHART = json.loads((DATA / "chart-values-v0.10.0.json").read_text())  # llm-d's chart, same settings
 WEIGHTS = ("prefixCache", "sessionAffinity", "suffixAffinity", "queue", "kvCacheUtilization")
 SPEC: dict[str, Any] = {
     "verifier": {"model": "qwen2.5-coder-1.5b-instruct"},
@@ -69,7 +70,7 @@ def _config_and_args(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 @pytest.mark.parametrize("weights", [{}, *({w: 2.0} for w in WEIGHTS),
                                      {"sessionAffinity": 0}, {w: 1.5 for w in WEIGHTS}],
-                         ids=["defaults", *(f"{w}-on" for w in WEIGHTS), "beta-only", "all-on"])
+                         ids=["defaults", *(f"{w}-on" for w in WEIGHTS), "session-off", "all-on"])
 def test_the_picker_would_load_its_config(weights: dict[str, float]) -> None:
     config, args = _config_and_args(_with(weights=weights))
     _check_like_the_picker(config, args)
@@ -91,10 +92,10 @@ def test_the_schema_refuses_what_the_picker_refuses() -> None:
 
 
 def test_only_an_alpha_plugin_turns_on_experimental_plugins() -> None:
-    assert REGISTRY["plugins"]["session-affinity-scorer"] == "Alpha"  # the default weights use it
-    _, args = _config_and_args(SPEC)
+    assert REGISTRY["plugins"]["session-affinity-scorer"] == "Alpha"
+    _, args = _config_and_args(_with(weights={"sessionAffinity": 1}))
     assert "--allow-experimental-plugins" in args
-    _, args = _config_and_args(_with(weights={"sessionAffinity": 0}))
+    _, args = _config_and_args(SPEC)
     assert "--allow-experimental-plugins" not in args
     for plugin, stability in endpoint_picker.STABILITY.items():  # the module's table is the tag's
         assert REGISTRY["plugins"][plugin] == stability
@@ -116,12 +117,11 @@ def test_suffix_affinity_scores_the_verifiers_gauge() -> None:
     assert weights["suffix-affinity-scorer"] == 2.0
 
 
-def test_leader_election_and_llm_ds_resources_above_one_replica() -> None:
+def test_leader_election_above_one_replica() -> None:
     one = _router(SPEC)
     two = _router(_with(endpointPickerReplicas=2))
     container = one[("Deployment", "demo-epp")]["spec"]["template"]["spec"]["containers"][0]
     assert "--ha-enable-leader-election" not in container["args"]
-    assert container["resources"] == {"requests": {"cpu": "8", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
     # a standby must stay live (not restarted) while only the leader is ready (health.go)
     assert container["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
     assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
@@ -138,8 +138,8 @@ def test_its_flags_exist_at_the_tag() -> None:
     """Every flag the operator passes is one v0.10.0 defines (pkg/epp/server/options.go, AddFlags)."""
     defined = {"--pool-name", "--pool-namespace", "--pool-group", "--grpc-port", "--grpc-health-port",
                "--metrics-port", "--metrics-endpoint-auth", "--config-file", "--ha-enable-leader-election",
-               "--allow-experimental-plugins"}
-    _, args = _config_and_args(_with(endpointPickerReplicas=3, weights={"suffixAffinity": 1}))
+               "--allow-experimental-plugins", "--tracing", "--enable-pprof"}
+    _, args = _config_and_args(_with(endpointPickerReplicas=3, weights={"suffixAffinity": 1, "sessionAffinity": 1}))
     assert {a.split("=")[0] for a in args if a.startswith("--")} <= defined
     assert ENDPOINT_PICKER_IMAGE.endswith(":" + REGISTRY["tag"])  # the schema's tag is the one pinned
 
@@ -167,3 +167,110 @@ def test_on_gke_the_pool_gets_llm_ds_policies_and_the_route_no_timeout() -> None
     plain = _router(SPEC)
     assert not {kind for kind, _ in plain} & {"GCPBackendPolicy", "HealthCheckPolicy"}
     assert plain[("HTTPRoute", "demo-router")]["spec"]["rules"][0]["timeouts"] == {"request": "0s"}
+
+
+def _picker_pod(spec: dict[str, Any]) -> dict[str, Any]:
+    return _router(spec)[("Deployment", "demo-epp")]["spec"]["template"]["spec"]
+
+
+def _cpu_cores(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+# An 8-vCPU node's allocatable CPU after the kubelet's reserve (GKE's table: 6% of the first core,
+# 1% of the next, 0.5% of the next two, 0.25% above: 7.91 cores), less what DaemonSets take there
+# (logging, metrics, CNI, CSI: about a core on GKE and EKS).
+EIGHT_VCPU_ROOM_CORES = 7.91 - 1.0
+
+
+def test_the_picker_fits_an_8_vcpu_node_and_can_be_placed() -> None:
+    """llm-d's 8 CPU request is more than an 8-vCPU node has allocatable: the picker stayed
+    Pending on common nodes. The default fits one, keeping llm-d's other choices (CPU unlimited for
+    bursts, memory capped at 16 GiB); ``endpointPickerResources``, ``endpointPickerNodeSelector``
+    and ``endpointPickerTolerations`` place it as ``router.epp.resources``/``tolerations`` do in
+    llm-d's chart."""
+    llm_d = CHART["deployment"]["resources"]
+    assert _cpu_cores(llm_d["requests"]["cpu"]) > EIGHT_VCPU_ROOM_CORES  # why the default differs
+    default = _picker_pod(SPEC)
+    resources = default["containers"][0]["resources"]
+    assert _cpu_cores(resources["requests"]["cpu"]) <= EIGHT_VCPU_ROOM_CORES / 2
+    assert "cpu" not in resources["limits"] and resources["limits"] == llm_d["limits"]
+    assert "nodeSelector" not in default and "tolerations" not in default
+    own = {"requests": {"cpu": "500m", "memory": "1Gi"}}
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}
+    placed = _picker_pod(_with(endpointPickerResources=own, endpointPickerNodeSelector={"pool": "infra"},
+                               endpointPickerTolerations=[toleration]))
+    assert placed["containers"][0]["resources"] == own
+    assert placed["nodeSelector"] == {"pool": "infra"} and placed["tolerations"] == [toleration]
+
+
+def test_the_picker_rolls_by_recreate_as_llm_ds() -> None:
+    """Only the leader is ready (health.go), so a RollingUpdate (maxUnavailable 0 for 2-3 replicas)
+    waits for new pods that never become ready while the old leader lives: a weight change never
+    applied. llm-d's chart recreates instead."""
+    for replicas in (1, 3):
+        deployment = _router(_with(endpointPickerReplicas=replicas))[("Deployment", "demo-epp")]
+        assert deployment["spec"]["strategy"] == CHART["deployment"]["strategy"]
+
+
+def test_the_picker_outlives_its_drain() -> None:
+    """On SIGTERM the picker serves ext_proc for its 30 s drain, then waits for the streams in flight
+    (runWithGracefulShutdown); Kubernetes' default 30 s grace killed it as the drain ended, cutting
+    them. Its grace is llm-d's 130 s at least, and covers the drain plus a verifier's own grace."""
+    assert endpoint_picker.DRAIN_TIMEOUT_S == CHART["picker_defaults"]["drain-timeout-s"]
+    pod = _picker_pod(SPEC)
+    assert pod["terminationGracePeriodSeconds"] >= CHART["deployment"]["terminationGracePeriodSeconds"]
+    assert pod["terminationGracePeriodSeconds"] >= 30 + 120  # the verifier's default grace
+    spec = copy.deepcopy(SPEC)
+    spec["verifier"]["terminationGracePeriodSeconds"] = 600
+    assert _picker_pod(spec)["terminationGracePeriodSeconds"] == 630
+
+
+def test_a_picker_down_fails_open_as_llm_ds() -> None:
+    """GIE's API defaults to FailClose (inferencepool_types.go: "drop the request"), so with one
+    picker every restart, Recreate roll or node drain failed every request. Every CoSine verifier
+    serves the same model, so a gateway's own pick loses only cache affinity: FailOpen, as llm-d's
+    chart defaults; FailClose stays a choice."""
+    pool = _router(SPEC)[("InferencePool", "demo-router")]["spec"]
+    assert pool["endpointPickerRef"]["failureMode"] == CHART["inferencePool"]["endpointPickerRef"]["failureMode"]
+    closed = _router(_with(failureMode="FailClose"))[("InferencePool", "demo-router")]["spec"]
+    assert closed["endpointPickerRef"]["failureMode"] == "FailClose"
+
+
+def test_on_istio_the_picker_is_reached_over_tls() -> None:
+    """The picker serves TLS on 9002 with a self-signed certificate (SecureServing defaults to
+    true); Istio's gateway neither originates TLS to it nor trusts that certificate by itself, so
+    with no DestinationRule every call failed. ``provider: istio`` writes the rule GIE v1.0.0
+    ships and llm-d's istio.yaml writes, on the picker's Service (its short name, resolved in the
+    rule's namespace)."""
+    assert CHART["picker_defaults"]["secure-serving"] is True
+    objs = _router(_with(provider="istio"))
+    rule = objs[("DestinationRule", "demo-epp")]
+    assert rule["apiVersion"] == "networking.istio.io/v1" and rule["metadata"]["namespace"] == "ns"
+    assert rule["spec"]["host"] == objs[("Service", "demo-epp")]["metadata"]["name"]
+    assert rule["spec"]["trafficPolicy"] == CHART["istioDestinationRule"]["spec"]["trafficPolicy"]
+    for provider in ("none", "gke"):
+        assert "DestinationRule" not in {kind for kind, _ in _router(_with(provider=provider))}
+
+
+def test_debug_surfaces_are_off() -> None:
+    """Tracing defaults to on in the picker (options.go) and, with no OTLP endpoint, prints spans
+    to its log: llm-d's chart passes ``--tracing=false``. pprof defaults to on, on the metrics
+    port that runs without token review here: ``--enable-pprof=false``."""
+    assert CHART["picker_defaults"]["tracing"] and CHART["picker_defaults"]["enable-pprof"]
+    _, args = _config_and_args(SPEC)
+    assert set(CHART["deployment"]["args"]) <= set(args)
+    assert "--enable-pprof=false" in args
+    assert not {"--tracing=true", "--enable-pprof=true", "--tracing", "--enable-pprof"} & set(args)
+
+
+def test_session_affinity_is_opt_in() -> None:
+    """Its scorer is alpha (turning on experimental plugins), and it works only for clients that
+    echo the x-session-token header it sets, base64 of namespace/pod (it names the pods); OpenAI's
+    SDKs never do. Off by default; a weight turns it on."""
+    config, args = _config_and_args(SPEC)
+    assert "session-affinity-scorer" not in {p["type"] for p in config["plugins"]}
+    assert "--allow-experimental-plugins" not in args
+    config, args = _config_and_args(_with(weights={"sessionAffinity": 1}))
+    assert "session-affinity-scorer" in {p["type"] for p in config["plugins"]}
+    _check_like_the_picker(config, args)

@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import RESYNC_S
+from conftest import RESYNC_S, RUNTIME_REPOSITORY
+from cosine_spec.pods import RUNTIME_TAG
 from fake_metrics import Counters, serve
 from k8s_emulator import (
     CLUSTERS,
@@ -126,6 +127,10 @@ def test_create_children_owner_references_and_status(operator: Any, kube: Kube) 
         assert [r["uid"] for r in obj["metadata"]["ownerReferences"]] == [uid], name
     args = verifier["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "code=dns:///alpha-drafter-code.default.svc:50052" in args
+    # spec.image unset: the operator's default repository (the chart's runtimeImage), the release's tag
+    for name in ("alpha-verifier", "alpha-drafter-code"):
+        image = kube.get(DEPLOYMENTS, NS, name)["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == f"{RUNTIME_REPOSITORY}:{RUNTIME_TAG}", name
     # the operator's own pods (namespace and labels from its environment) may scrape the metrics ports
     operator_peer = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "cosine-system"}},
@@ -144,6 +149,19 @@ def test_create_children_owner_references_and_status(operator: Any, kube: Kube) 
     assert status["drafters"]["ready"] == "2/2"
     assert status["gatewayUrl"] == "http://alpha-gateway.default.svc:8000"
     assert status["observedGeneration"] == 1
+
+
+def test_an_engine_arg_cosine_sets_is_refused_where_no_webhook_runs(operator: Any, kube: Kube, caplog: Any) -> None:
+    """A plain-manifest install has no admission webhook: the reconcile runs its engine-argument
+    check, fails permanently naming the entry, and creates nothing. Catches: `--max_model_len=4096`
+    (vLLM reads it as `--max-model-len`, last value wins) reaching the verifier's argv unchecked."""
+    verifier = {"model": "qwen2.5-coder-1.5b-instruct", "engineArgs": ["--max_model_len=4096"]}
+    kube.create(CLUSTERS, NS, cluster_body("eta", verifier=verifier))
+    failed = wait_for(lambda: [r.getMessage() for r in caplog.records if "failed permanently" in r.getMessage()],
+                      what="the reconcile's permanent failure")
+    assert "spec.verifier.engineArgs[0]: --max-model-len is set by CoSine" in failed[0], failed
+    assert "spec.verifier.maxModelLen" in failed[0]
+    assert kube.get(DEPLOYMENTS, NS, "eta-verifier") is None and kube.get(CONFIGMAPS, NS, "eta-config") is None
 
 
 def test_scale_pool_change_model_and_remove_pool(operator: Any, kube: Kube) -> None:
@@ -588,11 +606,12 @@ def test_a_spot_pool_without_spot_capacity_gets_an_on_demand_sibling_and_returns
                                            spot={"provider": "gke", "pendingTimeoutSeconds": 1}))
     spot = wait_for(lambda: kube.get(DEPLOYMENTS, NS, "kappa-drafter-code"), what="spot Deployment")
     # the dashboards' per-pool-dollar panel reads the price the spec gives a spot replica
-    price = 'cosine_drafter_pool_price_usd_per_hour{cluster="kappa",namespace="default",pool="code"} 0.25'
+    # (labelled cosine_cluster and cosine_namespace: a scrape's `namespace` is the operator pod's)
+    price = 'cosine_drafter_pool_price_usd_per_hour{cosine_cluster="kappa",cosine_namespace="default",pool="code"} 0.25'
     wait_for(lambda: price in httpx.get(f"http://127.0.0.1:{operator_metrics_port}/metrics").text,
              what="the pool's spot price exported")
     # CoSineVerifierDown's clusters: each one the operator reconciles
-    info = 'cosine_operator_cluster_info{cluster="kappa",namespace="default"} 1.0'
+    info = 'cosine_operator_cluster_info{cosine_cluster="kappa",cosine_namespace="default"} 1.0'
     assert info in httpx.get(f"http://127.0.0.1:{operator_metrics_port}/metrics").text
     assert spot["spec"]["template"]["metadata"]["labels"]["cosine.dev/capacity"] == "spot"
     assert spot["spec"]["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-spot"] == "true"

@@ -210,7 +210,7 @@ def test_runtime_image_serves_health_and_a_completion(engine: str, tmp_path: Pat
     flags, env = pod_filesystem(cluster["spec"], tmp_path / "pod")  # as in the verifier's pod: root read-only
     _run(engine, image, name,
          ["serve", "--cluster", "/etc/cosine/cluster.yaml", "--host", "127.0.0.1", "--port", str(port),
-          "--metrics-port", "0", "--placement", "shared"],
+          "--metrics-port", "0", "--pools-metrics-port", "0", "--placement", "shared"],
          env={**env, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"},
          volumes=[f"{models}:/models/models:ro", f"{tmp_path}:/etc/cosine:ro"], flags=flags)
     base = f"http://127.0.0.1:{port}"

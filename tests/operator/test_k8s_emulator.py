@@ -96,3 +96,49 @@ def test_a_claims_spec_is_immutable_but_for_growing_its_storage(kube: Kube, chan
         kube.patch(PVCS, NS, name, {"spec": change})
     else:
         _refused(kube, PVCS, name, {"spec": change}, "spec")
+
+
+def test_a_deployment_turned_recreate_drops_the_rolling_update_the_server_defaulted(emulator: Any,
+                                                                                    kube: Kube) -> None:
+    """The endpoint picker's Deployment as operators before this one applied it (``RollingUpdate``,
+    its surge defaulted by the server and owned by no manager), then as this one does
+    (``Recreate``): a plain apply is refused, as on a real server (kubernetes#24198), and
+    ``kube.apply`` drops the default and applies. Catches an upgrade whose every pass fails on the
+    picker."""
+    import asyncio
+    import os
+
+    from cosine_operator import kube as k
+    from cosine_operator.builders.router import build_router
+
+    spec = {"verifier": {"model": "qwen2.5-coder-1.5b-instruct"}, "drafterPools": [{"name": "lookup", "kind": "ngram"}],
+            "router": {"enabled": True, "gatewayName": "gw"}}
+    new = next(o for o in build_router("turn", NS, parse_cluster_spec(spec)) if o["kind"] == "Deployment")
+    assert new["spec"]["strategy"] == {"type": "Recreate"}
+    old = copy.deepcopy(new)
+    old["spec"]["strategy"] = {"type": "RollingUpdate"}
+    assert _apply(kube, DEPLOYMENTS, old).status_code == 200
+    defaulted = kube.get(DEPLOYMENTS, NS, "turn-epp")
+    assert defaulted is not None
+    assert defaulted["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": "25%", "maxUnavailable": "25%"}
+    refused = _apply(kube, DEPLOYMENTS, new)
+    assert refused.status_code == 422 and "rollingUpdate" in refused.text, refused.text
+
+    async def apply() -> dict[str, Any]:
+        api = await k.connect()
+        try:
+            return await k.apply(api, new)
+        finally:
+            await api.close()
+
+    saved = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(emulator.kubeconfig)
+    try:
+        applied = asyncio.run(apply())
+    finally:
+        if saved is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = saved
+    assert applied["spec"]["strategy"] == {"type": "Recreate"}
+    assert _apply(kube, DEPLOYMENTS, new).status_code == 200  # and stays applied

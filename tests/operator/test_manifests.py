@@ -76,7 +76,7 @@ def test_examples_validate_against_the_crd_and_the_webhook(path: Path) -> None:
 K8S_VERSION = "1.30.0"  # the oldest minor GKE and EKS still run in standard support
 # Kinds of other projects' APIs, validated on the real CRD server under their schemas
 # (data/external-crds, test_crds_real, test_operator_real), not by kubernetes-validate (core types only)
-EXTERNAL_KINDS = {POOL_KIND, "InferencePool", "HTTPRoute", "GCPBackendPolicy", "HealthCheckPolicy"}
+EXTERNAL_KINDS = {POOL_KIND, "InferencePool", "HTTPRoute", "GCPBackendPolicy", "HealthCheckPolicy", "DestinationRule"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -315,7 +315,7 @@ INFERENCEPOOLS = "inference.networking.k8s.io/v1/inferencepools"
 HTTPROUTES = "gateway.networking.k8s.io/v1/httproutes"
 LEADERWORKERSETS = "leaderworkerset.x-k8s.io/v1/leaderworkersets"
 ROUTER_ON = {"enabled": True, "gatewayName": "inference-gateway", "gatewayNamespace": "gateways",
-             "weights": {"prefixCache": 4, "sessionAffinity": 0}}
+             "weights": {"prefixCache": 4}}
 
 
 def test_router_children_are_created_valid_owned_and_removed(real_operator: Any, kube: Kube,
@@ -337,7 +337,7 @@ def test_router_children_are_created_valid_owned_and_removed(real_operator: Any,
     assert any(path.startswith("/apis/inference.networking.k8s.io/") for _, path in router.requests)
     pool = kube.get(INFERENCEPOOLS, NS, "iota-router")["spec"]
     assert pool["endpointPickerRef"] == {"group": "", "kind": "Service", "name": "iota-epp",
-                                         "port": {"number": 9002}, "failureMode": "FailClose"}
+                                         "port": {"number": 9002}, "failureMode": "FailOpen"}
     assert pool["selector"]["matchLabels"]["app.kubernetes.io/component"] == "verifier"
     route = kube.get(HTTPROUTES, NS, "iota-router")["spec"]
     assert route["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway",

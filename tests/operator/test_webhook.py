@@ -218,3 +218,17 @@ def test_rollout_surge_and_a_verbatim_strategy_are_one_or_the_other() -> None:
                      "strategy": {"type": "Recreate"}},
         "drafterPools": [{"name": "ngram", "kind": "ngram"}]})
     assert problem.startswith("spec.verifier.rollout.maxSurge and spec.verifier.strategy: set one")
+
+
+@pytest.mark.parametrize(("arg", "flag"), [("--speculative_config", "--speculative-config"),
+                                           ("--async_scheduling", "--async-scheduling"),
+                                           ("--scheduler_cls=x.Y", "--scheduler-cls"),
+                                           ("--max_model_len=4096", "--max-model-len")])
+def test_an_engine_arg_cosine_sets_is_refused_in_vllms_other_spellings(arg: str, flag: str) -> None:
+    """Catches: the webhook comparing dash spellings only, so that underscores or `--flag=value`
+    (vLLM reads both, and takes the last value) replaced CoSine's speculative config, scheduler
+    or lengths."""
+    body = {"verifier": {"model": "qwen2.5-coder-1.5b-instruct", "engineArgs": ["--enforce-eager", arg]},
+            "drafterPools": [{"name": "ngram", "kind": "ngram"}]}
+    (problem,) = validate_cluster("demo", body)
+    assert problem.startswith(f"spec.verifier.engineArgs[1]: {flag} is set by CoSine (vLLM reads {arg!r}"), problem

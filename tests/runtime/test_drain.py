@@ -61,7 +61,7 @@ def test_sigterm_finishes_the_requests_in_flight_and_refuses_new_ones(tmp_path):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = _start([sys.executable, "-m", "cosine", "serve", "--cluster", str(manifest), "--port", str(port),
-                   "--metrics-port", "0", "--placement", "lookup"], base, {})
+                   "--metrics-port", "0", "--pools-metrics-port", "0", "--placement", "lookup"], base, {})
     try:
         # vLLM's drain time comes from the grace period (60 s - 10 s preStop - 5 s): not a fixed 5 s
         verifier = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "vllm"], capture_output=True, text=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import yaml
 from cosine_spec import metrics_scrape
 from cosine_spec.metrics_scrape import Scrape
@@ -54,3 +55,76 @@ def test_a_scrape_that_raises_does_not_end_embedded_autoscaling(tmp_path, monkey
         stop.set()
         thread.join(10)
     assert not thread.is_alive()
+
+
+def _replicas(url: str) -> dict[str, float] | None:
+    """pool -> `cosine_embedded_pool_replicas` at `url`; None while nothing answers there."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url, timeout=2).text
+    except httpx.HTTPError:
+        return None
+    return {s.labels["pool"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "cosine_embedded_pool_replicas"}
+
+
+def _serve_and_see(path, url: str, expected: dict[str, float], *flags: str) -> None:  # noqa: ANN001
+    """Start `cosine serve --cluster path flags`, wait for its pools' replicas at `url` to be
+    `expected` (within a minute: before the verifier's model has loaded), stop it and everything
+    it started."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from cosine.processes import free_port
+    from tests.runtime.test_processes import assert_all_gone, descendants
+
+    proc = subprocess.Popen([sys.executable, "-m", "cosine", "serve", "--cluster", str(path), "--port",
+                             str(free_port()), "--metrics-port", "0", *flags], start_new_session=True)
+    below = []
+    try:
+        deadline = time.monotonic() + 60
+        while (seen := _replicas(url)) != expected:
+            assert proc.poll() is None, "cosine serve exited"
+            assert time.monotonic() < deadline, (url, seen)
+            time.sleep(0.2)
+        below = descendants(proc.pid)
+    finally:  # SIGTERM, then SIGKILL: a verifier already loading can take long to drain
+        below += [p for p in descendants(proc.pid) if p not in below]
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its reaper takes the verifier's group with it
+            proc.wait()
+        assert_all_gone(below, 30)
+
+
+def test_cosine_serve_shows_each_pools_replicas_by_default(tmp_path):
+    """Catches: `cosine serve` keeping the embedded cluster's own series to itself unless asked
+    (`--pools-metrics-port` was 0, off, by default), so a fixed pool's replicas were in no scrape
+    and the dashboards' replicas panel stayed empty; and `--placement lookup`, which runs no
+    replica, serving nothing on that port where its pools are at zero. Real `cosine serve`
+    processes with a fixed ngram pool of two replicas, read before the verifier has loaded."""
+    import socket
+
+    from cosine_spec.contract import EMBEDDED_METRICS_PORT
+
+    from cosine.processes import free_port
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": "fixed"},
+        "spec": {"verifier": {"model": "smollm2-135m-instruct", "threads": 1},
+                 "drafterPools": [{"name": "ngram", "kind": "ngram", "replicas": 2}],
+                 "autoscaling": {"enabled": False}}}))
+    port = free_port()
+    _serve_and_see(path, f"http://127.0.0.1:{port}/metrics", {"ngram": 0}, "--placement", "lookup",
+                   "--pools-metrics-port", str(port))
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", EMBEDDED_METRICS_PORT)) == 0:
+            pytest.skip(f"port {EMBEDDED_METRICS_PORT} is taken on this machine")
+    _serve_and_see(path, f"http://127.0.0.1:{EMBEDDED_METRICS_PORT}/metrics", {"ngram": 2}, "--placement", "split")

@@ -189,7 +189,7 @@ def test_a_dead_replica_costs_one_call_never_the_request(replicas):
 def test_two_verifiers_share_a_replica_and_a_gone_verifier_is_evicted():
     clock = Clock()
     engine = RuleEngine()
-    servicer = DrafterServicer(engine, pool="code", verifier_timeout_s=60.0, clock=clock)
+    servicer = DrafterServicer(engine, pool="code", verifier_timeout_s=60.0, context_idle_s=1000.0, clock=clock)
     server = serve(servicer, port=0)
     address = [f"127.0.0.1:{server.bound_port}"]
     a = ReplicaPool("code", address, verifier_id="verifier-a")
@@ -232,3 +232,38 @@ def test_a_drain_does_not_wait_for_verifiers_that_are_gone(replicas):
     started = time.monotonic()
     assert drain(replicas.servers[0], replicas.servicers[0], timeout_s=30, quiet_s=0.5) == 1
     assert time.monotonic() - started < 5
+
+
+def test_a_draining_pool_of_one_replica_gets_no_new_request_and_drains_at_once():
+    """Catches: a single-replica pool whose replica drains (SIGTERM: a scale-down, a rollout, a
+    spot notice) still given new requests (the fallback when no replica is healthy), so that it
+    never empties and its drain runs to the pod's deadline while the verifier keeps calling."""
+    import threading
+
+    from cosine.transport.drafter_service import drain
+
+    replicas = Replicas(1)
+    pool = ReplicaPool("code", replicas.addresses)
+    try:
+        pool.propose("old", [1, 2, 3], 2)
+        left: list[int] = []
+        started = time.monotonic()
+        drainer = threading.Thread(target=lambda: left.append(drain(replicas.servers[0], replicas.servicers[0], 20)))
+        drainer.start()
+        _until(lambda: pool._replicas[replicas.addresses[0]].draining, "the pool never saw the replica drain")
+        assert pool.propose("old", [1, 2, 3, 4], 2).token_ids == (5, 6)  # what it holds is served to the end
+        refused = 0
+        for i in range(10):  # a live verifier's new requests meanwhile
+            try:
+                pool.propose(f"new{i}", [7, 8], 2)
+            except RuntimeError as e:
+                assert "draining" in str(e), repr(e)
+                refused += 1
+            time.sleep(0.05)
+        assert refused == 10 and replicas.servicers[0].num_contexts() == 1
+        pool.release("old")  # the request finished: the replica holds nothing now
+        drainer.join(20)
+        assert left == [0] and time.monotonic() - started < 5  # not the 20 s deadline
+    finally:
+        pool.close()
+        replicas.close()

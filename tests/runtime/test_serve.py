@@ -288,7 +288,7 @@ class TestFixedCluster:
         `tests/operator/prometheus_tools.py`), scrape this cluster's verifier (vLLM's `vllm:`
         series and the proposer's `cosine_`), its pool replicas and `cosine serve`'s own series
         while requests run, each target twice: as CoSineClusters "a" and "b" of namespace "prod",
-        with the labels the chart's PodMonitor relabels on (`cluster`, `component`, its job), and
+        with the labels the chart's PodMonitor relabels on (`cosine_cluster`, `component`, its job), and
         with the chart's rules loaded. On both servers, every query of the speculation dashboard
         (`tools/dashboards.py`, its variables set to match all) returns a value for each of the two
         clusters, and so does every recorded series and every series an alert on the runtime's
@@ -326,7 +326,8 @@ class TestFixedCluster:
         scrape_configs = [
             {"job_name": f"{job}-{c}", "static_configs": [{"targets": targets}],
              "relabel_configs": [{"target_label": k, "replacement": v} for k, v in
-                                 (("job", label), ("namespace", "prod"), ("cluster", c), ("component", component))]}
+                                 (("job", label), ("namespace", "prod"), ("cosine_cluster", c),
+                                  ("component", component))]}
             for job, (targets, component, label) in jobs.items() for c in clusters]
         groups = chart_rules("operator", workloads)
         (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
@@ -371,12 +372,15 @@ class TestFixedCluster:
                     series = result["data"]["result"]
                     answers[f"{version} {title}: {q[:70]}"] = [(s["metric"], s["value"][1]) for s in series]
                     # a series of NaN (0/0: nothing counted in the window) draws nothing either
-                    drawn = {s["metric"].get("cluster") for s in series if s["value"][1] not in ("NaN", "+Inf", "-Inf")}
+                    drawn = {s["metric"].get("cosine_cluster") for s in series
+                             if s["value"][1] not in ("NaN", "+Inf", "-Inf")}
                     if drawn != set(clusters):
                         empty.append((version, title, q, series))
             print("\n" + json.dumps(answers, indent=1))
             assert not empty, empty
             exprs = "\n".join(r["expr"] for g in groups for r in g["rules"])
+            # series names only: not the labels of matchers, groupings and label_replace's strings
+            exprs = re.sub(r'\{[^}]*\}|\b(?:by|on|without|ignoring)\s*\([^)]*\)|"[^"]*"', "", exprs)
             named = set(re.findall(r"(?<![:\w])(vllm:[a-z_]+|cosine_(?!operator_)[a-z_]+)\b", exprs))
             for version, api, _ in servers:  # every raw series a rule names, by the name the rule spells
                 names = set(httpx.get(f"{api}/label/__name__/values").json()["data"])

@@ -209,3 +209,114 @@ def test_soak_two_pools_rerouted_leave_no_contexts():
         for srv, s in zip(servers, servicers, strict=True):
             srv.stop(None)
             s.close()
+
+
+def test_a_context_nobody_releases_is_swept_once_idle_and_one_in_flight_never():
+    """Catches: a finished request's context kept for good when its `Release` was lost (a 1 s
+    deadline, a verifier restarted or killed), until least-recently-used eviction past
+    `max_requests`; or a sweep freeing a context whose draft call is still running."""
+    clock = Clock()
+    engine = RuleEngine()
+    servicer = DrafterServicer(engine, pool="code", context_idle_s=10.0, sweep_every_s=0.02, clock=clock)
+    server = serve(servicer, port=0)
+    remote = RemoteDrafter(f"127.0.0.1:{server.bound_port}", "code")
+    try:
+        remote.propose("done", [1, 2, 3], 2)  # finished at t=0; its Release never arrives
+        clock.now = 6.0
+        remote.propose("live", [4, 5], 2)  # still drafting at t=6
+        clock.now = 10.5
+        _until(lambda: "done" not in servicer._contexts, "an idle context was never swept")
+        assert list(servicer._contexts) == ["live"] and engine.held == {"live"}  # the engine's state freed too
+        engine.hang_s = 0.5  # a draft call that runs through what would be its idle time
+        call = threading.Thread(target=remote.propose, args=("live", [4, 5, 6], 2))
+        call.start()
+        time.sleep(0.1)
+        clock.now = 100.0
+        time.sleep(0.2)  # sweeps run meanwhile
+        assert "live" in servicer._contexts
+        call.join(5)
+        engine.hang_s = 0.0
+        clock.now = 105.0  # idle from its answer on: kept until 110
+        time.sleep(0.1)
+        assert "live" in servicer._contexts
+        clock.now = 110.5
+        _until(lambda: servicer.num_contexts() == 0, "the context was not swept after its call")
+        assert remote.propose("live", [4, 5, 6, 7], 2).token_ids == (8, 9)  # a live one swept: resent whole
+    finally:
+        remote.close()
+        server.stop(None)
+        servicer.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _until(pred, what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+CLIENT = """
+import sys, time
+from cosine.transport.replica_pool import ReplicaPool
+pool = ReplicaPool("lookup", [sys.argv[1]], verifier_id="verifier-0")
+ctx = [1, 2, 3, 1, 2]
+while True:  # one request's verification steps, until the process is killed
+    pool.propose("request-0", ctx, 2)
+    ctx.append(ctx[-1])
+    print("step", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_a_killed_verifier_leaves_no_context_on_a_real_drafter_past_seconds(tmp_path):
+    """Real processes: a `cosine drafter` (an n-gram pool: no model to load) and a verifier's
+    pool client in its own process, SIGKILLed mid-request (no `Release` is ever sent). Catches: the
+    drafter keeping the context (its `cosine_drafter_contexts` gauge at 1) until its verifier
+    timeout (120 s), evaluated only when some verifier calls again."""
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+    import yaml
+
+    from cosine.embedded import start_replica, stop_children, wait_healthy
+    from cosine.manifest import load_manifest
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster",
+                                    "metadata": {"name": "t"}, "spec": {"verifier": {"model": "m"},
+                                    "drafterPools": [{"name": "lookup", "kind": "ngram"}]}}))
+    manifest = load_manifest(path)
+    drafter = start_replica(manifest, manifest.spec.pool("lookup"), "lookup-0")
+    client = None
+    try:
+        wait_healthy([drafter], timeout_s=120)
+
+        def contexts() -> float:
+            text = httpx.get(f"http://127.0.0.1:{drafter.metrics_port}/metrics", timeout=5).text
+            return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                        if line.startswith("cosine_drafter_contexts{"))
+
+        client = subprocess.Popen([sys.executable, "-c", CLIENT, f"127.0.0.1:{drafter.grpc_port}"],
+                                  stdout=subprocess.PIPE, text=True)
+        for _ in range(3):
+            assert client.stdout.readline().strip() == "step"  # drafting: the context is held
+        assert contexts() == 1
+        client.send_signal(signal.SIGKILL)
+        client.wait()
+        killed_s = time.monotonic()
+        _until(lambda: contexts() == 0, "the drafter still holds the killed verifier's context", timeout_s=20)
+        assert time.monotonic() - killed_s < 15  # context_idle_s (10 s) and a sweep
+    finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+        stop_children([drafter])

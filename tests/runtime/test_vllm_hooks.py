@@ -115,3 +115,30 @@ def test_cpu_speculative_sampling_expands_per_request_parameters():
     top_k = expand_batch_to_tokens(torch.tensor([5, 50, 0], dtype=torch.int32), cu, 6)
     assert top_k.dtype == torch.int32 and top_k.tolist() == [5, 5, 50, 0, 0, 0]
     assert vllm_hooks.ensure_lossless_cpu_sampling() is False, "repaired once, then correct"
+
+
+def test_the_api_key_middleware_guards_every_route_but_the_probes(monkeypatch):
+    """`ApiKeyOnEveryRoute` as vLLM adds it (`app.add_middleware(cls)`, no arguments: the key from
+    VLLM_API_KEY), on an app with vLLM's route shapes. Catches: a route outside vLLM's
+    GUARDED_PREFIX (/invocations, /tokenize, /pooling) served without the key, a probe or a
+    scrape refused, a wrong key or scheme let in."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from vllm.entrypoints.serve.middleware.authenticate import GUARDED_PREFIX
+
+    monkeypatch.setenv("VLLM_API_KEY", "k")
+    app = FastAPI()
+    guarded = ["/invocations", "/tokenize", "/pooling", "/v1/chat/completions", "/inference/v1/generate"]
+    open_ = ["/health", "/ping", "/load", "/version", "/metrics", "/metrics/"]
+    for path in guarded + open_:
+        app.add_api_route(path, lambda: {"ok": True}, methods=["GET", "POST"])
+    app.add_middleware(vllm_hooks.ApiKeyOnEveryRoute)
+    client = TestClient(app)
+    assert not any(p.startswith(GUARDED_PREFIX) for p in ("/invocations", "/tokenize", "/pooling"))  # vLLM's gap
+    for path in guarded:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic k"}):
+            assert client.post(path, headers=headers).status_code == 401, (path, headers)
+        assert client.post(path, headers={"Authorization": "Bearer k"}).status_code == 200, path
+        assert client.options(path).status_code != 401  # CORS preflight, as in vLLM's middleware
+    for path in open_:
+        assert client.get(path).status_code == 200, path

@@ -86,3 +86,29 @@ def test_two_ranks_given_the_same_scheduler_output_choose_the_same_drafts() -> N
         drafts, chosen = choose(inner.clone(), tokens.clone(), total.clone(), torch.tensor([0, 1]), plan, ["a", "b"])
         results.append((drafts.tolist(), chosen.tolist()))
     assert results[0] == results[1] == ([[4, 5, 13], [21, 22, 23]], [True, False])
+
+
+def test_the_composer_wraps_the_speculator_and_reports_each_rows_source_with_the_next_step() -> None:
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    from cosine.vllm_mrv2 import Composer
+
+    tokens, total = _history([[1, 2, 3, 7], [4, 5, 6]])
+    inner = torch.tensor([[50, 51], [60, 61]])
+    speculator = SimpleNamespace(propose=lambda input_batch, *a, **kw: inner.clone())
+    runner = SimpleNamespace(speculator=speculator, req_states=SimpleNamespace(
+        all_token_ids=SimpleNamespace(gpu=tokens), total_len=SimpleNamespace(gpu=total)))
+    composer = Composer(runner)
+    batch = SimpleNamespace(req_ids=["a", "b"], idx_mapping=torch.tensor([0, 1]))
+    out = SchedulerOutput.make_empty()
+    composer.set_plan(out)  # no plan on the step: the inner drafts as they are
+    assert speculator.propose(batch).tolist() == [[50, 51], [60, 61]] and composer.take_sources() == {}
+    setattr(out, PLAN_ATTR, StepPlan(INNER, {"a": RowPlan(0.1, 3, (7, 8, 9), (0.9, 0.9, 0.9), "lookup"),
+                                             "b": RowPlan(0.9, 3, (1,), (0.9,), "pool")}))
+    composer.set_plan(out)
+    assert speculator.propose(batch).tolist() == [[8, 9], [60, 61]]
+    assert composer.take_sources() == {"a": "lookup", "b": INNER}
+    assert composer.take_sources() == {}  # reported once, with the step that verifies them
+    assert speculator.propose(batch, dummy_run=True).tolist() == [[50, 51], [60, 61]]  # warm-up: untouched

@@ -64,7 +64,7 @@ def test_real_pair_identical_to_vllm_target_only(tmp_path):
     port, metrics_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     proc = _start([sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port",
-                   str(metrics_port), "--placement", "split"], base, {})
+                   str(metrics_port), "--pools-metrics-port", "0", "--placement", "split"], base, {})
     try:
         assert _chat_all(base, model) == reference
         metrics = f"http://127.0.0.1:{metrics_port}/metrics"

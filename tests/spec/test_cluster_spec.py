@@ -180,8 +180,11 @@ def test_network_policy_and_drafter_tls_parse() -> None:
          r"^spec\.verifier\.parallelism\.node: unknown field; did you mean 'nodes'\?"),
         ({"verifier": {"model": "m", "parallelism": {"nodes": "2"}}},
          r"^spec\.verifier\.parallelism\.nodes: expected an integer, got string"),
-        ({"verifier": {"model": "m", "speculator": {"method": "eagle"}}},
-         r"^spec\.verifier\.speculator\.method must be one of \['eagle3', 'mtp', 'draftModel'\]"),
+        ({"verifier": {"model": "m", "speculator": {"method": "medusa"}}},  # V1 runner only in vLLM 0.32
+         r"^spec\.verifier\.speculator\.method must be one of \['eagle3', 'eagle', 'mtp', 'draftModel', 'dflash', "
+         r"'dspark'\]"),
+        ({"verifier": {"model": "m", "speculator": {"method": "ngram_gpu"}}},  # prompt lookup is CoSine's own
+         r"^spec\.verifier\.speculator\.method must be one of"),
         ({"verifier": {"model": "m", "speculator": {"model": "h"}}},
          r"^spec\.verifier\.speculator\.method is required"),
         ({"verifier": {"model": "m", "speculator": {"method": "mtp", "models": "h"}}},
@@ -237,6 +240,34 @@ def test_engine_args_that_cosine_sets_itself_are_refused_naming_the_entry() -> N
     assert problems("--quantization", "fp8", "--kv-cache-dtype=fp8", "--served-model-name", "x") == []
     got = problems("--kv-cache-dtype", "fp8", "--speculative-config={}", "--dtype", "half")
     assert [p.split(":")[0] for p in got] == ["spec.verifier.engineArgs[2]", "spec.verifier.engineArgs[3]"]
+    assert problems("--enable_prefix_caching", "-q", "awq", "-O3", "--limit-mm-per-prompt.image=2", "-dp", "1",
+                    "--max-loras", "-1", "--model-impl=vllm", "--served_model_name=x", "--no-enable-log-requests") == []
+
+
+@pytest.mark.parametrize(("arg", "flag", "field"), [
+    # vLLM's parser reads each of these as the flag (tests/test_roles.py checks that with its own parser)
+    ("--speculative_config", "--speculative-config", "spec.speculation"),
+    ("--speculative-config.method", "--speculative-config", "spec.speculation"),
+    ("--speculative_config.num_speculative_tokens=5", "--speculative-config", "spec.speculation"),
+    ("-sc", "-sc", "spec.speculation"),
+    ("--async_scheduling", "--async-scheduling", "proposer"),
+    ("--no-async", "--no-async-scheduling", "proposer"),
+    ("--scheduler_cls=x.Y", "--scheduler-cls", "proposer"),
+    ("--max_model_len=4096", "--max-model-len", "spec.verifier.maxModelLen"),
+    ("--max-model", "--max-model-len", "spec.verifier.maxModelLen"),
+    ("--device_memory_utilization=0.5", "--device-memory-utilization", "spec.verifier.gpuMemoryUtilization"),
+    ("-tp=2", "-tp", "spec.verifier.parallelism.tensor"),
+    ("-n2", "-n", "spec.verifier.parallelism.nodes"),
+    ("--api_key=k", "--api-key", "spec.gateway.apiKeySecretRef"),
+    ("--config=extra.yaml", "--config", "a config file"),
+])
+def test_every_spelling_vllm_reads_of_a_flag_cosine_sets_is_refused(arg: str, flag: str, field: str) -> None:
+    """Catches: underscores, `--flag=value`, a JSON field (`--flag.key`), an abbreviation or an
+    alias slipping past a check of dash spellings only, so that vLLM (the last value wins) silently
+    replaced CoSine's speculative config, scheduler or lengths."""
+    spec = _cluster({"name": "p", "kind": "ngram"}, verifier={"model": "m", "engineArgs": ["--seed", "1", arg, "v"]})
+    (problem,) = engine_args_problems(spec.verifier)
+    assert problem.startswith(f"spec.verifier.engineArgs[2]: {flag} is set by CoSine") and field in problem, problem
     with pytest.raises(ValueError, match=r"^spec\.verifier\.engineArgs: expected a string, got integer 8"):
         _cluster({"name": "p", "kind": "ngram"}, verifier={"model": "m", "engineArgs": ["--x", 8]})
 

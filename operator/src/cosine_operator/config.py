@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cosine_spec.pods import ImageSpec
+
 
 @dataclass(frozen=True)
 class OperatorConfig:
@@ -27,6 +29,9 @@ class OperatorConfig:
     its record at once.
     ``resync_s``: how often each cluster's children are re-applied from its spec (drift repair: a
     deleted or hand-edited child returns within this period).
+    ``runtime_image``: the default image of every cluster's pods (the chart's ``runtimeImage``),
+    field by field under the cluster's own ``spec.image`` (:meth:`ImageSpec.under`); unset fields
+    fall through to the release's image.
     """
 
     webhook_port: int | None = None
@@ -39,6 +44,7 @@ class OperatorConfig:
     pod_labels: Mapping[str, str] = field(default_factory=dict)
     peering_lifetime_s: int | None = None
     resync_s: float = 30.0
+    runtime_image: ImageSpec = field(default_factory=ImageSpec)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> OperatorConfig:
@@ -57,6 +63,11 @@ class OperatorConfig:
             peering_lifetime_s=opt_int("COSINE_OPERATOR_PEERING_LIFETIME_S"),
             resync_s=float(env.get("COSINE_OPERATOR_RESYNC_S", cls.resync_s)),
             namespace=env.get("COSINE_OPERATOR_NAMESPACE", ""),
+            runtime_image=ImageSpec(
+                repository=env.get("COSINE_OPERATOR_RUNTIME_IMAGE_REPOSITORY") or None,
+                tag=env.get("COSINE_OPERATOR_RUNTIME_IMAGE_TAG") or None,
+                pull_policy=env.get("COSINE_OPERATOR_RUNTIME_IMAGE_PULL_POLICY") or None,
+            ),
             pod_labels={
                 k.strip(): v.strip()
                 for k, _, v in (item.partition("=") for item in env.get("COSINE_OPERATOR_POD_LABELS", "").split(","))

@@ -7,12 +7,17 @@ operator pins (:data:`cosine_spec.cluster_spec.ENDPOINT_PICKER_IMAGE`, llm-d/llm
   ``cmd/epp/runner/runner.go`` and each plugin's parameters from its factory;
 - its flags (``pkg/epp/server/options.go``): alpha plugins load only with
   ``--allow-experimental-plugins`` (``ValidatePluginStability``), several replicas need
-  ``--ha-enable-leader-election``;
+  ``--ha-enable-leader-election``; tracing (falling back to a console exporter: spans in its log)
+  and pprof default to on; ext_proc is TLS with a self-signed certificate (``SecureServing``);
+- its shutdown (``runWithGracefulShutdown`` in ``cmd/epp/runner/runner.go``): on SIGTERM it turns
+  NotServing and hands its lease over, keeps serving ext_proc for ``DefaultDrainTimeout`` (30 s),
+  then stops gracefully, waiting for the streams in flight;
 - its gRPC health services (``cmd/epp/runner/health.go``): ``liveness`` passes on every live
   replica, ``readiness`` only on the leader;
 - what llm-d's charts give it (``config/charts/routerlib``, ``config/charts/llm-d-router-gateway``):
-  the Role, the leader-election Role, 8 CPU / 8 GiB, and on GKE a ``GCPBackendPolicy``
-  (``timeoutSec: 300``) and a ``HealthCheckPolicy`` on the pool.
+  the Role, the leader-election Role, the ``Recreate`` strategy, a 130 s grace, ``--tracing=false``,
+  ``failureMode: FailOpen``, on GKE a ``GCPBackendPolicy`` (``timeoutSec: 300``) and a
+  ``HealthCheckPolicy`` on the pool, on Istio a ``DestinationRule`` (``istio.yaml``).
 
 Pure: a spec goes in, dicts come out; :func:`cosine_operator.builders.router.build_router` assembles them.
 """
@@ -57,13 +62,22 @@ _VLLM_SPECS = {
     "loraSpec": "vllm:lora_requests_info",
     "cacheInfoSpec": "vllm:cache_config_info",
 }
-# llm-d's chart (routerlib/values.yaml): "CPU limits unset for burst capacity, memory capped at 16Gi"
-RESOURCES = {"requests": {"cpu": "8", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
+# What a picker container asks when spec.router.endpointPickerResources is empty. llm-d's chart
+# (routerlib/values.yaml) requests 8 CPU and 8 GiB, more than an 8-vCPU node has allocatable (its
+# kubelet and system reserve come off the 8), so the picker stayed Pending there. 2 CPU and 4 GiB
+# fit beside the node's DaemonSets; as in llm-d's chart, "CPU limits unset for burst capacity,
+# memory capped at 16Gi".
+RESOURCES = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "16Gi"}}
+# The picker's drain window after SIGTERM (options.go, DefaultDrainTimeout), and llm-d's grace
+# (routerlib/_deployment.yaml: "should mirror the longest grace period of the pods within the pool")
+DRAIN_TIMEOUT_S = 30
+LLM_D_GRACE_S = 130
 # GKE's load-balancer health checkers (GKE's "Configure Gateway resources using Policies" and
 # Cloud Load Balancing's "Health checks overview": probes come from these ranges)
 GKE_HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
 GKE_POLICY_API_VERSION = "networking.gke.io/v1"
 GKE_BACKEND_TIMEOUT_S = 300  # llm-d-router-gateway's gke.yaml
+ISTIO_API_VERSION = "networking.istio.io/v1"  # GIE v1.0.0's destination-rule.yaml; Istio 1.22 and later
 
 
 def config(cluster: ClusterSpec) -> dict[str, Any]:
@@ -112,19 +126,32 @@ def needs_experimental(picker_config: dict[str, Any]) -> bool:
 def args(pool: str, namespace: str, replicas: int, picker_config: dict[str, Any]) -> list[str]:
     """The picker's command line: the pool it serves, its ports, its config file; leader election
     above one replica (only the leader is ready, so the gateway calls one); the alpha flag only
-    when the config needs it. ``/metrics`` without its token review (the picker's default):
-    the NetworkPolicy admits only ``spec.networkPolicy.metricsFrom`` and the operator, as on every
-    CoSine metrics port, and a TokenReview grant would need a cluster-scoped binding that a
-    namespaced child cannot own."""
+    when the config needs it. Tracing off, as llm-d's chart passes it (on, with no OTLP endpoint,
+    it prints spans to the log), and pprof off. ``/metrics`` without its token review (the
+    picker's default): the NetworkPolicy admits only ``spec.networkPolicy.metricsFrom`` and the
+    operator, as on every CoSine metrics port, and a TokenReview grant would need a cluster-scoped
+    binding that a namespaced child cannot own. The same port serves the plugin-state handler
+    (``/debug/plugins/state``), which v0.10.0 registers with no flag to turn it off
+    (``cmd/epp/runner/runner.go``), behind the same filter as ``/metrics``: that NetworkPolicy
+    is its only fence."""
     out = ["--pool-name", pool, "--pool-namespace", namespace, "--pool-group", "inference.networking.k8s.io",
            "--grpc-port", str(GRPC_PORT), "--grpc-health-port", str(HEALTH_PORT),
            "--metrics-port", str(METRICS_PORT), "--metrics-endpoint-auth=false",
+           "--tracing=false", "--enable-pprof=false",
            "--config-file", f"{CONFIG_DIR}/config.yaml"]
     if replicas > 1:
         out.append("--ha-enable-leader-election")
     if needs_experimental(picker_config):
         out.append("--allow-experimental-plugins")
     return out
+
+
+def grace_s(verifier_grace_s: int) -> int:
+    """The picker pod's ``terminationGracePeriodSeconds``: its drain window, then as long for the
+    streams still in flight as a verifier gives its own requests (``verifier_grace_s``), and never
+    less than llm-d's 130 s. Kubernetes' default, 30 s, killed it as its drain ended, cutting
+    every stream the gateway still held open through it."""
+    return max(LLM_D_GRACE_S, DRAIN_TIMEOUT_S + verifier_grace_s)
 
 
 def probes() -> dict[str, Any]:
@@ -181,3 +208,15 @@ def gke_policies(pool: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
                                          "httpHealthCheck": {"requestPath": "/health",
                                                              "port": VERIFIER_HTTP_PORT}}}}},
     ]
+
+
+
+def istio_destination_rule(service: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """The DestinationRule through which Istio's gateway reaches the picker: TLS, its self-signed
+    certificate unverified, as GIE v1.0.0 ships it (``config/manifests/gateway/istio/
+    destination-rule.yaml``) and llm-d-router-gateway's ``istio.yaml`` writes it. Istio 1.28's
+    gateway calls the picker in plaintext otherwise (``pilot/pkg/config/kube/gateway``), which the
+    picker's TLS listener refuses. ``host`` is the Service's short name, which Istio resolves in
+    the rule's namespace (the Service's), whatever the cluster's DNS domain."""
+    return {"apiVersion": ISTIO_API_VERSION, "kind": "DestinationRule", "metadata": meta,
+            "spec": {"host": service, "trafficPolicy": {"tls": {"mode": "SIMPLE", "insecureSkipVerify": True}}}}

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import logging
 import os
@@ -62,6 +63,7 @@ from cosine_spec.contract import (
 from cosine_spec.metrics_scrape import Rates, Scrape, ScrapeTarget, rates, scrape_pods, scrape_prometheus
 from cosine_spec.metrics_scrape import observations as observations_of
 from cosine_spec.scaling_loop import ScalingLoop
+from cosine_spec.verifier_spec import engine_args_problems
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from cosine_operator import kube, status
@@ -318,9 +320,16 @@ async def _reconcile(
     """One pass: every child applied (scale-free: see the module docstring), the status written once."""
     try:
         cluster = parse_cluster_spec(spec)
+        # the webhook's check, for installs without it: an engine argument CoSine sets itself
+        # would silently replace CoSine's (vLLM takes a flag's last value)
+        problems = engine_args_problems(cluster.verifier)
+        if problems:
+            raise ValueError("; ".join(problems))
     except ValueError as e:
         memo.metrics.reconciles.labels(event, "invalid").inc()
         raise kopf.PermanentError(f"invalid spec: {e}") from e
+    # spec.image's unset fields: the operator's default image (the chart's runtimeImage)
+    cluster = dataclasses.replace(cluster, image=cluster.image.under(memo.config.runtime_image))
     api = memo.api
     memo.metrics.cluster_info.labels(namespace, name).set(1)  # a cluster whose verifier must be up
     for pool in cluster.drafter_pools:  # the dashboards' accepted tokens per pool dollar

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cosine_spec import metric_names as names
+from cosine_spec.contract import METRIC_CLUSTER_LABEL as CLUSTER
+from cosine_spec.contract import METRIC_NAMESPACE_LABEL as NAMESPACE
 from cosine_spec.scaling_loop import STAGES
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
@@ -22,12 +24,14 @@ class OperatorMetrics:
 
     registry: CollectorRegistry
     reconciles: Counter  # labels: event (create/update/resume), outcome (ok/error)
-    scale_decisions: Counter  # labels: namespace, cluster, pool, direction (up/down)
+    # per-cluster series: cosine_namespace and cosine_cluster (contract.METRIC_*_LABEL), not namespace
+    # and cluster, which a scrape sets to the operator pod's own (and GKE's Managed Prometheus forbids)
+    scale_decisions: Counter  # labels: cosine_namespace, cosine_cluster, pool, direction (up/down)
     scrape_failures: Counter  # labels: role
-    desired_replicas: Gauge  # labels: namespace, cluster, pool
+    desired_replicas: Gauge  # labels: cosine_namespace, cosine_cluster, pool
     autoscaler_errors: Counter  # labels: stage (observe/actuate/report): passes that failed and went on
-    pool_price: Gauge  # cosine_drafter_pool_price_usd_per_hour{namespace, cluster, pool}: from the spec
-    cluster_info: Gauge  # labels: namespace, cluster; 1 per CoSineCluster reconciled (CoSineVerifierDown's clusters)
+    pool_price: Gauge  # cosine_drafter_pool_price_usd_per_hour{cosine_namespace, cosine_cluster, pool}: spec's
+    cluster_info: Gauge  # cosine_namespace, cosine_cluster; 1 per CoSineCluster reconciled (CoSineVerifierDown's)
 
     @classmethod
     def create(cls) -> OperatorMetrics:
@@ -44,7 +48,7 @@ class OperatorMetrics:
             scale_decisions=Counter(
                 "cosine_operator_scale_decisions",
                 "Drafter pool replica changes by the autoscaler.",
-                ["namespace", "cluster", "pool", "direction"],
+                [NAMESPACE, CLUSTER, "pool", "direction"],
                 registry=registry,
             ),
             scrape_failures=Counter(
@@ -56,7 +60,7 @@ class OperatorMetrics:
             desired_replicas=Gauge(
                 "cosine_operator_desired_replicas",
                 "The autoscaler's latest desired replicas per pool.",
-                ["namespace", "cluster", "pool"],
+                [NAMESPACE, CLUSTER, "pool"],
                 registry=registry,
             ),
             autoscaler_errors=Counter(
@@ -68,13 +72,13 @@ class OperatorMetrics:
             pool_price=Gauge(
                 names.POOL_PRICE,
                 "One drafter replica's price per hour from the spec, USD (spotPricePerHourUsd on spot).",
-                ["namespace", "cluster", "pool"],
+                [NAMESPACE, CLUSTER, "pool"],
                 registry=registry,
             ),
             cluster_info=Gauge(
                 "cosine_operator_cluster_info",
                 "1 for each CoSineCluster this replica has reconciled (and not seen deleted).",
-                ["namespace", "cluster"],
+                [NAMESPACE, CLUSTER],
                 registry=registry,
             ),
         )

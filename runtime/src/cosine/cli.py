@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cosine_spec.cluster_spec import SpeculationSpec
+from cosine_spec.contract import EMBEDDED_METRICS_PORT
 from cosine_spec.schema import read_fields
 
 from cosine.placement import DEFAULT, MODES, parse_cpu_list
@@ -81,6 +82,10 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     path = str(resolve(args.target))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on a CPU (vLLM's CPU backend)
+    if args.mrv2_harness:  # a developer's view of the GPU seam: before vLLM is imported
+        from cosine import mrv2_harness
+
+        mrv2_harness.enable()
     from cosine_spec import metric_names
     from vllm import SamplingParams
 
@@ -252,6 +257,9 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     g.add_argument("--max-model-len", type=int, default=4096, help="context length of vLLM's engine")
     g.add_argument("--max-draft-len", type=int, default=SpeculationSpec().max_draft_len,
                    help="upper bound on speculation length k, as spec.speculation.maxDraftLen (0: the target alone)")
+    g.add_argument("--mrv2-harness", action="store_true",
+                   help="developers: run vLLM's GPU model runner (MRV2) on this CPU under Triton's interpreter, with "
+                        "CoSine's MRV2 seam and async scheduling (about 3 tok/s: correctness, not speed)")
     g.set_defaults(func=_generate)
 
 
@@ -353,8 +361,8 @@ def _add_role_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     se.add_argument("--port", type=int, default=8000, help="the verifier's HTTP port (OpenAI API)")
     se.add_argument("--host", default="127.0.0.1", help="the verifier's HTTP bind address")
     se.add_argument("--metrics-port", type=int, default=9091, help="CoSine's per-pool cosine_ series (0 = off)")
-    se.add_argument("--pools-metrics-port", type=int, default=0,
-                    help="the embedded cluster's own series: pool replicas, autoscaling passes (0 = off)")
+    se.add_argument("--pools-metrics-port", type=int, default=EMBEDDED_METRICS_PORT,
+                    help="the embedded cluster's own series: pool replicas and prices, autoscaling passes (0 = off)")
     se.add_argument("--placement", choices=MODES, default=DEFAULT, help=placement_help)
     se.add_argument("--evidence", type=Path, default=None, help=evidence_help)
     se.set_defaults(func=_serve)

@@ -38,6 +38,7 @@ from cosine.placement import Placement, cpu_list
 from cosine.processes import child_setup, die_with_parent, free_port, poll_until, start_reaper, stop_group, stop_reaper
 
 if TYPE_CHECKING:
+    from cosine_spec.cluster_spec import DrafterPoolSpec
     from cosine_spec.scaling_loop import ScalingLoop
 
 log = logging.getLogger(__name__)
@@ -121,9 +122,11 @@ def stop_children(children: list[Child], timeout_s: float = 10) -> None:
 class EmbeddedMetrics:
     """The embedded cluster's own series (`cosine_spec.metric_names.EMBEDDED_*`), in a registry of
     its own: each pool's replica processes, the autoscaler's passes and its failed stages, the
-    replica processes that exited (and were restarted), by exit code."""
+    replica processes that exited (and were restarted), by exit code. Each of `pools` starts at
+    zero replicas with its price from the spec: a pool that runs none (`--placement lookup`, or
+    scaled to zero) shows 0, not nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, pools: Sequence[DrafterPoolSpec] = ()) -> None:
         from cosine_spec import metric_names as m
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -137,6 +140,9 @@ class EmbeddedMetrics:
                              ["pool", "code"], registry=self.registry)
         self.price = Gauge(m.POOL_PRICE, "one replica's price per hour from the spec, USD", ["pool"],
                            registry=self.registry)
+        for pool in pools:
+            self.replicas.labels(pool.name).set(0)
+            self.price.labels(pool.name).set(pool.replica_price_per_hour_usd)
 
 
 class LocalPools:
@@ -149,10 +155,11 @@ class LocalPools:
             later run on any core.
         autoscaled: start each pool at its `replicas` within its bounds, zero allowed (else at
             least one, as without autoscaling).
+        metrics: where the pools' series go (default: a registry of their own).
     """
 
     def __init__(self, manifest: Manifest, directory: Path, cores: Sequence[Sequence[int]] = (),
-                 host: str = "127.0.0.1", autoscaled: bool = False) -> None:
+                 host: str = "127.0.0.1", autoscaled: bool = False, metrics: EmbeddedMetrics | None = None) -> None:
         spec = manifest.spec
         self.manifest, self.spec, self.host, self.directory = manifest, spec, host, directory
         self.autoscaled = autoscaled
@@ -161,10 +168,7 @@ class LocalPools:
         self._lock = threading.RLock()
         self._serial = 0
         self.scaling: ScalingLoop | None = None  # the autoscaling loop, while `autoscale` runs
-        self.metrics = EmbeddedMetrics()
-        for pool in spec.drafter_pools:  # a pool at zero shows as zero, not as absent
-            self.metrics.replicas.labels(pool.name).set(0)
-            self.metrics.price.labels(pool.name).set(pool.replica_price_per_hour_usd)
+        self.metrics = EmbeddedMetrics(spec.drafter_pools) if metrics is None else metrics
         directory.mkdir(parents=True, exist_ok=True)
         cores = list(cores)
         first: list[Child] = []
@@ -322,7 +326,8 @@ class LocalPools:
 def serve(manifest: Manifest, where: Placement, mode: str, port: int, host: str, metrics_port: int,
           pools_metrics_port: int = 0) -> int:
     """Drafter processes (none for `lookup`; `LocalPools`, autoscaled with
-    `spec.autoscaling.enabled`, their series on `pools_metrics_port` unless 0), then the verifier
+    `spec.autoscaling.enabled`), their series on `pools_metrics_port` unless 0 (every pool at zero
+    replicas for `lookup`, which runs none), then the verifier
     (`cosine verifier`: vLLM's server with CoSine's proposer) as a child, on the cores of `where`;
     returns the verifier's exit status when it exits, or 0 on SIGTERM / Ctrl-C, having stopped
     every child. Every child dies with this process however it dies (`processes`)."""
@@ -336,12 +341,13 @@ def serve(manifest: Manifest, where: Placement, mode: str, port: int, host: str,
     pools: LocalPools | None = None
     with tempfile.TemporaryDirectory(prefix="cosine-pools-") as directory:
         try:
-            if mode != "lookup":
-                pools = LocalPools(manifest, Path(directory), where.drafters, autoscaled=autoscaled)
-                if pools_metrics_port:
-                    from prometheus_client import start_http_server
+            metrics = EmbeddedMetrics(spec.drafter_pools)
+            if pools_metrics_port:
+                from prometheus_client import start_http_server
 
-                    start_http_server(pools_metrics_port, addr=host, registry=pools.metrics.registry)
+                start_http_server(pools_metrics_port, addr=host, registry=metrics.registry)
+            if mode != "lookup":
+                pools = LocalPools(manifest, Path(directory), where.drafters, autoscaled=autoscaled, metrics=metrics)
                 pools.wait_ready()
                 threading.Thread(target=pools.supervise, args=(stop,), name="cosine-supervisor", daemon=True).start()
             verifier = subprocess.Popen(verifier_pod_command(manifest, port, host, metrics_port, where.verifier, pools),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from cosine_spec.verifier_spec import engine_args_problems
 
 if TYPE_CHECKING:
     from cosine_spec.cluster_spec import ClusterSpec
@@ -36,7 +37,9 @@ class Manifest:
 
 def load_manifest(path: Path | None) -> Manifest:
     """Read a CoSineCluster manifest (default: the one shipped for this machine) and check it:
-    its spec parsed and its pools' tokenizers checked against the target's (`tokenizer_problems`).
+    its spec parsed, `spec.verifier.engineArgs` free of the flags CoSine sets itself
+    (`cosine_spec.verifier_spec.engine_args_problems`, the admission webhook's check, for manifests
+    no webhook saw) and its pools' tokenizers checked against the target's (`tokenizer_problems`).
 
     Raises:
         ValueError: not a CoSineCluster, or an invalid spec (the message names the field).
@@ -47,7 +50,7 @@ def load_manifest(path: Path | None) -> Manifest:
         kind = obj.get("kind") if isinstance(obj, dict) else None
         raise ValueError(f"{path or DEFAULT_CLUSTER}: not a CoSineCluster manifest (kind is {kind!r})")
     spec = parse_spec(obj)
-    problems = tokenizer_problems(spec)
+    problems = engine_args_problems(spec.verifier) + tokenizer_problems(spec)
     if problems:
         raise ValueError(f"{path or DEFAULT_CLUSTER}: " + "; ".join(problems))
     return Manifest(path, obj, spec)

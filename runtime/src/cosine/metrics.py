@@ -124,6 +124,12 @@ class ProposerCollector:
                 for address, st in sorted(by_address.items()):
                     fam.add_metric([self.model_name, pool, address], getattr(st, attr))
             yield fam
+        yield from self._verifier_families(s)
+
+    def _verifier_families(self, s):
+        """The verifier's own series (steps, busy and idle seconds, tokens, queue) from snapshot `s`."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         steps = CounterMetricFamily(names.VERIFIER_STEPS, "Engine steps.", labels=["model_name"])
         steps.add_metric([self.model_name], s.steps)
         yield steps

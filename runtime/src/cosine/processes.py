@@ -120,7 +120,7 @@ def start_cluster(manifest: Manifest, port: int, *, quiet: bool = True, metrics_
     (vLLM's and the drafters' logs) goes to `log_path` (appended) if given, else nowhere when
     `quiet`, else to this process's terminal."""
     cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
-           "--placement", placement]
+           "--pools-metrics-port", "0", "--placement", placement]
     if manifest.path:
         cmd += ["--cluster", str(manifest.path)]
     if log_path is not None:

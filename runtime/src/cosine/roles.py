@@ -146,7 +146,9 @@ def verifier_command(
     """(argv, environment) of the verifier: `python -m <vLLM's API server> <engine flags>`; on a
     CPU, its engine threads bound to `cores` when given (else vLLM's own binding). With
     `drafter_tls_dir` the proposer dials the pools over TLS (`transport.tls`), checking their
-    certificate against `drafter_tls_server_name` (default: each address's host).
+    certificate against `drafter_tls_server_name` (default: each address's host). With `api_key`
+    (passed in the environment), every route but the probes' and `/metrics` asks for it
+    (`vllm_hooks.ApiKeyOnEveryRoute`, through vLLM's `--middleware`).
 
     Raises:
         ValueError: a `--drafter` that is not POOL=ADDRESS, or a pool not in the manifest.
@@ -172,7 +174,12 @@ def verifier_command(
     model_path = str(resolve(spec.verifier.model))
     args = vllm_engine_args(spec.verifier, model_path, spec.speculation, pools, metrics_port)
     argv = [sys.executable, "-m", VLLM_SERVER, *cli_flags(args), "--host", host, "--port", str(http_port),
-            "--uvicorn-log-level", "warning", *spec.verifier.engine_args]
+            "--uvicorn-log-level", "warning"]
+    if api_key:  # vLLM's own check guards only /v1, /v2, /inference and /cohere: the key on every route
+        from cosine.vllm_hooks import API_KEY_MIDDLEWARE
+
+        argv += ["--middleware", API_KEY_MIDDLEWARE]
+    argv += spec.verifier.engine_args
     env = {**os.environ, **vllm_cpu_env(spec.verifier, cores)}
     # prometheus_client's multi-process mode, fresh for this server: vLLM's OpenAI server then
     # serves on its /metrics what its engine-core process writes too, the proposer's

@@ -23,6 +23,9 @@ sets how deep the worker drafts after the step (`SchedulerOutput.num_spec_tokens
 seam of vLLM's dynamic speculative decoding): no deeper than the proposer will verify
 (`CoSineProposer.engine_draft_len`).
 
+A third seam is the API server's: `--middleware ApiKeyOnEveryRoute` (`API_KEY_MIDDLEWARE`) puts
+the API key on every route, where vLLM's own check covers some (see the class).
+
 Settings reach the engine-core process through vLLM's `additional_config` under the key
 `"cosine"` (a JSON-able dict, see `proposer_config`); no environment variables.
 """
@@ -30,6 +33,7 @@ Settings reach the engine-core process through vLLM's `additional_config` under 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -37,6 +41,9 @@ from typing import Any
 from cosine_spec.cluster_spec import SpeculationSpec
 from cosine_spec.schema import read_fields, to_spec
 from cosine_spec.verifier_spec import SpeculatorSpec
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
@@ -76,6 +83,39 @@ class NoDraftProposer:
     def dummy_run(self, *args: Any, **kwargs: Any) -> None:
         """No-op (vLLM's warm-up call)."""
         return None
+
+
+API_KEY_MIDDLEWARE = "cosine.vllm_hooks.ApiKeyOnEveryRoute"  # vLLM's `--middleware` (an import path)
+# Routes open without the key: the probes' and scrapers' (vLLM's own list of operational routes it
+# leaves out of its HTTP metrics, entrypoints/serve/instrumentator/metrics.py, less /server_info,
+# which shows the server's configuration). Nothing here runs the model.
+OPEN_ROUTES = ("/health", "/ping", "/load", "/version")
+OPEN_PREFIX = "/metrics"  # vLLM mounts its Prometheus app on every path under it
+
+
+def open_route(path: str) -> bool:
+    """Whether `path` is served without the API key (`OPEN_ROUTES`, `/metrics...`)."""
+    return path in OPEN_ROUTES or path.startswith(OPEN_PREFIX)
+
+
+class ApiKeyOnEveryRoute(AuthenticationMiddleware):
+    """vLLM's `AuthenticationMiddleware` (a Bearer token checked against the key's SHA-256, in
+    constant time) on every route but the probes' (`open_route`). vLLM's own checks only paths
+    under its `GUARDED_PREFIX` ("/v1", "/v2", "/inference", "/cohere"): `/invocations` (the
+    SageMaker route, registered unconditionally, which runs chat and completions), `/tokenize`,
+    `/pooling`, `/classify`, `/score`, `/rerank` and the admin routes are open there. vLLM adds
+    this class with `app.add_middleware(cls)` (`--middleware`, no arguments), so it reads the key
+    where `verifier_command` put it, `VLLM_API_KEY`; OPTIONS (CORS preflight) passes, as in vLLM's."""
+
+    def __init__(self, app: Any) -> None:
+        super().__init__(app, [os.environ["VLLM_API_KEY"]])
+
+    def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
+        if scope["type"] in ("http", "websocket") and scope.get("method") != "OPTIONS":
+            path = scope["path"].removeprefix(scope.get("root_path", ""))
+            if not open_route(path) and not self.verify_token(Headers(scope=scope)):
+                return JSONResponse(content={"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+        return self.app(scope, receive, send)
 
 
 EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"

@@ -138,7 +138,9 @@ class Composer:
     def __init__(self, runner: Any) -> None:
         self.runner = runner
         self.plan: StepPlan | None = None
-        self._verified: dict[str, str] = {}  # request id -> source of the draft the next step verifies
+        # the last choice (request ids, plan, chosen [num_reqs] bool copied to the host without a
+        # sync): resolved to sources only when the next step reports them, so no step waits on it
+        self._last: tuple[list[str], StepPlan, torch.Tensor] | None = None
         speculator = runner.speculator
         self._inner_propose = speculator.propose
         speculator.propose = self.propose  # the one override: an instance attribute (pinned by seam_problems)
@@ -149,8 +151,13 @@ class Composer:
 
     def take_sources(self) -> dict[str, str]:
         """Request id -> source of the draft made last step (the one this step verified)."""
-        out, self._verified = self._verified, {}
-        return out
+        last, self._last = self._last, None
+        if last is None:
+            return {}
+        req_ids, plan, chosen = last
+        picked = chosen.tolist()  # copied a step ago: done by now
+        return {rid: plan.rows[rid].source if picked[i] and rid in plan.rows else plan.inner
+                for i, rid in enumerate(req_ids)}
 
     def propose(self, input_batch: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The inner speculator's `propose`, then `choose` against the step's plan."""
@@ -162,9 +169,7 @@ class Composer:
         states = self.runner.req_states
         drafts, chosen = choose(drafts, states.all_token_ids.gpu, states.total_len.gpu, input_batch.idx_mapping,
                                 plan, req_ids)
-        picked = chosen.tolist()
-        self._verified = {rid: (plan.rows[rid].source if picked[i] and rid in plan.rows else plan.inner)
-                          for i, rid in enumerate(req_ids)}
+        self._last = (req_ids, plan, chosen.to("cpu", non_blocking=True))
         return drafts
 
 

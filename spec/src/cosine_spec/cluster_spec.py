@@ -291,7 +291,7 @@ class DrafterTLSSpec(Checked):
 # reference EPP now lives in llm-d/llm-d-router), a release tag. Override: spec.router.endpointPickerImage.
 ENDPOINT_PICKER_IMAGE = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
 ENDPOINT_PICKER_FAILURE_MODES = ("FailOpen", "FailClose")
-ROUTER_PROVIDERS = ("none", "gke")
+ROUTER_PROVIDERS = ("none", "gke", "istio")
 
 
 @dataclass(frozen=True)
@@ -304,7 +304,11 @@ class RouterWeights(Checked):
 
     SPEC_PATH: ClassVar[str] = "spec.router.weights"
     prefix_cache: float = spec_field("prefixCache", 3.0, minimum=0)
-    session_affinity: float = spec_field("sessionAffinity", 1.0, minimum=0)
+    # 0 by default: its scorer is alpha at the pinned tag (the picker then needs
+    # --allow-experimental-plugins), and it works only for clients that send back the
+    # x-session-token header it sets (base64 of namespace/pod: it names the pods); OpenAI's
+    # SDKs never do
+    session_affinity: float = spec_field("sessionAffinity", 0.0, minimum=0)
     # 0 by default: measured to add nothing (docs/simulation.md, "Several verifiers"): a
     # conversation's history is in its prompt, which prompt lookup indexes on any replica
     suffix_affinity: float = spec_field("suffixAffinity", 0.0, minimum=0)
@@ -318,24 +322,31 @@ class RouterSpec(Checked):
     ``enabled`` the operator creates an ``InferencePool`` of the verifier pods, an endpoint picker
     (EPP) scoring them (:class:`RouterWeights`) and an ``HTTPRoute`` from the user's Gateway
     ``gateway_name`` (in ``gateway_namespace``, default the cluster's) to the pool. ``failure_mode``:
-    what the gateway does when the EPP does not answer (GIE's ``FailClose`` by default: the request
-    fails; ``FailOpen``: the gateway picks a replica itself). ``image``/``replicas``: the EPP's.
-    ``gateway_from``: who may call the EPP (the Gateway's proxies; their labels are the
-    implementation's), as ``NetworkPolicyPeer`` objects; empty: anyone."""
+    what the gateway does when the EPP does not answer (``FailOpen`` by default, as llm-d's chart:
+    the gateway picks a verifier itself, which serves the same model, only less cache-affinely;
+    ``FailClose``, GIE's API default: the request fails). ``image``/``replicas``: the EPP's;
+    ``resources``/``node_selector``/``tolerations``: its pods' (Kubernetes' own types; empty
+    resources: the operator's default, which fits an 8-vCPU node). ``gateway_from``: who may call
+    the EPP (the Gateway's proxies; their labels are the implementation's), as
+    ``NetworkPolicyPeer`` objects; empty: anyone."""
 
     SPEC_PATH: ClassVar[str] = "spec.router"
     enabled: bool = spec_field("enabled", False)
     gateway_name: str | None = spec_field("gatewayName", None)
     gateway_namespace: str | None = spec_field("gatewayNamespace", None)
-    failure_mode: str = spec_field("failureMode", "FailClose", enum=ENDPOINT_PICKER_FAILURE_MODES)
+    failure_mode: str = spec_field("failureMode", "FailOpen", enum=ENDPOINT_PICKER_FAILURE_MODES)
     image: str = spec_field("endpointPickerImage", ENDPOINT_PICKER_IMAGE)
     replicas: int = spec_field("endpointPickerReplicas", 1, minimum=1, maximum=16)
+    resources: Mapping[str, Any] = spec_field("endpointPickerResources", default_factory=dict, verbatim=True)
+    node_selector: Mapping[str, str] = spec_field("endpointPickerNodeSelector", default_factory=dict, verbatim=True)
+    tolerations: tuple[Mapping[str, Any], ...] = spec_field("endpointPickerTolerations", (), verbatim=True)
     # NetworkPolicyPeers of the Gateway's proxies, allowed to the EPP's ext_proc port (empty: any)
     gateway_from: tuple[Mapping[str, Any], ...] = spec_field("gatewayFrom", (), verbatim=True)
     weights: RouterWeights = field(default_factory=RouterWeights, metadata={"key": "weights"})
     # the Gateway's implementation, for the objects it needs beside the route: gke adds GKE's
     # GCPBackendPolicy and HealthCheckPolicy on the pool and opens the picker's gRPC health port
-    # to GKE's health checkers (ROUTER_PROVIDERS)
+    # to GKE's health checkers; istio adds the DestinationRule through which Istio's gateway
+    # speaks TLS to the picker (ROUTER_PROVIDERS)
     provider: str = spec_field("provider", "none", enum=ROUTER_PROVIDERS)
 
     def __post_init__(self) -> None:

@@ -18,6 +18,7 @@ VERIFIER_HTTP_PORT = 8000  # vLLM's OpenAI server: the API, /health and /metrics
 VERIFIER_METRICS_PORT = 9091  # CoSine's proposer in vLLM's engine core: cosine_ series (the autoscaler's)
 DRAFTER_GRPC_PORT = 50052
 DRAFTER_METRICS_PORT = 9090
+EMBEDDED_METRICS_PORT = 9092  # `cosine serve`'s own series: its pools' replicas and price, autoscaling
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -46,3 +47,12 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 # A spot pool's pods: ``spot`` on the pool's own Deployment's, ``onDemand`` on its fallback sibling's
 # (the operator's fallback Deployment), so each Deployment's pods can be told apart.
 CAPACITY_LABEL = "cosine.dev/capacity"
+
+# Prometheus labels for a series' CoSineCluster: `cosine_cluster` on every series (the chart's monitors
+# copy it from a pod's CLUSTER_LABEL; the operator's per-cluster series carry it themselves), and
+# `cosine_namespace` on the operator's per-cluster series (a scrape sets `namespace` to the pod's,
+# the operator's own). Not `cluster` and `namespace`: GKE's Managed Prometheus refuses to write
+# either from a pod label or a scraped series (`protectedLabel`, prometheus-engine's pod_config.go)
+# and sets `cluster` to the Kubernetes cluster's name, as Thanos and Mimir setups do.
+METRIC_CLUSTER_LABEL = "cosine_cluster"
+METRIC_NAMESPACE_LABEL = "cosine_namespace"

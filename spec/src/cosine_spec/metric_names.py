@@ -9,7 +9,8 @@ parsers, so a name changed on one side only fails there, not silently in a clust
 
 Names are Prometheus metric family names; a counter's samples carry ``_total`` (:func:`total`).
 Labels: ``model_name`` on every verifier series, ``pool`` on per-pool ones; the scrape adds
-``namespace``, ``cluster`` and ``component`` (the chart's PodMonitor).
+``namespace``, ``cosine_cluster`` and ``component`` (the chart's PodMonitor or ClusterPodMonitoring;
+``cosine_spec.contract.METRIC_CLUSTER_LABEL``).
 
 Why ``cosine_`` and not ``cosine:`` (the names before 0.2): Prometheus reserves colons for
 recording rules (prometheus.io/docs/practices/naming), and a colon does not survive every scrape.

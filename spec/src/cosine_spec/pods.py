@@ -14,6 +14,9 @@ from cosine_spec.schema import Checked, spec_field
 # The runtime image's tag when none is given: this release; GPU pods get its CUDA build.
 RUNTIME_TAG = "0.1.0"
 CUDA_TAG_SUFFIX = "-cuda"
+# The runtime image's repository and pull policy when neither the spec nor the operator names one.
+RUNTIME_REPOSITORY = "ghcr.io/cosine-project/cosine"
+RUNTIME_PULL_POLICY = "IfNotPresent"
 
 # Where the runtime writes, in a pod whose root filesystem is read-only: HOME_DIR, which holds every
 # cache of what it compiles (vLLM's torch.compile cache at VLLM_CACHE_ROOT, Triton's kernels and
@@ -50,20 +53,28 @@ class RoleImage(Checked):
 @dataclass(frozen=True)
 class ImageSpec(Checked):
     """``spec.image``: the runtime image of every role (``cosine`` entrypoint; the operator has its
-    own). ``tag`` unset: this release's, :data:`RUNTIME_TAG`, with :data:`CUDA_TAG_SUFFIX` on a pod
-    that requests ``nvidia.com/gpu`` (the CUDA build, ``make images-cuda``) and without on any
-    other (the CPU build)."""
+    own). Unset fields are the operator's default image's (:meth:`under`: the chart's
+    ``runtimeImage``), which the CRD therefore does not default; then :data:`RUNTIME_REPOSITORY`,
+    ``IfNotPresent``, and for the tag this release's, :data:`RUNTIME_TAG`, with
+    :data:`CUDA_TAG_SUFFIX` on a pod that requests ``nvidia.com/gpu`` (the CUDA build, ``make
+    images-cuda``) and without on any other (the CPU build)."""
 
     SPEC_PATH: ClassVar[str] = "spec.image"
-    repository: str = spec_field("repository", "ghcr.io/cosine-project/cosine")
+    repository: str | None = spec_field("repository", None)
     tag: str | None = spec_field("tag", None)
-    pull_policy: str = spec_field("pullPolicy", "IfNotPresent", enum=("Always", "IfNotPresent", "Never"))
+    pull_policy: str | None = spec_field("pullPolicy", None, enum=("Always", "IfNotPresent", "Never"))
+
+    def under(self, default: ImageSpec) -> ImageSpec:
+        """These fields over ``default``'s, field by field (``default``: the operator's)."""
+        return ImageSpec(repository=self.repository or default.repository, tag=self.tag or default.tag,
+                         pull_policy=self.pull_policy or default.pull_policy)
 
     def for_pod(self, role: RoleImage, gpu: bool) -> tuple[str, str]:
         """``(repository:tag, pullPolicy)`` of a pod of a role: the role's fields over these,
-        then the default tag for the pod's device (``gpu``: it requests ``nvidia.com/gpu``)."""
+        then the defaults, the tag for the pod's device (``gpu``: it requests ``nvidia.com/gpu``)."""
         tag = role.tag or self.tag or RUNTIME_TAG + (CUDA_TAG_SUFFIX if gpu else "")
-        return f"{role.repository or self.repository}:{tag}", role.pull_policy or self.pull_policy
+        repository = role.repository or self.repository or RUNTIME_REPOSITORY
+        return f"{repository}:{tag}", role.pull_policy or self.pull_policy or RUNTIME_PULL_POLICY
 
 
 @dataclass(frozen=True)

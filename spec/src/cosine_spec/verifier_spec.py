@@ -27,15 +27,21 @@ class ParallelismSpec(Checked):
     nodes: int = spec_field("nodes", 1, minimum=1, maximum=64)
 
 
-# spec.verifier.speculator.method -> vLLM's speculative_config method
-SPECULATOR_METHODS = {"eagle3": "eagle3", "mtp": "mtp", "draftModel": "draft_model"}
+# spec.verifier.speculator.method -> vLLM's speculative_config method: the drafters vLLM 0.32 runs
+# inside the engine for the target on its GPU runner (Model Runner V2), where CoSine composes them
+# (`cosine.vllm_mrv2`). Not admitted: medusa and mlp_speculator (vLLM runs them on the V1 runner
+# only: `VllmConfig._get_v2_model_runner_unsupported_features`), ngram, ngram_gpu and suffix (prompt
+# lookup, which CoSine runs itself), custom_class and extract_hidden_states (no drafter).
+SPECULATOR_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "draftModel": "draft_model",
+                      "dflash": "dflash", "dspark": "dspark"}
 
 
 @dataclass(frozen=True)
 class SpeculatorSpec(Checked):
     """``spec.verifier.speculator``: the engine's own drafter, run by vLLM inside the verifier
-    (``eagle3``: a trained EAGLE-3 head; ``mtp``: the target's own multi-token-prediction layers;
-    ``draftModel``: a small model sharing the target's vocabulary). CoSine takes its draft per
+    (``eagle3``: a trained EAGLE-3 head; ``eagle``: an EAGLE-1/2 head; ``mtp``: the target's own
+    multi-token-prediction layers; ``draftModel``: a small model sharing the target's vocabulary;
+    ``dflash``, ``dspark``: vLLM's parallel drafters, run on its GPU runner only). CoSine takes its draft per
     request as one source among the others (prompt lookup, drafter pools). ``model``: the head's or
     draft model's name or path, pulled like the target's (``mtp``: none, the layers are the
     target's). :func:`speculator_problems` says what the spec alone shows cannot run."""
@@ -134,25 +140,73 @@ class VerifierSpec(Checked):
         return max(1, self.termination_grace_s - self.pre_stop_s - 5)
 
 
-# vLLM flags CoSine sets itself, which `spec.verifier.engineArgs` may not (each has a field or is
-# how CoSine's proposer gets into the engine): vllm/engine/arg_utils.py's names
-RESERVED_ENGINE_ARGS = ("--speculative-config", "--scheduler-cls", "--additional-config", "--async-scheduling",
-                        "--no-async-scheduling", "--worker-cls", "--port", "--host", "--model", "--dtype",
-                        "--max-num-batched-tokens", "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization",
-                        "--tensor-parallel-size", "--pipeline-parallel-size", "--nnodes", "--node-rank",
-                        "--master-addr", "--master-port", "--headless", "--api-key", "-tp", "-pp")
+# vLLM flags CoSine sets itself, which `spec.verifier.engineArgs` may not, each with what sets it
+# instead: vllm/engine/arg_utils.py's names and their aliases (tests/test_roles.py checks the list
+# against vLLM's own parser); `--config` reads any of them from a file.
+_SPECULATION = "spec.speculation and spec.verifier.speculator set it"
+_SEAM = "it is how CoSine's proposer enters vLLM's engine"
+_GPU_SHARE = "spec.verifier.gpuMemoryUtilization sets it"
+_TENSOR = "spec.verifier.parallelism.tensor sets it"
+_PIPELINE = "spec.verifier.parallelism.pipeline sets it"
+_NODES = "spec.verifier.parallelism.nodes sets it (vLLM's multi-node mode)"
+_ADDRESS = "`cosine verifier --http-port/--host` set it (in a pod: the operator)"
+RESERVED_ENGINE_ARGS: dict[str, str] = {
+    "--speculative-config": _SPECULATION, "-sc": _SPECULATION,
+    "--scheduler-cls": _SEAM, "--additional-config": _SEAM, "--async-scheduling": _SEAM,
+    "--no-async-scheduling": _SEAM, "--worker-cls": _SEAM,
+    "--port": _ADDRESS, "--host": _ADDRESS,
+    "--model": "spec.verifier.model sets it", "--dtype": "spec.verifier.dtype sets it",
+    "--max-num-batched-tokens": "spec.verifier.maxBatchTokens sets it",
+    "--max-model-len": "spec.verifier.maxModelLen sets it", "--max-num-seqs": "spec.verifier.maxNumSeqs sets it",
+    "--gpu-memory-utilization": _GPU_SHARE, "--device-memory-utilization": _GPU_SHARE,
+    "--tensor-parallel-size": _TENSOR, "-tp": _TENSOR, "--pipeline-parallel-size": _PIPELINE, "-pp": _PIPELINE,
+    "--nnodes": _NODES, "-n": _NODES, "--node-rank": _NODES, "-r": _NODES, "--master-addr": _NODES,
+    "--master-port": _NODES, "--headless": _NODES,
+    "--api-key": "spec.gateway.apiKeySecretRef sets it",
+    "--config": "a config file can set any flag CoSine sets; give its flags here one by one",
+}
+
+
+def vllm_flag(arg: str) -> str | None:
+    """The option an engine argument names, as vLLM 0.32's parser reads it
+    (``FlexibleArgumentParser.parse_args``): ``--flag=value`` is ``--flag``, underscores in a
+    ``--`` name are dashes, ``--flag.key value`` (and ``--flag.key+``) sets a field of ``--flag``'s
+    JSON. None for a value (not starting with ``-``, or a negative number)."""
+    if not arg.startswith("-") or arg[1:2].isdigit() or arg[1:2] in ("", "."):
+        return None
+    name = arg.split("=", 1)[0].split(".", 1)[0]
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
+def reserved_flag(flag: str) -> str | None:
+    """The flag of ``RESERVED_ENGINE_ARGS`` that ``flag`` (a ``vllm_flag``) reaches, or None:
+    itself; a prefix of one (argparse takes an unambiguous prefix of an option, ``allow_abbrev``);
+    ``-nVALUE`` (a one-letter option with its value attached)."""
+    if flag in RESERVED_ENGINE_ARGS:
+        return flag
+    long = flag.startswith("--")
+    if len(flag) > (2 if long else 1):
+        hit = next((r for r in RESERVED_ENGINE_ARGS if r.startswith("--") == long and r.startswith(flag)), None)
+        if hit is not None:
+            return hit
+    return flag[:2] if not long and flag[:2] in RESERVED_ENGINE_ARGS else None
 
 
 def engine_args_problems(verifier: VerifierSpec) -> list[str]:
-    """``spec.verifier.engineArgs`` entries CoSine sets itself (``RESERVED_ENGINE_ARGS``, in either
-    ``--flag value`` or ``--flag=value`` form), one message per entry naming its index and the
-    field to use instead where there is one. The admission webhook runs this check."""
+    """``spec.verifier.engineArgs`` entries that set a flag CoSine sets itself
+    (``RESERVED_ENGINE_ARGS``) in any spelling vLLM reads (``vllm_flag``, ``reserved_flag``), one
+    message per entry naming its index and what sets the flag instead. vLLM takes a flag's last
+    value, so such an entry would silently replace CoSine's. The admission webhook, the operator's
+    reconcile (an install without the webhook) and every runtime command that reads a manifest
+    (``cosine serve``, ``cosine verifier``) run this check."""
     problems = []
     for i, arg in enumerate(verifier.engine_args):
-        flag = arg.split("=", 1)[0]
-        if flag in RESERVED_ENGINE_ARGS:
-            problems.append(f"spec.verifier.engineArgs[{i}]: {flag} is set by CoSine (from spec.verifier, "
-                            "spec.speculation and spec.verifier.parallelism); set it there, not as an engine argument")
+        flag = vllm_flag(arg)
+        hit = reserved_flag(flag) if flag else None
+        if hit is not None:
+            read = "" if arg == hit else f" (vLLM reads {arg!r} as {hit})"
+            problems.append(f"spec.verifier.engineArgs[{i}]: {hit} is set by CoSine{read}: "
+                            f"{RESERVED_ENGINE_ARGS[hit]}")
     return problems
 
 

@@ -32,7 +32,7 @@ from cosine_operator.builders.workloads import (
 # Services, policies and configuration they use.
 CHILD_KINDS = (POOL_KIND, "Deployment", "LeaderWorkerSet", "Job", "PersistentVolumeClaim", "Service",
                "PodDisruptionBudget", "NetworkPolicy", "ConfigMap", "HTTPRoute", "InferencePool", "GCPBackendPolicy",
-               "HealthCheckPolicy", "RoleBinding", "Role", "ServiceAccount")
+               "HealthCheckPolicy", "DestinationRule", "RoleBinding", "Role", "ServiceAccount")
 
 
 def build_children(

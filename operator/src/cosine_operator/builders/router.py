@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from cosine_spec.cluster_spec import ClusterSpec
 from cosine_spec.contract import VERIFIER_HTTP_PORT
+from cosine_spec.pods import RoleImage
 
 from cosine_operator import config_hashes, endpoint_picker
 from cosine_operator.builders.names import (
@@ -37,8 +38,9 @@ def build_router(name: str, namespace: str, cluster: ClusterSpec) -> list[Manife
     multi-node verifier), its endpoint picker (ServiceAccount, Role and RoleBinding as llm-d's
     charts grant them, the configuration ConfigMap, Deployment and Service ``N-epp``), the
     HTTPRoute ``N-router`` from ``spec.router.gatewayName`` to the pool and, with
-    ``spec.router.provider: gke``, GKE's policies on the pool; empty when off (the operator then
-    deletes the ones it made)."""
+    ``spec.router.provider: gke``, GKE's policies on the pool, with ``istio`` Istio's
+    DestinationRule ``N-epp`` to the picker; empty when off (the operator then deletes the ones it
+    made)."""
     r = cluster.router
     if not r.enabled:
         return []
@@ -70,8 +72,13 @@ def build_router(name: str, namespace: str, cluster: ClusterSpec) -> list[Manife
         "spec": {"parentRefs": [parent], "rules": [rule]},
     }
     picker = _endpoint_picker(name, namespace, cluster, meta)
-    gke = endpoint_picker.gke_policies(router_name(name), meta(router_name(name))) if r.provider == "gke" else []
-    return [*picker, pool, route, *gke]
+    if r.provider == "gke":
+        extra = endpoint_picker.gke_policies(router_name(name), meta(router_name(name)))
+    elif r.provider == "istio":
+        extra = [endpoint_picker.istio_destination_rule(epp, meta(epp))]
+    else:
+        extra = []
+    return [*picker, pool, route, *extra]
 
 
 def _endpoint_picker(name: str, namespace: str, cluster: ClusterSpec,
@@ -96,7 +103,7 @@ def _endpoint_picker(name: str, namespace: str, cluster: ClusterSpec,
     container = {
         "name": "epp",
         "image": r.image,
-        "imagePullPolicy": cluster.image.pull_policy,
+        "imagePullPolicy": cluster.image.for_pod(RoleImage(), gpu=False)[1],  # the pull policy only
         "args": endpoint_picker.args(router_name(name), namespace, r.replicas, picker_config),
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
@@ -104,18 +111,25 @@ def _endpoint_picker(name: str, namespace: str, cluster: ClusterSpec,
                   {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"}],
         **endpoint_picker.probes(),
-        "resources": json.loads(json.dumps(endpoint_picker.RESOURCES)),
+        "resources": json.loads(json.dumps(r.resources or endpoint_picker.RESOURCES)),
         "securityContext": restricted_container(),
         "volumeMounts": [{"name": "config", "mountPath": EPP_CONFIG_DIR, "readOnly": True}],
     }
-    pod_spec = {
+    pod_spec: dict[str, Any] = {
         "serviceAccountName": epp,  # it watches the InferencePool and its pods
         "securityContext": pod_security(),
+        "terminationGracePeriodSeconds": endpoint_picker.grace_s(cluster.verifier.termination_grace_s),
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": epp}}],
     }
+    if r.node_selector:
+        pod_spec["nodeSelector"] = dict(r.node_selector)
+    if r.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in r.tolerations]
+    # Recreate, as llm-d's chart: only the leader is ready (health.go), so a rolling update's
+    # new pods never become ready while the old leader holds the lease, and the roll never ends
     deployment = build_deployment(name, namespace, epp, ROUTER_COMPONENT, None, r.replicas, pod_spec, EPP_METRICS_PORT,
-                             config_hashes.router_hash(cluster), {"type": "RollingUpdate"})
+                                  config_hashes.router_hash(cluster), {"type": "Recreate"})
     service = {
         "apiVersion": "v1",
         "kind": "Service",

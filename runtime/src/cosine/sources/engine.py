@@ -93,10 +93,10 @@ def fit_problems(method: str, target: Mapping[str, Any], drafter: Mapping[str, A
         return [f"{where}.model: {method} needs a model"]
     problems = []
     vocab = text.get("vocab_size")
-    if method == "eagle3":
+    if method in ("eagle3", "eagle"):
         hidden = drafter.get("target_hidden_size", drafter.get("hidden_size"))
         if hidden != text.get("hidden_size"):
-            problems.append(f"{where}.model: the EAGLE-3 head was built for hidden size {hidden}, "
+            problems.append(f"{where}.model: the EAGLE head was built for hidden size {hidden}, "
                             f"the target's is {text.get('hidden_size')}")
     if drafter.get("vocab_size") != vocab:
         problems.append(f"{where}.model: vocabulary of {drafter.get('vocab_size')} tokens, the target's has {vocab}")

@@ -311,7 +311,7 @@ def _server_command(system: str, manifest: Manifest, port: int, metrics_port: in
         # the bench's placements are cosine serve's own (for `overlap`, the manifest copy's verifier
         # takes every core)
         cmd = [sys.executable, "-m", "cosine", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
-               "--placement", placement]
+               "--pools-metrics-port", "0", "--placement", placement]
         return cmd + (["--cluster", str(manifest.path)] if manifest.path else []), {**os.environ, **extra_env}
     if system == "cosine-lookup":
         cmd, env = roles.verifier_command(manifest, port, "127.0.0.1", [], None, metrics_port)

@@ -3,7 +3,11 @@
 The engine's KV caches stay here, keyed by verifier and request id (several verifier replicas
 share a pool; the contexts of a verifier not heard from for `verifier_timeout_s` are evicted, as
 vLLM's RFC #42109 for a disaggregated draft server does); the verifier sends context deltas and
-receives greedy draft tokens with their confidences. Every `Propose` pending when a draft round
+receives greedy draft tokens with their confidences. A finished request's `Release` is best
+effort (a 1 s deadline; the verifier may die first), so a context not drafted on for
+`context_idle_s` is released too, by a sweep every second: a lost `Release` costs its memory for
+seconds, and a live request whose context was swept costs one resend (`FAILED_PRECONDITION`; the
+client sends the whole context again). Every `Propose` pending when a draft round
 starts is drafted in that round, together, by the pool's engine (`draft_engine.DraftBatcher`): a
 pool serves many requests at once and never one at a time. Health via `grpcio-health-checking`
 (the pod's readiness probe is a gRPC health check).
@@ -37,6 +41,10 @@ from cosine.transport import tls
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "cosine.v1.Drafter"
+# seconds a context may go without a draft call before it is released: a live request asks at
+# every verification step (milliseconds apart) unless its pool is left out (a breaker: 5 s), and
+# resending a context costs one prefill
+CONTEXT_IDLE_S = 10.0
 
 
 class DrafterMetrics:
@@ -95,17 +103,20 @@ class DrafterServicer(pb_grpc.DrafterServicer):
             (the request's own `min_confidence`, if larger, wins).
         verifier_timeout_s: a verifier not heard from for this many seconds went away: the
             contexts it left are released.
+        context_idle_s: a context with no draft call (started or answered) for this many seconds
+            is released (its `Release` was lost); `sweep_every_s`: how often that is looked for.
         clock: monotonic seconds (injected for tests).
     """
 
     def __init__(
         self, engine: DraftEngine, pool: str, tokenizer_family: str = "", *, model: str = "",
         max_requests: int = 256, metrics: DrafterMetrics | None = None, vocab_size: int | None = None,
-        min_confidence: float = 0.0, verifier_timeout_s: float = 120.0,
-        clock: Callable[[], float] = time.monotonic,
+        min_confidence: float = 0.0, verifier_timeout_s: float = 120.0, context_idle_s: float = CONTEXT_IDLE_S,
+        sweep_every_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.verifier_timeout_s = verifier_timeout_s
+        self.context_idle_s = context_idle_s
         self.clock = clock
         self._last_seen: dict[str, float] = {}  # verifier id -> when it last called
         self.vocab_size = vocab_size if vocab_size is not None else engine.vocab_size
@@ -118,7 +129,12 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         self.batcher = DraftBatcher(engine, on_round=self._count_round)
         self.metrics.busy_seconds = self.batcher.busy_seconds
         self._contexts: OrderedDict[str, list[int]] = OrderedDict()
+        self._touched_s: dict[str, float] = {}  # request key -> its last draft call's start or answer
+        self._in_flight: dict[str, int] = {}  # request key -> its draft calls running (never swept)
         self._lock = threading.Lock()
+        self._closed = threading.Event()
+        threading.Thread(target=self._sweep_every, args=(sweep_every_s,), name=f"cosine-sweep-{pool}",
+                         daemon=True).start()
 
     def quiet_s(self) -> float:
         """Seconds since any verifier last called (a draft or a release); infinite before the first."""
@@ -155,20 +171,24 @@ class DrafterServicer(pb_grpc.DrafterServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id's context is empty (new_token_ids)")
             self._contexts[rid] = ctx
             self._contexts.move_to_end(rid)
+            self._touched_s[rid] = self.clock()
+            self._in_flight[rid] = self._in_flight.get(rid, 0) + 1
             evicted = self._evict()
             self.metrics.contexts.set(len(self._contexts))
         for gone in evicted:
             self.batcher.release(gone)
         job = DraftJob(rid, tuple(ctx), int(request.max_tokens), max(self.min_confidence, request.min_confidence),
                        tuple(request.expected_ids), int(request.max_branches))
-        fut = self.batcher.submit(job)
-        remaining = context.time_remaining()
         try:
+            fut = self.batcher.submit(job)
+            remaining = context.time_remaining()
             result: Draft = fut.result(timeout=remaining if remaining is not None else None)
         except futures.TimeoutError:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"request {rid}: draft not ready before the deadline")
         except Exception as e:  # noqa: BLE001 - the engine's error, as a status
             context.abort(grpc.StatusCode.INTERNAL, f"{self.engine.name}: {e}")
+        finally:
+            self._answered(rid)
         self.metrics.draft_tokens.inc(len(result.token_ids) + sum(len(br.token_ids) for br in result.branches))
         msg = pb.ProposeResponse(
             token_ids=list(result.token_ids), confidences=list(result.confidences), draft_s=result.draft_s,
@@ -184,6 +204,7 @@ class DrafterServicer(pb_grpc.DrafterServicer):
         with self._lock:
             self._last_seen[request.verifier_id] = self.clock()
             self._contexts.pop(rid, None)
+            self._touched_s.pop(rid, None)
             self.metrics.contexts.set(len(self._contexts))
         self.batcher.release(rid)
         return pb.ReleaseResponse()
@@ -195,29 +216,63 @@ class DrafterServicer(pb_grpc.DrafterServicer):
             vocab_size=self.vocab_size, pool=self.pool,
         )
 
+    def sweep(self) -> int:
+        """Release the contexts `_evict` finds (idle, of a verifier gone, beyond `max_requests`);
+        returns how many."""
+        with self._lock:
+            evicted = self._evict()
+            self.metrics.contexts.set(len(self._contexts))
+        for rid in evicted:
+            self.batcher.release(rid)
+        if evicted:
+            log.info("drafter %s: released %d context(s) nobody released (idle %.0f s, or their verifier gone)",
+                     self.pool, len(evicted), self.context_idle_s)
+        return len(evicted)
+
     def close(self) -> None:
-        """Stop the batcher (see `DraftBatcher.close`)."""
+        """Stop the sweep and the batcher (see `DraftBatcher.close`)."""
+        self._closed.set()
         self.batcher.close()
+
+    def _sweep_every(self, period_s: float) -> None:
+        while not self._closed.wait(period_s):
+            self.sweep()
+
+    def _answered(self, rid: str) -> None:
+        """A draft call of `rid` returned (answered or failed): its idle time starts now."""
+        with self._lock:
+            n = self._in_flight.get(rid, 0) - 1
+            if n > 0:
+                self._in_flight[rid] = n
+            else:
+                self._in_flight.pop(rid, None)
+            if rid in self._touched_s:
+                self._touched_s[rid] = self.clock()
 
     def _count_round(self, seconds: float, results: Sequence[Draft]) -> None:
         self.metrics.rounds.inc()
         self.metrics.batched.inc(len(results))
 
     def _evict(self) -> Sequence[str]:
-        """Contexts to release (under the lock): those of verifiers gone for `verifier_timeout_s`,
-        then the least recently used beyond `max_requests`."""
+        """Contexts to release (under the lock, forgotten here): those of verifiers gone for
+        `verifier_timeout_s`, those with no draft call for `context_idle_s` (none running), then
+        the least recently used beyond `max_requests`."""
         now = self.clock()
         gone = {v for v, t in self._last_seen.items() if now - t > self.verifier_timeout_s}
         out = []
         for v in gone:
             del self._last_seen[v]
             prefix = self.key(v, "")
-            for rid in [r for r in self._contexts if (r.startswith(prefix) if v else "/" not in r)]:
-                del self._contexts[rid]
-                out.append(rid)
+            out += [r for r in self._contexts if (r.startswith(prefix) if v else "/" not in r)]
+        out += [r for r, t in self._touched_s.items()
+                if now - t > self.context_idle_s and not self._in_flight.get(r) and r not in out]
+        for rid in out:
+            del self._contexts[rid]
         while len(self._contexts) > self.max_requests:
             rid, _ = self._contexts.popitem(last=False)
             out.append(rid)
+        for rid in out:
+            self._touched_s.pop(rid, None)
         return out
 
 

@@ -16,7 +16,8 @@ to one replica, round robin splits a request's context across replicas. Instead 
   NOT_SERVING is draining (SIGTERM: a scale-down, a rollout, a spot node's notice). At that
   moment its requests move to the other replicas, each with its whole context at its next call,
   and are released on it (after its call in flight, if any); it gets no new request until it
-  reports SERVING again;
+  reports SERVING again, even when no other replica is left (those it holds stay, so that it
+  empties and exits; a new request's draft call fails, which costs a draft, not the request);
 - sends `Release` to the replica that holds the request's context (also to one it left).
 
 Per replica it counts draft calls, errors, busy seconds (wall time with at least one call in
@@ -294,13 +295,18 @@ class ReplicaPool:
                 return address, r  # type: ignore[return-value]
             healthy = [a for a, x in self._replicas.items()
                        if not x.retired and not x.draining and x.breaker.allows(now) and a not in exclude]
-            candidates = healthy or [a for a, x in self._replicas.items() if not x.retired and a not in exclude]
+            # else one whose breaker is open; a draining replica only for the requests it holds
+            # (a new one would keep it from emptying: its drain would run to the pod's deadline)
+            candidates = healthy or [a for a, x in self._replicas.items()
+                                     if not x.retired and a not in exclude and (not x.draining or a == address)]
             held: dict[str, int] = {}
             for a in self._home.values():
                 held[a] = held.get(a, 0) + 1
             new = assign_replica(held, candidates)
             if new is None:
-                raise RuntimeError(f"pool {self.name!r} has no replica to draft on")
+                draining = any(x.draining for x in self._replicas.values())
+                raise RuntimeError(f"pool {self.name!r} has no replica to draft on"
+                                   + (" (its replicas are draining)" if draining else ""))
             if new == address:
                 return new, self._replicas[new]
             if address is not None:

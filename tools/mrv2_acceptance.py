@@ -1,0 +1,141 @@
+"""Accepted tokens per verifier step through vLLM's GPU runner (MRV2, async scheduling on), per
+domain, for each draft source alone and composed: what the MRV2 seam buys, independent of speed.
+
+MRV2 runs here under Triton's interpreter (`cosine.mrv2_harness`), far too slowly to time, but the
+tokens each verification step yields do not depend on speed. Every system runs the same prompts
+one at a time (concurrency 1), greedy, on the target (Qwen2.5-Coder-1.5B-Instruct):
+- `draft`: vLLM's own `draft_model` speculation with the 0.5B drafter, on MRV2 (what
+  `vllm-draft` is on a GPU);
+- `lookup`: CoSine with no engine drafter (vLLM's device lookup inside, the suffix trees'
+  anchored candidates beside it);
+- `cosine-draft`: CoSine composing the 0.5B draft model with lookup.
+A step is one `update_from_output` of the scheduler that decoded the request (its prefill step
+is left out); tokens per step = the request's output tokens after the first / its decode steps.
+
+    python tools/mrv2_acceptance.py --workload mixed --limit 1 --workload heldout --limit 4 \
+        --max-tokens 32 --out results/mrv2_acceptance.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+SYSTEMS = ("draft", "lookup", "cosine-draft")
+TARGET, DRAFTER = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+
+
+def _engine(system: str):
+    from cosine import mrv2_harness
+
+    mrv2_harness.enable()
+    from cosine_spec.cluster_spec import SpeculationSpec
+    from cosine_spec.verifier_spec import SpeculatorSpec
+    from vllm import LLM
+
+    from cosine import vllm_hooks
+    from cosine.model_store import resolve
+
+    target, drafter = str(resolve(TARGET)), str(resolve(DRAFTER))
+    kw = dict(dtype="float32", enforce_eager=True, max_model_len=2048, seed=0)
+    if system == "draft":
+        return LLM(model=target, speculative_config={"method": "draft_model", "model": drafter,
+                                                     "num_speculative_tokens": 4}, **kw)
+    speculator = SpeculatorSpec("draftModel", drafter) if system == "cosine-draft" else None
+    return vllm_hooks.cosine_llm(target, SpeculationSpec(max_draft_len=4), {}, speculator,
+                                 drafter if speculator else None, **kw)
+
+
+def run_system(system: str, prompts: list[dict], max_tokens: int) -> dict:
+    """Per prompt: (domain, output tokens, decode steps) for `system` (in this process)."""
+    llm = _engine(system)  # first: the harness patches vLLM before it is imported
+    from vllm import SamplingParams
+
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    steps: dict[str, int] = defaultdict(int)
+    update = scheduler.update_from_output
+
+    def counted(scheduler_output, model_runner_output):
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            request = scheduler.requests.get(rid)
+            if request is not None and request.num_computed_tokens - n >= request.num_prompt_tokens:
+                steps[rid] += 1  # a decode step (not the prefill)
+        return update(scheduler_output, model_runner_output)
+
+    scheduler.update_from_output = counted
+    tokenizer = llm.get_tokenizer()
+    rows = []
+    for p in prompts:
+        text = tokenizer.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True)
+        before = dict(steps)
+        out = llm.generate([text], SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)[0]
+        new = {rid: n - before.get(rid, 0) for rid, n in steps.items() if n != before.get(rid, 0)}
+        rows.append({"id": p["id"], "domain": p["domain"], "tokens": len(out.outputs[0].token_ids),
+                     "steps": sum(new.values()), "output": list(out.outputs[0].token_ids)})
+    llm.llm_engine.engine_core.shutdown()
+    return {"system": system, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", action="append", default=[])
+    parser.add_argument("--limit", action="append", type=int, default=[])
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--out", type=Path, default=Path("results/mrv2_acceptance.json"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:  # one system in a process of its own (vLLM holds process-wide state)
+        job = json.loads(args.child)
+        print("RESULT" + json.dumps(run_system(job["system"], job["prompts"], job["max_tokens"])))
+        return 0
+    from cosine.tooling.workloads import load, resolve_workload
+
+    prompts = []
+    for i, name in enumerate(args.workload or ["mixed"]):
+        limit = args.limit[i] if i < len(args.limit) else None
+        chosen, per_domain = [], defaultdict(int)
+        for p in load(resolve_workload(name)):
+            if limit is None or per_domain[p.domain] < limit:
+                per_domain[p.domain] += 1
+                chosen.append({"id": p.id, "domain": f"{name}/{p.domain}", "messages": p.messages()})
+        prompts += chosen
+    results = []
+    for system in args.systems.split(","):
+        job = json.dumps({"system": system, "prompts": prompts, "max_tokens": args.max_tokens})
+        out = subprocess.run([sys.executable, __file__, "--child", job], capture_output=True, text=True,
+                             env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4"})
+        lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
+        if out.returncode or not lines:
+            sys.stderr.write(out.stderr[-3000:])
+            return 1
+        results.append(json.loads(lines[-1][len("RESULT"):]))
+        print(f"{system}: done", flush=True)
+    table: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in results:
+        per: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for row in r["rows"]:
+            per[row["domain"]][0] += max(0, row["tokens"] - 1)
+            per[row["domain"]][1] += row["steps"]
+        for domain, (tokens, steps) in per.items():
+            table[domain][r["system"]] = round(tokens / steps, 3) if steps else 0.0
+    same = all(a["output"] == b["output"] for r in results[1:] for a, b in zip(results[0]["rows"], r["rows"],
+                                                                              strict=True))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"tokens_per_step": table, "outputs_identical": same, "runs": results}, indent=1))
+    systems = [r["system"] for r in results]
+    print("| domain | " + " | ".join(systems) + " |")
+    print("|---|" + "---|" * len(systems))
+    for domain, row in sorted(table.items()):
+        print(f"| {domain} | " + " | ".join(f"{row.get(s, 0):.2f}" for s in systems) + " |")
+    print(f"outputs identical across systems: {same}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
