@@ -132,6 +132,13 @@ def build_pod_spec(
     if tls is not None:
         container["volumeMounts"].append({"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True})
         spec["volumes"].append({"name": TLS_VOLUME, "secret": {"secretName": tls.secret_name}})
+    return {**spec, **_placement(pod)}
+
+
+def _placement(pod: PodOverrides) -> dict[str, Any]:
+    """The pod spec's fields ``pod`` sets verbatim: scheduling, identity, image pull secrets (the
+    GPU toleration added for a GPU pod)."""
+    spec: dict[str, Any] = {}
     if pod.node_selector:
         spec["nodeSelector"] = dict(pod.node_selector)
     tolerations = _tolerations(pod)
