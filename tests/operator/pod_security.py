@@ -76,3 +76,14 @@ def pod_specs(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]
                 if role in group:
                     out.append((f"LeaderWorkerSet/{o['metadata']['name']}/{role}", group[role]["spec"]))
     return out
+
+
+def writable_root_violations(pod: dict[str, Any]) -> list[str]:
+    """The containers of ``pod`` (a PodSpec) a policy requiring a read-only root filesystem refuses:
+    each one, init and ephemeral containers included, whose ``securityContext`` does not set
+    ``readOnlyRootFilesystem: true`` (Gatekeeper library's ``k8spspreadonlyrootfilesystem``;
+    Kyverno's ``require-ro-rootfs`` checks the containers alone)."""
+    containers = [*(pod.get("initContainers") or ()), *(pod.get("containers") or ()),
+                  *(pod.get("ephemeralContainers") or ())]
+    return [f"{c.get('name')}: root filesystem writable" for c in containers
+            if (c.get("securityContext") or {}).get("readOnlyRootFilesystem") is not True]

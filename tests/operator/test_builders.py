@@ -22,6 +22,7 @@ from cosine_operator.builders.networking import (
 )
 from cosine_operator.builders.pods import DEFAULT_RESOURCES
 from cosine_operator.builders.router import build_router
+from cosine_operator.builders.security import writable_dirs
 from cosine_operator.builders.storage import (
     PULL_LIMIT_REQUEST_RATIO,
     build_model_claim,
@@ -100,7 +101,8 @@ def test_verifier_deployment_command_ports_probes_and_gpu() -> None:
     assert env["COSINE_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "cosine-key", "key": "token"}
     assert env["HF_HOME"]["value"] == "/models/hf"
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
-    assert mounts == {"/etc/cosine", "/models", "/dev/shm"}  # vLLM needs more shared memory than 64 MiB
+    # vLLM needs more shared memory than 64 MiB; HOME (the compile caches) and /tmp: the writable places
+    assert mounts == {"/etc/cosine", "/models", "/dev/shm", "/home/cosine", "/tmp"}
     assert pod["securityContext"]["runAsNonRoot"] is True
 
 
@@ -200,7 +202,8 @@ def test_pods_pull_their_models_before_the_runtime_starts() -> None:
     (v,) = init(build_verifier_deployment("demo", "ns", parse_cluster_spec(spec)))
     assert v["name"] == "model-pull" and v["command"] == ["cosine"]
     assert v["args"] == ["models", "pull", "qwen2.5-coder-1.5b-instruct"]
-    assert v["volumeMounts"] == [{"name": "models", "mountPath": "/models"}]
+    assert v["volumeMounts"] == [{"name": "models", "mountPath": "/models"},  # and, its root filesystem read-only:
+                                 {"name": "cache", "mountPath": "/home/cosine"}, {"name": "tmp", "mountPath": "/tmp"}]
     assert {e["name"]: e.get("value") for e in v["env"]}["COSINE_CACHE"] == "/models"
     (code,) = init(build_drafter_deployment("demo", "ns", parse_cluster_spec(spec), "code", replicas=1))
     assert code["args"] == ["models", "pull", "qwen2.5-coder-0.5b-instruct"]
@@ -442,7 +445,8 @@ def test_model_cache_job_fills_a_claim_the_pods_mount_read_only() -> None:
     (pull,) = pod["containers"]
     assert pull["args"] == ["models", "pull", "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in pull["env"]
-    assert pod["volumes"] == [{"name": "models", "persistentVolumeClaim": {"claimName": "demo-models"}}]
+    assert pod["volumes"] == [{"name": "models", "persistentVolumeClaim": {"claimName": "demo-models"}},
+                              *writable_dirs(gpu=False)[1]]  # its root filesystem is read-only
     assert pod["restartPolicy"] == "Never" and pull["resources"]["limits"]["memory"]
     for d in (build_verifier_deployment("demo", "ns", cluster),
               build_drafter_deployment("demo", "ns", cluster, "code", 1)):
@@ -500,7 +504,8 @@ def test_object_store_credentials_reach_only_the_containers_that_pull() -> None:
     pod = job["spec"]["template"]["spec"]
     (pull,) = pod["containers"]
     assert pull["envFrom"] == [{"secretRef": {"name": "store-keys"}}] and mount in pull["volumeMounts"]
-    assert pod["volumes"] == [{"name": "models", "persistentVolumeClaim": {"claimName": "demo-models"}}, volume]
+    assert pod["volumes"] == [{"name": "models", "persistentVolumeClaim": {"claimName": "demo-models"}},
+                              *writable_dirs(gpu=False)[1], volume]
     for d in (build_verifier_deployment("demo", "ns", cluster),
               build_drafter_deployment("demo", "ns", cluster, "code", 1)):
         assert "store-keys" not in str(_template(d))  # the cache is read as is: no pull, no keys
@@ -510,7 +515,7 @@ def test_object_store_credentials_reach_only_the_containers_that_pull() -> None:
         "name"]
     del spec["modelCredentialsSecretRef"]
     pod = build_model_job("demo", "ns", parse_cluster_spec(spec))["spec"]["template"]["spec"]
-    assert "envFrom" not in pod["containers"][0] and len(pod["volumes"]) == 1
+    assert "envFrom" not in pod["containers"][0] and "secret" not in str(pod["volumes"])
 
 
 def test_a_prepopulated_cache_runs_no_pull_job() -> None:
@@ -690,9 +695,12 @@ def test_role_pods_take_spread_annotations_and_labels_and_are_never_best_effort(
     assert verifier["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     labels = verifier["metadata"]["labels"]
     assert labels["team"] == "ml" and labels["cosine.dev/cluster"] == "demo"
-    assert verifier["spec"]["containers"][0]["resources"] == DEFAULT_RESOURCES["verifier"]
+    # the defaults, and the disk of the pod's emptyDirs: the model (5 GiB), the caches (2) and /tmp (1)
+    assert verifier["spec"]["containers"][0]["resources"] == {
+        "requests": {**DEFAULT_RESOURCES["verifier"]["requests"], "ephemeral-storage": "8Gi"}}
     drafter = build_drafter_deployment("demo", "ns", cluster, "code", 1)["spec"]["template"]
-    assert drafter["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2"}}  # the spec's, as written
+    # the spec's, as written, and the emptyDirs' disk (a 3 GiB model, the caches, /tmp)
+    assert drafter["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2", "ephemeral-storage": "6Gi"}}
     assert "topologySpreadConstraints" not in drafter["spec"] and drafter["metadata"]["labels"]["team"] == "ml"
     for role in DEFAULT_RESOURCES.values():
         assert role["requests"]["cpu"] and role["requests"]["memory"] and "limits" not in role  # Burstable
@@ -813,3 +821,4 @@ def test_router_network_policy_admits_the_gateway_and_lets_the_picker_read_metri
     verifier = policies["demo-verifier"]["spec"]["ingress"]
     assert verifier[0] == {"ports": [{"protocol": "TCP", "port": 8000}]}  # the API (and vLLM's metrics): anyone
     assert {"podSelector": {"matchLabels": selector_labels("demo", "router")}} in verifier[1]["from"]
+

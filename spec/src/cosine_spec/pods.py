@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from cosine_spec.contract import GPU_RESOURCE
@@ -17,6 +18,26 @@ CUDA_TAG_SUFFIX = "-cuda"
 # The runtime image's repository and pull policy when neither the spec nor the operator names one.
 RUNTIME_REPOSITORY = "ghcr.io/cosine-project/cosine"
 RUNTIME_PULL_POLICY = "IfNotPresent"
+
+# Where the runtime writes, in a pod whose root filesystem is read-only: HOME_DIR, which holds every
+# cache of what it compiles (vLLM's torch.compile cache at VLLM_CACHE_ROOT, Triton's kernels and
+# driver stub at TRITON_CACHE_DIR, FlashInfer's and CUDA's under HOME and XDG_CACHE_HOME, as vLLM
+# 0.32's envs.py and Triton 3.9's knobs.py read them), and TMP_DIR (vLLM's IPC sockets, Triton's
+# build directories): each an emptyDir of the pod's.
+HOME_DIR = "/home/cosine"  # the image's user's home (Dockerfile)
+TMP_DIR = "/tmp"
+CACHE_DIR = f"{HOME_DIR}/.cache"
+# The runtime's environment in every pod, and in its image (the Dockerfile's ENV, kept equal by
+# tests/operator/test_images.py): the caches above, and no usage statistics sent to vLLM's server
+# (vllm/usage/usage_lib.py: VLLM_NO_USAGE_STATS or DO_NOT_TRACK).
+RUNTIME_ENV: Mapping[str, str] = MappingProxyType({
+    "HOME": HOME_DIR,
+    "XDG_CACHE_HOME": CACHE_DIR,
+    "VLLM_CACHE_ROOT": f"{CACHE_DIR}/vllm",
+    "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+})
 
 
 @dataclass(frozen=True)

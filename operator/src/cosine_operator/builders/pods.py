@@ -11,7 +11,7 @@ from typing import Any
 
 from cosine_spec.cluster_spec import ClusterSpec, DrafterTLSSpec
 from cosine_spec.contract import CONFIG_DIR, COSINE_CACHE_ENV, GPU_RESOURCE, MODEL_CACHE_DIR, TLS_DIR
-from cosine_spec.pods import PodOverrides, RoleImage
+from cosine_spec.pods import RUNTIME_ENV, PodOverrides, RoleImage
 
 from cosine_operator.builders.names import (
     CONFIG_HASH_ANNOTATION,
@@ -21,7 +21,14 @@ from cosine_operator.builders.names import (
     model_claim_name,
     selector_labels,
 )
-from cosine_operator.builders.security import pod_security, restricted_container
+from cosine_operator.builders.security import (
+    CACHE_GIB,
+    TMP_GIB,
+    pod_security,
+    read_only_root,
+    restricted_container,
+    writable_dirs,
+)
 from cosine_operator.builders.storage import model_credentials_volumes, model_storage_gib, pull_container
 
 # The taint GKE puts on GPU node pools and the one EKS GPU node groups are usually given.
@@ -44,6 +51,18 @@ DEFAULT_RESOURCES: dict[str, dict[str, dict[str, str]]] = {
 }
 
 
+EPHEMERAL_STORAGE = "ephemeral-storage"
+
+
+def with_disk(resources: dict[str, Any], gib: int) -> dict[str, Any]:
+    """``resources`` requesting ``gib`` GiB of ephemeral storage (the pod's emptyDirs on disk: the
+    scheduler places the pod where they fit, the kubelet evicts it past a sizeLimit), unless they
+    already name ephemeral storage; everything else as written."""
+    if any(EPHEMERAL_STORAGE in (resources.get(k) or {}) for k in ("requests", "limits")):
+        return resources
+    return {**resources, "requests": {**(resources.get("requests") or {}), EPHEMERAL_STORAGE: f"{gib}Gi"}}
+
+
 def build_pod_spec(
     cluster: ClusterSpec,
     pod: PodOverrides,
@@ -58,15 +77,19 @@ def build_pod_spec(
     """A pod spec around ``container``: the role's image for its device (:meth:`ImageSpec.for_pod`),
     its models from ``spec.modelCache``'s claim mounted read-only or else pulled into an
     ``emptyDir`` by an init container, the pod template fields of ``pod`` verbatim, and a security
-    context Pod Security ``restricted`` admits. ``shm``: a memory-backed ``/dev/shm`` (vLLM's
-    engine processes exchange tensors through shared memory, more than a container's default 64 MiB)."""
-    image, policy = cluster.image.for_pod(role_image, pod.requests_gpu)
+    context Pod Security ``restricted`` admits, with a read-only root filesystem (:func:`writable_dirs`
+    are where the runtime writes). ``shm``: a memory-backed ``/dev/shm`` (vLLM's engine processes
+    exchange tensors through shared memory, more than a container's default 64 MiB)."""
+    gpu = pod.requests_gpu
+    image, policy = cluster.image.for_pod(role_image, gpu)
     cache = cluster.model_cache
-    resources = dict(pod.resources) or DEFAULT_RESOURCES[container["name"]]
+    model_gib = 0 if cache else sum(model_storage_gib(m) for m in models) if models else 1
+    resources = with_disk(json.loads(json.dumps(dict(pod.resources) or DEFAULT_RESOURCES[container["name"]])),
+                          model_gib + CACHE_GIB[gpu] + TMP_GIB)
     container = {
         "image": image,
         "imagePullPolicy": policy,
-        "resources": json.loads(json.dumps(resources)),
+        "resources": resources,
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "models", "mountPath": MODEL_CACHE_DIR, **({"readOnly": True} if cache else {})},
@@ -81,8 +104,8 @@ def build_pod_spec(
             "persistentVolumeClaim": {"claimName": model_claim_name(name, cache), "readOnly": True},
         }
     else:
-        gib = sum(model_storage_gib(m) for m in models) if models else 1
-        models_volume = {"name": "models", "emptyDir": {"sizeLimit": f"{gib}Gi"}}
+        models_volume = {"name": "models", "emptyDir": {"sizeLimit": f"{model_gib}Gi"}}
+    read_only_root(container, gpu)
     spec: dict[str, Any] = {
         # the runtime never calls the Kubernetes API: no service-account token in its pods
         "automountServiceAccountToken": False,
@@ -92,11 +115,13 @@ def build_pod_spec(
         "volumes": [
             {"name": "config", "configMap": {"name": config_name(name)}},
             models_volume,
+            *writable_dirs(gpu)[1],
             *[json.loads(json.dumps(dict(v))) for v in pod.volumes],
         ],
     }
     if models and cache is None:
         pull = pull_container(cluster, models, container_env(pod, []))
+        read_only_root(pull, gpu)
         # the download lands in the emptyDir: the pod's ephemeral storage, reserved here
         pull["resources"]["requests"]["ephemeral-storage"] = models_volume["emptyDir"]["sizeLimit"]
         spec["initContainers"] = [pull]
@@ -107,6 +132,13 @@ def build_pod_spec(
     if tls is not None:
         container["volumeMounts"].append({"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True})
         spec["volumes"].append({"name": TLS_VOLUME, "secret": {"secretName": tls.secret_name}})
+    return {**spec, **_placement(pod)}
+
+
+def _placement(pod: PodOverrides) -> dict[str, Any]:
+    """The pod spec's fields ``pod`` sets verbatim: scheduling, identity, image pull secrets (the
+    GPU toleration added for a GPU pod)."""
+    spec: dict[str, Any] = {}
     if pod.node_selector:
         spec["nodeSelector"] = dict(pod.node_selector)
     tolerations = _tolerations(pod)
@@ -127,7 +159,10 @@ def build_pod_spec(
 
 
 def container_env(pod: PodOverrides, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"name": COSINE_CACHE_ENV, "value": MODEL_CACHE_DIR}, *extra, *[dict(e) for e in pod.env]]
+    """The runtime's environment: the model cache, :data:`cosine_spec.pods.RUNTIME_ENV` (its caches
+    in :func:`writable_dirs`, no usage statistics), ``extra``, then the spec's ``env`` (which wins)."""
+    return [{"name": COSINE_CACHE_ENV, "value": MODEL_CACHE_DIR},
+            *[{"name": k, "value": v} for k, v in RUNTIME_ENV.items()], *extra, *[dict(e) for e in pod.env]]
 
 
 def surge_update(max_surge: int) -> dict[str, int]:

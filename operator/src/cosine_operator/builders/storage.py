@@ -11,10 +11,17 @@ from typing import Any
 from cosine_spec.catalogue import gguf_source
 from cosine_spec.cluster_spec import ClusterSpec
 from cosine_spec.contract import COSINE_CACHE_ENV, MODEL_CACHE_DIR, MODEL_CREDENTIALS_DIR
-from cosine_spec.pods import RoleImage
+from cosine_spec.pods import RUNTIME_ENV, RoleImage
 
 from cosine_operator.builders.names import Manifest, labels, model_claim_name, model_job_name
-from cosine_operator.builders.security import pod_security, restricted_container
+from cosine_operator.builders.security import (
+    CACHE_GIB,
+    TMP_GIB,
+    pod_security,
+    read_only_root,
+    restricted_container,
+    writable_dirs,
+)
 
 _PARAMS = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)([bm])(?![a-z])")
 
@@ -143,14 +150,17 @@ def build_model_job(name: str, namespace: str, cluster: ClusterSpec) -> Manifest
     if cache is None or cache.pre_populated:
         return None
     models = cluster_models(cluster)
-    pull = pull_container(cluster, models, [{"name": COSINE_CACHE_ENV, "value": MODEL_CACHE_DIR}])
+    pull = pull_container(cluster, models, [{"name": COSINE_CACHE_ENV, "value": MODEL_CACHE_DIR},
+                                            *[{"name": k, "value": v} for k, v in RUNTIME_ENV.items()]])
+    read_only_root(pull, gpu=False)
+    pull["resources"]["requests"]["ephemeral-storage"] = f"{CACHE_GIB[False] + TMP_GIB}Gi"  # its emptyDirs
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,  # the identity webhooks project their own token
         "securityContext": pod_security(),
         "containers": [pull],
         "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": model_claim_name(name, cache)}},
-                    *model_credentials_volumes(cluster)],
+                    *writable_dirs(gpu=False)[1], *model_credentials_volumes(cluster)],
     }
     account = cluster.verifier.pod.service_account_name
     if account:
