@@ -21,12 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kube_api
 import pytest
 import yaml
 from api_router import ApiRouter
 from k8s_emulator import DEPLOYMENTS, Kube, wait_for
 from test_chart import render
-from test_crds_real import apply_crds, kubectl
+from test_crds_real import apply_crds
 from test_handlers import cluster_body
 from test_peering_real import _peers, _Replica
 
@@ -66,8 +67,7 @@ def test_rollout_order_follows_the_strategy() -> None:
 @pytest.fixture(scope="module")
 def router(routed: ApiRouter) -> ApiRouter:
     apply_crds(routed)
-    kubectl(routed, "wait", "--for", "condition=Established", "--timeout", "30s",
-            "crd/clusterkopfpeerings.kopf.dev", "crd/kopfpeerings.kopf.dev")
+    kube_api.wait_established(routed, "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
     return routed
 
 
@@ -109,7 +109,7 @@ def test_an_upgrade_from_the_previous_chart_never_has_two_operators_acting(route
     docs = render()
     current = next(d for d in docs if d["kind"] == "Deployment")
     peering = next(d for d in docs if d["kind"] == "ClusterKopfPeering")
-    kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-", stdin=json.dumps(peering))
+    kube_api.apply(router, peering, validation="Ignore")
     certs = tmp_path / "webhook"
     certs.mkdir()
     shutil.copy(router.real.certs["server.crt"], certs / "tls.crt")
@@ -146,8 +146,7 @@ def test_an_upgrade_from_the_previous_chart_never_has_two_operators_acting(route
         wait_for(settled, timeout_s=60, what=f"peering settled after {action} {pod}")
         acting = [p for p, r in processes.items() if _acting(r, p in standalone)]
         name = f"upgrade{i}"
-        kubectl(router, "apply", "--server-side", "--validate=false", "-f", "-",
-                stdin=json.dumps(cluster_body(name)))
+        kube_api.apply(router, cluster_body(name), validation="Ignore")
         wait_for(lambda name=name: kube.get(DEPLOYMENTS, NS, f"{name}-verifier")
                  and any(_created(r, name) for r in processes.values()), timeout_s=60,
                  what=f"{name} reconciled after {action} {pod}")
@@ -156,4 +155,4 @@ def test_an_upgrade_from_the_previous_chart_never_has_two_operators_acting(route
         assert len(acting) == 1 and len(handled[name]) == 1, (action, pod, acting, handled)
     print(f"rollout {[f'{a} {p}' for a, p in steps]}: handled by {handled}")
     for name in handled:
-        kubectl(router, "delete", "csc", name, "--wait=false", check=False)
+        kube_api.delete(router, f"{kube_api.resource_path(router, 'cosine.dev/v1alpha1', 'CoSineCluster')}/{name}")
