@@ -223,3 +223,87 @@ def test_async_scheduling_off_and_the_proposers_time_are_paid_per_step():
     assert res.summary()["proposer_cpu_ms_per_step"] > 0  # measured, wall time of this process
     plain = simulate(dataclasses.replace(setup, mode="target-only", async_scheduling=True), Workload(reqs, 2))
     assert plain.verifier_busy_s == pytest.approx(plain.passes)
+
+
+def test_the_model_runner_seam_pays_the_proposer_only_past_the_gpu_step():
+    """Through the model runner seam the proposer's Python runs beside the GPU's step: a step pays
+    its time only where it exceeds the step's GPU time (the pass, the head's forwards, lookup on
+    the device), and then only the excess; lookup on the device adds its kernels' time to every
+    decode step. Async scheduling is on: no `sync_step_s`."""
+    import dataclasses
+
+    from cosine.simulation.cluster import LookupModel
+
+    reqs = tuple(RequestSpec(0.0, 50, 10, "chat") for _ in range(2))
+    setup = _flat_setup("cosine", lookup=LookupModel(0.0, 4))
+    setup = dataclasses.replace(setup, proposer_overlapped=True, verifier=dataclasses.replace(
+        setup.verifier, sync_step_s=0.1, device_lookup_step_s=0.2, proposer_step_s=lambda batch: 0.01 * batch))
+    res = simulate(setup, Workload(reqs, 2))
+    decode_steps = res.passes - 1  # both prompts in one prefill step, then both decode together
+    assert res.verifier_busy_s == pytest.approx(1.0 + 1.2 * decode_steps)  # 0.02 s of Python hidden by 1.2 s
+    slow = dataclasses.replace(setup, verifier=dataclasses.replace(setup.verifier, proposer_step_s=lambda b: 0.8 * b))
+    res = simulate(slow, Workload(reqs, 2))  # 1.6 s of Python a step: 0.4 s past the GPU's 1.2 s
+    assert res.verifier_busy_s == pytest.approx(1.0 + 1.6 * (res.passes - 1))
+    # the scheduler seam: every step pays all of the proposer's time and async scheduling off
+    sched = dataclasses.replace(slow, proposer_overlapped=False, async_scheduling=False)
+    res = simulate(sched, Workload(reqs, 2))
+    assert res.verifier_busy_s == pytest.approx(1.1 + (1.2 + 1.6 + 0.1) * (res.passes - 1))
+
+
+class _Script:
+    """A local source that drafts, at each call, the tokens `script` gives for the context's length."""
+
+    name, where = "lookup", "process"
+
+    def __init__(self, script):
+        self.script, self.asked = script, []
+
+    def start(self, request_id, prompt):
+        pass
+
+    def candidate(self, request_id, context, max_tokens, acceptance_rate):
+        from cosine.sources import Candidate
+
+        self.asked.append(max_tokens)
+        tokens = self.script.get(len(context), ())[:max_tokens]
+        return Candidate(tuple(tokens), (0.5,) * len(tokens)) if tokens else None
+
+    def release(self, request_id):
+        pass
+
+
+def test_an_anchored_candidate_is_used_a_step_later_only_where_it_continues_the_tokens():
+    """A candidate from the verifier's process reaches the device a step stale, anchored to the
+    context it was made from: the step after, it is used where the tokens emitted meanwhile are its
+    own first ones (the rest of it is the draft), and is no candidate where they are not, so
+    another source's draft is verified."""
+    from cosine.simulation.drafting import AnchoredSource
+
+    inner = _Script({3: (4, 5, 6, 7, 8), 5: (6, 7, 8), 7: (9, 9)})
+    src = AnchoredSource(inner)
+    assert src.candidate("r", [1, 2, 3], 4, 0.5) is None  # nothing made a step before
+    assert inner.asked == [9]  # asked for enough to outlast the step it waits through
+    got = src.candidate("r", [1, 2, 3, 4, 5], 2, 0.5)  # the target emitted 4, 5: the candidate's own
+    assert got is not None and got.token_ids == (6, 7) and got.confidences == (0.5, 0.5)
+    assert src.candidate("r", [1, 2, 3, 4, 5, 6, 0], 4, 0.5) is None  # emitted 6, 0: the candidate said 6, 7
+    got = src.candidate("r", [1, 2, 3, 4, 5, 6, 0, 9], 4, 0.5)  # made from 7 tokens as (9, 9); emitted 9
+    assert got is not None and got.token_ids == (9,)
+    src.release("r")
+    assert src.candidate("r", [1, 2, 3, 4, 5, 6, 0, 9, 9], 4, 0.5) is None  # released: nothing kept
+
+
+def test_stale_lookup_falls_back_to_the_heads_draft():
+    """With lookup's candidates a step stale (`SimSetup.lookup_anchored`), the steps where no stale
+    candidate continues the tokens verify the head's draft: the head's share of verified drafts
+    grows against lookup on the current tokens, and every token still completes."""
+    import dataclasses
+
+    from cosine.simulation.cluster import EAGLE3, LookupModel
+
+    reqs = tuple(RequestSpec(0.0, 50, 60, "code") for _ in range(2))
+    setup = dataclasses.replace(_flat_setup("cosine", lookup=LookupModel(1.0, 4)), engine_drafter=_head())
+    fresh = simulate(setup, Workload(reqs, 2))
+    stale = simulate(dataclasses.replace(setup, lookup_anchored=True), Workload(reqs, 2))
+    assert fresh.tokens == stale.tokens == 120
+    share = {name: r.by_source.get(EAGLE3, [0])[0] / r.spec_steps for name, r in (("fresh", fresh), ("stale", stale))}
+    assert stale.by_source.get("lookup") and share["stale"] > share["fresh"]

@@ -144,10 +144,23 @@ def test_paper_study_runs_what_users_run(paper):
     assert setups["cosine-head"].pools == () and setups["cosine-head"].engine_drafter is head
     assert setups["cosine-no-head"].engine_drafter is None and setups["cosine-no-head"].pools == setups["cosine"].pools
     assert setups["cosine-no-lookup"].lookup is None and setups["cosine-no-lookup"].engine_drafter is head
-    # vLLM's eagle3 and target-only keep async scheduling; lookup (vLLM's suffix) and CoSine run without
+    # vLLM's eagle3 and target-only keep async scheduling, lookup (vLLM's suffix) runs without; CoSine
+    # serves through the model runner: async scheduling on, its proposer beside the GPU's step,
+    # lookup on the device at its kernels' time a step (or a step stale from the process, free of it)
     assert setups["eagle3"].async_scheduling and setups["target-only"].async_scheduling
-    assert not setups["cosine"].async_scheduling and not setups["lookup"].async_scheduling
-    assert setups["cosine-head-free"].async_scheduling
+    assert not setups["lookup"].async_scheduling
+    for system in ("cosine", "cosine-head", "cosine-no-head", "cosine-no-lookup", "cosine-head-lookup-stale"):
+        s = setups[system]
+        assert s.async_scheduling and s.proposer_overlapped and s.verifier.sync_step_s == 0, system
+    assert setups["cosine-head"].verifier.device_lookup_step_s == scenarios.DEVICE_LOOKUP_STEP_S > 0
+    assert setups["cosine-no-lookup"].verifier.device_lookup_step_s == 0
+    stale = setups["cosine-head-lookup-stale"]
+    assert stale.lookup_anchored and stale.verifier.device_lookup_step_s == 0 and not setups["cosine"].lookup_anchored
+    old = setups["cosine-head-scheduler-seam"]  # what CoSine served through before: V1's scheduler
+    assert not old.async_scheduling and not old.proposer_overlapped
+    assert old.verifier.sync_step_s == scenarios.SYNC_STEP_S
+    assert old.engine_drafter is head and old.lookup is not None and not old.lookup_anchored
+    assert old.verifier.proposer_step_s(64) == setups["cosine-head"].verifier.proposer_step_s(64) > 0
     hit_chat, _ = setups["lookup"].lookup.on("chat")
     assert setups["lookup"].acceptance.mean("lookup", "chat") < setups["lookup"].acceptance.mean("lookup", "math")
     assert 0 < hit_chat < 1

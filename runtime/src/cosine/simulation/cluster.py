@@ -35,6 +35,13 @@ every step, whichever draft the step verifies (its first forward runs even where
 them in vanilla; in cosine as many as the proposer will verify (`CoSineProposer.engine_draft_len`,
 vLLM's `num_spec_tokens_to_schedule`), as `vllm_hooks.CoSineScheduler` asks of vLLM.
 
+Where CoSine meets vLLM is what a step pays (`_step_s`). The scheduler seam (V1, async scheduling
+off): `sync_step_s` and the proposer's time on every step. The model runner seam (MRV2, async
+scheduling on): the proposer's Python beside the GPU's step, paying only what it takes past it;
+prompt lookup on the device over the current tokens, `device_lookup_step_s` a step; candidates
+from the verifier's process anchored and one step stale (a pool's draft always is: it is asked
+while the step it follows is verified; lookup's where `SimSetup.lookup_anchored`).
+
 The simulator's inputs are `setup`'s (re-exported here), its drafters `drafting`'s, its output
 `results.SimResult`.
 """
@@ -51,7 +58,7 @@ from cosine_spec import autoscaling
 from cosine_spec.scaling_loop import ScalingLoop
 
 from cosine.proposer import CoSineProposer, ProposerSettings, RequestOutcome, StepRecord
-from cosine.simulation.drafting import SimExecutor, SimLookup, SimPool
+from cosine.simulation.drafting import AnchoredSource, SimExecutor, SimLookup, SimPool
 from cosine.simulation.results import SimResult
 from cosine.simulation.setup import (  # re-exported: the simulator's inputs, where they were
     EAGLE3,
@@ -136,10 +143,12 @@ class _Cluster:
 
     def _sources(self, replica: int) -> list[DraftSource]:
         """A replica's proposer's local sources, as `cosine serve` builds them: the engine's own
-        drafter first (when the verifier runs one), then prompt lookup."""
+        drafter first (when the verifier runs one), then prompt lookup (a step stale where its
+        candidates come from the verifier's process: `SimSetup.lookup_anchored`)."""
         out: list[DraftSource] = [self.engines[replica]] if self.engines else []
         if self.s.lookup is not None:
-            out.append(LookupSource(SimLookup(self.s.lookup, self)))
+            lookup = LookupSource(SimLookup(self.s.lookup, self))
+            out.append(AnchoredSource(lookup) if self.s.lookup_anchored else lookup)
         return out
 
     # ------------------------------------------------------------------ requests
@@ -285,9 +294,8 @@ class _Cluster:
             step = self._schedule(running, replica)
             tokens = sum(n for _, n in step)
             kv = sum(seq.spec.prompt_tokens - seq.prefill_left + seq.emitted for seq, _ in step)
-            pass_s = v.pass_s(tokens, kv)
             decodes = [seq for seq, _ in step if seq.prefill_left == 0]
-            pass_s += self._overheads_s(len(decodes), self.head_depth[replica])
+            pass_s = self._step_s(v.pass_s(tokens, kv), len(decodes), self.head_depth[replica])
             yield self.env.timeout(pass_s)
             self.out.verifier_busy_s += pass_s
             self.window["busy_s"] += pass_s
@@ -306,18 +314,23 @@ class _Cluster:
                 self.out.proposer_steps += 1
             self._draft(running, proposer)
 
-    def _overheads_s(self, decodes: int, depth: int) -> float:
-        """What a step of `decodes` decoding requests costs beyond the target's pass: the engine
-        drafter's forwards over the batch, `depth` deep (its k in vanilla; in cosine what the
-        proposer asked for, at least one forward), whichever draft wins, async scheduling off, and
-        CoSine's proposer's own CPU time."""
+    def _step_s(self, pass_s: float, decodes: int, depth: int) -> float:
+        """A step of `decodes` decoding requests whose target pass takes `pass_s`: on the GPU, the
+        pass, the engine drafter's forwards over the batch, `depth` deep (its k in vanilla; in
+        cosine what the proposer asked for, at least one forward) whichever draft wins, and lookup
+        on the device; then async scheduling off, and CoSine's proposer's CPU time: all of it, or
+        where it runs beside the step (`SimSetup.proposer_overlapped`) what it takes past the
+        step's GPU time."""
         s, v = self.s, self.s.verifier
-        out = 0.0 if s.async_scheduling else v.sync_step_s
+        gpu_s = pass_s
         if s.engine_drafter is not None and s.mode != "target-only":
-            out += s.engine_drafter.step_s(decodes, depth)
-        if self.proposers and decodes:
-            out += v.proposer_step_s(decodes)
-        return out
+            gpu_s += s.engine_drafter.step_s(decodes, depth)
+        if decodes and s.lookup is not None and s.mode == "cosine":
+            gpu_s += v.device_lookup_step_s
+        cpu_s = v.proposer_step_s(decodes) if self.proposers and decodes else 0.0
+        if s.proposer_overlapped:
+            cpu_s = max(0.0, cpu_s - gpu_s)
+        return gpu_s + cpu_s + (0.0 if s.async_scheduling else v.sync_step_s)
 
     def _after_step(self, seq: SimRequest, n: int, running: list[SimRequest]) -> RequestOutcome | None:
         """The target's side of a step for one request: a prefill chunk, or its draft verified

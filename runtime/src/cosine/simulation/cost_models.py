@@ -226,6 +226,19 @@ def _step_cost(series: str) -> Callable[[int], float]:
 # (`EngineCore.post_step` hands them to the scheduler only then).
 SYNC_STEP_S = 0.001
 
+# ASSUMED, from vLLM's `ngram_gpu` (prompt lookup on the device), as no per-step time of it is
+# published: PR #29184 (ngram_gpu for V1 with async scheduling) reports only end-to-end throughput,
+# +20-39% over the synchronous CPU `ngram` at 2-16 requests (Qwen3-1.7B, one H20, k = 3), and PR
+# #40704 (its Model Runner V2 speculator) none. What it runs is read from vLLM 0.32's source
+# (`v1/worker/gpu/spec_decode/ngram/speculator.py`): two Triton kernels a step, a scan over each
+# running request's token history (one program per request and block of `max_model_len`) and a
+# finalize that picks the longest match and gathers the k tokens after it, both enqueued behind
+# the pass with no host sync (not in a CUDA graph). At 64
+# requests of 4,096 tokens the scan reads 1 MiB of int32 ids, under a microsecond of HBM time, so a
+# step pays about two kernel launches (~5 us each on the device): 0.05 ms taken, about 5x that,
+# for the kernels' own time; 0.1-0.3% of the paper's passes (15-50 ms).
+DEVICE_LOOKUP_STEP_S = 0.00005
+
 
 def load_profiles(path: Path | None = None) -> Profiles:
     """The profiles YAML (default: the one shipped with the package)."""

@@ -1,6 +1,7 @@
 """The drafters the simulator models, behind the interfaces the proposer calls: prompt lookup
 (`SimLookup`, `lookup.SuffixLookup`'s), drafter pools (`SimPool`, `drafter.Drafter`'s, as
-`ReplicaPool`), and the executor their calls run on in simulated time (`SimExecutor`). Each draft
+`ReplicaPool`), a source whose candidates reach the device a step stale (`AnchoredSource`), and
+the executor their calls run on in simulated time (`SimExecutor`). Each draft
 token is the target's at the request's acceptance rate for its source (`target.SimRequest.guess`).
 They see the cluster only through `World`.
 """
@@ -15,10 +16,12 @@ from typing import Any, Protocol
 import simpy
 
 from cosine.drafter import Draft, DraftBranch
+from cosine.pool_clients import PoolDraft, continuation
 from cosine.pool_policy import assign_replica
 from cosine.simulation.cost_models import AcceptanceModel
 from cosine.simulation.setup import LookupModel, PoolModel
 from cosine.simulation.target import SimRequest
+from cosine.sources import Candidate, DraftSource, Where
 from cosine.sources.lookup import LOOKUP
 
 DRAFT_BYTES_PER_TOKEN = 8  # a draft token on the wire: its id and its confidence (no distribution)
@@ -121,6 +124,41 @@ class SimLookup:
 
     def release(self, request_id: str) -> None:
         pass
+
+
+class AnchoredSource:
+    """A local source run in the verifier's process, as the model runner seam takes it: its
+    candidate for a step is made from the context a step before (the scheduler's output for step
+    t+1 is built while step t runs, from the tokens known then), sent with that context's length
+    (an anchored candidate), and used on the device only where the tokens emitted since are its
+    own first ones; the rest of it is the candidate (`pool_clients.continuation`, the check the
+    proposer makes of a pool's draft). Elsewhere it has none, and another source's draft (the
+    head's) is verified. The inner source is asked for `reach` times `max_tokens` plus one, so a
+    candidate can outlast the step it waits through, as far as the source drafts."""
+
+    where = Where.PROCESS
+
+    def __init__(self, inner: DraftSource, reach: int = 2) -> None:
+        self.inner, self.name, self.reach = inner, inner.name, reach
+        self._made: dict[str, PoolDraft] = {}  # request id -> its candidate made at the last step
+
+    def start(self, request_id: str, prompt: Sequence[int]) -> None:
+        self.inner.start(request_id, prompt)
+
+    def candidate(self, request_id: str, context: Sequence[int], max_tokens: int,
+                  acceptance_rate: float) -> Candidate | None:
+        made = self._made.pop(request_id, None)
+        fresh = self.inner.candidate(request_id, context, self.reach * max_tokens + 1, acceptance_rate)
+        if fresh is not None and context:
+            self._made[request_id] = PoolDraft(len(context), context[-1], ((fresh.token_ids, fresh.confidences),))
+        rest = continuation(made, context) if made is not None else None
+        if rest is None or max_tokens <= 0:
+            return None
+        return Candidate(rest[0][:max_tokens], rest[1][:max_tokens])
+
+    def release(self, request_id: str) -> None:
+        self._made.pop(request_id, None)
+        self.inner.release(request_id)
 
 
 class SimPool:

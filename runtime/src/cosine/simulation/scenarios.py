@@ -34,6 +34,7 @@ from cosine.simulation.cluster import (
     simulate,
 )
 from cosine.simulation.cost_models import (
+    DEVICE_LOOKUP_STEP_S,
     SYNC_STEP_S,
     AcceptanceModel,
     Profiles,
@@ -188,25 +189,43 @@ def eagle3_setup(target_only: SimSetup, shape: str, acceptance_key: str, k: int,
         speculation=dataclasses.replace(target_only.speculation, max_draft_len=k))
 
 
+# Where CoSine meets vLLM on a GPU: inside the model runner (MRV2, async scheduling on), or at the
+# scheduler (V1 with async scheduling off: what CoSine served through before)
+SEAMS = ("model-runner", "scheduler")
+
+
 def served(setup: SimSetup, head: EngineDrafterModel | None, profiles: Profiles, head_key: str = "eagle3-public",
-           lookup: bool = True) -> SimSetup:
+           lookup: bool = True, seam: str = "model-runner", lookup_anchored: bool = False) -> SimSetup:
     """`setup` as CoSine serves it on GPU: its proposer with the engine's drafter `head` as a source
-    (None: no head), prompt lookup (`with_lookup`) if `lookup`, and the setup's pools; async
-    scheduling off (`cost_models.SYNC_STEP_S`, assumed) and the proposer's own time per step
-    (`cost_models.proposer_step_s`, measured on CPU) on every step."""
+    (None: no head), prompt lookup (`with_lookup`) if `lookup`, and the setup's pools, through
+    `seam` (`SEAMS`); the proposer's own time per step is `cost_models.proposer_step_s` (measured
+    on CPU). The model runner seam: async scheduling on; the proposer beside the GPU's step, paying
+    only what it takes past it; lookup on the device over the current tokens, at
+    `cost_models.DEVICE_LOOKUP_STEP_S` a step (assumed), or with `lookup_anchored` in the
+    verifier's process, a step stale and free of device time (`SimSetup.lookup_anchored`). The
+    scheduler seam: async scheduling off (`cost_models.SYNC_STEP_S`, assumed) and the proposer's
+    time on every step. Raises ValueError for another seam."""
+    if seam not in SEAMS:
+        raise ValueError(f"seam must be one of {SEAMS}, got {seam!r}")
     out = with_lookup(setup) if lookup else dataclasses.replace(setup, mode="cosine")
     if head is not None:
         out = _with_acceptance(dataclasses.replace(out, engine_drafter=head),
                                profiles.acceptance({EAGLE3: (head_key, ())}, DOMAINS))
-    return dataclasses.replace(out, async_scheduling=False, verifier=dataclasses.replace(
-        out.verifier, sync_step_s=SYNC_STEP_S, proposer_step_s=proposer_step_s()))
+    if seam == "scheduler":
+        return dataclasses.replace(out, async_scheduling=False, verifier=dataclasses.replace(
+            out.verifier, sync_step_s=SYNC_STEP_S, proposer_step_s=proposer_step_s()))
+    device_s = DEVICE_LOOKUP_STEP_S if lookup and not lookup_anchored else 0.0
+    return dataclasses.replace(out, async_scheduling=True, proposer_overlapped=True, lookup_anchored=lookup_anchored,
+                               verifier=dataclasses.replace(out.verifier, proposer_step_s=proposer_step_s(),
+                                                            device_lookup_step_s=device_s))
 
 
 # The study's systems: what a user would run, and CoSine as served with its ablations.
 PAPER_SYSTEMS = ("target-only", "lookup", "eagle3", "eagle3-best", "cosine", "cosine-head", "cosine-no-head",
-                 "cosine-no-lookup", "cosine-head-free")
+                 "cosine-no-lookup", "cosine-head-lookup-stale", "cosine-head-scheduler-seam")
 BASELINES = ("lookup", "eagle3", "eagle3-best")
-COSINE_SYSTEMS = ("cosine", "cosine-head", "cosine-no-head", "cosine-no-lookup", "cosine-head-free")
+COSINE_SYSTEMS = ("cosine", "cosine-head", "cosine-no-head", "cosine-no-lookup", "cosine-head-lookup-stale",
+                  "cosine-head-scheduler-seam")
 # Each part of `cosine` and the ablation without it (`cosine-head` is `cosine` without pools)
 ABLATIONS = {"head": "cosine-no-head", "lookup": "cosine-no-lookup", "pools": "cosine-head"}
 EAGLE3_K = (2, 3, 5, 7)  # vLLM's num_speculative_tokens tried; the best per dollar is kept
@@ -247,9 +266,10 @@ def paper_setups(pair: str, profiles: Profiles, closed: Workload, seed: int = 0,
     out["cosine"] = served(pooled, head, profiles)
     out["cosine-no-head"] = served(pooled, None, profiles)
     out["cosine-no-lookup"] = served(pooled, head, profiles, lookup=False)
-    ch = out["cosine-head"]  # what the rule alone gives: no proposer time, async scheduling kept
-    out["cosine-head-free"] = dataclasses.replace(ch, async_scheduling=True, verifier=dataclasses.replace(
-        ch.verifier, proposer_step_s=lambda batch: 0.0))
+    # `cosine-head` with all of lookup in the verifier's process, a step stale (its lower bound:
+    # none of lookup's hits on the device), and through the scheduler seam CoSine served before
+    out["cosine-head-lookup-stale"] = served(lookup, head, profiles, lookup_anchored=True)
+    out["cosine-head-scheduler-seam"] = served(lookup, head, profiles, seam="scheduler")
     return out
 
 
@@ -311,8 +331,10 @@ def paper_testbed(profiles: Profiles | None = None, concurrency: tuple[int, ...]
       assumed specialist edge), every candidate fused by the proposer;
     - its ablations (`ABLATIONS`): `cosine-head` (head and lookup, no pools: what a team with a head
       and no pool budget runs), `cosine-no-head` (lookup and pools), `cosine-no-lookup` (head and pools);
-    - `cosine-head-free`: `cosine-head` without the proposer's CPU time and with async scheduling
-      kept, what the proposer's rule gives apart from what running it costs.
+    - `cosine-head-lookup-stale`: `cosine-head` with all of lookup's candidates from the
+      verifier's process, a step stale (the model runner seam's lower bound for lookup);
+    - `cosine-head-scheduler-seam`: `cosine-head` through the scheduler seam CoSine served
+      through before (async scheduling off, the proposer's time on every step).
     Per cell, ratios per dollar to `eagle3`, to target-only and to `cosine-head`, and each part's
     gain: `cosine` per dollar over the ablation without it."""
     cells = []
@@ -328,7 +350,7 @@ def paper_testbed(profiles: Profiles | None = None, concurrency: tuple[int, ...]
         table.setdefault(pair, {}).setdefault(workload, {})[str(c)] = rows
     return {"workloads": {w: list(d) for w, d in WORKLOADS.items() if w in workloads},
             "concurrency": list(concurrency), "pairs": table,
-            "assumed": {"sync_step_s": SYNC_STEP_S}}
+            "assumed": {"sync_step_s": SYNC_STEP_S, "device_lookup_step_s": DEVICE_LOOKUP_STEP_S}}
 
 
 # ------------------------------------------------------------------ drafter pools on spot capacity
@@ -357,45 +379,51 @@ def spot_study(profiles: Profiles | None = None, concurrency: tuple[int, ...] = 
     each replica preempted at `preemptions_per_replica_hour` with `notice_s` of notice and
     replaced after `replacement_s` (`cluster.Preemption`). Reports goodput per dollar (output
     tokens per second per USD per hour), TPOT p50/p99, the preemptions and the requests whose
-    pool replica was taken from under them (re-homed), and per target which system wins."""
-    profiles = profiles or load_profiles()
-    rng = random.Random(seed)
+    pool replica was taken from under them (re-homed), and per target which system wins. The
+    cells (target, concurrency) run on a process per core (`_map_cells`)."""
+    cells = [(target, c, duration_s, Preemption(preemptions_per_replica_hour, notice_s, replacement_s),
+              pool_replicas, profiles, seed) for target in targets or tuple(SPOT_TARGETS) for c in concurrency]
     out: dict[str, Any] = {"assumed": {"spot_price_ratio": SPOT_PRICE_RATIO,
                                        "preemptions_per_replica_hour": preemptions_per_replica_hour,
                                        "notice_s": notice_s, "replacement_s": replacement_s},
                            "duration_s": duration_s, "targets": {}}
-    for target in targets or tuple(SPOT_TARGETS):
-        pair, hardware = SPOT_TARGETS[target]
-        rows: dict[str, Any] = {}
-        for c in concurrency:
-            n = int(c * duration_s / 0.3) + c  # more than the clients can finish in the run (128 tokens in < 0.3 s)
-            reqs = tuple(RequestSpec(0.0, 256, 128, rng.choice(PAPER_DOMAINS)) for _ in range(n))
-            setups = paper_setups(pair, profiles, Workload(reqs[: 4 * c], c), seed, hardware, pool_replicas)
-            cos = setups["cosine"]
-            setups["cosine-spot"] = dataclasses.replace(
-                cos, pools=tuple(dataclasses.replace(p, price_per_hour_usd=p.price_per_hour_usd * SPOT_PRICE_RATIO)
-                                 for p in cos.pools),
-                preemption=Preemption(preemptions_per_replica_hour, notice_s, replacement_s))
-            level: dict[str, Any] = {}
-            for system in SPOT_SYSTEMS:
-                res = simulate(setups[system], Workload(reqs, c), duration_s)
-                summ = res.summary()
-                usd_h = res.gpu_cost_usd / (duration_s / 3600)
-                level[system] = {"tok_s": summ["throughput_tok_s"], "usd_per_hour": usd_h,
-                                 "tok_s_per_usd_h": float(summ["throughput_tok_s"]) / usd_h,
-                                 "tpot_p50_s": summ["tpot_p50_s"], "tpot_p99_s": summ["tpot_p99_s"],
-                                 "requests": summ["requests"], "preemptions": summ["preemptions"],
-                                 "rehomed_requests": summ["rehomed_requests"], "drafts_late": summ["drafts_late"],
-                                 "draft_len": _row(setups[system], summ)["draft_len"]}
-            level["winner"] = max(SPOT_SYSTEMS, key=lambda m: float(level[m]["tok_s_per_usd_h"]))
-            spot = level["cosine-spot"]["tok_s_per_usd_h"]
-            level["cosine_spot_vs_eagle3"] = spot / level["eagle3"]["tok_s_per_usd_h"] - 1
-            level["cosine_spot_vs_eagle3_best"] = spot / level["eagle3-best"]["tok_s_per_usd_h"] - 1
-            level["spot_vs_on_demand"] = spot / level["cosine"]["tok_s_per_usd_h"] - 1
-            level["cosine_spot_vs_cosine_head"] = spot / level["cosine-head"]["tok_s_per_usd_h"] - 1
-            rows[str(c)] = level
-        out["targets"][target] = rows
+    for (target, c, *_), level in zip(cells, _map_cells(_spot_cell, cells), strict=True):
+        out["targets"].setdefault(target, {})[str(c)] = level
     return out
+
+
+def _spot_cell(target: str, c: int, duration_s: float, preemption: Preemption, pool_replicas: int,
+               profiles: Profiles | None, seed: int) -> dict[str, Any]:
+    """One target and concurrency of `spot_study` (its own requests, drawn from `seed`, the target
+    and `c`): every system's row, the winner and `cosine-spot`'s ratios."""
+    profiles = profiles or load_profiles()
+    pair, hardware = SPOT_TARGETS[target]
+    rng = random.Random(f"{seed}/{target}/{c}")
+    n = int(c * duration_s / 0.3) + c  # more than the clients can finish in the run (128 tokens in < 0.3 s)
+    reqs = tuple(RequestSpec(0.0, 256, 128, rng.choice(PAPER_DOMAINS)) for _ in range(n))
+    setups = paper_setups(pair, profiles, Workload(reqs[: 4 * c], c), seed, hardware, pool_replicas)
+    cos = setups["cosine"]
+    setups["cosine-spot"] = dataclasses.replace(
+        cos, pools=tuple(dataclasses.replace(p, price_per_hour_usd=p.price_per_hour_usd * SPOT_PRICE_RATIO)
+                         for p in cos.pools), preemption=preemption)
+    level: dict[str, Any] = {}
+    for system in SPOT_SYSTEMS:
+        res = simulate(setups[system], Workload(reqs, c), duration_s)
+        summ = res.summary()
+        usd_h = res.gpu_cost_usd / (duration_s / 3600)
+        level[system] = {"tok_s": summ["throughput_tok_s"], "usd_per_hour": usd_h,
+                         "tok_s_per_usd_h": float(summ["throughput_tok_s"]) / usd_h,
+                         "tpot_p50_s": summ["tpot_p50_s"], "tpot_p99_s": summ["tpot_p99_s"],
+                         "requests": summ["requests"], "preemptions": summ["preemptions"],
+                         "rehomed_requests": summ["rehomed_requests"], "drafts_late": summ["drafts_late"],
+                         "draft_len": _row(setups[system], summ)["draft_len"]}
+    level["winner"] = max(SPOT_SYSTEMS, key=lambda m: float(level[m]["tok_s_per_usd_h"]))
+    spot = level["cosine-spot"]["tok_s_per_usd_h"]
+    level["cosine_spot_vs_eagle3"] = spot / level["eagle3"]["tok_s_per_usd_h"] - 1
+    level["cosine_spot_vs_eagle3_best"] = spot / level["eagle3-best"]["tok_s_per_usd_h"] - 1
+    level["spot_vs_on_demand"] = spot / level["cosine"]["tok_s_per_usd_h"] - 1
+    level["cosine_spot_vs_cosine_head"] = spot / level["cosine-head"]["tok_s_per_usd_h"] - 1
+    return level
 
 
 # ------------------------------------------------------------------ past one verifier: routing

@@ -84,7 +84,10 @@ class VerifierModel:
     proposer, CoSine's scheduler, which turns async scheduling off to receive the head's drafts),
     not by target-only nor by vLLM's own `eagle3`/`mtp`/`draft_model` (`SimSetup.async_scheduling`).
     `proposer_step_s(batch)`: the drafting plane's own CPU time per step of `batch` decoding
-    requests, on the step's critical path (cosine mode)."""
+    requests (cosine mode): on the step's critical path, or only its excess over the step's GPU
+    time where the proposer runs beside the step (`SimSetup.proposer_overlapped`).
+    `device_lookup_step_s`: what prompt lookup on the device (the model runner seam's n-gram
+    kernels over each request's token history) adds to a step with decoding requests."""
 
     pass_s: Callable[[int, int], float]
     replicas: int = 1
@@ -93,6 +96,7 @@ class VerifierModel:
     price_per_hour_usd: float = 0.0
     sync_step_s: float = 0.0
     proposer_step_s: Callable[[int], float] = lambda batch: 0.0
+    device_lookup_step_s: float = 0.0
     # tokens of context each replica's prefix cache keeps after requests finish (vLLM's automatic
     # prefix caching in its free KV blocks, least recently used evicted); 0: not modelled
     prefix_cache_tokens: int = 0
@@ -159,6 +163,15 @@ class SimSetup:
     router_weights: RouterWeights = RouterWeights()  # the `affinity` router's scorer weights
     engine_drafter: EngineDrafterModel | None = None  # the verifier engine's own drafter (a head, a draft model)
     async_scheduling: bool = True  # vLLM's async scheduling on (False: each step pays `VerifierModel.sync_step_s`)
+    # Where CoSine meets vLLM (cosine mode). The model runner seam: the proposer's Python runs beside
+    # the GPU's step (a step stale), so a step pays its time only where it exceeds the step's GPU
+    # time, and then the excess; False (the scheduler seam): every step pays all of it.
+    proposer_overlapped: bool = False
+    # Prompt lookup runs in the verifier's process and reaches the device as anchored candidates
+    # (the context length they continue and their tokens) one step stale: made from the context a
+    # step before, used only where they still continue the tokens there (`drafting.AnchoredSource`).
+    # False: lookup drafts from the current tokens (on the device, or in the scheduler seam's process).
+    lookup_anchored: bool = False
 
 
 # How requests reach the verifier replicas:
