@@ -292,9 +292,10 @@ def test_mrv2_rows_of_minus_one_are_no_draft():
     """MRV2 answers `take_draft_token_ids` with rows of -1 when async scheduling is off (its drafts
     stay on the device): kept as a draft they were credited to the engine's source and calibrated."""
     from cosine.sources.engine import ON_DEVICE, EngineSource
+    from cosine.vllm_hooks import engine_rows
 
     src = EngineSource("eagle3")
-    src.offer({"a": [-1, -1, -1], "b": [0, 0], "c": [7, 0, 9]})
+    src.offer(engine_rows(["a", "b", "c"], [[-1, -1, -1], [0, 0], [7, 0, 9]]))
     assert src.candidate("a", [1, 2], 4, 0.5) is None
     assert src.candidate("b", [1, 2], 4, 0.5) is None
     assert src.candidate("c", [1, 2], 4, 0.5).token_ids == (7, 0, 9)

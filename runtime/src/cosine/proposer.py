@@ -516,7 +516,8 @@ class CoSineProposer:
             if cand is not None:
                 paths.append(DraftPath(name, cand.token_ids, cand.confidences))
                 alphas[name] = alpha
-                req.unverified[name] = (len(ctx), cand.token_ids)
+                if not cand.on_device:  # (the MRV2 seam's placeholders: its tokens are not known here)
+                    req.unverified[name] = (len(ctx), cand.token_ids)
         for name in req.pools:
             usable = self._arrived(req, name, ctx)
             if usable:
@@ -532,8 +533,6 @@ class CoSineProposer:
         tokens it emitted since: n of them compared, the matching prefix accepted (censored at the
         tokens emitted, as a draft of that length would be)."""
         for name, (ctx_len, tokens) in req.unverified.items():
-            if tokens and tokens[0] < 0:  # drafted on the device (the MRV2 seam): its tokens are not known here
-                continue
             emitted = ctx[ctx_len:]
             n = min(len(tokens), len(emitted))
             if n <= 0 or len(ctx) < ctx_len:

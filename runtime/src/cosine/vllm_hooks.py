@@ -471,6 +471,14 @@ def _classifier(model: str | None):
     return lambda prompt: classify_prompt(tokenizer.decode(list(prompt)[-512:], skip_special_tokens=True))
 
 
+def engine_rows(req_ids: Sequence[str], rows: Sequence[Sequence[int]]) -> dict[str, Sequence[int]]:
+    """The worker's drafts by request id, without rows that hold no token (every id negative):
+    MRV2 answers `take_draft_token_ids` with rows of -1 (its drafts stay on the device,
+    `DraftTokensHandler.get_draft_tokens`), which kept as a draft were credited to the engine's
+    source and calibrated."""
+    return {rid: row for rid, row in zip(req_ids, rows, strict=False) if any(t >= 0 for t in row)}
+
+
 class CoSineScheduler(Scheduler):
     """vLLM's scheduler with CoSine's drafts (see the module docstring). Everything else, from
     admission and KV blocks to preemption, is vLLM's own.
@@ -566,8 +574,7 @@ class CoSineScheduler(Scheduler):
         replace them with CoSine's choice, per running decode request; requests vLLM no longer
         holds are released from the proposer."""
         if self.engine_source is not None:
-            self.engine_source.offer(dict(zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids,
-                                              strict=False)))
+            self.engine_source.offer(engine_rows(draft_token_ids.req_ids, draft_token_ids.draft_token_ids))
         contexts: dict[str, Sequence[int]] = {}
         prompt_lens: dict[str, int] = {}
         for rid in draft_token_ids.req_ids:

@@ -38,10 +38,12 @@ class Where(StrEnum):
 class Candidate:
     """A source's draft for a request's next step: `token_ids[i]` with `confidences[i]`, the
     source's probability that token i is accepted given tokens < i are, in [0, 1] (shape: both
-    [num_tokens])."""
+    [num_tokens]). on_device: the tokens are placeholders for a draft the engine makes on the device
+    (the MRV2 seam), weighed by its confidences but never scored against what the target emitted."""
 
     token_ids: tuple[int, ...]
     confidences: tuple[float, ...]
+    on_device: bool = False
 
 
 class DraftSource(Protocol):

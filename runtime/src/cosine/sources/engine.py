@@ -37,14 +37,14 @@ class EngineSource:
     def __init__(self, name: str) -> None:
         self.name = name
         self._offered: dict[str, tuple[int, ...]] = {}
+        self._on_device = False  # the offered drafts are `on_device` placeholders
 
     def offer(self, drafts: Mapping[str, Sequence[int]]) -> None:
         """This step's drafts (vLLM's `DraftTokenIds` rows by request id); they replace the last
-        step's. Empty rows, rows of zeros (the drafter could not take the input) and rows of -1
-        (MRV2's answer to `take_draft_token_ids` with async scheduling off: its drafts stay on the
-        device, `DraftTokensHandler.get_draft_tokens`) are no draft and dropped."""
-        self._offered = {rid: tuple(int(t) for t in row) for rid, row in drafts.items()
-                         if any(t > 0 for t in row)}
+        step's. Empty rows and rows of zeros (the drafter could not take the input) are dropped
+        (MRV2's rows of -1 are dropped before they get here: `vllm_hooks.engine_rows`)."""
+        self._offered = {rid: tuple(int(t) for t in row) for rid, row in drafts.items() if any(row)}
+        self._on_device = False
 
     def on_device(self, request_ids: Sequence[str], num_tokens: int) -> None:
         """The MRV2 seam: the engine drafts `num_tokens` for each request on the device after the
@@ -52,6 +52,7 @@ class EngineSource:
         so the proposer weighs the draft by the source's acceptance rate (its tokens match no other
         source's, and the device substitutes the real ones)."""
         self._offered = {rid: (ON_DEVICE,) * num_tokens for rid in request_ids} if num_tokens > 0 else {}
+        self._on_device = True
 
     def start(self, request_id: str, prompt: Sequence[int]) -> None:
         """Nothing to index: the engine holds the drafter's state (its KV cache)."""
@@ -63,7 +64,7 @@ class EngineSource:
         draft = self._offered.get(request_id, ())[:max_tokens]
         if not draft:
             return None
-        return Candidate(draft, (acceptance_rate,) * len(draft))
+        return Candidate(draft, (acceptance_rate,) * len(draft), on_device=self._on_device)
 
     def release(self, request_id: str) -> None:
         """Forget the request's offered draft."""
