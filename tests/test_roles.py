@@ -125,7 +125,9 @@ def test_a_verifier_across_nodes_runs_vllm_multi_node_from_leader_worker_set_env
     assert (engine.tensor_parallel_size, engine.pipeline_parallel_size) == (8, 2)
     assert (engine.nnodes, engine.node_rank, engine.master_addr) == (2, 1, LWS_ENV["LWS_LEADER_ADDRESS"])
     assert engine.distributed_executor_backend == "mp"
-    assert engine.speculative_config["method"] == "custom_class"  # the leader's speculative path
+    # the leader's speculative path: a GPU verifier runs vLLM's Model Runner V2, so CoSine's MRV2 seam
+    # (vLLM's device lookup inside, async scheduling on)
+    assert engine.speculative_config["method"] == "ngram_gpu" and engine.async_scheduling is True
     with pytest.raises(KeyError):
         roles.parallel_args(v, {})  # not started by a LeaderWorkerSet
     one_node = tmp_path / "one.yaml"
