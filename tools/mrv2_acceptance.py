@@ -31,9 +31,12 @@ TARGET, DRAFTER = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 
 
 def _engine(system: str):
-    from cosine import mrv2_harness
+    import torch
 
-    mrv2_harness.enable()
+    if not torch.cuda.is_available():  # on a GPU host vLLM runs MRV2 natively
+        from cosine import mrv2_harness
+
+        mrv2_harness.enable()
     from cosine_spec.cluster_spec import SpeculationSpec
     from cosine_spec.verifier_spec import SpeculatorSpec
     from vllm import LLM
