@@ -128,6 +128,8 @@ def test_reconcile_children_status_and_printer_columns(real_operator: Any, kube:
 def test_kubectl_scale_reaches_the_deployment(real_operator: Any, kube: Kube, router: ApiRouter) -> None:
     _create(router, "gamma")
     wait_for(lambda: kube.get(DEPLOYMENTS, NS, "gamma-drafter-code"), what="drafter Deployment")
+    # the pool object is applied in the same pass, after its Deployment: scaling it earlier is a 404
+    wait_for(lambda: kube_api.get(router, f"{POOL_PATH}/gamma-code"), what="the CoSineDrafterPool")
     assert kube_api.scale(router, f"{POOL_PATH}/gamma-code", 3).status_code == 200
     wait_for(lambda: replicas(kube, "gamma-drafter-code") == 3, what="code pool at 3")
     assert kube_api.scale(router, f"{POOL_PATH}/gamma-code", 40).status_code == 200
