@@ -432,6 +432,11 @@ class TestFixedCluster:
             started.wait(timeout=120)  # every request has its first tokens: all 8 in flight
             os.kill(proc.pid, signal.SIGTERM)  # what the kubelet sends after preStop
             sigterm_s = time.monotonic()
+            # the signal reaches vLLM's server through `cosine serve`'s handler: a request sent in the
+            # same instant can still be admitted before the drain begins (CI saw one served). In a pod
+            # the preStop wait and the endpoint's removal come first; here the request waits 2 s, while
+            # the 8 streams (128 tokens each) are still being drained
+            time.sleep(2)
             # a new request is refused, not served: no text comes back (a drained server's listening
             # socket is closed, or vLLM's engine rejects the add, or the stream is cut off)
             try:
