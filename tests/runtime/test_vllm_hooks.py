@@ -73,11 +73,12 @@ def test_on_a_gpu_every_configuration_takes_the_mrv2_seam_with_async_scheduling_
     assert vllm_hooks.model_runner(cpu=False) == "mrv2" and vllm_hooks.model_runner(cpu=True) == "v1"
     mtp = vllm_hooks.engine_kwargs(SpeculationSpec(max_draft_len=2), SpeculatorSpec("mtp"), cpu=False)
     assert mtp["speculative_config"] == {"method": "mtp", "draft_sample_method": "greedy", "num_speculative_tokens": 2}
-    assert mtp["scheduler_cls"] == vllm_mrv2.SCHEDULER_CLS and mtp["async_scheduling"] is True
+    assert vllm_hooks.MRV2_SCHEDULER_CLS == f"{vllm_mrv2.__name__}.{vllm_mrv2.CoSineAsyncScheduler.__name__}"
+    assert mtp["scheduler_cls"] == vllm_hooks.MRV2_SCHEDULER_CLS and mtp["async_scheduling"] is True
     assert mtp["worker_cls"] == vllm_hooks.GPU_WORKER and mtp["additional_config"]["cosine"]["seam"] == "mrv2"
     lookup = vllm_hooks.engine_kwargs(SpeculationSpec(max_draft_len=3), cpu=False)
     assert lookup["speculative_config"]["method"] == "ngram_gpu" and lookup["async_scheduling"] is True
-    assert lookup["scheduler_cls"] == vllm_mrv2.SCHEDULER_CLS
+    assert lookup["scheduler_cls"] == vllm_hooks.MRV2_SCHEDULER_CLS
     # the GPU worker is vLLM's with the seam's mixin before it
     from vllm.v1.worker.gpu_worker import Worker
 

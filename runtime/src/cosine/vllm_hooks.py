@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 VLLM_VERSION = "0.32.0"  # the engine these hooks are written against (pinned in the Makefile)
 SCHEDULER_CLS = "cosine.vllm_hooks.CoSineScheduler"
+MRV2_SCHEDULER_CLS = "cosine.vllm_mrv2.CoSineAsyncScheduler"  # the MRV2 seam's (named, not imported: it imports this)
 NO_DRAFT_PROPOSER = "cosine.vllm_hooks.NoDraftProposer"
 LOSSLESS_CPU_WORKER = "cosine.vllm_cpu_worker.LosslessCPUWorker"  # vLLM-CPU's worker, sampling repaired
 CONFIG_KEY = "cosine"
@@ -381,11 +382,9 @@ def engine_kwargs(speculation: SpeculationSpec, speculator: SpeculatorSpec | Non
     else:
         config = {"method": "custom_class", "model": NO_DRAFT_PROPOSER}
     config["num_speculative_tokens"] = speculation.max_draft_len
-    from cosine import vllm_mrv2
-
     out = {
         "speculative_config": config,
-        "scheduler_cls": vllm_mrv2.SCHEDULER_CLS if seam == "mrv2" else SCHEDULER_CLS,
+        "scheduler_cls": MRV2_SCHEDULER_CLS if seam == "mrv2" else SCHEDULER_CLS,
         "async_scheduling": seam == "mrv2",
         "additional_config": {CONFIG_KEY: {**proposer_config(
             speculation, engine_source=speculator.method if speculator else "", **proposer), "seam": seam}},

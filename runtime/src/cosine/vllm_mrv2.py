@@ -44,7 +44,6 @@ from cosine.sources.engine import EngineSource
 
 log = logging.getLogger(__name__)
 
-SCHEDULER_CLS = "cosine.vllm_mrv2.CoSineAsyncScheduler"
 PLAN_ATTR = "cosine_plan"  # on SchedulerOutput: the StepPlan for the drafts made after this step
 SOURCES_ATTR = "cosine_sources"  # on ModelRunnerOutput: request id -> source of the draft this step verified
 LOOKUP_DEVICE = "ngram_gpu"  # the inner drafter's name when it is vLLM's device lookup
