@@ -30,7 +30,7 @@ SYSTEMS = ("draft", "lookup", "cosine-draft")
 TARGET, DRAFTER = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 
 
-def _engine(system: str):
+def _engine(system: str, k: int, draft_k: int):
     import torch
 
     if not torch.cuda.is_available():  # on a GPU host vLLM runs MRV2 natively
@@ -47,16 +47,20 @@ def _engine(system: str):
     target, drafter = str(resolve(TARGET)), str(resolve(DRAFTER))
     kw = dict(dtype="float32", enforce_eager=True, max_model_len=2048, seed=0)
     if system == "draft":
-        return LLM(model=target, speculative_config={"method": "draft_model", "model": drafter,
-                                                     "num_speculative_tokens": 4}, **kw)
+        return LLM(
+            model=target,
+            speculative_config={"method": "draft_model", "model": drafter, "num_speculative_tokens": draft_k},
+            **kw,
+        )
     speculator = SpeculatorSpec("draftModel", drafter) if system == "cosine-draft" else None
-    return vllm_hooks.cosine_llm(target, SpeculationSpec(max_draft_len=4), {}, speculator,
-                                 drafter if speculator else None, **kw)
+    return vllm_hooks.cosine_llm(
+        target, SpeculationSpec(max_draft_len=k), {}, speculator, drafter if speculator else None, **kw
+    )
 
 
-def run_system(system: str, prompts: list[dict], max_tokens: int) -> dict:
+def run_system(system: str, prompts: list[dict], max_tokens: int, k: int, draft_k: int) -> dict:
     """Per prompt: (domain, output tokens, decode steps) for `system` (in this process)."""
-    llm = _engine(system)  # first: the harness patches vLLM before it is imported
+    llm = _engine(system, k, draft_k)  # first: the harness patches vLLM before it is imported
     from vllm import SamplingParams
 
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
@@ -78,8 +82,15 @@ def run_system(system: str, prompts: list[dict], max_tokens: int) -> dict:
         before = dict(steps)
         out = llm.generate([text], SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)[0]
         new = {rid: n - before.get(rid, 0) for rid, n in steps.items() if n != before.get(rid, 0)}
-        rows.append({"id": p["id"], "domain": p["domain"], "tokens": len(out.outputs[0].token_ids),
-                     "steps": sum(new.values()), "output": list(out.outputs[0].token_ids)})
+        rows.append(
+            {
+                "id": p["id"],
+                "domain": p["domain"],
+                "tokens": len(out.outputs[0].token_ids),
+                "steps": sum(new.values()),
+                "output": list(out.outputs[0].token_ids),
+            }
+        )
     llm.llm_engine.engine_core.shutdown()
     return {"system": system, "rows": rows}
 
@@ -90,12 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", action="append", type=int, default=[])
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--k", type=int, default=8, help="CoSine's maxDraftLen (its default: 8)")
+    parser.add_argument("--draft-k", type=int, default=4, help="vLLM draft_model's num_speculative_tokens")
     parser.add_argument("--out", type=Path, default=Path("results/mrv2_acceptance.json"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:  # one system in a process of its own (vLLM holds process-wide state)
         job = json.loads(args.child)
-        print("RESULT" + json.dumps(run_system(job["system"], job["prompts"], job["max_tokens"])))
+        print(
+            "RESULT"
+            + json.dumps(run_system(job["system"], job["prompts"], job["max_tokens"], job["k"], job["draft_k"]))
+        )
         return 0
     from cosine.tooling.workloads import load, resolve_workload
 
@@ -110,14 +126,20 @@ def main(argv: list[str] | None = None) -> int:
         prompts += chosen
     results = []
     for system in args.systems.split(","):
-        job = json.dumps({"system": system, "prompts": prompts, "max_tokens": args.max_tokens})
-        out = subprocess.run([sys.executable, __file__, "--child", job], capture_output=True, text=True,
-                             env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4"})
+        job = json.dumps(
+            {"system": system, "prompts": prompts, "max_tokens": args.max_tokens, "k": args.k, "draft_k": args.draft_k}
+        )
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", job],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4"},
+        )
         lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
         if out.returncode or not lines:
             sys.stderr.write(out.stderr[-3000:])
             return 1
-        results.append(json.loads(lines[-1][len("RESULT"):]))
+        results.append(json.loads(lines[-1][len("RESULT") :]))
         print(f"{system}: done", flush=True)
     table: dict[str, dict[str, float]] = defaultdict(dict)
     for r in results:
@@ -127,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             per[row["domain"]][1] += row["steps"]
         for domain, (tokens, steps) in per.items():
             table[domain][r["system"]] = round(tokens / steps, 3) if steps else 0.0
-    same = all(a["output"] == b["output"] for r in results[1:] for a, b in zip(results[0]["rows"], r["rows"],
-                                                                              strict=True))
+    same = all(
+        a["output"] == b["output"] for r in results[1:] for a, b in zip(results[0]["rows"], r["rows"], strict=True)
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"tokens_per_step": table, "outputs_identical": same, "runs": results}, indent=1))
     systems = [r["system"] for r in results]

@@ -76,8 +76,14 @@ def test_two_ranks_given_the_same_scheduler_output_choose_the_same_drafts() -> N
     from vllm.v1.core.sched.output import SchedulerOutput
 
     out = SchedulerOutput.make_empty()
-    setattr(out, PLAN_ATTR, StepPlan(INNER, {"a": RowPlan(0.2, 2, (3, 4, 5), (0.9, 0.8, 0.7), "lookup"),
-                                             "b": RowPlan(0.9, 2, (9,), (0.1,), "pool")}))
+    setattr(
+        out,
+        PLAN_ATTR,
+        StepPlan(
+            INNER,
+            {"a": RowPlan(0.2, 2, (3, 4, 5), (0.9, 0.8, 0.7), "lookup"), "b": RowPlan(0.9, 2, (9,), (0.1,), "pool")},
+        ),
+    )
     tokens, total = _history([[1, 2, 3], [1, 2, 8]])
     inner = torch.tensor([[11, 12, 13], [21, 22, 23]])
     results = []
@@ -98,17 +104,79 @@ def test_the_composer_wraps_the_speculator_and_reports_each_rows_source_with_the
     tokens, total = _history([[1, 2, 3, 7], [4, 5, 6]])
     inner = torch.tensor([[50, 51], [60, 61]])
     speculator = SimpleNamespace(propose=lambda input_batch, *a, **kw: inner.clone())
-    runner = SimpleNamespace(speculator=speculator, req_states=SimpleNamespace(
-        all_token_ids=SimpleNamespace(gpu=tokens), total_len=SimpleNamespace(gpu=total)))
+    runner = SimpleNamespace(
+        speculator=speculator,
+        num_speculative_steps=2,
+        req_states=SimpleNamespace(all_token_ids=SimpleNamespace(gpu=tokens), total_len=SimpleNamespace(gpu=total)),
+    )
     composer = Composer(runner)
     batch = SimpleNamespace(req_ids=["a", "b"], idx_mapping=torch.tensor([0, 1]))
     out = SchedulerOutput.make_empty()
     composer.set_plan(out)  # no plan on the step: the inner drafts as they are
     assert speculator.propose(batch).tolist() == [[50, 51], [60, 61]] and composer.take_sources() == {}
-    setattr(out, PLAN_ATTR, StepPlan(INNER, {"a": RowPlan(0.1, 3, (7, 8, 9), (0.9, 0.9, 0.9), "lookup"),
-                                             "b": RowPlan(0.9, 3, (1,), (0.9,), "pool")}))
+    setattr(
+        out,
+        PLAN_ATTR,
+        StepPlan(
+            INNER,
+            {"a": RowPlan(0.1, 3, (7, 8, 9), (0.9, 0.9, 0.9), "lookup"), "b": RowPlan(0.9, 3, (1,), (0.9,), "pool")},
+        ),
+    )
     composer.set_plan(out)
     assert speculator.propose(batch).tolist() == [[8, 9], [60, 61]]
     assert composer.take_sources() == {"a": "lookup", "b": INNER}
     assert composer.take_sources() == {}  # reported once, with the step that verifies them
     assert speculator.propose(batch, dummy_run=True).tolist() == [[50, 51], [60, 61]]  # warm-up: untouched
+
+
+def test_past_the_inner_depth_a_row_repeats_the_inner_drafts_last_token_and_is_valued_to_its_depth() -> None:
+    # the inner drafted 2 of K = 4 (the plan's inner_depth): its stale columns 2, 3 (-1 here) are never
+    # verified as they are (-1 is no token id); its value is 2 tokens at 0.9 (1.71), not 4 (3.10), so a
+    # candidate worth 2.0 (4 tokens at path 0.5 each) wins only where the depth is 2
+    tokens, total = _history([[1, 2, 3]])
+    cand = RowPlan(0.9, 3, (9, 10, 11, 12), (0.5, 0.5, 0.5, 0.5), "lookup")
+    inner = torch.tensor([[50, 51, -1, -1]])
+    drafts, chosen = choose(inner, tokens, total, torch.tensor([0]), StepPlan(INNER, {"a": cand}, 2), ["a"])
+    assert chosen.tolist() == [True] and drafts.tolist() == [[9, 10, 11, 12]]
+    drafts, chosen = choose(inner, tokens, total, torch.tensor([0]), StepPlan(INNER, {"a": cand}, 4), ["a"])
+    assert chosen.tolist() == [False]
+    stale = RowPlan(0.9, 3, (8, 10), (0.5, 0.5), "lookup")  # its anchor's next token is not there: no candidate
+    tokens, total = _history([[1, 2, 3, 9]])
+    drafts, chosen = choose(inner, tokens, total, torch.tensor([0]), StepPlan(INNER, {"a": stale}, 2), ["a"])
+    assert chosen.tolist() == [False] and drafts.tolist() == [[50, 51, 51, 51]]
+
+
+def test_the_inner_drafter_is_asked_for_the_plans_depth_and_a_draft_model_drafts_no_deeper() -> None:
+    # vLLM's draft-model speculator drafts num_speculative_steps deep whatever num_speculative_tokens
+    # says: the composer sets that count for the call (and puts it back)
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator import StandaloneARSpeculator
+
+    from cosine.vllm_mrv2 import Composer
+
+    seen = []
+    for speculator in (SimpleNamespace(num_speculative_steps=4), object.__new__(StandaloneARSpeculator)):
+        speculator.num_speculative_steps = 4
+
+        def propose(input_batch, *a, _s=speculator, **kw):
+            seen.append((kw["num_speculative_tokens"], _s.num_speculative_steps))
+            return torch.tensor([[50, 51, 52, 53]])[:, : _s.num_speculative_steps]
+
+        speculator.propose = propose
+        tokens, total = _history([[1, 2, 3]])
+        runner = SimpleNamespace(
+            speculator=speculator,
+            num_speculative_steps=4,
+            req_states=SimpleNamespace(all_token_ids=SimpleNamespace(gpu=tokens), total_len=SimpleNamespace(gpu=total)),
+        )
+        composer = Composer(runner)
+        out = SchedulerOutput.make_empty()
+        setattr(out, PLAN_ATTR, StepPlan(INNER, {"a": RowPlan(0.5, 3)}, 1))
+        composer.set_plan(out)
+        batch = SimpleNamespace(req_ids=["a"], idx_mapping=torch.tensor([0]))
+        drafts = speculator.propose(batch, num_speculative_tokens=4)
+        assert speculator.num_speculative_steps == 4  # put back
+        assert drafts.shape == (1, 4)  # vLLM writes all K columns of its draft buffer
+    assert seen[0] == (1, 4) and seen[1] == (1, 1), seen  # the draft model: one forward, not four

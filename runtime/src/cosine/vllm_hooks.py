@@ -252,6 +252,12 @@ def _mrv2_seam_problems() -> list[str]:
         problems.append("SchedulerOutput has __slots__: the plan cannot ride on it")
     if "self.model_runner_output = model_runner_output" not in inspect.getsource(async_utils.AsyncOutput.__init__):
         problems.append("MRV2 AsyncOutput no longer holds model_runner_output")
+    from vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator import StandaloneARSpeculator
+
+    if "for step in range(1, self.num_speculative_steps):" not in inspect.getsource(
+            StandaloneARSpeculator._multi_step_decode):
+        problems.append("StandaloneARSpeculator._multi_step_decode no longer drafts num_speculative_steps deep "
+                        "(vllm_mrv2.Composer sets it per call to the plan's inner depth)")
     init = inspect.getsource(states.RequestState.__init__)
     problems += [f"MRV2 RequestState has no {name}" for name in ("self.all_token_ids", "self.total_len")
                  if name not in init]

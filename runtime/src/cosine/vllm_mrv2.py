@@ -30,6 +30,7 @@ runner; vLLM's `ngram_gpu`; vLLM PR #45400 copies scheduler-proposed drafts into
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -69,14 +70,24 @@ class RowPlan:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """Every decoding request's `RowPlan`, by request id; `inner`: the inner drafter's name."""
+    """Every decoding request's `RowPlan`, by request id; `inner`: the inner drafter's name;
+    `inner_depth`: how many tokens the inner drafter drafts (`CoSineProposer.engine_draft_len`;
+    0: as many as the step verifies). A row may verify more (a longer anchored candidate): past
+    the inner drafter's depth its draft holds its last token (as vLLM's `ngram_gpu` pads)."""
 
     inner: str
     rows: Mapping[str, RowPlan] = field(default_factory=dict)
+    inner_depth: int = 0
 
 
-def choose(inner_drafts: torch.Tensor, token_ids: torch.Tensor, total_len: torch.Tensor,
-           idx_mapping: torch.Tensor, plan: StepPlan, req_ids: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def choose(
+    inner_drafts: torch.Tensor,
+    token_ids: torch.Tensor,
+    total_len: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    plan: StepPlan,
+    req_ids: Sequence[str],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, the draft with the most expected accepted tokens: the inner drafter's or the rest
     of the row's anchored candidate, if the tokens emitted since its anchor are its own first ones.
 
@@ -89,11 +100,16 @@ def choose(inner_drafts: torch.Tensor, token_ids: torch.Tensor, total_len: torch
     Returns:
         (drafts [num_reqs, K] int64, on the inner drafts' device; chosen [num_reqs] bool, True
         where the anchored candidate was taken). Expected accepted tokens: the inner draft's
-        sum_i rate^i over its K tokens; the candidate's, its path probabilities past the tokens
-        already emitted, divided by the path probability of those.
+        sum_i rate^i over its first `plan.inner_depth` tokens (all K for 0); the candidate's, its
+        path probabilities past the tokens already emitted, divided by the path probability of
+        those. Past the inner depth, a row not taking its candidate repeats the inner draft's last
+        token: a valid token id, verified and almost always rejected (lossless either way).
     """
     device = inner_drafts.device
     num_reqs, k = inner_drafts.shape
+    depth = min(k, plan.inner_depth) if plan.inner_depth > 0 else k
+    if depth < k:
+        inner_drafts = torch.cat([inner_drafts[:, :depth], inner_drafts[:, depth - 1 : depth].expand(-1, k - depth)], 1)
     rows = [plan.rows.get(r) for r in req_ids]
     width = max([len(p.token_ids) for p in rows if p is not None] + [1])
     cand = torch.full((num_reqs, width), -1, dtype=torch.int64)
@@ -123,7 +139,7 @@ def choose(inner_drafts: torch.Tensor, token_ids: torch.Tensor, total_len: torch
     emitted_path = path.gather(1, (shift - 1).clamp(0, width - 1)[:, None])[:, 0]  # [num_reqs]
     before = torch.where(shift > 0, emitted_path, torch.ones_like(rate))
     rest_value = (path.gather(1, r.clamp(max=width - 1)) / before.clamp(min=1e-9)[:, None] * in_cand).sum(dim=1)
-    powers = rate[:, None] ** torch.arange(1, k + 1, device=device, dtype=torch.float32)[None, :]
+    powers = rate[:, None] ** torch.arange(1, depth + 1, device=device, dtype=torch.float32)[None, :]
     chosen = fresh & (rest_value > powers.sum(dim=1))
     drafts = torch.where(chosen[:, None] & in_cand, rest, inner_drafts)
     return drafts, chosen
@@ -155,21 +171,55 @@ class Composer:
             return {}
         req_ids, plan, chosen = last
         picked = chosen.tolist()  # copied a step ago: done by now
-        return {rid: plan.rows[rid].source if picked[i] and rid in plan.rows else plan.inner
-                for i, rid in enumerate(req_ids)}
+        return {
+            rid: plan.rows[rid].source if picked[i] and rid in plan.rows else plan.inner
+            for i, rid in enumerate(req_ids)
+        }
 
     def propose(self, input_batch: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """The inner speculator's `propose`, then `choose` against the step's plan."""
-        drafts = self._inner_propose(input_batch, *args, **kwargs)
+        """The inner speculator's `propose`, as deep as the plan's `inner_depth`, then `choose`
+        against the step's plan. Returns [num_reqs, K] (K: vLLM's `num_speculative_tokens`)."""
         plan = self.plan
         if kwargs.get("dummy_run") or plan is None or not plan.rows:
-            return drafts
+            return self._inner_propose(input_batch, *args, **kwargs)
+        width = self.runner.num_speculative_steps
+        depth = min(kwargs.get("num_speculative_tokens") or width, plan.inner_depth or width)
+        drafts = self._drafted(input_batch, depth, args, kwargs)
+        if drafts.shape[1] < width:  # (a speculator drafting one token returns one column)
+            drafts = torch.cat([drafts, drafts[:, -1:].expand(-1, width - drafts.shape[1])], 1)
         req_ids = list(input_batch.req_ids)[: drafts.shape[0]]
         states = self.runner.req_states
-        drafts, chosen = choose(drafts, states.all_token_ids.gpu, states.total_len.gpu, input_batch.idx_mapping,
-                                plan, req_ids)
+        drafts, chosen = choose(
+            drafts, states.all_token_ids.gpu, states.total_len.gpu, input_batch.idx_mapping, plan, req_ids
+        )
         self._last = (req_ids, plan, chosen.to("cpu", non_blocking=True))
         return drafts
+
+    def _drafted(self, input_batch: Any, depth: int, args: tuple, kwargs: dict) -> torch.Tensor:
+        """The inner drafter's drafts, `depth` deep: vLLM's `num_speculative_tokens` argument,
+        which its draft-model speculator (`StandaloneARSpeculator`) ignores, drafting all of its
+        `num_speculative_steps` (read by its decode loop each call): for it that count, for this call."""
+        speculator = self.runner.speculator
+        kwargs = {**kwargs, "num_speculative_tokens": depth}
+        if not isinstance(speculator, _ignores_depth()):
+            return self._inner_propose(input_batch, *args, **kwargs)
+        steps = speculator.num_speculative_steps
+        speculator.num_speculative_steps = depth
+        try:
+            return self._inner_propose(input_batch, *args, **kwargs)
+        finally:
+            speculator.num_speculative_steps = steps
+
+
+@functools.cache
+def _ignores_depth() -> tuple[type, ...]:
+    """vLLM's speculators whose `propose` drafts `num_speculative_steps` whatever its
+    `num_speculative_tokens` (`vllm_hooks.seam_problems` pins the loop this relies on)."""
+    try:
+        from vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator import StandaloneARSpeculator
+    except ImportError:  # pragma: no cover - pinned vLLM has it
+        return ()
+    return (StandaloneARSpeculator,)
 
 
 def compose(runner: Any) -> Composer | None:
@@ -230,12 +280,16 @@ class CoSineAsyncScheduler(AsyncScheduler):
         if not config:
             raise ValueError(f"CoSineAsyncScheduler needs additional_config[{hooks.CONFIG_KEY!r}]")
         if not self.vllm_config.use_v2_model_runner:
-            raise ValueError("CoSineAsyncScheduler is the MRV2 seam, and vLLM picked the V1 model runner "
-                             f"for this configuration: use {hooks.SCHEDULER_CLS}")
+            raise ValueError(
+                "CoSineAsyncScheduler is the MRV2 seam, and vLLM picked the V1 model runner "
+                f"for this configuration: use {hooks.SCHEDULER_CLS}"
+            )
         k = hooks.speculation_of(config).max_draft_len
         if k != self.num_spec_tokens:
-            raise ValueError(f"additional_config.cosine.speculation.maxDraftLen ({k}) must equal "
-                             f"speculative_config.num_speculative_tokens ({self.num_spec_tokens})")
+            raise ValueError(
+                f"additional_config.cosine.speculation.maxDraftLen ({k}) must equal "
+                f"speculative_config.num_speculative_tokens ({self.num_spec_tokens})"
+            )
         from cosine.lookup import SuffixLookup
         from cosine.sources.lookup import LookupSource
 
@@ -243,8 +297,11 @@ class CoSineAsyncScheduler(AsyncScheduler):
         trees = SuffixLookup() if hooks.speculation_of(config).prompt_lookup else None
         sources: list[Any] = [self.inner] + ([LookupSource(trees)] if trees is not None else [])
         spec_config = self.vllm_config.speculative_config
-        ratio = hooks.weights_ratio(self.vllm_config.model_config.model, getattr(spec_config, "model", None)) \
-            if config.get("engine_source") else 0.0
+        ratio = (
+            hooks.weights_ratio(self.vllm_config.model_config.model, getattr(spec_config, "model", None))
+            if config.get("engine_source")
+            else 0.0
+        )
         self.cosine = hooks.build_proposer(config, self.vllm_config.model_config.max_model_len, sources, ratio)
         self._step_t0 = 0.0
 
@@ -281,15 +338,22 @@ class CoSineAsyncScheduler(AsyncScheduler):
         self.inner.on_device(list(contexts), k_max)
         drafts = self.cosine.propose(contexts, prompt_lens)
         engine_depth = min(k_max, self.cosine.engine_draft_len())
-        ks = {rid: min(engine_depth, len(d)) if d and d[0] < 0 else len(d) for rid, d in drafts.items()}
+        # a request's k: its inner draft's (placeholders, its tokens are on the device), or for a
+        # draft known here (lookup, a pool) the longer of it and the inner depth, since the device
+        # verifies whichever is worth more once it sees the tokens; none where the proposer drafts none
+        ks = {
+            rid: (min(engine_depth, len(d)) if d[0] < 0 else max(len(d), engine_depth)) if d else 0
+            for rid, d in drafts.items()
+        }
         # MRV2 sets every draft position past the step's depth to -1 after the speculator ran
-        # (`GPUModelRunner.sample_tokens`), so the inner drafter drafts as deep as any request verifies
+        # (`GPUModelRunner.sample_tokens`): the step's depth is the most any request verifies; the
+        # inner drafter drafts `engine_depth` of it (the plan's `inner_depth`)
         scheduler_output.num_spec_tokens_to_schedule = max([engine_depth, *ks.values()]) if ks else engine_depth
         rows = {}
         for rid, ctx in contexts.items():
             tokens, path, source = self.cosine.anchored(rid, ctx, ANCHOR_STEPS * k_max + 2)
             rows[rid] = RowPlan(self.cosine.acceptance_rate(rid, self.inner.name), len(ctx), tokens, path, source)
-        setattr(scheduler_output, PLAN_ATTR, StepPlan(self.inner.name, rows))
+        setattr(scheduler_output, PLAN_ATTR, StepPlan(self.inner.name, rows, engine_depth))
         return ks  # the next step verifies each request's k; the device fills them with the draft it chooses
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -311,9 +375,16 @@ class CoSineAsyncScheduler(AsyncScheduler):
         out = super().update_from_output(scheduler_output, model_runner_output)
         self.cosine.stats.observe_queue(len(self.running), len(self.waiting))
         if scheduler_output.total_num_scheduled_tokens > 0:
-            self.cosine.observe_step(prop.StepRecord(step_s, scheduler_output.total_num_scheduled_tokens,
-                                                     tuple(outcomes), has_prefill, depth or 0,
-                                                     len(scheduler_output.num_scheduled_tokens)))
+            self.cosine.observe_step(
+                prop.StepRecord(
+                    step_s,
+                    scheduler_output.total_num_scheduled_tokens,
+                    tuple(outcomes),
+                    has_prefill,
+                    depth or 0,
+                    len(scheduler_output.num_scheduled_tokens),
+                )
+            )
         return out
 
     def shutdown(self) -> None:
