@@ -125,21 +125,34 @@ def main(argv: list[str] | None = None) -> int:
                 chosen.append({"id": p.id, "domain": f"{name}/{p.domain}", "messages": p.messages()})
         prompts += chosen
     results = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for system in args.systems.split(","):
-        job = json.dumps(
-            {"system": system, "prompts": prompts, "max_tokens": args.max_tokens, "k": args.k, "draft_k": args.draft_k}
-        )
+        job = {
+            "system": system,
+            "prompts": prompts,
+            "max_tokens": args.max_tokens,
+            "k": args.k,
+            "draft_k": args.draft_k,
+        }
+        # each system's rows are kept beside --out as it finishes: a rerun with the same job reuses them
+        kept = args.out.with_suffix(f".{system}.json")
+        if kept.exists() and json.loads(kept.read_text()).get("job") == job:
+            results.append(json.loads(kept.read_text())["result"])
+            print(f"{system}: kept from {kept}", flush=True)
+            continue
         out = subprocess.run(
-            [sys.executable, __file__, "--child", job],
+            [sys.executable, __file__, "--child", json.dumps(job)],
             capture_output=True,
             text=True,
-            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4"},
+            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
         )
         lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
         if out.returncode or not lines:
+            sys.stderr.write(f"{system} failed (exit {out.returncode}; -9: killed, e.g. out of memory)\n")
             sys.stderr.write(out.stderr[-3000:])
             return 1
         results.append(json.loads(lines[-1][len("RESULT") :]))
+        kept.write_text(json.dumps({"job": job, "result": results[-1]}))
         print(f"{system}: done", flush=True)
     table: dict[str, dict[str, float]] = defaultdict(dict)
     for r in results:
@@ -152,7 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     same = all(
         a["output"] == b["output"] for r in results[1:] for a, b in zip(results[0]["rows"], r["rows"], strict=True)
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"tokens_per_step": table, "outputs_identical": same, "runs": results}, indent=1))
     systems = [r["system"] for r in results]
     print("| domain | " + " | ".join(systems) + " |")

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cosine_spec.cluster_spec import SpeculationSpec
@@ -356,6 +356,22 @@ def model_runner(cpu: bool | None = None) -> str:
     return "mrv2"
 
 
+def decoding_contexts(requests: Mapping[str, Any], req_ids: Iterable[str]
+                      ) -> tuple[dict[str, Sequence[int]], dict[str, int]]:
+    """(request id -> all its tokens, request id -> its prompt length) for each of `req_ids` that
+    vLLM's scheduler (`requests`: its `Request`s by id) still holds, unfinished and past its
+    prefill: the requests a step's drafts are for (`CoSineProposer.propose`'s arguments)."""
+    contexts: dict[str, Sequence[int]] = {}
+    prompt_lens: dict[str, int] = {}
+    for rid in req_ids:
+        request = requests.get(rid)
+        if request is None or request.is_finished() or request.is_prefill_chunk:
+            continue
+        contexts[rid] = request.all_token_ids
+        prompt_lens[rid] = request.num_prompt_tokens
+    return contexts, prompt_lens
+
+
 def engine_kwargs(speculation: SpeculationSpec, speculator: SpeculatorSpec | None = None,
                   speculator_model: str | None = None, *, cpu: bool | None = None, seam: str | None = None,
                   **proposer: Any) -> dict[str, Any]:
@@ -580,14 +596,7 @@ class CoSineScheduler(Scheduler):
         holds are released from the proposer."""
         if self.engine_source is not None:
             self.engine_source.offer(engine_rows(draft_token_ids.req_ids, draft_token_ids.draft_token_ids))
-        contexts: dict[str, Sequence[int]] = {}
-        prompt_lens: dict[str, int] = {}
-        for rid in draft_token_ids.req_ids:
-            request = self.requests.get(rid)
-            if request is None or request.is_finished() or request.is_prefill_chunk:
-                continue
-            contexts[rid] = request.all_token_ids
-            prompt_lens[rid] = request.num_prompt_tokens
+        contexts, prompt_lens = decoding_contexts(self.requests, draft_token_ids.req_ids)
         self.cosine.retain(self.requests.keys())
         drafts = self.cosine.propose(contexts, prompt_lens)
         rows = [drafts.get(rid, []) for rid in draft_token_ids.req_ids]

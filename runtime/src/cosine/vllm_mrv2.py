@@ -325,14 +325,9 @@ class CoSineAsyncScheduler(AsyncScheduler):
                 request.spec_token_ids = [-1] * k
 
     def _plan(self, scheduler_output: Any) -> dict[str, int]:
-        contexts: dict[str, Sequence[int]] = {}
-        prompt_lens: dict[str, int] = {}
-        for rid in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(rid)
-            if request is None or request.is_finished() or request.is_prefill_chunk:
-                continue
-            contexts[rid] = request.all_token_ids
-            prompt_lens[rid] = request.num_prompt_tokens
+        from cosine.vllm_hooks import decoding_contexts
+
+        contexts, prompt_lens = decoding_contexts(self.requests, scheduler_output.num_scheduled_tokens)
         self.cosine.retain(self.requests.keys())
         k_max = self.num_spec_tokens
         self.inner.on_device(list(contexts), k_max)
