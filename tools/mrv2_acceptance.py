@@ -30,7 +30,7 @@ SYSTEMS = ("draft", "lookup", "cosine-draft")
 TARGET, DRAFTER = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 
 
-def _engine(system: str, k: int, draft_k: int):
+def _engine(system: str, k: int, draft_k: int, fixed: bool = False):
     import torch
 
     if not torch.cuda.is_available():  # on a GPU host vLLM runs MRV2 natively
@@ -54,13 +54,18 @@ def _engine(system: str, k: int, draft_k: int):
         )
     speculator = SpeculatorSpec("draftModel", drafter) if system == "cosine-draft" else None
     return vllm_hooks.cosine_llm(
-        target, SpeculationSpec(max_draft_len=k), {}, speculator, drafter if speculator else None, **kw
+        target,
+        SpeculationSpec(max_draft_len=k, adaptive=not fixed),
+        {},
+        speculator,
+        drafter if speculator else None,
+        **kw,
     )
 
 
-def run_system(system: str, prompts: list[dict], max_tokens: int, k: int, draft_k: int) -> dict:
+def run_system(system: str, prompts: list[dict], max_tokens: int, k: int, draft_k: int, fixed: bool = False) -> dict:
     """Per prompt: (domain, output tokens, decode steps) for `system` (in this process)."""
-    llm = _engine(system, k, draft_k)  # first: the harness patches vLLM before it is imported
+    llm = _engine(system, k, draft_k, fixed)  # first: the harness patches vLLM before it is imported
     from vllm import SamplingParams
 
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
@@ -103,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--k", type=int, default=8, help="CoSine's maxDraftLen (its default: 8)")
     parser.add_argument("--draft-k", type=int, default=4, help="vLLM draft_model's num_speculative_tokens")
+    parser.add_argument(
+        "--fixed-k",
+        action="store_true",
+        help="CoSine's k fixed at --k (speculation.adaptive: false): under the interpreter the step times that "
+        "price k and the drafter's depth are not a GPU's, so this isolates the choice of draft",
+    )
     parser.add_argument("--out", type=Path, default=Path("results/mrv2_acceptance.json"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -110,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         job = json.loads(args.child)
         print(
             "RESULT"
-            + json.dumps(run_system(job["system"], job["prompts"], job["max_tokens"], job["k"], job["draft_k"]))
+            + json.dumps(
+                run_system(
+                    job["system"], job["prompts"], job["max_tokens"], job["k"], job["draft_k"], job.get("fixed", False)
+                )
+            )
         )
         return 0
     from cosine.tooling.workloads import load, resolve_workload
@@ -133,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_tokens": args.max_tokens,
             "k": args.k,
             "draft_k": args.draft_k,
+            **({"fixed": True} if args.fixed_k else {}),
         }
         # each system's rows are kept beside --out as it finishes: a rerun with the same job reuses them
         kept = args.out.with_suffix(f".{system}.json")

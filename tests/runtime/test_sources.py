@@ -301,3 +301,19 @@ def test_mrv2_rows_of_minus_one_are_no_draft():
     assert src.candidate("c", [1, 2], 4, 0.5).token_ids == (7, 0, 9)
     src.on_device(["a"], 3)  # the MRV2 seam: drafted on the device, weighed by its rate
     assert src.candidate("a", [1, 2], 4, 0.5).token_ids == (ON_DEVICE,) * 3
+
+
+def test_with_adaptive_off_the_engine_drafter_always_drafts_max_draft_len():
+    """`speculation.adaptive: false` is "always maxDraftLen": the engine drafter's depth too, where
+    the adaptive proposer cuts it to the first token (lookup's copied span wins, as above)."""
+    from dataclasses import replace
+
+    engine = EngineSource("eagle3")
+    copy = ScriptedSource("lookup", lambda c, k: [c[-1] + 1 + i for i in range(k)], 1.0)
+    settings = _settings(4)
+    settings = replace(settings, speculation=replace(settings.speculation, adaptive=False))
+    p = CoSineProposer(settings, sources=[engine, copy])
+    ctx = list(range(20))
+    engine.offer({"r": [ctx[-1] + 1, 7000, 7001, 7002]})
+    assert p.propose({"r": ctx})["r"] == [20, 21, 22, 23]
+    assert p.engine_draft_len() == 4

@@ -351,9 +351,12 @@ class CoSineProposer:
             if self.profiles:  # (without pools nothing is asked, nor routed)
                 self._request_pool_drafts(rid, req, ctx, draft)
         if self._paid:
-            most = k_max if engine_k < 0 else max(1, min(k_max, engine_k + 1))
-            self._engine_depth = most if engine_k < 0 else chooser.engine_depth(
-                engine_values, num_requests + other_value, base + drafted, most)
+            if engine_k < 0 or not self.settings.speculation.adaptive:  # (adaptive off: always k_max)
+                self._engine_depth = k_max
+            else:
+                most = max(1, min(k_max, engine_k + 1))
+                self._engine_depth = chooser.engine_depth(engine_values, num_requests + other_value,
+                                                          base + drafted, most)
         return drafts
 
     def anchored(self, request_id: str, context: Sequence[int], max_tokens: int
@@ -407,7 +410,8 @@ class CoSineProposer:
         (`DraftChooser.depth_s`, about a third of a pass for the 0.5B drafter of a 1.5B target on
         CPU, a few percent for an EAGLE-3 head on GPU) and adds the path probabilities of the
         tokens the requests would take from it. `max_draft_len` while a request has not had an
-        engine draft; at least 1 (vLLM runs the drafter's first forward at any depth)."""
+        engine draft, and always with `speculation.adaptive: false`; at least 1 (vLLM runs the
+        drafter's first forward at any depth)."""
         return self._engine_depth
 
     def prefetch(self, request_id: str, prompt: Sequence[int]) -> None:
