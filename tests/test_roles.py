@@ -230,6 +230,6 @@ def test_pool_prices_and_the_token_value_reach_the_proposer():
         assert proposer.settings.pool.pool_prices == (("p", 0.7),)
     finally:
         proposer.close()
-    unpriced = vllm_hooks.build_proposer(vllm_hooks.proposer_config(pools=[{"name": "q", "addresses": ["127.0.0.1:1"]}]))
+    unpriced = vllm_hooks.build_proposer(vllm_hooks.proposer_config(pools=[{"name": "q", "addresses": ["h:1"]}]))
     assert unpriced.settings.pool.token_value_usd == 0 and unpriced.settings.pool.pool_prices == (("q", 0.0),)
     unpriced.close()
