@@ -79,11 +79,14 @@ def test_verifier_command_gathers_a_pools_replicas(monkeypatch, tmp_path):
     manifest = tmp_path / "cluster.yaml"
     manifest.write_text(json.dumps({
         "apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": "t"},
-        "spec": {"verifier": {"model": "m"}, "drafterPools": [{"name": "coder", "model": "d", "replicas": 2}]}}))
+        "spec": {"verifier": {"model": "m"}, "autoscaling": {"acceptedTokenValuePerMillionUsd": 2},
+                 "drafterPools": [{"name": "coder", "model": "d", "replicas": 2, "pricePerHourUsd": 0.7}]}}))
     argv, _ = roles.verifier_command(load_manifest(manifest), 8000, "127.0.0.1",
                                      ["coder=127.0.0.1:1", "coder=127.0.0.1:2"], None)
     config = json.loads(argv[argv.index("--additional-config") + 1])["cosine"]
     assert [(p["name"], p["addresses"]) for p in config["pools"]] == [("coder", ["127.0.0.1:1", "127.0.0.1:2"])]
+    # what the proposer prices an ask by (`PoolPolicy.ask_pays`): the replica's price, a token's value
+    assert config["pools"][0]["price_per_hour_usd"] == 0.7 and config["token_value_usd"] == pytest.approx(2e-6)
 
 
 LWS_ENV = {"LWS_LEADER_ADDRESS": "llama-verifier-0.llama-verifier.ns", "LWS_WORKER_INDEX": "1"}
@@ -210,3 +213,23 @@ def test_reserved_engine_args_are_every_spelling_of_their_flags_in_vllms_parser(
                        (["--device_memory_utilization=0.5"], "gpu_memory_utilization")):
         assert vars(parser.parse_args(argv))[name] != defaults[name], argv  # vLLM sets the flag
         assert reserved_flag(vllm_flag(argv[0])) in RESERVED_ENGINE_ARGS, argv  # CoSine refuses it
+
+
+def test_pool_prices_and_the_token_value_reach_the_proposer():
+    """What the proposer prices a pool's ask by (`PoolPolicy.ask_pays`) travels from the spec to the
+    engine core: each pool's replica price with its addresses, the value of an accepted token
+    (`spec.autoscaling.acceptedTokenValuePerMillionUsd` / 1e6) beside them."""
+    from cosine import vllm_hooks
+
+    pools = [{"name": "p", "addresses": ["127.0.0.1:1"], "expertise": [], "price_per_hour_usd": 0.7}]
+    args = roles.vllm_engine_args(_verifier(), "/models/m", SpeculationSpec(), pools, token_value_usd=2e-6)
+    config = {**args["additional_config"]["cosine"], "model": None}  # (no tokenizer to load here)
+    proposer = vllm_hooks.build_proposer(config)
+    try:
+        assert proposer.settings.pool.token_value_usd == pytest.approx(2e-6)
+        assert proposer.settings.pool.pool_prices == (("p", 0.7),)
+    finally:
+        proposer.close()
+    unpriced = vllm_hooks.build_proposer(vllm_hooks.proposer_config(pools=[{"name": "q", "addresses": ["h:1"]}]))
+    assert unpriced.settings.pool.token_value_usd == 0 and unpriced.settings.pool.pool_prices == (("q", 0.0),)
+    unpriced.close()

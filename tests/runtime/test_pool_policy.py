@@ -2,6 +2,7 @@
 
 import pytest
 
+from cosine import speculation_control as sc
 from cosine.pool_policy import PoolPolicy, assign_replica
 from cosine.routing import RoutingSettings
 from cosine.speculation_control import pool_ask
@@ -84,3 +85,28 @@ def test_an_off_context_pool_is_not_late():
     assert p.skip_reason(2, 0.8, 1.0, [(0.8, 0.2)], 8, on_context=1.0) is None
     assert p.skip_reason(2, 0.8, 1.0, [(0.8, 0.2)], 8, on_context=0.05) == "yield"
     assert p.skip_reason(2, 0.8, 0.05, [(0.8, 0.2)], 8, on_context=1.0) == "late"
+
+
+def test_an_ask_is_made_only_where_its_tokens_pay_for_the_pools_time():
+    """With a value on accepted tokens and a price on the pool's replicas, a pool is asked where
+    the tokens it adds over the best local source are worth the replica time the ask takes: at
+    $0.72 an hour (2e-4 $/s) a 50 ms ask costs 1e-5 $, so at 1e-5 $ a token it must add a token."""
+    p = PoolPolicy(probe_every=8, token_value_usd=1e-5, pool_prices=(("chat", 0.72),))
+    assert p.price_per_hour_usd("chat") == 0.72 and p.price_per_hour_usd("code") == 0.0
+    assert p.ask_pays(1.2, "chat", 0.05) and not p.ask_pays(0.8, "chat", 0.05)
+    assert p.ask_pays(0.01, "code", 0.05)  # an unpriced pool: its cost is not weighed
+    assert PoolPolicy().ask_pays(0.01, "chat", 10.0)  # no token value: not weighed
+    # a pool that beats lookup by half a token a step (0.75 against 0.7 at k = 8: 2.70 against
+    # 2.20): asked for its tokens, but they do not pay for a 50 ms ask; for a 10 ms one they do
+    local = [(0.7, 1.0)]
+    assert sc.pool_gain_tokens(0.75, 1.0, local, 8) == pytest.approx(0.50, abs=0.01)
+    assert PoolPolicy(probe_every=8).skip_reason(2, 0.75, 1.0, local, 8, pool="chat", ask_s=0.05) is None
+    assert p.skip_reason(2, 0.75, 1.0, local, 8, pool="chat", ask_s=0.05) == "yield"
+    assert p.skip_reason(2, 0.75, 1.0, local, 8, pool="chat", ask_s=0.01) is None
+    # on time it would pay, but its drafts arrive late: "late" (the autoscaler's demand)
+    assert p.skip_reason(2, 0.95, 0.05, local, 8, pool="chat", ask_s=0.01) == "late"
+    assert p.skip_reason(1, 0.0, 0.0, local, 8, pool="chat", ask_s=1.0) is None  # probe steps are asked
+    with pytest.raises(ValueError):
+        PoolPolicy(pool_prices=(("chat", -1.0),))
+    with pytest.raises(ValueError):
+        PoolPolicy(token_value_usd=-1e-6)

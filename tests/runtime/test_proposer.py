@@ -311,6 +311,21 @@ def test_pool_whose_drafts_never_pay_is_only_probed():
     p.close()
 
 
+def test_pool_whose_tokens_do_not_pay_for_its_time_is_only_probed():
+    """The pool of `test_pool_whose_drafts_are_accepted_is_asked_every_step`, priced: at $3600 an
+    hour a call of its measured round trip costs more than the 3 tokens it adds are worth at
+    1e-6 $ each, so after its first call (which measures the round trip) it is asked only on
+    probe steps, skipped as "yield" (not demand: the autoscaler does not add replicas for it)."""
+    pool = FakePool("dear")
+    policy = PoolPolicy(probe_every=8, token_value_usd=1e-6, pool_prices=(("dear", 3600.0),))
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), lookup=False, pool=policy), [pool])
+    calls = _decode_with(p, pool, 40, accept=len)
+    assert p.stats.pool_rtt_s["dear"] > 1e-5  # the ask's price: 1 $/s for this long at least
+    assert calls[-1] <= 40 // 8 + 2
+    assert p.stats.pool_skipped[("dear", "yield")] >= 30
+    p.close()
+
+
 def test_pool_is_not_asked_where_prompt_lookup_gives_more():
     """A request whose own tokens repeat (lookup drafts and is accepted every step) does not take
     the pool's capacity beyond probes; the pool pays where lookup finds nothing."""
@@ -329,7 +344,7 @@ def test_pool_is_not_asked_where_prompt_lookup_gives_more():
 
 
 def test_pool_pays_rule():
-    from cosine.speculation_control import pool_pays
+    from cosine.speculation_control import pool_gain_tokens, pool_pays
 
     assert pool_pays(0.8, 1.0, [(0.5, 0.2)], 4)  # lookup rarely matches: the pool pays
     assert not pool_pays(0.8, 1.0, [(0.9, 1.0)], 4)  # lookup matches every step and is accepted more
@@ -338,6 +353,10 @@ def test_pool_pays_rule():
     assert not pool_pays(0.9, 1.0, [], 0)
     # the best local source is what a pool must beat: an engine drafter always drafting at 0.7
     assert pool_pays(0.8, 1.0, [(0.5, 0.2)], 4) and not pool_pays(0.8, 1.0, [(0.5, 0.2), (0.85, 1.0)], 4)
+    # what it pays is its gain over that source: accepted tokens per step, the pool's less the best local's
+    assert pool_gain_tokens(0.8, 1.0, [(0.5, 0.2), (0.85, 1.0)], 4) < 0 < pool_gain_tokens(0.8, 1.0, [(0.5, 0.2)], 4)
+    assert pool_gain_tokens(1.0, 1.0, [(1.0, 0.5)], 4) == pytest.approx(2.0)
+    assert pool_gain_tokens(1.0, 1.0, [], 0) == 0.0
 
 
 def test_pool_whose_drafts_are_accepted_is_asked_every_step():

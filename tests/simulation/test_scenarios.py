@@ -1,12 +1,14 @@
 """The studies: the autoscaler's figures and its behaviour under a load step."""
 
+import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
 
-from cosine.simulation import scenarios, tables
-from cosine.simulation.cluster import RequestSpec, Workload
+from cosine.simulation import config, scenarios, tables
+from cosine.simulation.cluster import LookupModel, RequestSpec, Workload
 
 
 def test_scaling_figures_count_flaps():
@@ -204,3 +206,40 @@ def test_the_routing_table_in_the_docs_is_the_study_output():
         assert aff["prefix_cache_hit_fraction"] > 2 * rand["prefix_cache_hit_fraction"]
         assert aff["ttft_p50_s"] < 0.7 * rand["ttft_p50_s"] and aff["per_usd_vs_random"] > 0.05
         assert aff["acceptance_length"] == pytest.approx(rand["acceptance_length"], abs=0.05)
+
+
+def test_lookup_drafts_its_measured_mean_length_and_is_accepted_as_measured():
+    """Simulated lookup drafts the measured mean length on average (two whole lengths around it),
+    so at the fitted per-token acceptance its accepted tokens per draft are the measured ones:
+    rounding code's 4.40 tokens to 4 gave 3.12 against the measured 3.37."""
+    model, means = scenarios.lookup_on_references()
+    raw = json.loads(scenarios.LOOKUP_ON_REFERENCES.read_text())["domains"]
+    for domain, r in raw.items():
+        mean_tokens = model.on(domain)[1]
+        assert mean_tokens == pytest.approx(r["mean_draft_tokens"]), domain
+        lengths = [LookupModel.draft_len(mean_tokens, (i + 0.5) / 1000) for i in range(1000)]
+        assert statistics.mean(lengths) == pytest.approx(mean_tokens, abs=0.002) and max(lengths) - min(lengths) <= 1
+        alpha = means[("lookup", domain)]
+        accepted = statistics.mean(sum(alpha ** (j + 1) for j in range(n)) for n in lengths)
+        assert accepted == pytest.approx(r["accepted_per_draft"], rel=0.04), domain
+    assert LookupModel.draft_len(0.2, 0.9) == 1 and LookupModel.draft_len(3.0, 0.99) == 3
+
+
+def test_the_proposer_prices_pool_asks_from_the_manifest():
+    """The simulated proposer prices an ask as the served one does, from the manifest: the
+    autoscaling section's value on accepted tokens and each pool's replica price (a pool priced 0
+    in the spec at its hardware's list price); the paper study values a token at what the
+    verifier alone spends on one at the study's concurrency."""
+    m = scenarios._pair_manifest("qwen-32b", "cosine", domains=("chat",), token_value_usd=2e-6)
+    setup = config.build_setup(m, scenarios.load_profiles())[0]
+    assert setup.pool_policy.token_value_usd == pytest.approx(2e-6)
+    assert setup.pool_policy.pool_prices == (("chat", setup.pools[0].price_per_hour_usd),)
+    assert setup.pool_policy.pool_prices[0][1] > 0
+    m["spec"]["drafterPools"][0]["pricePerHourUsd"] = 0.5
+    assert config.build_setup(m, scenarios.load_profiles())[0].pool_policy.pool_prices == (("chat", 0.5),)
+    setups = scenarios.paper_setups("qwen-32b", scenarios.load_profiles(),
+                                    Workload((RequestSpec(0.0, 256, 16, "chat"),) * 4, 4), domains=("chat",))
+    v = setups["target-only"].verifier
+    assert setups["cosine"].pool_policy.token_value_usd == pytest.approx(
+        v.price_per_hour_usd / 3600 * v.pass_s(4, 4 * 320) / 4)
+    assert setups["cosine-head"].pools == ()

@@ -8,8 +8,10 @@ argues for a system that does not serve).
 
 - Asking (`PoolPolicy.skip_reason`): a pool is asked where its expected accepted tokens per
   verifier step beat the best local source's for the request (the engine's own drafter, prompt
-  lookup: `speculation_control.pool_pays`), and on the request's probe steps (its first step,
-  then every `probe_every`), so its estimates can recover.
+  lookup: `speculation_control.pool_pays`) and, with a value on accepted tokens
+  (`token_value_usd`) and a price on the pool's replicas (`pool_prices`), where the tokens it adds
+  over that source are worth what the ask costs in dollars (`ask_pays`); and on the request's probe
+  steps (its first step, then every `probe_every`), so its estimates can recover.
 - Sizing (`PoolPolicy.ask`): draft tokens and branches sized to come back within the verifier step
   the call overlaps (`speculation_control.pool_ask`; PEARL's post-verify drafting, Liu et al.,
   arXiv:2408.11850, for the branches).
@@ -53,8 +55,13 @@ class PoolPolicy:
     sized to take, from the pool's measured seconds per draft token. min_gain_tokens: expected
     accepted tokens per step a pool must give a request to be asked (besides beating the best local source).
     probe_every: a pool that does not pay for a request is still asked every this many of its steps.
+    token_value_usd: what one accepted draft token is worth, USD (`spec.autoscaling.
+    acceptedTokenValuePerMillionUsd` / 1e6, the value the autoscaler weighs a replica's price
+    against); 0: an ask's cost is not weighed. pool_prices: (pool name, one replica's USD per hour:
+    `spec.drafterPools[].pricePerHourUsd`, the spot price on spot capacity) per priced pool.
 
-    Raises ValueError for probe_every < 1, negative token counts, or step_budget outside (0, 1].
+    Raises ValueError for probe_every < 1, negative token counts, a negative value or price, or
+    step_budget outside (0, 1].
     """
 
     lookahead_tokens: int = 2
@@ -63,15 +70,38 @@ class PoolPolicy:
     step_budget: float = 0.8
     min_gain_tokens: float = 0.25
     probe_every: int = 8
+    token_value_usd: float = 0.0
+    pool_prices: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.probe_every < 1 or min(self.lookahead_tokens, self.max_draft_tokens, self.branches) < 0:
             raise ValueError(f"need probe_every >= 1 and non-negative token counts, got {self!r}")
+        if self.token_value_usd < 0 or any(price < 0 for _, price in self.pool_prices):
+            raise ValueError(f"need a token value and pool prices >= 0, got {self!r}")
         if not 0 < self.step_budget <= 1:
             raise ValueError(f"step_budget must be in (0, 1], got {self.step_budget}")
 
+    def price_per_hour_usd(self, pool: str) -> float:
+        """One replica of `pool`'s price, USD per hour (0: not priced)."""
+        return next((price for name, price in self.pool_prices if name == pool), 0.0)
+
+    def ask_pays(self, gain_tokens: float, pool: str, ask_s: float) -> bool:
+        """Whether an ask is worth its dollars: the accepted tokens it adds over the best local
+        source (`gain_tokens`, `speculation_control.pool_gain_tokens`) at `token_value_usd` each,
+        against the replica time it takes, `ask_s` seconds at the pool's price. `ask_s` is a
+        call's measured wall time: a replica drafting for several requests at once serves each in
+        less, so this prices an ask at most what it costs. A pool is paid by the replica-second:
+        where asks do not pay, the autoscaler, which counts them as *yield* (no demand), lets the
+        pool shrink to its `minReplicas`; a pool held at a fixed size costs its price whether
+        asked or not. True where no value or no price is set (cost not weighed)."""
+        price = self.price_per_hour_usd(pool)
+        if self.token_value_usd <= 0 or price <= 0:
+            return True
+        return gain_tokens * self.token_value_usd >= price / 3600.0 * max(0.0, ask_s)
+
     def skip_reason(self, request_steps: int, pool_alpha: float, pool_on_time: float,
-                    local: Sequence[tuple[float, float]], k_max: int, on_context: float = 1.0) -> str | None:
+                    local: Sequence[tuple[float, float]], k_max: int, on_context: float = 1.0,
+                    pool: str = "", ask_s: float = 0.0) -> str | None:
         """Why not to ask the pool for this request now, or `None` to ask: it is asked on its probe
         steps (`request_steps`, counted from 1: the first, then every `probe_every`), else where
         `speculation_control.pool_pays` against the best local source (`local`: per source, its
@@ -81,14 +111,18 @@ class PoolPolicy:
         the autoscaler counts), else as `"yield"`. `on_context`: the share of the pool's drafts back
         in time that still continued the context (the target went where the pool guessed): it
         scales what the pool gives, but a faster pool would not raise it, so it never makes a skip
-        "late". Alphas are per-token acceptance rates in [0, 1]."""
+        "late". An ask whose gain is not worth its dollars (`ask_pays`: `pool`'s price, `ask_s`
+        seconds of it) is skipped as "yield" (or "late" where it would pay on time). Alphas are
+        per-token acceptance rates in [0, 1]."""
         if (request_steps - 1) % self.probe_every == 0:
             return None
-        if sc.pool_pays(pool_alpha, pool_on_time * on_context, local, k_max, self.min_gain_tokens):
+        def pays(on_time: float) -> bool:
+            return sc.pool_pays(pool_alpha, on_time, local, k_max, self.min_gain_tokens) and self.ask_pays(
+                sc.pool_gain_tokens(pool_alpha, on_time, local, k_max), pool, ask_s)
+
+        if pays(pool_on_time * on_context):
             return None
-        if sc.pool_pays(pool_alpha, on_context, local, k_max, self.min_gain_tokens):
-            return "late"
-        return "yield"
+        return "late" if pays(on_context) else "yield"
 
     def ask(self, step_s: float, token_s: float | None, rtt_s: float, k_max: int, verifying: bool) -> tuple[int, int]:
         """(draft tokens per candidate, branches) of the next ask (`speculation_control.pool_ask`).

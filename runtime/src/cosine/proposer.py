@@ -618,9 +618,10 @@ class CoSineProposer:
 
     def _skip_reason(self, name: str, req: _Request) -> str | None:
         """Why not to ask the pool this step for the request (`PoolPolicy.skip_reason` against the
-        best local source; `None`: ask)."""
+        best local source, an ask priced at the pool's measured seconds a call; `None`: ask)."""
         local = [(self._state(req, src.name).acceptance_rate, req.hits.get(src.name, 0.5)) for src in self.sources]
         return self.settings.pool.skip_reason(req.steps, self._state(req, name).acceptance_rate,
                                                self.stats.pool_on_time.get(name, 1.0), local,
                                                self.settings.speculation.max_draft_len,
-                                               on_context=self.stats.pool_on_context.get(name, 1.0))
+                                               on_context=self.stats.pool_on_context.get(name, 1.0),
+                                               pool=name, ask_s=self.stats.pool_rtt_s.get(name, 0.0))

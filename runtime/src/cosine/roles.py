@@ -167,13 +167,15 @@ def verifier_command(
             pool = spec.pool(name)
         except KeyError:
             raise ValueError(f"--drafter {item!r}: no drafter pool {name!r} in the manifest") from None
-        entry = by_name.setdefault(name, {"name": name, "addresses": [], "expertise": list(pool.expertise)})
+        entry = by_name.setdefault(name, {"name": name, "addresses": [], "expertise": list(pool.expertise),
+                                          "price_per_hour_usd": pool.replica_price_per_hour_usd})
         entry["addresses"].append(address)
         if drafter_tls_dir:
             entry.update(tls_dir=drafter_tls_dir, tls_server_name=drafter_tls_server_name)
     pools = list(by_name.values())
     model_path = str(resolve(spec.verifier.model))
-    args = vllm_engine_args(spec.verifier, model_path, spec.speculation, pools, metrics_port)
+    args = vllm_engine_args(spec.verifier, model_path, spec.speculation, pools, metrics_port,
+                            token_value_usd=spec.autoscaling.accepted_token_value_per_million_usd / 1e6)
     argv = [sys.executable, "-m", VLLM_SERVER, *cli_flags(args), "--host", host, "--port", str(http_port),
             "--uvicorn-log-level", "warning"]
     if api_key:  # vLLM's own check guards only /v1, /v2, /inference and /cohere: the key on every route
@@ -195,7 +197,8 @@ VLLM_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # `vllm serve` (the
 
 
 def vllm_engine_args(verifier, model_path: str, speculation, pools: list[dict[str, Any]],
-                     metrics_port: int = 0, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+                     metrics_port: int = 0, env: Mapping[str, str] | None = None,
+                     token_value_usd: float = 0.0) -> dict[str, Any]:
     """The verifier spec (`spec.verifier`) as vLLM engine arguments (`EngineArgs` field names):
     model, dtype, maxBatchTokens -> max_num_batched_tokens, maxModelLen, maxNumSeqs,
     gpuMemoryUtilization (GPU pods; kvCacheSpaceGiB is the CPU pods' `vllm_cpu_env`).
@@ -206,6 +209,8 @@ def vllm_engine_args(verifier, model_path: str, speculation, pools: list[dict[st
     `speculation` (`spec.speculation`, a `SpeculationSpec`) goes to the proposer as itself; its
     `max_draft_len` 0 serves the target alone (no speculative path at all). The engine's own drafter
     (`spec.verifier.speculator`) is pulled through the model store like the target.
+    `token_value_usd`: an accepted draft token's value, with each pool's `price_per_hour_usd` what
+    the proposer prices a pool's ask by (`pool_policy.PoolPolicy.ask_pays`).
 
     Raises:
         cosine.model_store.ModelNotAvailable: the speculator's model is not in the model cache.
@@ -237,7 +242,8 @@ def vllm_engine_args(verifier, model_path: str, speculation, pools: list[dict[st
         if sp is not None:
             _check_speculator(sp.method, Path(model_path), Path(sp_model) if sp_model else None)
         args.update(vllm_hooks.engine_kwargs(speculation, sp, sp_model, cpu=gpus == 0, pools=pools,
-                                             model=model_path, metrics_port=metrics_port))
+                                             model=model_path, metrics_port=metrics_port,
+                                             token_value_usd=token_value_usd))
     return args
 
 

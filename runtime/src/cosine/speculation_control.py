@@ -256,8 +256,17 @@ def pool_pays(pool_alpha: float, pool_on_time: float, local: Sequence[tuple[floa
     if k <= 0:
         return False
     pool = pool_on_time * (expected_tokens(pool_alpha, k) - 1.0)
-    best_local = max((hit * (expected_tokens(alpha, k) - 1.0) for alpha, hit in local), default=0.0)
-    return pool > max(best_local, min_gain_tokens)
+    return pool > max(pool - pool_gain_tokens(pool_alpha, pool_on_time, local, k), min_gain_tokens)
+
+
+def pool_gain_tokens(pool_alpha: float, pool_on_time: float, local: Sequence[tuple[float, float]], k: int) -> float:
+    """Expected accepted tokens per verifier step a pool's draft adds over the best local source's
+    for the same request (`pool_pays`' two sides, the pool's less the best local's; negative where
+    a local source gives more). 0 for k <= 0."""
+    if k <= 0:
+        return 0.0
+    pool = pool_on_time * (expected_tokens(pool_alpha, k) - 1.0)
+    return pool - max((hit * (expected_tokens(alpha, k) - 1.0) for alpha, hit in local), default=0.0)
 
 
 def pool_ask(step_s: float, token_s: float | None, rtt_s: float, k_max: int, max_branches: int, *,

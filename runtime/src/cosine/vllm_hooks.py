@@ -307,6 +307,7 @@ def proposer_config(
     model: str | None = None,
     metrics_port: int = 0,
     engine_source: str = "",
+    token_value_usd: float = 0.0,
 ) -> dict[str, Any]:
     """The `additional_config["cosine"]` dict `CoSineScheduler` reads.
 
@@ -318,14 +319,18 @@ def proposer_config(
         pools: `{"name", "addresses": [...], "expertise": [...]}` per remote drafter pool (gRPC): its
             replicas' `host:port` addresses and/or a headless Service's `dns:///name:port`
             (`transport.replica_pool`); optional `tls_dir`, `tls_server_name`: TLS to that pool
-            (`transport.tls`).
+            (`transport.tls`); optional `price_per_hour_usd`: one replica's price
+            (`PoolPolicy.pool_prices`).
         model: the target's path (its tokenizer classifies prompts into domains for routing).
         metrics_port: serve CoSine's `cosine_` series on this port (0 = none).
         engine_source: the engine drafter's source name (`spec.verifier.speculator.method`), or ""
             when the engine has none.
+        token_value_usd: what an accepted draft token is worth (`spec.autoscaling.
+            acceptedTokenValuePerMillionUsd` / 1e6; `PoolPolicy.token_value_usd`, 0: not weighed).
     """
     return {"speculation": to_spec(speculation or SpeculationSpec()), "pools": [dict(p) for p in pools],
-            "model": model, "metrics_port": metrics_port, "engine_source": engine_source}
+            "model": model, "metrics_port": metrics_port, "engine_source": engine_source,
+            "token_value_usd": token_value_usd}
 
 
 def speculation_of(config: Mapping[str, Any]) -> SpeculationSpec:
@@ -476,7 +481,11 @@ def build_proposer(config: Mapping[str, Any], max_model_len: int | None = None,
     speculation = speculation_of(config)
     settings = prop.ProposerSettings(speculation=speculation, lookup=speculation.prompt_lookup,
                                      max_model_len=max_model_len,
-                                     pool=prop.PoolPolicy(branches=speculation.branches),
+                                     pool=prop.PoolPolicy(  # asks priced as the autoscaler prices replicas
+                                         branches=speculation.branches,
+                                         token_value_usd=float(config.get("token_value_usd", 0.0)),
+                                         pool_prices=tuple((p["name"], float(p.get("price_per_hour_usd", 0.0)))
+                                                           for p in config.get("pools", ()))),
                                      engine_depth_ratio=engine_depth_ratio)
     return prop.CoSineProposer(settings, pools, expertise, classify=_classifier(config.get("model")), sources=sources)
 

@@ -125,7 +125,11 @@ def build_setup(obj: dict[str, Any], profiles: Profiles | None = None, mode: str
         pools=colocated,
         acceptance=acceptance,
         speculation=spec.speculation,
-        pool_policy=PoolPolicy(branches=spec.speculation.branches),
+        pool_policy=PoolPolicy(  # asks priced as the autoscaler prices replicas (a pool priced 0: its profile's)
+            branches=spec.speculation.branches,
+            token_value_usd=spec.autoscaling.accepted_token_value_per_million_usd / 1e6,
+            pool_prices=tuple((q.name, p.replica_price_per_hour_usd or q.price_per_hour_usd)
+                              for p, q in zip(spec.drafter_pools, colocated, strict=True))),
         routing_settings=RoutingSettings(max_drafters=int(sim.get("maxDrafters", 1))),
         scaling=scaling,
         interval_s=float(spec.autoscaling.interval_s),

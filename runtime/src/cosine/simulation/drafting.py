@@ -98,9 +98,10 @@ class World(Protocol):
 
 class SimLookup:
     """Prompt lookup as `lookup.SuffixLookup`'s interface: on a share `hit_rate` of calls it finds a
-    draft of up to `draft_tokens`, each token the target's at the request's lookup acceptance rate;
-    its path probabilities are the domain's mean rate compounded (the tree's counts would be the
-    request's own: the proposer's per-request calibration learns the difference, as it does live)."""
+    draft of `draft_tokens` on average (`LookupModel.draft_len`), each token the target's at the
+    request's lookup acceptance rate; its path probabilities are the domain's mean rate compounded
+    (the tree's counts would be the request's own: the proposer's per-request calibration learns
+    the difference, as it does live)."""
 
     def __init__(self, model: LookupModel, world: World) -> None:
         self.model, self.world = model, world
@@ -117,7 +118,8 @@ class SimLookup:
         self.world.observe_lookup(seq.replica, hit)
         if not hit:
             return [], []
-        n = min(max_tokens, draft_tokens)
+        whole = draft_tokens == int(draft_tokens)  # a whole mean needs no draw (the request's stream unchanged)
+        n = min(max_tokens, LookupModel.draft_len(draft_tokens, 1.0 if whole else seq.rng.random()))
         mean = self.world.acceptance.mean(LOOKUP, seq.spec.domain)
         tokens = seq.guess(len(context) - seq.spec.prompt_tokens, n, self.world.alpha(seq, LOOKUP))
         return tokens, [mean ** (i + 1) for i in range(n)]

@@ -108,12 +108,14 @@ LOOKUP_CONCENTRATION = 4.0  # the spread of a request's lookup acceptance around
 
 
 def _pair_manifest(pair: str, mode: str, specialists: bool = True, domains: tuple[str, ...] = DOMAINS,
-                   hardware: tuple[str, str] | None = None, pool_replicas: int = 1) -> dict[str, Any]:
+                   hardware: tuple[str, str] | None = None, pool_replicas: int = 1,
+                   token_value_usd: float = 0.0) -> dict[str, Any]:
     """The paper's testbed for one pair as a manifest, with one specialist pool per domain group
     that `domains` asks for, of `pool_replicas` replicas. `specialists`: CoSine's pools get the
     specialist acceptance profile on their domains (assumed, `profiles.yaml`); False gives them
     the generic drafter's, so only the architecture differs from a co-located drafter.
-    `hardware`: (verifier GPU, drafter GPU) instead of the paper's."""
+    `hardware`: (verifier GPU, drafter GPU) instead of the paper's. `token_value_usd`: an accepted
+    token's value (`spec.autoscaling.acceptedTokenValuePerMillionUsd`; 0: not set)."""
     p = PAIRS[pair]
     vm, vhw, gpus = p["verifier"]
     dm, dhw = p["drafter"]
@@ -126,7 +128,8 @@ def _pair_manifest(pair: str, mode: str, specialists: bool = True, domains: tupl
                              "acceptance": spec_key if mode == "cosine" else p["acceptance"]} for q in pools}
     return {
         "spec": {"verifier": {"model": vm, "maxBatchTokens": 2048, "maxNumSeqs": 256}, "drafterPools": pools,
-                 "speculation": {"maxDraftLen": 8}, "autoscaling": {"enabled": False}},
+                 "speculation": {"maxDraftLen": 8}, "autoscaling": {
+                     "enabled": False, "acceptedTokenValuePerMillionUsd": token_value_usd * 1e6}},
         "simulation": {"mode": mode, "verifier": {"hardware": vhw, "gpus": gpus}, "pools": sim_pools,
                        "network": {"rttMs": 1.0, "bandwidthGbps": 10}, "maxDrafters": 2},
     }
@@ -144,8 +147,7 @@ def lookup_on_references(path: Path | None = None) -> tuple[LookupModel, dict[tu
     `data/lookup_on_references.json`): the `LookupModel` (hit rate, draft tokens by domain) and
     the per-token acceptance means keyed `(lookup, domain)`."""
     raw = json.loads(Path(path or LOOKUP_ON_REFERENCES).read_text())["domains"]
-    model = LookupModel(0.0, 0, {d: (float(r["hit_rate"]), max(1, round(r["mean_draft_tokens"])))
-                                 for d, r in raw.items()})
+    model = LookupModel(0.0, 0, {d: (float(r["hit_rate"]), float(r["mean_draft_tokens"])) for d, r in raw.items()})
     return model, {(LOOKUP, d): float(r["alpha"]) for d, r in raw.items()}
 
 
@@ -244,12 +246,16 @@ def paper_setups(pair: str, profiles: Profiles, closed: Workload, seed: int = 0,
     """Every system of the paper study for one pair (see `paper_testbed`), on the paper's hardware
     or `hardware` (verifier GPU, drafter GPU), each pool of `pool_replicas` replicas, with the
     specialist pools `domains` asks for. vLLM's `eagle3` heads run at their best k of `EAGLE3_K`
-    on `closed`; CoSine's head (the public one, as `eagle3`'s) at the k best for `cosine-head`."""
-    def build(mode: str) -> SimSetup:
-        m = _pair_manifest(pair, mode, True, domains, hardware, pool_replicas)
+    on `closed`; CoSine's head (the public one, as `eagle3`'s) at the k best for `cosine-head`.
+    An accepted token is valued at what the verifier alone spends on one at `closed`'s
+    concurrency (`VerifierModel.usd_per_token`), so the proposer asks a pool only where what it
+    adds is worth the pool's replica time (`PoolPolicy.ask_pays`)."""
+    def build(mode: str, value_usd: float = 0.0) -> SimSetup:
+        m = _pair_manifest(pair, mode, True, domains, hardware, pool_replicas, value_usd)
         return config.build_setup(m, profiles, seed=seed)[0]
 
-    target_only, pooled = build("target-only"), build("cosine")
+    target_only = build("target-only")
+    pooled = build("cosine", target_only.verifier.usd_per_token(closed.concurrency or 1, 320))
     shape = PAIRS[pair]["shape"]
     out = {"target-only": target_only}
     lookup = dataclasses.replace(target_only, pools=())
@@ -403,9 +409,10 @@ def _spot_cell(target: str, c: int, duration_s: float, preemption: Preemption, p
     reqs = tuple(RequestSpec(0.0, 256, 128, rng.choice(PAPER_DOMAINS)) for _ in range(n))
     setups = paper_setups(pair, profiles, Workload(reqs[: 4 * c], c), seed, hardware, pool_replicas)
     cos = setups["cosine"]
-    setups["cosine-spot"] = dataclasses.replace(
-        cos, pools=tuple(dataclasses.replace(p, price_per_hour_usd=p.price_per_hour_usd * SPOT_PRICE_RATIO)
-                         for p in cos.pools), preemption=preemption)
+    spot = tuple(dataclasses.replace(p, price_per_hour_usd=p.price_per_hour_usd * SPOT_PRICE_RATIO) for p in cos.pools)
+    setups["cosine-spot"] = dataclasses.replace(  # its asks priced at the spot price too
+        cos, pools=spot, preemption=preemption, pool_policy=dataclasses.replace(
+            cos.pool_policy, pool_prices=tuple((p.name, p.price_per_hour_usd) for p in spot)))
     level: dict[str, Any] = {}
     for system in SPOT_SYSTEMS:
         res = simulate(setups[system], Workload(reqs, c), duration_s)
