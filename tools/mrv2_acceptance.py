@@ -96,8 +96,14 @@ def run_system(system: str, prompts: list[dict], max_tokens: int, k: int, draft_
                 "output": list(out.outputs[0].token_ids),
             }
         )
+    # what CoSine's adaptive k was priced with: the pass curve it fitted from the step times it
+    # measured (under the interpreter, not a GPU's) and the seconds of each deeper drafter forward
+    cosine = getattr(scheduler, "cosine", None)
+    pricing = {}
+    if cosine is not None and cosine.chooser.curve is not None:
+        pricing = {"pass_curve": [list(p) for p in cosine.chooser.curve.points], "depth_s": cosine.chooser.depth_s()}
     llm.llm_engine.engine_core.shutdown()
-    return {"system": system, "rows": rows}
+    return {"system": system, "rows": rows, "pricing": pricing}
 
 
 def main(argv: list[str] | None = None) -> int:
