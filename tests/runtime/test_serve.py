@@ -104,6 +104,17 @@ def cluster(tmp_path_factory):
     _stop(proc)
 
 
+@pytest.fixture(scope="class")
+def long_reference(cluster):
+    """DRAIN_PROMPTS' greedy answers (DRAIN_TOKENS tokens each, 8 at once) on the cluster undisturbed:
+    what each must still be after a replica or the server is stopped under it."""
+    client = _client(cluster[0])
+    with cf.ThreadPoolExecutor(len(DRAIN_PROMPTS)) as pool:
+        out = dict(zip(DRAIN_PROMPTS, pool.map(lambda p: _stream_long(client, p), DRAIN_PROMPTS), strict=True))
+    assert all(out.values())
+    return out
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """vLLM target-only greedy outputs (the same server without a speculative path)."""
@@ -230,17 +241,35 @@ class TestFixedCluster:
         assert _counter(metrics_url, "cosine_drafter_calls_total", "small") > before, (
             "the restarted drafter answers draft calls again")
 
-    def test_sigterm_to_a_replica_hands_its_requests_back(self, cluster, reference):
-        """What a spot node's notice (or a scale-down) does to a replica: SIGTERM with 8 requests in
-        flight. Catches: its requests found out only by failed calls, an output changed, a
-        replica that holds on to the end of its grace or exits failing. Every request completes
-        identical to target-only; the verifier moves the replica's requests off it on its health
-        change (its `rehomed` series rises with no failed call on it); it exits 0 within its
-        grace (the pool's 30 s)."""
+    def test_a_finished_request_holds_nothing_on_the_replicas(self, cluster):
+        """An idle verifier holds no request on any replica: a request is released on its pool when
+        vLLM finishes it, not at the engine's next draft (an idle engine drafts no more, so its
+        context would stay on the replica, and the replica's `requests` gauge up, until the next
+        request). Catches, on the V1 runner this CPU serves through: a release left to the next
+        step's schedule, a release that never reaches the pool (MRV2's seam, which plans at
+        schedule time: `test_vllm_mrv2_lossless.py`)."""
+        base, _, metrics_url, _ = cluster
+        assert _chat(_client(base), PROMPTS[0], True)
+        deadline = time.monotonic() + 10  # a release waits on the request's calls still out (deadlines)
+        while (held := {a: r.get("held", 0) for a, r in _replicas(metrics_url).items()}) and any(held.values()):
+            assert time.monotonic() < deadline, f"held at idle: {held}"
+            time.sleep(0.2)
+        assert held, "no replica known"
+
+    def test_sigterm_to_a_replica_hands_its_requests_back(self, cluster, long_reference):
+        """What a spot node's notice (or a scale-down) does to a replica: SIGTERM with 8 long
+        requests in flight (128 tokens each, every one past its first token, so each has its
+        replica and most of its tokens to go). Catches: its requests found out only by failed
+        calls, an output changed, a replica that holds on to the end of its grace or exits
+        failing. Every request completes with the greedy output it has without the SIGTERM
+        (`long_reference`); the verifier moves the replica's requests off it on its health change
+        (its `rehomed` series rises with no failed call on it); it exits 0 within its grace (the
+        pool's 30 s)."""
         base, proc, metrics_url, pools_url = cluster
         client = _client(base)
         deadline = time.monotonic() + 120  # both replicas up (the test before restarts one)
-        while (len(pids := _drafter_pids(proc.pid)) < 2 or any(_replica(metrics_url, _address(p)) is None for p in pids)
+        while (len(pids := _drafter_pids(proc.pid)) < 2
+               or not {_address(p) for p in pids} <= set(_replicas(metrics_url))
                or not all(serving(_address(p), timeout_s=2) for p in pids)):
             assert time.monotonic() < deadline, "two replicas never served"
             time.sleep(1)
@@ -249,29 +278,29 @@ class TestFixedCluster:
         # stopped replica's requests only to a replica it may call, else they finish where they are.
         time.sleep(5 + 1)
         by_address = {_address(p): p for p in pids}
-        before = {a: _replica(metrics_url, a) or {} for a in by_address}
         exits, clean = _exits(pools_url), _exits(pools_url, "0")
-        prompts = PROMPTS * 2
-        with cf.ThreadPoolExecutor(8) as pool:
-            futures = [pool.submit(_chat, client, p, True) for p in prompts]
-            deadline = time.monotonic() + 120
-            # The replica to stop is one that holds requests now: which one gets them is the
-            # pool's choice (the least loaded healthy replica; one the test before restarted may
-            # still be behind its circuit breaker).
-            while not (holding := [a for a in by_address if (_replica(metrics_url, a) or {}).get("held", 0) >= 1]):
-                assert time.monotonic() < deadline and not all(f.done() for f in futures), "no request reached it"
+        started = threading.Barrier(len(DRAIN_PROMPTS) + 1)
+        with cf.ThreadPoolExecutor(len(DRAIN_PROMPTS)) as pool:
+            futures = {p: pool.submit(_stream_long, client, p, started) for p in DRAIN_PROMPTS}
+            started.wait(timeout=120)  # every request has its first tokens: all 8 in flight
+            # the replica to stop is the one holding the most requests (one scrape): which one
+            # gets them is the pool's choice (the least loaded replica it may call)
+            deadline = time.monotonic() + 30
+            before = _replicas(metrics_url)
+            while not any(r.get("held", 0) for r in before.values()):
+                assert time.monotonic() < deadline, f"no replica holds a request: {before}"
                 time.sleep(0.2)
-            address = holding[0]
-            before = before[address]
+                before = _replicas(metrics_url)
+            address = max(by_address, key=lambda a: before.get(a, {}).get("held", 0))
             os.kill(by_address[address], signal.SIGTERM)
             sent = time.monotonic()
-            results = [f.result(timeout=240) for f in futures]
-        assert results == [reference[p] for p in prompts]
+            results = {p: f.result(timeout=240) for p, f in futures.items()}
+        assert results == long_reference
         while _exits(pools_url) == exits:  # the supervisor sees it exit (and starts it again)
             assert time.monotonic() - sent < 30 + 2, "not out within its 30 s grace"
             time.sleep(0.2)
         assert _exits(pools_url, "0") == clean + 1, "it exited failing"
-        after = _replica(metrics_url, address)
+        before, after = before[address], _replicas(metrics_url)[address]
         assert after["rehomed"] > before.get("rehomed", 0), (before, after)  # moved on its health change ...
         assert after.get("errors", 0) == before.get("errors", 0), (before, after)  # ... not by failed calls
 
@@ -406,7 +435,7 @@ class TestFixedCluster:
                 assert named and named <= names, (version, sorted(named - names))
                 assert not {n for n in names if n.startswith("cosine:")}, version
 
-    def test_sigterm_drains_the_requests_in_flight_refuses_new_ones_and_exits(self, cluster):
+    def test_sigterm_drains_the_requests_in_flight_refuses_new_ones_and_exits(self, cluster, long_reference):
         """Last of the class (it ends the cluster). A rollout drains: `cosine serve` sent SIGTERM
         with 8 requests in flight finishes all 8 (each with the greedy output it had before),
         refuses a new one, exits 0 by itself and leaves no child. The drain is vLLM's own
@@ -421,10 +450,6 @@ class TestFixedCluster:
         timeout = int(argv[argv.index("--shutdown-timeout") + 1])
         assert timeout == 45, argv
         client = _client(base)
-        with cf.ThreadPoolExecutor(len(DRAIN_PROMPTS)) as pool:
-            reference = dict(zip(DRAIN_PROMPTS, pool.map(lambda p: _stream_long(client, p), DRAIN_PROMPTS),
-                                 strict=True))
-        assert all(reference.values())
         below = descendants(proc.pid)
         started = threading.Barrier(len(DRAIN_PROMPTS) + 1)
         with cf.ThreadPoolExecutor(len(DRAIN_PROMPTS)) as pool:
@@ -446,7 +471,7 @@ class TestFixedCluster:
             assert served.startswith("refused: "), f"served while draining: {served!r}"
             done = {p: f.result(timeout=120) for p, f in futures.items()}
             drained_s = time.monotonic() - sigterm_s
-        assert done == reference  # all 8 finished, each with its whole greedy output
+        assert done == long_reference  # all 8 finished, each with its whole greedy output
         assert proc.wait(timeout=60) == 0  # exits by itself once drained
         assert_all_gone(below)  # vLLM's server, engine core and the drafter replicas with it
         print(f"drained 8 requests in {drained_s:.1f} s after SIGTERM (vLLM given {timeout} s); {served}")
@@ -458,19 +483,19 @@ def _address(pid: int) -> str:
     return f"127.0.0.1:{cmd[cmd.index('--grpc-port') + 1]}"
 
 
-def _replica(metrics_url: str, address: str) -> dict[str, float] | None:
-    """The verifier's `cosine_drafter_replica_*` series of the replica at `address`: calls,
-    errors, held (requests assigned now), rehomed; None before it is known."""
+def _replicas(metrics_url: str) -> dict[str, dict[str, float]]:
+    """Replica address -> the verifier's `cosine_drafter_replica_*` series of it (one scrape):
+    calls, errors, held (requests assigned now), rehomed; replicas it does not know are absent."""
     from prometheus_client.parser import text_string_to_metric_families
 
     names = {"cosine_drafter_replica_calls_total": "calls", "cosine_drafter_replica_errors_total": "errors",
              "cosine_drafter_replica_requests": "held", "cosine_drafter_replica_rehomed_total": "rehomed"}
-    out = {}
+    out: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(httpx.get(metrics_url).text):
         for sample in family.samples:
-            if sample.name in names and sample.labels.get("replica") == address:
-                out[names[sample.name]] = sample.value
-    return out or None
+            if sample.name in names and "replica" in sample.labels:
+                out.setdefault(sample.labels["replica"], {})[names[sample.name]] = sample.value
+    return out
 
 
 def _exits(pools_url: str, code: str | None = None) -> float:

@@ -30,8 +30,10 @@ def test_seam_problems_names_a_changed_seam(monkeypatch):
 
     monkeypatch.setattr(vllm, "__version__", "0.99.0")
     monkeypatch.setattr(Scheduler, "schedule", lambda self: None)
+    monkeypatch.setattr(Scheduler, "finish_requests", lambda self, request_ids: None)
     problems = vllm_hooks.seam_problems()
     assert any("0.99.0" in p for p in problems) and any("throttle_prefills" in p for p in problems)
+    assert any("finish_requests" in p for p in problems)
 
 
 def test_engine_kwargs():

@@ -66,7 +66,8 @@ _SCRIPT = textwrap.dedent('''
                 from cosine.model_store import resolve_gguf
                 from cosine.transport.drafter_service import DrafterServicer, serve
                 engine = LlamaCppEngine(str(resolve_gguf("MODEL")), "pool", threads=1)
-                server = serve(DrafterServicer(engine, "pool"), port=0)
+                servicer = DrafterServicer(engine, "pool")
+                server = serve(servicer, port=0)
                 address = f"127.0.0.1:{server.bound_port}"
                 proposer = {"pools": [{"name": "pool", "addresses": [address], "expertise": ["chat"]}]}
             llm = vllm_hooks.cosine_llm(model, speculation, proposer, speculator, speculator_model, **kw)
@@ -75,9 +76,16 @@ _SCRIPT = textwrap.dedent('''
         sampled = llm.generate([prompt] * samples, SamplingParams(temperature=1.0, max_tokens=tokens, ignore_eos=True),
                                use_tqdm=False) if samples else []
         stats = {}
+        if server is not None:  # the engine is idle now: nothing of a finished request is held
+            import time
+            deadline = time.monotonic() + 10  # a pool's release waits on the request's calls still out
+            while servicer.num_contexts() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            stats["held_when_idle"] = {"proposer": core.scheduler.cosine.num_requests(),
+                                       "pool": servicer.num_contexts()}
         if system != "vllm":
             s = core.scheduler.cosine.stats
-            stats = {"draft_tokens": s.draft_tokens, "accepted": s.accepted_tokens,
+            stats |= {"draft_tokens": s.draft_tokens, "accepted": s.accepted_tokens,
                      "scheduler": type(core.scheduler).__name__,
                      "async": core.vllm_config.scheduler_config.async_scheduling,
                      "mrv2": isinstance(core.model_executor.driver_worker.worker.model_runner, GPUModelRunner)}
@@ -160,6 +168,13 @@ def test_greedy_through_mrv2_is_identical_to_target_only(greedy_runs, system):
     cos = _result(greedy_runs, system)
     assert cos["greedy"] == ref
     assert sum(cos["stats"]["draft_tokens"].values()) > 0  # drafts were verified on the way
+
+
+def test_a_finished_request_is_released_on_its_pool_when_it_finishes(greedy_runs):
+    """Once the engine is idle, the proposer keeps no request and the pool's replica holds no
+    context: MRV2's scheduler plans drafts only when it schedules a step, so a release left to the
+    next plan would hold a finished request's context on its replica until the next request."""
+    assert _result(greedy_runs, "cosine-all")["stats"]["held_when_idle"] == {"proposer": 0, "pool": 0}
 
 
 def test_lookups_drafts_are_verified_where_chosen_not_the_heads(greedy_runs):

@@ -181,7 +181,8 @@ def seam_problems() -> list[str]:
     no model and needs no device, so it runs against any build (CPU, or CUDA on a machine without
     a GPU: the runtime images' smoke tests). Checked: the version; the `custom_class` branch of the
     V1 GPU model runner and the arguments it passes `NoDraftProposer.propose`; the scheduler's
-    `update_draft_token_ids`, `update_from_output` and `schedule(throttle_prefills)`; the engine
+    `update_draft_token_ids`, `update_from_output`, `finish_requests` (a finished request leaves
+    `requests`) and `schedule(throttle_prefills)`; the engine
     core's `post_step` calling `update_draft_token_ids`; `DraftTokenIds`' fields; the `Request`
     fields read; vLLM turning async scheduling off for `custom_class` proposers."""
     import dataclasses
@@ -210,6 +211,11 @@ def seam_problems() -> list[str]:
     if list(inspect.signature(Scheduler.update_from_output).parameters) != [
             "self", "scheduler_output", "model_runner_output"]:
         problems.append("Scheduler.update_from_output(scheduler_output, model_runner_output) changed")
+    if list(inspect.signature(Scheduler.finish_requests).parameters) != [
+            "self", "request_ids", "finished_status"] or "del self.requests[request.request_id]" not in \
+            inspect.getsource(Scheduler._free_blocks):
+        problems.append("Scheduler.finish_requests(request_ids, finished_status) changed, or a finished request "
+                        "stays in Scheduler.requests (its pools' contexts would be released late)")
     if "throttle_prefills" not in inspect.signature(Scheduler.schedule).parameters:
         problems.append("Scheduler.schedule has no throttle_prefills")
     if "self.scheduler.update_draft_token_ids(draft_token_ids)" not in inspect.getsource(core.EngineCore.post_step):
@@ -597,6 +603,8 @@ class CoSineScheduler(Scheduler):
             self.cosine.observe_step(prop.StepRecord(step_s, scheduler_output.total_num_scheduled_tokens,
                                                      tuple(outcomes), has_prefill, depth or 0,
                                                      len(scheduler_output.num_scheduled_tokens)))
+        # finished in this step: released after their last outcome, not at the next draft
+        self.cosine.retain(self.requests.keys())
         return out
 
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
@@ -610,6 +618,14 @@ class CoSineScheduler(Scheduler):
         drafts = self.cosine.propose(contexts, prompt_lens)
         rows = [drafts.get(rid, []) for rid in draft_token_ids.req_ids]
         super().update_draft_token_ids(DraftTokenIds(list(draft_token_ids.req_ids), rows))
+
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
+        """vLLM's finish (an abort: the client went away), then the requests released from the
+        proposer and their pools at once: an idle engine drafts no more, so waiting for the next
+        draft would hold their contexts on the pools' replicas until the next request."""
+        out = super().finish_requests(request_ids, finished_status)
+        self.cosine.retain(self.requests.keys())
+        return out
 
     def shutdown(self) -> None:
         """Close the proposer, then vLLM's scheduler."""

@@ -380,6 +380,15 @@ class CoSineAsyncScheduler(AsyncScheduler):
                     len(scheduler_output.num_scheduled_tokens),
                 )
             )
+        # finished in this step: released after their last outcome, not at the next plan
+        self.cosine.retain(self.requests.keys())
+        return out
+
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
+        """vLLM's finish (an abort), then the requests released from the proposer and their pools
+        at once (`vllm_hooks.CoSineScheduler.finish_requests`)."""
+        out = super().finish_requests(request_ids, finished_status)
+        self.cosine.retain(self.requests.keys())
         return out
 
     def shutdown(self) -> None:
