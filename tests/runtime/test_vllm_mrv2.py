@@ -180,3 +180,35 @@ def test_the_inner_drafter_is_asked_for_the_plans_depth_and_a_draft_model_drafts
         assert speculator.num_speculative_steps == 4  # put back
         assert drafts.shape == (1, 4)  # vLLM writes all K columns of its draft buffer
     assert seen[0] == (1, 4) and seen[1] == (1, 1), seen  # the draft model: one forward, not four
+
+
+def test_a_steps_engine_depth_is_the_forwards_the_inner_drafter_ran_not_the_widest_row(monkeypatch) -> None:
+    """The proposer fits the inner drafter's seconds per forward to the steps' times against their
+    depth: a step whose widest row is a longer anchored candidate (6 tokens) ran the inner drafter
+    only the plan's `inner_depth` (2) forwards, so that is the depth it is recorded with; finished
+    requests are released once the step is folded in."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    from cosine.vllm_mrv2 import CoSineAsyncScheduler
+
+    steps, kept = [], []
+    cosine = SimpleNamespace(
+        observe_step=steps.append, source_of=lambda rid: "", retain=lambda live: kept.append(set(live)),
+        stats=SimpleNamespace(observe_queue=lambda running, waiting: None),
+    )
+    monkeypatch.setattr(AsyncScheduler, "update_from_output", lambda self, so, mro: "vllm's")
+    scheduler = object.__new__(CoSineAsyncScheduler)  # vLLM's own state is not read by this method
+    scheduler.cosine, scheduler._step_t0, scheduler.running, scheduler.waiting = cosine, 0.0, [], []
+    scheduler.requests = {"b": None}  # "a" finished in this step
+    out = SchedulerOutput.make_empty()
+    out.scheduled_spec_decode_tokens = {"a": [-1] * 6}
+    out.num_scheduled_tokens, out.total_num_scheduled_tokens = {"a": 7}, 7
+    out.num_spec_tokens_to_schedule = 6
+    setattr(out, PLAN_ATTR, StepPlan(INNER, {"a": RowPlan(0.5, 3, tuple(range(10, 19)), (0.9,) * 9, "lookup")}, 2))
+    result = SimpleNamespace(sampled_token_ids=[[1, 2, 3]], req_id_to_index={"a": 0})
+    assert scheduler.update_from_output(out, result) == "vllm's"
+    assert [(s.engine_depth, s.num_tokens, s.outcomes[0].num_draft_tokens) for s in steps] == [(2, 7, 6)]
+    assert kept == [{"b"}]

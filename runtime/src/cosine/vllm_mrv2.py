@@ -365,7 +365,11 @@ class CoSineAsyncScheduler(AsyncScheduler):
                 continue
             source = verified.get(rid) or self.cosine.source_of(rid)
             outcomes.append(prop.RequestOutcome(rid, len(spec), max(0, len(sampled[i]) - 1), source))
-        depth = scheduler_output.num_spec_tokens_to_schedule
+        # the forwards the inner drafter ran after this step: the plan's depth (the step's own
+        # `num_spec_tokens_to_schedule` is the widest row, a longer anchored candidate's included)
+        plan = getattr(scheduler_output, PLAN_ATTR, None)
+        depth = (plan.inner_depth if plan is not None and plan.inner_depth
+                 else scheduler_output.num_spec_tokens_to_schedule)
         has_prefill = bool(scheduler_output.scheduled_new_reqs)
         out = super().update_from_output(scheduler_output, model_runner_output)
         self.cosine.stats.observe_queue(len(self.running), len(self.waiting))
