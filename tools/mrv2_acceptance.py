@@ -12,6 +12,15 @@ one at a time (concurrency 1), greedy, on the target (Qwen2.5-Coder-1.5B-Instruc
 A step is one `update_from_output` of the scheduler that decoded the request (its prefill step
 is left out); tokens per step = the request's output tokens after the first / its decode steps.
 
+Under the interpreter a step takes seconds, and CoSine's adaptive k and the drafter's depth are
+priced from the step times it measures: a pass curve steep where a GPU's is flat. `--gpu HW`
+prices them on that GPU instead: each step's seconds are the simulator's roofline for the step on
+`HW` (`cosine.simulation.cost_models`, both models in bfloat16: the target's pass over the step's
+tokens plus one drafter forward over the batch per draft token the drafter drafted), a model of a
+GPU standing in for one that cannot run here. The acceptance stays measured; each system's
+modelled seconds per output token on `HW` are reported beside it (vLLM's `draft_model` drafting
+its k every step).
+
     python tools/mrv2_acceptance.py --workload mixed --limit 1 --workload heldout --limit 4 \
         --max-tokens 32 --out results/mrv2_acceptance.json
 """
@@ -63,20 +72,69 @@ def _engine(system: str, k: int, draft_k: int, fixed: bool = False):
     )
 
 
-def run_system(system: str, prompts: list[dict], max_tokens: int, k: int, draft_k: int, fixed: bool = False) -> dict:
-    """Per prompt: (domain, output tokens, decode steps) for `system` (in this process)."""
+def gpu_step_s(hardware: str):
+    """(tokens in the pass, KV tokens cached, drafter forwards, requests) -> modelled seconds of a
+    decode step on `hardware` (a `profiles.yaml` GPU): the target's roofline pass plus the
+    drafter's forwards, both models in bfloat16 (`cosine.simulation.cost_models.Roofline`)."""
+    from dataclasses import replace
+
+    from cosine.simulation.cost_models import load_profiles
+
+    profiles = load_profiles()
+    target, drafter = (
+        replace(profiles.roofline(m, hardware), model=replace(profiles.models[m], dtype_bytes=2))
+        for m in (TARGET, DRAFTER)
+    )
+
+    def step_s(num_tokens: int, kv_tokens: int, depth: int, num_requests: int) -> float:
+        return target.pass_s(num_tokens, kv_tokens) + depth * drafter.pass_s(max(1, num_requests), kv_tokens)
+
+    return step_s
+
+
+def run_system(
+    system: str, prompts: list[dict], max_tokens: int, k: int, draft_k: int, fixed: bool = False, gpu: str = ""
+) -> dict:
+    """Per prompt: (domain, output tokens, decode steps, and with `gpu` their modelled seconds
+    there) for `system` (in this process)."""
     llm = _engine(system, k, draft_k, fixed)  # first: the harness patches vLLM before it is imported
     from vllm import SamplingParams
 
+    from cosine.vllm_mrv2 import PLAN_ATTR
+
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     steps: dict[str, int] = defaultdict(int)
+    modelled: dict[str, float] = defaultdict(float)
     update = scheduler.update_from_output
+    model = gpu_step_s(gpu) if gpu else None
+    cosine = getattr(scheduler, "cosine", None)
+
+    def kv_tokens() -> int:
+        return sum(r.num_computed_tokens for r in scheduler.running)
+
+    step = {"s": 0.0}  # the modelled seconds of the step being folded in
+
+    if model is not None and cosine is not None:  # CoSine prices k and the drafter's depth on the GPU
+        from dataclasses import replace
+
+        observe = cosine.observe_step
+        cosine.observe_step = lambda record: observe(replace(record, step_s=step["s"]))
 
     def counted(scheduler_output, model_runner_output):
+        decoding = []
         for rid, n in scheduler_output.num_scheduled_tokens.items():
             request = scheduler.requests.get(rid)
             if request is not None and request.num_computed_tokens - n >= request.num_prompt_tokens:
                 steps[rid] += 1  # a decode step (not the prefill)
+                decoding.append(rid)
+        if model is not None:
+            # the drafter's forwards after this step: vLLM's drafts its k every step; CoSine's, the
+            # plan's depth (the step's engine depth, `vllm_mrv2`); none for lookup on the device
+            plan = getattr(scheduler_output, PLAN_ATTR, None)
+            depth = {"draft": draft_k, "cosine-draft": plan.inner_depth if plan is not None else k}.get(system, 0)
+            step["s"] = model(scheduler_output.total_num_scheduled_tokens, kv_tokens(), depth, len(decoding))
+            for rid in decoding:
+                modelled[rid] += step["s"] / len(decoding)
         return update(scheduler_output, model_runner_output)
 
     scheduler.update_from_output = counted
@@ -94,11 +152,12 @@ def run_system(system: str, prompts: list[dict], max_tokens: int, k: int, draft_
                 "tokens": len(out.outputs[0].token_ids),
                 "steps": sum(new.values()),
                 "output": list(out.outputs[0].token_ids),
+                **({"modelled_s": sum(modelled.pop(rid, 0.0) for rid in new)} if model else {}),
             }
         )
     # what CoSine's adaptive k was priced with: the pass curve it fitted from the step times it
-    # measured (under the interpreter, not a GPU's) and the seconds of each deeper drafter forward
-    cosine = getattr(scheduler, "cosine", None)
+    # measured (under the interpreter, not a GPU's; with `gpu`, modelled there) and the seconds of
+    # each deeper drafter forward
     pricing = {}
     if cosine is not None and cosine.chooser.curve is not None:
         pricing = {"pass_curve": [list(p) for p in cosine.chooser.curve.points], "depth_s": cosine.chooser.depth_s()}
@@ -120,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         help="CoSine's k fixed at --k (speculation.adaptive: false): under the interpreter the step times that "
         "price k and the drafter's depth are not a GPU's, so this isolates the choice of draft",
     )
+    parser.add_argument(
+        "--gpu",
+        default="",
+        help="price CoSine's adaptive k and the drafter's depth on this GPU of the simulator's profiles "
+        "(e.g. l4, a100-80gb): each step's seconds modelled there, not the interpreter's",
+    )
     parser.add_argument("--out", type=Path, default=Path("results/mrv2_acceptance.json"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -129,7 +194,13 @@ def main(argv: list[str] | None = None) -> int:
             "RESULT"
             + json.dumps(
                 run_system(
-                    job["system"], job["prompts"], job["max_tokens"], job["k"], job["draft_k"], job.get("fixed", False)
+                    job["system"],
+                    job["prompts"],
+                    job["max_tokens"],
+                    job["k"],
+                    job["draft_k"],
+                    job.get("fixed", False),
+                    job.get("gpu", ""),
                 )
             )
         )
@@ -155,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             "k": args.k,
             "draft_k": args.draft_k,
             **({"fixed": True} if args.fixed_k else {}),
+            **({"gpu": args.gpu} if args.gpu else {}),
         }
         # each system's rows are kept beside --out as it finishes: a rerun with the same job reuses them
         kept = args.out.with_suffix(f".{system}.json")
@@ -177,22 +249,32 @@ def main(argv: list[str] | None = None) -> int:
         kept.write_text(json.dumps({"job": job, "result": results[-1]}))
         print(f"{system}: done", flush=True)
     table: dict[str, dict[str, float]] = defaultdict(dict)
+    tpot: dict[str, dict[str, float]] = defaultdict(dict)  # with --gpu: modelled ms per output token
     for r in results:
-        per: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        per: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0])
         for row in r["rows"]:
             per[row["domain"]][0] += max(0, row["tokens"] - 1)
             per[row["domain"]][1] += row["steps"]
-        for domain, (tokens, steps) in per.items():
+            per[row["domain"]][2] += row.get("modelled_s", 0.0)
+        for domain, (tokens, steps, seconds) in per.items():
             table[domain][r["system"]] = round(tokens / steps, 3) if steps else 0.0
+            if seconds and tokens:
+                tpot[domain][r["system"]] = round(1000 * seconds / tokens, 2)
     same = all(
         a["output"] == b["output"] for r in results[1:] for a, b in zip(results[0]["rows"], r["rows"], strict=True)
     )
-    args.out.write_text(json.dumps({"tokens_per_step": table, "outputs_identical": same, "runs": results}, indent=1))
+    summary = {"tokens_per_step": table, "outputs_identical": same, "runs": results}
+    if args.gpu:
+        summary |= {"gpu": args.gpu, "modelled_tpot_ms": tpot}
+    args.out.write_text(json.dumps(summary, indent=1))
     systems = [r["system"] for r in results]
-    print("| domain | " + " | ".join(systems) + " |")
-    print("|---|" + "---|" * len(systems))
-    for domain, row in sorted(table.items()):
-        print(f"| {domain} | " + " | ".join(f"{row.get(s, 0):.2f}" for s in systems) + " |")
+    for title, values in (("tokens per step", table), (f"modelled TPOT on {args.gpu}, ms", tpot)):
+        if not values:
+            continue
+        print(f"{title}:\n| domain | " + " | ".join(systems) + " |")
+        print("|---|" + "---|" * len(systems))
+        for domain, row in sorted(values.items()):
+            print(f"| {domain} | " + " | ".join(f"{row.get(s, 0):.2f}" for s in systems) + " |")
     print(f"outputs identical across systems: {same}")
     return 0
 
