@@ -6,8 +6,10 @@
 - the **depth cost** of the engine's own drafter: seconds one more forward of it adds to a step,
   fitted to the steps' times against the depth it drafted (`speculation_control.fit_depth_s`).
   The pass curve still learns from whole steps, the drafter's forwards in them included: taking
-  the fitted forwards out of them was tried, and cost `cosine-head` 3-5% in the simulator at c=16
-  (why was not found);
+  the fitted forwards out of them was tried twice, and cost `cosine-head` 3-5% in the simulator at
+  c=16 (a batch's tokens and the head's depth rise together: the fit cannot tell them apart),
+  though for a 0.5B draft model at one request, priced on an L4's roofline, it is what keeps k
+  from being cut for a draft already paid for (docs/benchmarks.md, "Priced on a GPU's roofline");
 - **calibration**: per source and domain (and per request, with the domain's as its prior), what
   the target accepted of a source's drafts over what their path probabilities predicted
   (EAGLE-2, arXiv:2406.16858, §4, uses the draft model's confidence as the acceptance estimate;
