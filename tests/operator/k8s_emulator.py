@@ -610,8 +610,11 @@ class Kube:
         r.raise_for_status()
         return dict(r.json())
 
-    def delete(self, resource: str, namespace: str, name: str) -> None:
-        self.http.delete(self.path(resource, namespace, name)).raise_for_status()
+    def delete(self, resource: str, namespace: str, name: str, missing_ok: bool = False) -> None:
+        """Delete the object; `missing_ok`: one already gone (404) is not an error."""
+        r = self.http.delete(self.path(resource, namespace, name))
+        if not (missing_ok and r.status_code == 404):
+            r.raise_for_status()
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
