@@ -609,12 +609,11 @@ class CoSineScheduler(Scheduler):
 
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         """Offer the worker's drafts (the engine drafter's, if any) to the engine source, then
-        replace them with CoSine's choice, per running decode request; requests vLLM no longer
-        holds are released from the proposer."""
+        replace them with CoSine's choice, per running decode request (finished requests were
+        released in `update_from_output` and `finish_requests`)."""
         if self.engine_source is not None:
             self.engine_source.offer(engine_rows(draft_token_ids.req_ids, draft_token_ids.draft_token_ids))
         contexts, prompt_lens = decoding_contexts(self.requests, draft_token_ids.req_ids)
-        self.cosine.retain(self.requests.keys())
         drafts = self.cosine.propose(contexts, prompt_lens)
         rows = [drafts.get(rid, []) for rid in draft_token_ids.req_ids]
         super().update_draft_token_ids(DraftTokenIds(list(draft_token_ids.req_ids), rows))

@@ -328,7 +328,6 @@ class CoSineAsyncScheduler(AsyncScheduler):
         from cosine.vllm_hooks import decoding_contexts
 
         contexts, prompt_lens = decoding_contexts(self.requests, scheduler_output.num_scheduled_tokens)
-        self.cosine.retain(self.requests.keys())
         k_max = self.num_spec_tokens
         self.inner.on_device(list(contexts), k_max)
         drafts = self.cosine.propose(contexts, prompt_lens)
