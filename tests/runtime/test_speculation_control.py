@@ -291,12 +291,18 @@ def test_the_drafters_depth_is_chosen_for_the_batch():
     """Four requests whose head drafts are accepted at 0.6 a token: where a forward of the drafter
     is a third of the pass (a 0.5B drafter of a 1.5B target on CPU) no forward past the first pays;
     where it is 2 % (an EAGLE-3 head on a GPU), the whole depth does; one request alone deep does
-    not pay for the batch's forward; the depth stops where the drafts stop."""
+    not pay for the batch's forward; the depth stops where the drafts stop; a pass dearer by the
+    token prices a depth's verified tokens as well as its forwards."""
     head = [tuple(0.6 ** (i + 1) for i in range(4))] * 4
-    assert best_depth(head, base_tokens=4, pass_s=0.3, depth_s=0.1, max_depth=4) == 1
-    assert best_depth(head, base_tokens=4, pass_s=0.03, depth_s=0.0006, max_depth=4) == 4
+    assert best_depth(head, base_tokens=4, pass_s=lambda n: 0.3, other_tokens=4, depth_s=0.1, max_depth=4) == 1
+    assert best_depth(head, base_tokens=4, pass_s=lambda n: 0.03, other_tokens=4, depth_s=0.0006, max_depth=4) == 4
     one = [tuple(0.6 ** (i + 1) for i in range(4))] + [(0.6,)] * 3
-    assert best_depth(one, base_tokens=4, pass_s=0.03, depth_s=0.006, max_depth=4) == 1
-    assert best_depth([(0.9, 0.8)] * 4, base_tokens=4, pass_s=0.03, depth_s=0.0006, max_depth=4) == 2
+    assert best_depth(one, base_tokens=4, pass_s=lambda n: 0.03, other_tokens=4, depth_s=0.006, max_depth=4) == 1
+    assert best_depth([(0.9, 0.8)] * 4, base_tokens=4, pass_s=lambda n: 0.03, other_tokens=4, depth_s=0.0006,
+                      max_depth=4) == 2
+    # each depth is priced whole: the pass verifying what it drafted too (a pass 0.01 s a token
+    # dearer: a second draft token for each of the four is 0.04 s more, for 1.44 tokens)
+    assert best_depth(head, base_tokens=4, pass_s=lambda n: 0.03 + 0.01 * n, other_tokens=4, depth_s=0.0,
+                      max_depth=4) == 1
     with pytest.raises(ValueError):
-        best_depth(head, base_tokens=4, pass_s=0.0, depth_s=0.1, max_depth=4)
+        best_depth(head, base_tokens=4, pass_s=lambda n: 0.0, other_tokens=4, depth_s=0.1, max_depth=4)

@@ -4,12 +4,12 @@
 - the **pass curve**: seconds of one engine pass by the tokens in it, refined by every decode step
   the engine ran (`speculation_control.PassCurve`; SmartSpec, arXiv:2406.14066);
 - the **depth cost** of the engine's own drafter: seconds one more forward of it adds to a step,
-  fitted to the steps' times against the depth it drafted (`speculation_control.fit_depth_s`).
-  The pass curve still learns from whole steps, the drafter's forwards in them included: taking
-  the fitted forwards out of them was tried twice, and cost `cosine-head` 3-5% in the simulator at
-  c=16 (a batch's tokens and the head's depth rise together: the fit cannot tell them apart),
-  though for a 0.5B draft model at one request, priced on an L4's roofline, it is what keeps k
-  from being cut for a draft already paid for (docs/benchmarks.md, "Priced on a GPU's roofline");
+  fitted to the steps' times against the depth it drafted (`speculation_control.fit_depth_s`;
+  its prior the forward's weights over the target's, of the pass without that first forward).
+  The curve learns each step less those fitted forwards, and the depth is chosen on its forwards
+  and the pass verifying them together (`engine_depth`): where a step's tokens and its depth only
+  ever rose together (one request), the steps fix their sum and not the split, and that decision
+  needs only the sum (docs/benchmarks.md, "Priced on a GPU's roofline");
 - **calibration**: per source and domain (and per request, with the domain's as its prior), what
   the target accepted of a source's drafts over what their path probabilities predicted
   (EAGLE-2, arXiv:2406.16858, §4, uses the draft model's confidence as the acceptance estimate;
@@ -80,7 +80,11 @@ class DraftChooser:
             self._depth_samples.append((num_tokens, depth, step_s))
             self._depth_seen += 1
             if self._depth_s is None or self._depth_seen % self.DEPTH_REFIT == 0:
-                self._depth_s = sc.fit_depth_s(self._depth_samples, self._depth_prior_s())
+                self._depth_s = sc.fit_depth_s(self._depth_samples, self._depth_prior_s(step_s, depth))
+            # the curve prices verified tokens: the drafter's forwards past the first are priced by
+            # `depth_s` (`engine_depth`), so they come out of what the curve learns (a step is at
+            # least `depth` times a forward, its pass with the first forward at least one of them)
+            step_s = max(step_s / depth, step_s - self._depth_s * (depth - 1))
         if self.curve is None:  # flat until measured: drafts look cheap and get tried, then priced
             budget = max(2, 8 * (self.speculation.max_draft_len + 1))
             self.curve = sc.PassCurve(((1, step_s),)).extended(budget)
@@ -89,9 +93,14 @@ class DraftChooser:
         weight = 0.5 if self._curve_observations <= 20 else 0.2
         self.curve = self.curve.observe(num_tokens, step_s, weight=weight)
 
-    def _depth_prior_s(self) -> float:
-        return self.depth_ratio * (self.curve.seconds(max(1, round(self._depth_batch))) if self.curve
-                                   else self.initial_step_s)
+    def _depth_prior_s(self, step_s: float | None = None, depth: int = 1) -> float:
+        """`depth_ratio` times the target's pass at the batch's one token a request: the curve's
+        less the drafter's first forward in it (every measured step has one); before the curve
+        is measured, the pass of `step_s`, a step `depth` forwards deep, else the initial guess."""
+        r = self.depth_ratio
+        if self.curve is not None:
+            return r * self.curve.seconds(max(1, round(self._depth_batch))) / (1.0 + r)
+        return r * (step_s / (1.0 + r * depth) if step_s is not None else self.initial_step_s)
 
     def depth_s(self) -> float:
         """Seconds one more forward of the engine's own drafter adds to a step (fitted; before any
@@ -155,13 +164,14 @@ class DraftChooser:
         confs = [w.confidences[i] for i, w in enumerate(winners)]
         return chain, winners[0].drafter if winners else "", path_of(confs)
 
-    def engine_depth(self, values: Sequence[Sequence[float]], base_tokens: float, pass_tokens: int,
+    def engine_depth(self, values: Sequence[Sequence[float]], base_tokens: float, other_tokens: int,
                      max_depth: int) -> int:
         """The engine drafter's depth for the next step (`speculation_control.best_depth`): the
         requests' `values` (path probabilities of the drafter's tokens each would take) against the
-        fitted `depth_s`, on a step of `pass_tokens` tokens emitting `base_tokens` without them."""
+        fitted `depth_s` and the pass curve, on a step of `other_tokens` tokens besides those
+        draft tokens, emitting `base_tokens` without them."""
         curve = self.curve or sc.PassCurve(((1, self.initial_step_s),))
-        return sc.best_depth(values, base_tokens, curve.seconds(max(1, pass_tokens)), self.depth_s(), max_depth)
+        return sc.best_depth(values, base_tokens, curve.seconds, other_tokens, self.depth_s(), max_depth)
 
     def draft_len(self, state: sc.SpeculationState, path: Sequence[float], other_tokens: int,
                   num_requests: int, paid: bool = False) -> tuple[sc.SpeculationState, int]:

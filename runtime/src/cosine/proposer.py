@@ -306,6 +306,7 @@ class CoSineProposer:
         engine_k = -1  # the most draft tokens of the engine's drafter a request may take next (-1: none known)
         engine_values: list[tuple[float, ...]] = []  # per request taking the drafter's draft: its tokens' values
         other_value = 0.0  # expected accepted tokens of the other sources' drafts
+        engine_drafted = 0  # draft tokens taken from the engine's drafter where it was paid for
         for rid, ctx in contexts.items():
             req = self._requests.get(rid)
             if req is None:
@@ -337,6 +338,7 @@ class CoSineProposer:
                     while len(value) < k + 1:
                         value.append((value[-1] if value else 1.0) * alpha)
                     engine_values.append(tuple(value))
+                    engine_drafted += k
             if source not in self._paid or (k and covered):
                 other_value += sum(calibrated[:k])
             engine_k = max(engine_k, k_max if req.engine_k is None else req.engine_k)
@@ -356,7 +358,7 @@ class CoSineProposer:
             else:
                 most = max(1, min(k_max, engine_k + 1))
                 self._engine_depth = chooser.engine_depth(engine_values, num_requests + other_value,
-                                                          base + drafted, most)
+                                                          base + drafted - engine_drafted, most)
         return drafts
 
     def anchored(self, request_id: str, context: Sequence[int], max_tokens: int

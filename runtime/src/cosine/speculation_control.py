@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Protocol
@@ -391,36 +391,48 @@ def _solve3(a: list[list[float]], b: list[float]) -> list[float]:
     return x
 
 
-def best_depth(values: Sequence[Sequence[float]], base_tokens: float, pass_s: float, depth_s: float,
-               max_depth: int, margin: float = 0.03) -> int:
+def best_depth(values: Sequence[Sequence[float]], base_tokens: float, pass_s: Callable[[int], float],
+               other_tokens: int, depth_s: float, max_depth: int, margin: float = 0.03) -> int:
     """How many forwards deep the engine's own drafter should draft for the next step, for the
     whole batch: expected tokens a second at depth d,
-        g(d) = (base_tokens + sum_r sum_{i < min(d, len(values[r]))} values[r][i]) / (pass_s + (d - 1) * depth_s),
+        g(d) = (base_tokens + sum_r sum_{i < min(d, len(values[r]))} values[r][i])
+               / (pass_s(other_tokens + sum_r min(d, len(values[r]))) + (d - 1) * depth_s),
     and the deepest d in [1, max_depth] within `margin` of the best g, no deeper than the longest
     of `values` (SmartSpec's goodput,
     arXiv:2406.14066, applied to the drafter's depth, which vLLM sets for the batch:
-    `SchedulerOutput.num_spec_tokens_to_schedule`). The margin leans to the drafter's depth
+    `SchedulerOutput.num_spec_tokens_to_schedule`). Each depth is priced whole: its forwards and
+    the pass verifying what they drafted. Where the batch's tokens and the depth rose together in
+    every step measured (one request: k and the depth move as one), the steps cannot tell the
+    pass's slope from a forward's price; what they fix is the sum along that line, and this is it.
+    The margin leans to the drafter's depth
     because the values are estimates that undervalue deep tokens (a path probability is a product
     of per-token rates; the target accepts in runs): a cut must save more than they can be off.
     In the simulator at GPU scale, cutting at the best g alone cost `cosine-head` up to 3%.
 
     values[r]: request r's expected accepted tokens from each draft token it would take of the
     drafter's draft (its path probabilities); base_tokens: the tokens the batch emits without
-    them (one a request, plus other sources' drafts); pass_s: the step without the drafter's
-    deeper forwards; depth_s: seconds each forward past the first adds. Raises ValueError for
-    max_depth < 1 or pass_s <= 0.
+    them (one a request, plus other sources' drafts); pass_s: seconds of the step without the
+    drafter's deeper forwards by the tokens in its pass; other_tokens: the pass's tokens besides
+    the drafter's draft tokens; depth_s: seconds each forward past the first adds. Raises
+    ValueError for max_depth < 1 or a pass of no positive time.
     """
-    if max_depth < 1 or pass_s <= 0:
-        raise ValueError(f"need max_depth >= 1 and pass_s > 0, got {max_depth}, {pass_s}")
+    if max_depth < 1:
+        raise ValueError(f"need max_depth >= 1, got {max_depth}")
     max_depth = max(1, min(max_depth, max((len(v) for v in values), default=1)))  # no deeper than a draft goes
     by_depth = [0.0] * max_depth  # by_depth[i]: what the batch gains from draft token i + 1
+    taking = [0] * max_depth  # taking[i]: requests whose draft has a token i + 1
     for v in values:
         for i, p in enumerate(v[:max_depth]):
             by_depth[i] += min(1.0, max(0.0, p))
-    goodput, tokens = [], base_tokens
+            taking[i] += 1
+    goodput, tokens, verified = [], base_tokens, other_tokens
     for d in range(1, max_depth + 1):
         tokens += by_depth[d - 1]
-        goodput.append(tokens / (pass_s + (d - 1) * depth_s))
+        verified += taking[d - 1]
+        step_s = pass_s(max(1, verified))
+        if step_s <= 0:
+            raise ValueError(f"need a pass of positive time, got {step_s} s at {verified} tokens")
+        goodput.append(tokens / (step_s + (d - 1) * depth_s))
     best = max(goodput)
     return max(d for d, g in enumerate(goodput, 1) if g * (1 + margin) >= best)
 
