@@ -240,6 +240,39 @@ def test_the_engine_drafter_is_not_paid_for_a_chain_lookup_also_drafted():
     assert p.engine_draft_len() == 1
 
 
+def test_mrv2_a_lookup_draft_the_step_in_flight_uses_up_does_not_spare_the_drafters_forwards():
+    """The MRV2 seam verifies a step later, from candidates anchored at the context it planned
+    on: a lookup draft that wins now is checked on the device after the step in flight emitted
+    its tokens. A 12-token copy is all but used up by then (a 9-token step in flight), so the
+    device verifies the draft model's draft, which must be drafted deep: cutting it to one forward
+    because lookup "covered" it made every third step on code emit 2 tokens (MRV2 priced on an L4,
+    `tools/mrv2_acceptance.py`). A 30-token copy outlasts the step: one forward will do. Through
+    V1 (verified next step) the copy covers either way."""
+    span = {"n": 12}
+    engine = EngineSource("draftModel")
+    copy = ScriptedSource("lookup", lambda c, k: [c[-1] + 1 + i for i in range(min(k, span["n"]))], 1.0)
+    p = CoSineProposer(_settings(8), sources=[engine, copy])
+    ctx = list(range(20))
+
+    def plan(anchor_tokens: int = 26) -> list[int]:
+        engine.on_device(["r"], 8)  # the draft model drafts on the device: placeholders here
+        return p.propose({"r": ctx}, anchor_tokens=anchor_tokens)["r"]
+
+    plan()
+    for _ in range(6):  # both sources' drafts accepted whole: their rates are high
+        for source in ("draftModel", "lookup"):
+            p.observe_step(StepRecord(0.05, 9, (RequestOutcome("r", 8, 8, source),)))
+            plan()
+    assert plan() == [20 + i for i in range(8)]  # lookup's copy wins the choice here...
+    assert p.engine_draft_len() > 4  # ...but the step in flight uses it up: the drafter drafts deep
+    span["n"] = 30
+    plan()
+    assert p.engine_draft_len() == 1
+    span["n"] = 12
+    plan(anchor_tokens=0)
+    assert p.engine_draft_len() == 1
+
+
 def _cpu_pass(n: int) -> float:
     return 0.1 + 0.02 * n
 

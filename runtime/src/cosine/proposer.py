@@ -286,7 +286,8 @@ class CoSineProposer:
             learned.clear()
 
     def propose(
-        self, contexts: Mapping[str, Sequence[int]], prompt_lens: Mapping[str, int] | None = None
+        self, contexts: Mapping[str, Sequence[int]], prompt_lens: Mapping[str, int] | None = None,
+        anchor_tokens: int = 0,
     ) -> dict[str, list[int]]:
         """Draft tokens per request for the next step (possibly empty), never waiting on a pool.
 
@@ -294,6 +295,10 @@ class CoSineProposer:
             contexts: request id -> all its tokens so far (prompt + output), for the running
                 requests that decode next step.
             prompt_lens: request id -> prompt length (for routing a new request by its prompt).
+            anchor_tokens: 0 where the drafts are verified next step (V1). The MRV2 seam: they
+                are verified a step later, after the step in flight, from candidates anchored at
+                `contexts` up to this many tokens (`anchored`); a free source's draft then spares
+                the engine drafter its deeper forwards only where it outlasts that step (`_outlasts`).
         Returns:
             request id -> draft token ids, at most `settings.speculation.max_draft_len`.
         """
@@ -312,6 +317,8 @@ class CoSineProposer:
             if req is None:
                 plen = (prompt_lens or {}).get(rid, len(ctx))
                 req = self._new_request(rid, ctx[:plen])
+            # the tokens the step in flight is expected to emit (its draft's path, the bonus token)
+            in_flight = 1.0 + sum(req.last_path) if anchor_tokens > 0 else 0.0
             tokens, source, path = self._fused(rid, req, ctx)
             k = 0
             calibrated: tuple[float, ...] = ()
@@ -325,21 +332,14 @@ class CoSineProposer:
                 k = min(k, max(0, max_model_len - len(ctx) - 1))
             draft = drafts[rid] = list(tokens[:k])
             drafted += len(draft)
+            engine_value = None  # the values of the engine drafter's tokens it takes, where paid for
             if self._paid and (source in self._paid or k):
-                # the engine's draft paid for only where no free source had the verified chain: where
-                # another source's draft won, or lookup drafted the same tokens, its first token will do
-                covered = source not in self._paid or any(
-                    name not in self._paid and cand[:k] == tokens[:k] for name, (_, cand) in req.unverified.items())
-                req.engine_k = 0 if covered and k else k
-                if not covered:  # next step it may take one token more (k grows a token a step): a draft
-                    # shorter than that (the drafter drafted no deeper) goes on at the request's rate
-                    value = list(calibrated[: k + 1])
-                    alpha = req.states[source].acceptance_rate if source in req.states else 0.0
-                    while len(value) < k + 1:
-                        value.append((value[-1] if value else 1.0) * alpha)
-                    engine_values.append(tuple(value))
+                engine_value = self._engine_value(rid, req, ctx, source, tokens, calibrated, k, anchor_tokens,
+                                                  in_flight)
+                if engine_value is not None:
+                    engine_values.append(engine_value)
                     engine_drafted += k
-            if source not in self._paid or (k and covered):
+            if engine_value is None and (source not in self._paid or k):
                 other_value += sum(calibrated[:k])
             engine_k = max(engine_k, k_max if req.engine_k is None else req.engine_k)
             if k:
@@ -360,6 +360,47 @@ class CoSineProposer:
                 self._engine_depth = chooser.engine_depth(engine_values, num_requests + other_value,
                                                           base + drafted - engine_drafted, most)
         return drafts
+
+    def _engine_value(self, rid: str, req: _Request, ctx: Sequence[int], source: str, tokens: Sequence[int],
+                      calibrated: Sequence[float], k: int, anchor_tokens: int, in_flight: float
+                      ) -> tuple[float, ...] | None:
+        """What the engine drafter's tokens are worth to the request next step (each one's path
+        probability), None where its draft is not paid for: where another source's draft won, or
+        lookup drafted the same tokens, its first token will do (unless, through MRV2, that
+        draft will not outlast the step in flight: `_outlasts`). Sets the request's `engine_k`."""
+        k_max = self.settings.speculation.max_draft_len
+        covered = source not in self._paid or any(
+            name not in self._paid and cand[:k] == tokens[:k] for name, (_, cand) in req.unverified.items())
+        if covered and anchor_tokens > 0 and source not in self._paid and not self._outlasts(
+                rid, req, ctx, anchor_tokens, in_flight):
+            req.engine_k = k_max  # the device will verify the engine's draft after all: as deep as it pays
+            rate = max(self._state(req, name).acceptance_rate for name in self._paid)
+            return tuple(rate ** i for i in range(1, k_max + 1))
+        req.engine_k = 0 if covered and k else k
+        if covered:
+            return None
+        # next step it may take one token more (k grows a token a step): a draft shorter than that
+        # (the drafter drafted no deeper) goes on at the request's rate
+        value = list(calibrated[: k + 1])
+        alpha = req.states[source].acceptance_rate if source in req.states else 0.0
+        while len(value) < k + 1:
+            value.append((value[-1] if value else 1.0) * alpha)
+        return tuple(value)
+
+    def _outlasts(self, rid: str, req: _Request, ctx: Sequence[int], anchor_tokens: int, in_flight: float) -> bool:
+        """The MRV2 seam: whether the request's anchored candidate, past the `in_flight` tokens the
+        step in flight is expected to emit, is still worth at least the engine drafter's full
+        draft (expected accepted tokens: its path probabilities there over the path at the shift,
+        as `vllm_mrv2.choose` weighs it on the device, against sum_i rate^i over k). Where it is
+        not, the device verifies the engine's draft, which must be drafted deep enough to."""
+        tokens, path, _ = self.anchored(rid, ctx, anchor_tokens)
+        shift, k_max = round(in_flight), self.settings.speculation.max_draft_len
+        if len(tokens) <= shift:
+            return False
+        before = path[shift - 1] if shift > 0 else 1.0
+        rest = sum(path[shift: shift + k_max]) / before if before > 0 else 0.0
+        rate = max(self._state(req, name).acceptance_rate for name in self._paid)
+        return rest >= sum(rate ** i for i in range(1, k_max + 1))
 
     def anchored(self, request_id: str, context: Sequence[int], max_tokens: int
                  ) -> tuple[tuple[int, ...], tuple[float, ...], str]:

@@ -330,7 +330,7 @@ class CoSineAsyncScheduler(AsyncScheduler):
         contexts, prompt_lens = decoding_contexts(self.requests, scheduler_output.num_scheduled_tokens)
         k_max = self.num_spec_tokens
         self.inner.on_device(list(contexts), k_max)
-        drafts = self.cosine.propose(contexts, prompt_lens)
+        drafts = self.cosine.propose(contexts, prompt_lens, anchor_tokens=ANCHOR_STEPS * k_max + 2)
         engine_depth = min(k_max, self.cosine.engine_draft_len())
         # a request's k: its inner draft's (placeholders, its tokens are on the device), or for a
         # draft known here (lookup, a pool) the longer of it and the inner depth, since the device
