@@ -371,11 +371,12 @@ class CoSineProposer:
         k_max = self.settings.speculation.max_draft_len
         covered = source not in self._paid or any(
             name not in self._paid and cand[:k] == tokens[:k] for name, (_, cand) in req.unverified.items())
-        if covered and anchor_tokens > 0 and source not in self._paid and not self._outlasts(
-                rid, req, ctx, anchor_tokens, in_flight):
-            req.engine_k = k_max  # the device will verify the engine's draft after all: as deep as it pays
+        if covered and anchor_tokens > 0 and source not in self._paid:
             rate = max(self._state(req, name).acceptance_rate for name in self._paid)
-            return tuple(rate ** i for i in range(1, k_max + 1))
+            full = tuple(rate ** i for i in range(1, k_max + 1))  # the drafter's full draft, by token
+            if not self._outlasts(rid, ctx, anchor_tokens, in_flight, sum(full)):
+                req.engine_k = k_max  # the device will verify the engine's draft after all: as deep as it pays
+                return full
         req.engine_k = 0 if covered and k else k
         if covered:
             return None
@@ -387,20 +388,21 @@ class CoSineProposer:
             value.append((value[-1] if value else 1.0) * alpha)
         return tuple(value)
 
-    def _outlasts(self, rid: str, req: _Request, ctx: Sequence[int], anchor_tokens: int, in_flight: float) -> bool:
+    def _outlasts(self, rid: str, ctx: Sequence[int], anchor_tokens: int, in_flight: float,
+                  engine_value: float) -> bool:
         """The MRV2 seam: whether the request's anchored candidate, past the `in_flight` tokens the
-        step in flight is expected to emit, is still worth at least the engine drafter's full
-        draft (expected accepted tokens: its path probabilities there over the path at the shift,
-        as `vllm_mrv2.choose` weighs it on the device, against sum_i rate^i over k). Where it is
-        not, the device verifies the engine's draft, which must be drafted deep enough to."""
+        step in flight is expected to emit, is still worth at least `engine_value`, the engine
+        drafter's full draft (expected accepted tokens: its path probabilities there over the
+        path at the shift, as `vllm_mrv2.choose` weighs it on the device, against sum_i rate^i
+        over k). Where it is not, the device verifies the engine's draft, which must be drafted
+        deep enough to."""
         tokens, path, _ = self.anchored(rid, ctx, anchor_tokens)
         shift, k_max = round(in_flight), self.settings.speculation.max_draft_len
         if len(tokens) <= shift:
             return False
         before = path[shift - 1] if shift > 0 else 1.0
         rest = sum(path[shift: shift + k_max]) / before if before > 0 else 0.0
-        rate = max(self._state(req, name).acceptance_rate for name in self._paid)
-        return rest >= sum(rate ** i for i in range(1, k_max + 1))
+        return rest >= engine_value
 
     def anchored(self, request_id: str, context: Sequence[int], max_tokens: int
                  ) -> tuple[tuple[int, ...], tuple[float, ...], str]:
