@@ -36,15 +36,15 @@ def test_assignments_spread_a_closed_loop_evenly_and_fill_a_new_replica():
 
 def test_skip_reason_probes_then_asks_where_it_pays_and_says_why_not():
     p = PoolPolicy(probe_every=4, min_gain_tokens=0.25)
-    # probe steps: the first step, then every 4th, whatever the estimates
-    assert [p.skip_reason(s, 0.0, 0.0, [(0.9, 1.0)], 8) is None for s in range(1, 10)] == [
-        True, False, False, False, True, False, False, False, True]
+    # probe steps: the first step, then every 4th (the caller asks there whatever the estimates)
+    assert [p.probe_step(s) for s in range(1, 10)] == [True, False, False, False, True, False, False, False, True]
+    assert p.skip_reason(0.0, 0.0, [(0.9, 1.0)], 8) == "yield"
     # elsewhere: beats lookup (good pool, lookup rarely hits)
-    assert p.skip_reason(2, 0.8, 1.0, [(0.8, 0.2)], 8) is None
+    assert p.skip_reason(0.8, 1.0, [(0.8, 0.2)], 8) is None
     # a good pool whose drafts arrive too late: "late" (a larger pool would serve it)
-    assert p.skip_reason(2, 0.8, 0.1, [(0.8, 0.2)], 8) == "late"
+    assert p.skip_reason(0.8, 0.1, [(0.8, 0.2)], 8) == "late"
     # a pool lookup beats even when on time: "yield"
-    assert p.skip_reason(2, 0.3, 0.1, [(0.8, 0.9)], 8) == "yield"
+    assert p.skip_reason(0.3, 0.1, [(0.8, 0.9)], 8) == "yield"
 
 
 def test_ask_is_speculation_controls_pool_ask_with_the_policys_settings():
@@ -82,9 +82,9 @@ def test_an_off_context_pool_is_not_late():
     """Drafts back in time that no longer continue the context (the target went elsewhere) are no
     demand for replicas: the skip is "yield"; drafts that miss the step are "late"."""
     p = PoolPolicy(probe_every=100)
-    assert p.skip_reason(2, 0.8, 1.0, [(0.8, 0.2)], 8, on_context=1.0) is None
-    assert p.skip_reason(2, 0.8, 1.0, [(0.8, 0.2)], 8, on_context=0.05) == "yield"
-    assert p.skip_reason(2, 0.8, 0.05, [(0.8, 0.2)], 8, on_context=1.0) == "late"
+    assert p.skip_reason(0.8, 1.0, [(0.8, 0.2)], 8, on_context=1.0) is None
+    assert p.skip_reason(0.8, 1.0, [(0.8, 0.2)], 8, on_context=0.05) == "yield"
+    assert p.skip_reason(0.8, 0.05, [(0.8, 0.2)], 8, on_context=1.0) == "late"
 
 
 def test_an_ask_is_made_only_where_its_tokens_pay_for_the_pools_time():
@@ -100,12 +100,11 @@ def test_an_ask_is_made_only_where_its_tokens_pay_for_the_pools_time():
     # 2.20): asked for its tokens, but they do not pay for a 50 ms ask; for a 10 ms one they do
     local = [(0.7, 1.0)]
     assert sc.pool_gain_tokens(0.75, 1.0, local, 8) == pytest.approx(0.50, abs=0.01)
-    assert PoolPolicy(probe_every=8).skip_reason(2, 0.75, 1.0, local, 8, pool="chat", ask_s=0.05) is None
-    assert p.skip_reason(2, 0.75, 1.0, local, 8, pool="chat", ask_s=0.05) == "yield"
-    assert p.skip_reason(2, 0.75, 1.0, local, 8, pool="chat", ask_s=0.01) is None
+    assert PoolPolicy(probe_every=8).skip_reason(0.75, 1.0, local, 8, pool="chat", ask_s=0.05) is None
+    assert p.skip_reason(0.75, 1.0, local, 8, pool="chat", ask_s=0.05) == "yield"
+    assert p.skip_reason(0.75, 1.0, local, 8, pool="chat", ask_s=0.01) is None
     # on time it would pay, but its drafts arrive late: "late" (the autoscaler's demand)
-    assert p.skip_reason(2, 0.95, 0.05, local, 8, pool="chat", ask_s=0.01) == "late"
-    assert p.skip_reason(1, 0.0, 0.0, local, 8, pool="chat", ask_s=1.0) is None  # probe steps are asked
+    assert p.skip_reason(0.95, 0.05, local, 8, pool="chat", ask_s=0.01) == "late"
     with pytest.raises(ValueError):
         PoolPolicy(pool_prices=(("chat", -1.0),))
     with pytest.raises(ValueError):

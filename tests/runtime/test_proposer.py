@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from cosine_spec.autoscaling import SKIP_REASONS, PoolObservation
 from cosine_spec.cluster_spec import SpeculationSpec
 
 from cosine.drafter import Draft, DraftBranch
@@ -323,6 +324,28 @@ def test_pool_whose_tokens_do_not_pay_for_its_time_is_only_probed():
     assert p.stats.pool_rtt_s["dear"] > 1e-5  # the ask's price: 1 $/s for this long at least
     assert calls[-1] <= 40 // 8 + 2
     assert p.stats.pool_skipped[("dear", "yield")] >= 30
+    # its probe asks are counted apart: the autoscaler sees no demand for it
+    assert p.stats.pool_probes["dear"] == calls[-1] - 1 >= 3
+    obs = PoolObservation("dear", 1, 1, asks_per_s=calls[-1], probes_per_s=p.stats.pool_probes["dear"],
+                          skipped_per_s={r: p.stats.pool_skipped.get(("dear", r), 0) for r in SKIP_REASONS})
+    assert obs.demand_per_s() == 1  # its first ask, which paid on the prior
+    p.close()
+
+
+def test_a_pool_at_zero_is_not_brought_back_by_probes():
+    """A pool with no replica is probed by no one: on a request's probe steps where it would be
+    skipped as "yield" it is skipped as "yield" (no demand), and only where it would pay is the
+    skip "down" (the autoscaler brings it back for those)."""
+    pool = FakePool("dear", fail=True)
+    policy = PoolPolicy(probe_every=2, token_value_usd=1e-6, pool_prices=(("dear", 3600.0),))
+    s = ProposerSettings(speculation=_k(3), lookup=False, pool_retry_s=60.0, pool=policy)
+    p = CoSineProposer(s, [pool])
+    p.stats.set(p.stats.pool_rtt_s, "dear", 1.0)  # measured: an ask costs $1, 1e6 tokens' worth
+    p.pools.breakers["dear"].failed(time.monotonic(), fatal=True)  # no replica answers
+    for i in range(9):
+        p.propose({"r": [1, 2, 3 + i]})
+    assert pool.calls == 0 and not p.stats.pool_probes
+    assert p.stats.pool_skipped.get(("dear", "down"), 0) == 0 and p.stats.pool_skipped[("dear", "yield")] == 9
     p.close()
 
 

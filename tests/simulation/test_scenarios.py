@@ -66,13 +66,18 @@ def test_over_provisioned_pools_shrink_while_replicas_share_the_load():
 
 def test_load_step_study_brings_the_zero_pool_back_and_marks_the_slow_one():
     """The autoscale study, short: the GPU pool that starts at zero comes back within the first
-    decisions, the CPU pool behind a GPU verifier is marked too slow (and held, not grown), and
-    the rule's tokens per dollar are reported against the fixed size."""
-    out = scenarios.autoscale_step(phase_s=90.0, fixed_gpu=(1,), token_value_per_million_usd=5.0)
-    assert out["zero_pool_returned_s"] is not None and out["zero_pool_returned_s"] <= 60.0
+    decisions where a replica pays (the best fixed size is not zero) and stays at zero where none
+    does, the CPU pool behind a GPU verifier is marked too slow (and held, not grown), and the
+    rule's tokens per dollar are within 2% of the best fixed size's."""
+    out = scenarios.autoscale_step(phase_s=90.0, fixed_gpu=(0, 1), token_value_per_million_usd=5.0)
+    if out["best_fixed_gpu_replicas"]:
+        assert out["zero_pool_returned_s"] is not None and out["zero_pool_returned_s"] <= 60.0
+    else:  # open loop: the tokens are the load's, and the replica adds less than its price
+        assert out["zero_pool_returned_s"] is None
+    assert out["tokens_per_usd_vs_best_fixed"] >= 0.98
     assert "cpu:PoolTooSlow" in out["conditions"] and "gpu:PoolTooSlow" not in out["conditions"]
     assert all(n == 1 for _, n in out["timeline"]["cpu"])
-    assert out["bound_violations"] == 0 and out["tokens_per_usd_vs_best_fixed"] > 0
+    assert out["bound_violations"] == 0
 
 
 ROOT = Path(__file__).resolve().parents[2]

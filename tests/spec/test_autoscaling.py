@@ -64,6 +64,19 @@ def test_skips_for_yield_are_not_demand() -> None:
     assert d.desired == 1, d  # 2 x 0.2 / 0.7 -> 1; the yield skips ask for nothing
 
 
+def test_a_pool_asked_only_to_probe_goes_down_to_zero() -> None:
+    """Asks made only on requests' probe steps (`probes_per_s`, skipped as yield else) are no
+    demand: a pool asked for nothing more, with minReplicas 0, goes to zero, however busy its
+    probes keep it (a pool that does not pay stops costing)."""
+    policy = ScalingPolicy(pools=(PoolLimits("code", 0, 4),), stabilization_s=0)
+    probed = dataclasses.replace(pool(1, asks=6, skipped={"yield": 42}, u=0.5), probes_per_s=6)
+    d, _ = decide(probed, policy=policy)
+    assert (d.current, d.desired) == (1, 0), d
+    assert "none wants this pool's drafts" in d.reason
+    asked = dataclasses.replace(probed, probes_per_s=3)  # half its asks paid: demand 3/s
+    assert decide(asked, policy=policy)[0].desired == 1
+
+
 def test_a_pool_late_even_at_one_request_per_round_holds_as_too_slow() -> None:
     d, _ = decide(pool(2, asks=5, late=60, u=1.0, round_s=0.15, batch=1.0))
     assert (d.desired, d.condition) == (2, "PoolTooSlow"), d

@@ -44,6 +44,10 @@ class ProposerCollector:
       (share of a pool's drafts that arrived in time and continued the context);
       cosine_drafter_asks_skipped_total{pool,reason} (draft asks not made: `late`, `yield` or `down`,
       `proposer.CoSineProposer`; the autoscaler's demand counts late and down);
+      cosine_drafter_probe_asks_total{pool} (asks made only on a request's probe steps, where the
+      pool would be skipped as `yield`: not demand); cosine_drafter_gain_tokens_total{pool} (expected
+      accepted tokens the pool adds over the verifier's own sources where requests want it: what
+      the autoscaler weighs a replica's price against);
     - cosine_drafter_replica_calls_total{pool,replica}, cosine_drafter_replica_errors_total{pool,replica},
       cosine_drafter_replica_busy_seconds_total{pool,replica} (wall seconds with a call in flight),
       cosine_drafter_replica_requests{pool,replica} (requests assigned to the replica now),
@@ -80,6 +84,11 @@ class ProposerCollector:
             (names.DRAFTS_LATE, "Steps a pool's draft was still in flight.", s.drafts_late),
             (names.POOL_ERRORS, "Failed draft calls.", s.pool_errors),
             (names.POOL_CALLS, "Draft calls that returned.", s.pool_calls),
+            (names.POOL_PROBE_ASKS, "Draft asks made only to probe: on a request's probe step, where the pool "
+             "would be skipped as yield (not demand for the autoscaler).", s.pool_probes),
+            (names.POOL_GAIN_TOKENS, "Expected accepted tokens the pool's drafts add over the verifier's own "
+             "sources, summed over the steps a request wanted them (asks but probes, skips as late or down).",
+             s.pool_gain_tokens),
         )
         for name, doc, values in per_pool:
             fam = CounterMetricFamily(name, doc, labels=["model_name", "pool"])

@@ -11,7 +11,10 @@ argues for a system that does not serve).
   lookup: `speculation_control.pool_pays`) and, with a value on accepted tokens
   (`token_value_usd`) and a price on the pool's replicas (`pool_prices`), where the tokens it adds
   over that source are worth what the ask costs in dollars (`ask_pays`); and on the request's probe
-  steps (its first step, then every `probe_every`), so its estimates can recover.
+  steps (its first step, then every `probe_every`: `probe_step`), where it has a replica, so its
+  estimates can recover. An ask made only to probe is no demand for the autoscaler: a pool that
+  pays nowhere but its probes goes down to its `minReplicas`, zero allowed, and a pool at zero
+  comes back only for the asks it would pay for.
 - Sizing (`PoolPolicy.ask`): draft tokens and branches sized to come back within the verifier step
   the call overlaps (`speculation_control.pool_ask`; PEARL's post-verify drafting, Liu et al.,
   arXiv:2408.11850, for the branches).
@@ -99,11 +102,28 @@ class PoolPolicy:
             return True
         return gain_tokens * self.token_value_usd >= price / 3600.0 * max(0.0, ask_s)
 
-    def skip_reason(self, request_steps: int, pool_alpha: float, pool_on_time: float,
+    def probe_step(self, request_steps: int) -> bool:
+        """Whether a request's step (`request_steps`, counted from 1) is one of its probe steps:
+        the first, then every `probe_every`. On a probe step a pool that would be skipped is asked
+        all the same, where it has a replica, so its estimates can recover; such an ask is a
+        *probe* (`proposer_stats.pool_probes`), which the autoscaler does not count as demand: a
+        pool asked only to probe does not pay, and goes down to its `minReplicas`."""
+        return (request_steps - 1) % self.probe_every == 0
+
+    @staticmethod
+    def gain_tokens(pool_alpha: float, local: Sequence[tuple[float, float]], k_max: int,
+                    on_context: float = 1.0) -> float:
+        """Expected accepted tokens per verifier step the pool's draft adds for the request over
+        its best local source, were the draft back in time (`speculation_control.pool_gain_tokens`
+        at the pool's on-context share; never below 0). Summed over the steps a request wants the
+        pool (`proposer_stats.pool_gain_tokens`), it is what the autoscaler weighs a replica's
+        price against: what the pool adds, not all it gets accepted."""
+        return max(0.0, sc.pool_gain_tokens(pool_alpha, on_context, local, k_max))
+
+    def skip_reason(self, pool_alpha: float, pool_on_time: float,
                     local: Sequence[tuple[float, float]], k_max: int, on_context: float = 1.0,
                     pool: str = "", ask_s: float = 0.0) -> str | None:
-        """Why not to ask the pool for this request now, or `None` to ask: it is asked on its probe
-        steps (`request_steps`, counted from 1: the first, then every `probe_every`), else where
+        """Why not to ask the pool for this request now, or `None` to ask where
         `speculation_control.pool_pays` against the best local source (`local`: per source, its
         per-token acceptance for the request and its hit rate, the share of steps it has a draft).
         A pool that does not pay is skipped as `"late"` when it would pay if its drafts arrived in
@@ -113,9 +133,7 @@ class PoolPolicy:
         scales what the pool gives, but a faster pool would not raise it, so it never makes a skip
         "late". An ask whose gain is not worth its dollars (`ask_pays`: `pool`'s price, `ask_s`
         seconds of it) is skipped as "yield" (or "late" where it would pay on time). Alphas are
-        per-token acceptance rates in [0, 1]."""
-        if (request_steps - 1) % self.probe_every == 0:
-            return None
+        per-token acceptance rates in [0, 1]. Probe steps are the caller's (`probe_step`)."""
         def pays(on_time: float) -> bool:
             return sc.pool_pays(pool_alpha, on_time, local, k_max, self.min_gain_tokens) and self.ask_pays(
                 sc.pool_gain_tokens(pool_alpha, on_time, local, k_max), pool, ask_s)

@@ -645,27 +645,40 @@ class CoSineProposer:
         now = self.clock()
         s = self.settings
         step_s = self.chooser.step_s()
+        local = self._local_estimates(req)
         for name in (*req.pools, *req.down):
-            reason = self._skip_reason(name, req)
-            if reason is None and (name in req.down or not self.pools.allows(name, now)):
+            reason = self._skip_reason(name, req, local)
+            down = name in req.down or not self.pools.allows(name, now)
+            if reason is None and down:
                 reason = "down"  # it would have been asked: demand the autoscaler sees (a pool at zero)
-            if reason is not None:
+            probe = reason is not None and not down and s.pool.probe_step(req.steps)
+            if reason != "yield":  # the request wants the pool (demand): what it would add
+                self.stats.add(self.stats.pool_gain_tokens, name, s.pool.gain_tokens(
+                    self._state(req, name).acceptance_rate, local, len(req.last_path) or s.speculation.max_draft_len,
+                    self.stats.pool_on_context.get(name, 1.0)))
+            if reason is not None and not probe:
                 self.stats.add(self.stats.pool_skipped, (name, reason))
                 continue
             fut = req.inflight.get(name)
             if fut is not None and not fut.done():
                 continue
+            if reason == "yield":  # asked only to probe (a late pool's probe is demand, as its skips are)
+                self.stats.add(self.stats.pool_probes, name)
             k, branches = s.pool.ask(step_s, self.stats.pool_token_s.get(name), self.stats.pool_rtt_s.get(name, 0.0),
                                      s.speculation.max_draft_len, verifying=bool(expected))
             req.used.add(name)
             req.judged.discard(name)
             req.inflight[name] = self.pools.ask(name, rid, tuple(ctx), k, tuple(expected), branches)
 
-    def _skip_reason(self, name: str, req: _Request) -> str | None:
+    def _local_estimates(self, req: _Request) -> list[tuple[float, float]]:
+        """Per local source, the request's (acceptance estimate, hit rate)."""
+        return [(self._state(req, src.name).acceptance_rate, req.hits.get(src.name, 0.5)) for src in self.sources]
+
+    def _skip_reason(self, name: str, req: _Request, local: list[tuple[float, float]]) -> str | None:
         """Why not to ask the pool this step for the request (`PoolPolicy.skip_reason` against the
-        best local source, an ask priced at the pool's measured seconds a call; `None`: ask)."""
-        local = [(self._state(req, src.name).acceptance_rate, req.hits.get(src.name, 0.5)) for src in self.sources]
-        return self.settings.pool.skip_reason(req.steps, self._state(req, name).acceptance_rate,
+        best local source, `local`, an ask priced at the pool's measured seconds a call; `None`:
+        ask), its probe steps aside (the caller's)."""
+        return self.settings.pool.skip_reason(self._state(req, name).acceptance_rate,
                                                self.stats.pool_on_time.get(name, 1.0), local,
                                                self.settings.speculation.max_draft_len,
                                                on_context=self.stats.pool_on_context.get(name, 1.0),

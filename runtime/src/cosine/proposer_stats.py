@@ -36,6 +36,11 @@ class ProposerStats:
     pool_on_context: dict[str, float] = field(default_factory=dict)  # EMA over arrived drafts: it continued the context
     # asks not made, by (pool, reason): "late"/"yield" (`PoolPolicy.skip_reason`), "down" (no replica answers)
     pool_skipped: dict[tuple[str, str], int] = field(default_factory=dict)
+    # asks made only to probe: on a request's probe step, where the pool would be skipped as "yield"
+    pool_probes: dict[str, int] = field(default_factory=dict)
+    # expected accepted tokens over the best local source (`PoolPolicy.gain_tokens`), summed over
+    # the steps a request wanted the pool: its asks but probes, its skips as "late" or "down"
+    pool_gain_tokens: dict[str, float] = field(default_factory=dict)
     busy_s: float = 0.0  # seconds in engine steps
     tokens_verified: int = 0  # tokens computed by the steps (pending + draft + prefill)
     requests_running: int = 0
@@ -43,7 +48,7 @@ class ProposerStats:
 
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add(self, counter: dict[Any, int], key: Any, n: int = 1) -> None:
+    def add(self, counter: dict[Any, Any], key: Any, n: float = 1) -> None:
         """Add `n` to `counter[key]` (one of this object's per-source counters)."""
         with self._lock:
             counter[key] = counter.get(key, 0) + n

@@ -7,8 +7,13 @@ serve`` on its own (embedded autoscaling), the simulator on its counters.
 **Demand** ``D`` (per second): each verifier step, each request routed to the pool either asks
 it, finds its previous draft still in flight (a *late* step), or skips the ask: as *late* (the
 pool's on-time share made it not pay), *down* (no replica answers: a pool at zero) or *yield* (its
-drafts are not accepted enough there). All but *yield* are demand: ``D = asks + late steps +
-skipped late + skipped down``. Skips for *yield* are not: more replicas do not make drafts better.
+drafts are not accepted enough there, or not enough to be worth the ask's dollars). All but
+*yield* are demand: ``D = asks - probes + late steps + skipped late + skipped down``. Skips for
+*yield* are not: more replicas do not make drafts better. Nor are *probes*, asks the proposer
+makes only on a request's probe steps where it would otherwise skip for *yield* (so its estimate
+of the pool can recover): a pool asked for nothing else goes down to ``minReplicas`` (the idle
+rule below), zero allowed, and a pool at zero is asked by no probe, so only asks it would pay for
+bring it back.
 Demand is counted where the proposer decides, so a late pool, which is asked less and so idles
 more, still shows what it is wanted for.
 
@@ -24,15 +29,22 @@ replica's round grows with its batch, so fewer requests per replica also make ea
 ``PoolTooSlow`` with its round time and the verifier's step.
 
 **Cost**: with a value on accepted draft tokens (``spec.autoscaling.acceptedTokenValuePerMillionUsd``)
-and a price per replica (``spec.drafterPools[].pricePerHourUsd``), replica ``n + 1`` is added only
-while what it adds, ``yield × (served(n+1) - served(n))`` accepted tokens per second (``served(n) =
+and a price per replica (``spec.drafterPools[].pricePerHourUsd``), a pool keeps replica ``n + 1``
+only while what it adds, ``gain × (served(n+1) - served(n))`` tokens per second (``served(n) =
 min(D, n s)``, ``s = A u* / (u replicas)`` the asks per second a replica serves at the target,
-``yield`` accepted tokens per ask), is worth its price per second. With no yield measured yet it
-is read from the accepted tokens per ask of the interval.
+unmeasured: all of ``D``), is worth its price per second, from the first replica on: a pool that
+adds less than one replica's price goes to ``minReplicas``. ``gain`` is what the pool adds over the
+verifier's own sources (its head, prompt lookup) per step a request wants it
+(``cosine_drafter_gain_tokens_total`` over those steps: the proposer's expected accepted tokens
+of the pool's draft less the best local source's, at the request's last draft length), not all it
+gets accepted: a pool whose drafts the head would have matched pays nothing. From a verifier
+without that series, growth alone is weighed, by ``yield`` (accepted tokens per ask; with none
+measured yet, the accepted tokens per ask of the interval).
 
 **From zero**: a pool at zero replicas with demand (asks skipped as *down*) gets ``max(1,
-minReplicas)``. **Missing data**: no verifier samples (or a pool with ready replicas but no
-drafter samples) holds the pool, never shrinks it, and names the series (``MetricsMissing``).
+minReplicas)``, where its first replica is worth its price (above). **Missing data**: no verifier
+samples (or a pool with ready replicas but no drafter samples) holds the pool, never shrinks it,
+and names the series (``MetricsMissing``).
 **Idle**: no demand drifts to ``minReplicas``.
 
 Scale-up applies at once (at most ``max_scale_up_factor`` times per decision); a scale-down takes
@@ -85,6 +97,10 @@ class PoolObservation:
     ready_replicas: int
     asks_per_s: float = 0.0
     late_per_s: float = 0.0
+    probes_per_s: float = 0.0  # of asks_per_s, those made only to probe (no demand)
+    # expected accepted tokens per second the pool adds over the verifier's own sources, where
+    # requests want it (None: not measured: a verifier without the series)
+    gain_tokens_per_s: float | None = None
     skipped_per_s: Mapping[str, float] = field(default_factory=dict)  # by reason (SKIP_REASONS)
     accepted_tokens_per_s: float = 0.0
     acceptance_rate: float | None = None  # accepted / drafted tokens at the verifier, 0..1
@@ -96,9 +112,15 @@ class PoolObservation:
     utilization: float | None = None  # busy fraction of its measured replicas, 0..1 (None: none measured)
     drafter_samples: bool = False
 
+    def wanted_per_s(self) -> float:
+        """Steps per second a request wanted a draft and the proposer weighed what it would add
+        (asks but probes, skips as late or down): what ``gain_tokens_per_s`` is summed over."""
+        asked = max(0.0, self.asks_per_s - self.probes_per_s)
+        return asked + sum(self.skipped_per_s.get(r, 0.0) for r in DEMAND_SKIPS)
+
     def demand_per_s(self) -> float:
         """Steps per second on which a request wanted a draft from this pool (see the module)."""
-        return self.asks_per_s + self.late_per_s + sum(self.skipped_per_s.get(r, 0.0) for r in DEMAND_SKIPS)
+        return self.wanted_per_s() + self.late_per_s
 
 
 @dataclass(frozen=True)
@@ -189,6 +211,34 @@ def _served(demand: float, replicas: int, per_replica: float) -> float:
     return min(demand, replicas * per_replica)
 
 
+def _worth(pool: PoolObservation, policy: ScalingPolicy, limits: PoolLimits, demand: float,
+           needed: int) -> tuple[int, str]:
+    """The most of ``needed`` replicas each worth its price (see the module's **Cost**), and why
+    fewer. Valued by the tokens the pool adds over the verifier's own sources where measured
+    (``gain_tokens_per_s``, from the first replica: a pool that adds less than one replica's
+    price goes to ``minReplicas``), else by its accepted tokens per ask (growth only)."""
+    asks, u, target = pool.asks_per_s, pool.utilization or 0.0, policy.target_utilization
+    # asks per second a replica serves at the target (unmeasured, as at zero: all of the demand)
+    per_replica = asks * target / (u * pool.replicas) if asks > 0 and u > 0 and pool.replicas else math.inf
+    if pool.gain_tokens_per_s is not None:
+        wanted = pool.wanted_per_s()
+        per_ask = pool.gain_tokens_per_s / wanted if wanted > 0 else 0.0
+        n, what = 0, "over the verifier's own sources"
+    elif needed > pool.replicas and asks > 0 and u > 0:
+        per_ask = pool.yield_tokens if pool.yield_tokens is not None else pool.accepted_tokens_per_s / asks
+        n, what = pool.replicas, "accepted"
+    else:
+        return needed, ""
+    price_s = limits.price_per_hour_usd / 3600
+    while n < needed:
+        gained = per_ask * (_served(demand, n + 1, per_replica) - _served(demand, n, per_replica))
+        if gained * policy.token_value_usd < price_s:
+            return n, (f"; replica {n + 1} would add {gained:.1f} tokens/s {what}, worth less than its "
+                       f"${limits.price_per_hour_usd:g}/h")
+        n += 1
+    return n, ""
+
+
 def _recommend(v: VerifierObservation | None, policy: ScalingPolicy, pool: PoolObservation,
                limits: PoolLimits) -> tuple[int, str, str | None]:
     """The raw (unstabilized, clamped) recommendation for one pool, its reason and condition."""
@@ -201,7 +251,11 @@ def _recommend(v: VerifierObservation | None, policy: ScalingPolicy, pool: PoolO
         if in_flight <= 0:
             return limits.min_replicas, "no requests in flight: drifting to minReplicas", None
         return limits.min_replicas, f"{in_flight:.0f} requests in flight, none wants this pool's drafts", None
+    priced = policy.token_value_usd > 0 and limits.price_per_hour_usd > 0
     if pool.replicas == 0:
+        worth, why = _worth(pool, policy, limits, demand, 1) if priced else (1, "")
+        if worth < 1:
+            return limits.min_replicas, f"at zero with demand ({demand:.1f}/s){why}: holding at minReplicas", None
         return max(1, limits.min_replicas), f"at zero with demand ({demand:.1f}/s): scaling from zero", None
     u = pool.utilization
     if u is None:
@@ -222,24 +276,14 @@ def _recommend(v: VerifierObservation | None, policy: ScalingPolicy, pool: PoolO
     load = u * demand / asks if asks > 0 else math.inf  # the busy fraction were all demand served
     reason = (f"demand {demand:.1f}/s, served {asks:.1f}/s at busy fraction {u:.2f} "
               f"({min(load, 99.0):.2f} were all served; target {target:.2f})")
-    if abs(load / target - 1) <= policy.tolerance:
-        return clamp_replicas(pool.replicas, limits.min_replicas, limits.max_replicas), reason + ": within tolerance", \
-            None
-    needed = max(1, math.ceil(pool.replicas * min(load, 1e6) / target - 1e-9))
-    if policy.token_value_usd > 0 and limits.price_per_hour_usd > 0 and needed > pool.replicas and asks > 0 and u > 0:
-        per_replica = asks * target / (u * pool.replicas)  # asks per second a replica serves at the target
-        yield_tokens = pool.yield_tokens if pool.yield_tokens is not None else pool.accepted_tokens_per_s / asks
-        price_s = limits.price_per_hour_usd / 3600
-        n = pool.replicas
-        while n < needed:
-            gained = yield_tokens * (_served(demand, n + 1, per_replica) - _served(demand, n, per_replica))
-            if gained * policy.token_value_usd < price_s:
-                reason += (f"; replica {n + 1} would add {gained:.1f} accepted tokens/s, worth less than its "
-                           f"${limits.price_per_hour_usd:g}/h")
-                break
-            n += 1
-        needed = n
-    if needed > pool.replicas:
+    tolerated = abs(load / target - 1) <= policy.tolerance
+    needed = pool.replicas if tolerated else max(1, math.ceil(pool.replicas * min(load, 1e6) / target - 1e-9))
+    if priced:
+        needed, why = _worth(pool, policy, limits, demand, needed)
+        reason += why
+    if tolerated and needed == pool.replicas:
+        reason += ": within tolerance"
+    elif needed > pool.replicas:
         needed = min(needed, math.ceil(pool.replicas * policy.max_scale_up_factor))
         reason += ": growing"
     elif needed < pool.replicas:

@@ -43,6 +43,9 @@ DRAFTS_LATE = "cosine_spec_decode_drafts_late"  # counter{pool}: steps a pool's 
 POOL_ERRORS = "cosine_drafter_errors"  # counter{pool}: failed draft calls
 POOL_CALLS = "cosine_drafter_calls"  # counter{pool}: draft calls that returned
 POOL_ASKS_SKIPPED = "cosine_drafter_asks_skipped"  # counter{pool,reason}: draft asks not made (late/yield/down)
+POOL_PROBE_ASKS = "cosine_drafter_probe_asks"  # counter{pool}: asks made only to probe (skipped as yield else)
+# counter{pool}: expected tokens it adds over the verifier's own sources, where requests want it
+POOL_GAIN_TOKENS = "cosine_drafter_gain_tokens"
 POOL_RTT_SECONDS = "cosine_drafter_rtt_seconds"  # gauge{pool}: a draft call's wall time (EMA)
 POOL_TOKEN_SECONDS = "cosine_drafter_token_seconds"  # gauge{pool}: a call's seconds per draft token (EMA)
 POOL_YIELD_TOKENS = "cosine_drafter_yield_tokens"  # gauge{pool}: accepted tokens per draft call

@@ -26,7 +26,8 @@ Sample = Mapping[tuple[str, str, str], float]
 
 # verifier series read per pool: counters (rates) and gauges (averaged over verifier pods)
 POOL_COUNTERS = (names.POOL_CALLS, names.POOL_ERRORS, names.DRAFTS_LATE, names.DRAFT_TOKENS,
-                 names.ACCEPTED_TOKENS, names.POOL_ASKS_SKIPPED)
+                 names.ACCEPTED_TOKENS, names.POOL_ASKS_SKIPPED, names.POOL_PROBE_ASKS,
+                 names.POOL_GAIN_TOKENS)
 POOL_GAUGES = (names.POOL_RTT_SECONDS, names.POOL_YIELD_TOKENS)
 VERIFIER_COUNTERS = (names.VERIFIER_BUSY_SECONDS, names.VERIFIER_STEPS, names.VERIFIER_TOKENS_VERIFIED)
 VERIFIER_GAUGES = (names.REQUESTS_RUNNING, names.REQUESTS_WAITING)
@@ -155,6 +156,8 @@ def observations(r: Rates, pool_replicas: Mapping[str, tuple[int, int]]) -> Obse
             ready_replicas=ready,
             asks_per_s=v.get((names.POOL_CALLS, ""), 0.0) + v.get((names.POOL_ERRORS, ""), 0.0),
             late_per_s=v.get((names.DRAFTS_LATE, ""), 0.0),
+            probes_per_s=v.get((names.POOL_PROBE_ASKS, ""), 0.0),
+            gain_tokens_per_s=v.get((names.POOL_GAIN_TOKENS, "")),
             skipped_per_s={reason: v.get((names.POOL_ASKS_SKIPPED, reason), 0.0) for reason in SKIP_REASONS},
             accepted_tokens_per_s=v.get((names.ACCEPTED_TOKENS, ""), 0.0),
             acceptance_rate=v.get((names.ACCEPTED_TOKENS, ""), 0.0) / drafted if drafted > 0 else None,

@@ -453,7 +453,8 @@ class _Cluster:
         pools = tuple(
             autoscaling.PoolObservation(  # what the operator reads from the same series (metrics_scrape)
                 name=n, replicas=self.replicas[n], ready_replicas=self.pods_ready[n],
-                asks_per_s=c[("asks", n)] / iv, late_per_s=c[("late", n)] / iv,
+                asks_per_s=c[("asks", n)] / iv, late_per_s=c[("late", n)] / iv, probes_per_s=c[("probes", n)] / iv,
+                gain_tokens_per_s=c[("gain", n)] / iv,
                 skipped_per_s={k: c[("skipped", n, k)] / iv for k in autoscaling.SKIP_REASONS},
                 accepted_tokens_per_s=c[("accepted", n)] / iv,
                 acceptance_rate=c[("accepted", n)] / w["drafted"][n] if w["drafted"][n] else None,
@@ -482,15 +483,17 @@ class _Cluster:
         return {"busy_s": 0.0, "steps": 0, "verified": 0, "drafted": dict.fromkeys(pools, 0),
                 "pool_busy_s": dict.fromkeys(pools, 0.0), "rounds": dict.fromkeys(pools, 0)}
 
-    def _proposer_counts(self) -> dict[tuple[str, ...], int]:
+    def _proposer_counts(self) -> dict[tuple[str, ...], float]:
         """The proposers' counters the operator scrapes (`cosine.metrics`), summed over verifier
-        replicas, per pool: asks (calls returned or failed), late drafts, asks skipped per reason,
-        accepted draft tokens."""
-        out: dict[tuple[str, ...], int] = {}
+        replicas, per pool: asks (calls returned or failed), asks made only to probe, late drafts,
+        asks skipped per reason, expected tokens added where wanted, accepted draft tokens."""
+        out: dict[tuple[str, ...], float] = {}
         for n in self.pools:
             st = [p.stats for p in self.proposers]
             out[("asks", n)] = sum(x.pool_calls.get(n, 0) + x.pool_errors.get(n, 0) for x in st)
             out[("late", n)] = sum(x.drafts_late.get(n, 0) for x in st)
+            out[("probes", n)] = sum(x.pool_probes.get(n, 0) for x in st)
+            out[("gain", n)] = sum(x.pool_gain_tokens.get(n, 0.0) for x in st)
             out[("accepted", n)] = sum(x.accepted_tokens.get(n, 0) for x in st)
             for k in autoscaling.SKIP_REASONS:
                 out[("skipped", n, k)] = sum(x.pool_skipped.get((n, k), 0) for x in st)

@@ -109,9 +109,10 @@ LOOKUP_CONCENTRATION = 4.0  # the spread of a request's lookup acceptance around
 
 def _pair_manifest(pair: str, mode: str, specialists: bool = True, domains: tuple[str, ...] = DOMAINS,
                    hardware: tuple[str, str] | None = None, pool_replicas: int = 1,
-                   token_value_usd: float = 0.0) -> dict[str, Any]:
+                   token_value_usd: float = 0.0, autoscaled: bool = False) -> dict[str, Any]:
     """The paper's testbed for one pair as a manifest, with one specialist pool per domain group
-    that `domains` asks for, of `pool_replicas` replicas. `specialists`: CoSine's pools get the
+    that `domains` asks for, of `pool_replicas` replicas (`autoscaled`: from there, by the
+    autoscaler at its defaults, down to zero: `minReplicas` 0). `specialists`: CoSine's pools get the
     specialist acceptance profile on their domains (assumed, `profiles.yaml`); False gives them
     the generic drafter's, so only the architecture differs from a co-located drafter.
     `hardware`: (verifier GPU, drafter GPU) instead of the paper's. `token_value_usd`: an accepted
@@ -121,15 +122,15 @@ def _pair_manifest(pair: str, mode: str, specialists: bool = True, domains: tupl
     dm, dhw = p["drafter"]
     vhw, dhw = hardware or (vhw, dhw)
     spec_key = f"{p['acceptance']}-specialist" if specialists else p["acceptance"]
-    pools = [{"name": n, "model": dm, "expertise": list(e), "replicas": pool_replicas, "minReplicas": 1,
-              "maxReplicas": 8}
+    pools = [{"name": n, "model": dm, "expertise": list(e), "replicas": pool_replicas,
+              "minReplicas": 0 if autoscaled else 1, "maxReplicas": 8}
              for n, e in SPECIALISTS if set(e) & set(domains)]
     sim_pools = {q["name"]: {"hardware": dhw, "slots": 16, "model": dm,
                              "acceptance": spec_key if mode == "cosine" else p["acceptance"]} for q in pools}
     return {
         "spec": {"verifier": {"model": vm, "maxBatchTokens": 2048, "maxNumSeqs": 256}, "drafterPools": pools,
                  "speculation": {"maxDraftLen": 8}, "autoscaling": {
-                     "enabled": False, "acceptedTokenValuePerMillionUsd": token_value_usd * 1e6}},
+                     "enabled": autoscaled, "acceptedTokenValuePerMillionUsd": token_value_usd * 1e6}},
         "simulation": {"mode": mode, "verifier": {"hardware": vhw, "gpus": gpus}, "pools": sim_pools,
                        "network": {"rttMs": 1.0, "bandwidthGbps": 10}, "maxDrafters": 2},
     }
@@ -231,6 +232,10 @@ COSINE_SYSTEMS = ("cosine", "cosine-head", "cosine-no-head", "cosine-no-lookup",
 # Each part of `cosine` and the ablation without it (`cosine-head` is `cosine` without pools)
 ABLATIONS = {"head": "cosine-no-head", "lookup": "cosine-no-lookup", "pools": "cosine-head"}
 EAGLE3_K = (2, 3, 5, 7)  # vLLM's num_speculative_tokens tried; the best per dollar is kept
+# `cosine-autoscaled` runs this long (closed loop, beside `cosine-head` on the same requests): the
+# autoscaler decides every 30 s (`spec.autoscaling.intervalSeconds`' default), so a pool that does
+# not pay runs its first interval at one replica; the paper cells' runs end before one.
+AUTOSCALED_S = 180.0
 # The workloads: the paper's chat and question answering, and code (HumanEval-like)
 WORKLOADS = {"chat": ("chat",), "qa": ("math",), "code": ("code",)}
 
@@ -249,13 +254,16 @@ def paper_setups(pair: str, profiles: Profiles, closed: Workload, seed: int = 0,
     on `closed`; CoSine's head (the public one, as `eagle3`'s) at the k best for `cosine-head`.
     An accepted token is valued at what the verifier alone spends on one at `closed`'s
     concurrency (`VerifierModel.usd_per_token`), so the proposer asks a pool only where what it
-    adds is worth the pool's replica time (`PoolPolicy.ask_pays`)."""
-    def build(mode: str, value_usd: float = 0.0) -> SimSetup:
-        m = _pair_manifest(pair, mode, True, domains, hardware, pool_replicas, value_usd)
+    adds is worth the pool's replica time (`PoolPolicy.ask_pays`); `cosine-autoscaled` is `cosine`
+    with the autoscaler on (`minReplicas` 0), which also weighs each replica's price against what
+    the pool adds (`cosine_spec.autoscaling`)."""
+    def build(mode: str, value_usd: float = 0.0, autoscaled: bool = False) -> SimSetup:
+        m = _pair_manifest(pair, mode, True, domains, hardware, pool_replicas, value_usd, autoscaled)
         return config.build_setup(m, profiles, seed=seed)[0]
 
     target_only = build("target-only")
-    pooled = build("cosine", target_only.verifier.usd_per_token(closed.concurrency or 1, 320))
+    value = target_only.verifier.usd_per_token(closed.concurrency or 1, 320)
+    pooled = build("cosine", value)
     shape = PAIRS[pair]["shape"]
     out = {"target-only": target_only}
     lookup = dataclasses.replace(target_only, pools=())
@@ -270,6 +278,7 @@ def paper_setups(pair: str, profiles: Profiles, closed: Workload, seed: int = 0,
     out["cosine-head"] = heads[k]
     head = heads[k].engine_drafter  # the same head, at the same k, in every CoSine system
     out["cosine"] = served(pooled, head, profiles)
+    out["cosine-autoscaled"] = served(build("cosine", value, autoscaled=True), head, profiles)
     out["cosine-no-head"] = served(pooled, None, profiles)
     out["cosine-no-lookup"] = served(pooled, head, profiles, lookup=False)
     # `cosine-head` with all of lookup in the verifier's process, a step stale (its lower bound:
@@ -303,11 +312,22 @@ def _map_cells(fn: Callable[..., Any], cells: list[tuple[Any, ...]]) -> list[Any
 
 def _paper_cell(pair: str, workload: str, c: int, closed: tuple[RequestSpec, ...], profiles: Profiles | None,
                 seed: int) -> dict[str, Any]:
-    """One cell of `paper_testbed`: every system's row, the ratios and each part's gain."""
+    """One cell of `paper_testbed`: every system's row, the ratios and each part's gain; and
+    `autoscaled`: `cosine-autoscaled` against `cosine-head` over `AUTOSCALED_S` closed loop."""
     profiles = profiles or load_profiles()
     setups = paper_setups(pair, profiles, Workload(closed[: 4 * c], c), seed, domains=WORKLOADS[workload])
     rows = {system: _row(setups[system], simulate(setups[system], Workload(closed, c)).summary())
             for system in PAPER_SYSTEMS}
+    rng = random.Random(f"{seed}/{workload}/autoscaled")  # more requests than the run can finish
+    long = Workload(tuple(RequestSpec(0.0, 256, 128, rng.choice(WORKLOADS[workload]))
+                          for _ in range(int(AUTOSCALED_S * c))), c)
+    runs = {s: simulate(setups[s], long, duration_s=AUTOSCALED_S) for s in ("cosine-head", "cosine-autoscaled")}
+    auto = {s: {"throughput_tok_s": r.tokens / AUTOSCALED_S, "usd_per_hour": r.gpu_cost_usd * 3600 / AUTOSCALED_S,
+                "tok_per_usd": r.tokens / r.gpu_cost_usd} for s, r in runs.items()}  # pools as their timeline ran
+    rows["autoscaled"] = {
+        "duration_s": AUTOSCALED_S, **auto,
+        "vs_cosine_head": auto["cosine-autoscaled"]["tok_per_usd"] / auto["cosine-head"]["tok_per_usd"],
+        "pool_replicas": runs["cosine-autoscaled"].replicas_timeline}
 
     def per_usd(a: str, b: str) -> float:
         return float(rows[a]["tok_s_per_usd_h"]) / float(rows[b]["tok_s_per_usd_h"])
@@ -621,7 +641,7 @@ def _step_manifest(gpu: tuple[int, int, int], cpu: tuple[int, int, int], autosca
 
 
 def autoscale_step(profiles: Profiles | None = None, phase_s: float = 240.0, rates: tuple[float, ...] = (2, 12, 4),
-                   fixed_gpu: tuple[int, ...] = (1, 2, 3, 4, 6), token_value_per_million_usd: float = 5.0,
+                   fixed_gpu: tuple[int, ...] = (0, 1, 2, 3, 4, 6), token_value_per_million_usd: float = 5.0,
                    seed: int = 0) -> dict[str, Any]:
     """The autoscaler under a load step, against the best fixed size.
 
@@ -629,7 +649,7 @@ def autoscale_step(profiles: Profiles | None = None, phase_s: float = 240.0, rat
     `_step_manifest`); Poisson load stepping through `rates` (req/s, `phase_s` each). The rule
     (`cosine_spec.autoscaling.desired_replicas`, prices from `profiles.yaml`, accepted tokens
     valued at `token_value_per_million_usd`) against every fixed size of the GPU pool in
-    `fixed_gpu` (the CPU pool at 1), all on the same requests. Reports goodput per dollar (output
+    `fixed_gpu` (zero included; the CPU pool at 1), all on the same requests. Reports goodput per dollar (output
     tokens per USD of GPU and node time), the rule's ratio to the best fixed size, decisions to
     settle after each step, flaps, the conditions the rule raised and the replica timelines."""
     profiles = profiles or load_profiles()
@@ -642,7 +662,7 @@ def autoscale_step(profiles: Profiles | None = None, phase_s: float = 240.0, rat
 
     fixed = {}
     for n in fixed_gpu:
-        res, _ = run(_step_manifest((n, n, n), (1, 1, 1), False, token_value_per_million_usd))
+        res, _ = run(_step_manifest((n, n, max(1, n)), (1, 1, 1), False, token_value_per_million_usd))
         fixed[n] = res.summary() | {"tokens_per_usd": res.tokens / res.gpu_cost_usd}
     best = max(fixed, key=lambda n: fixed[n]["tokens_per_usd"])
     res, setup = run(_step_manifest((0, 0, 8), (1, 1, 8), True, token_value_per_million_usd))

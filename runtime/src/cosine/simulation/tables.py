@@ -44,7 +44,14 @@ def paper_markdown(study: dict[str, Any]) -> str:
                            + f" | {r['tpot_p50_s'] * 1e3:.1f} ms | {r['mean_accepted_per_step']:.2f} |")
             out += ["", "What each part adds to `cosine` per dollar (`cosine` over the ablation without it): "
                     + "; ".join(f"c={c}: " + ", ".join(f"{part} {_pct(g)}" for part, g in levels[c]["gains"].items())
-                                for c in cs) + ".", ""]
+                                for c in cs) + ".", "",
+                    f"With the autoscaler on (`cosine-autoscaled`, pools from one replica down to `minReplicas` "
+                    f"0, {levels[cs[0]]['autoscaled']['duration_s']:.0f} s closed loop beside `cosine-head`), per "
+                    "dollar against `cosine-head`: " + "; ".join(
+                        f"c={c}: {_pct(levels[c]['autoscaled']['vs_cosine_head'] - 1)}, pool replicas "
+                        + ", ".join(f"{p} " + " → ".join(str(n) for _, n in tl[:-1])
+                                    for p, tl in levels[c]["autoscaled"]["pool_replicas"].items())
+                        for c in cs) + ".", ""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -74,20 +81,23 @@ def spot_markdown(study: dict[str, Any]) -> str:
 
 def paper_summary_markdown(study: dict[str, Any]) -> str:
     """The paper study in one line per pair and workload: per dollar, `cosine-head` against vLLM's
-    `eagle3` with the same head, `cosine` (with pools) against `cosine-head` and target-only, at each
-    concurrency (c=16 / c=64)."""
+    `eagle3` with the same head, `cosine` (with pools) against `cosine-head` and target-only, and
+    `cosine-autoscaled` (its pools autoscaled, `AUTOSCALED_S` closed loop) against `cosine-head`,
+    at each concurrency (c=16 / c=64)."""
     cs = [str(c) for c in study["concurrency"]]
     levels = " / ".join(f"c={c}" for c in cs)
     out = [f"| pair | workload | `cosine-head` × `eagle3` ({levels}) | `cosine` × `cosine-head` "
+           "| `cosine-autoscaled` × `cosine-head` "
            "| `cosine` × target-only | `cosine` × `lookup` | `cosine` × `eagle3-best` |",
-           "|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|"]
     for pair, workloads in study["pairs"].items():
         for workload, by_c in workloads.items():
             def ratio(key: str, system: str = "cosine", by_c: dict[str, Any] = by_c) -> str:
                 return " / ".join(_x(by_c[c]["ratios"][system][key]) for c in cs)
 
+            auto = " / ".join(_x(by_c[c]["autoscaled"]["vs_cosine_head"]) for c in cs)
             out.append(f"| {pair} | {workload} | {ratio('vs_eagle3', 'cosine-head')} | {ratio('vs_cosine_head')} "
-                       f"| {ratio('vs_target_only')} | {ratio('vs_lookup')} | {ratio('vs_eagle3_best')} |")
+                       f"| {auto} | {ratio('vs_target_only')} | {ratio('vs_lookup')} | {ratio('vs_eagle3_best')} |")
     return "\n".join(out) + "\n"
 
 
