@@ -572,16 +572,22 @@ def test_the_autoscaler_closes_the_loop_on_real_processes(tmp_path, reference):
     returns to 1 after it; pool "cold" starts at zero (minReplicas 0), stays there while no
     request arrives, and comes back to one replica process when requests do (its demand is
     counted where the proposer routes, as asks skipped for "down"; whether its drafts then arrive
-    in time on two shared cores is not this test's). Every output equals vLLM's target-only."""
+    in time on two shared cores is not this test's). Pool "dear" (minReplicas 0, one replica at
+    start) is priced far above what its tokens are worth: it goes to zero with no requests and is
+    not brought back by the load (its probes are no demand, and its first replica is weighed by
+    what it adds against its price). Every output equals vLLM's target-only."""
     pull(MODEL, progress=False)
     pools = [{"name": "small", "model": MODEL, "replicas": 1, "minReplicas": 1, "maxReplicas": 3, "threads": 1},
-             {"name": "cold", "model": MODEL, "replicas": 0, "minReplicas": 0, "maxReplicas": 1, "threads": 1}]
+             {"name": "cold", "model": MODEL, "replicas": 0, "minReplicas": 0, "maxReplicas": 1, "threads": 1},
+             {"name": "dear", "model": MODEL, "replicas": 1, "minReplicas": 0, "maxReplicas": 1, "threads": 1,
+              "pricePerHourUsd": 1e6}]
     manifest = {"apiVersion": "cosine.dev/v1alpha1", "kind": "CoSineCluster", "metadata": {"name": "auto"},
                 "spec": {"verifier": {"model": MODEL, "threads": 1}, "drafterPools": pools,
                          # drafts without branches: a replica's round is short enough to be on time
                          # at one request, so more replicas help (on two shared cores)
                          "speculation": {"maxDraftLen": 4, "adaptive": False, "branches": 0},
-                         "autoscaling": {"enabled": True, "intervalSeconds": 2, "stabilizationSeconds": 4}}}
+                         "autoscaling": {"enabled": True, "intervalSeconds": 2, "stabilizationSeconds": 4,
+                                         "acceptedTokenValuePerMillionUsd": 1.0}}}
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(manifest))
     port, metrics_port, pools_port = free_port(), free_port(), free_port()
@@ -599,18 +605,20 @@ def test_the_autoscaler_closes_the_loop_on_real_processes(tmp_path, reference):
         client = _client(base, "none")
         _, first = _embedded(pools_url)
         deadline = time.monotonic() + 60
-        while True:  # three passes without requests: the cold pool stays at zero
+        while True:  # three passes without requests: the cold pool stays at zero, the dear one goes there
             replicas, passes = _embedded(pools_url)
             assert replicas.get("cold") == 0 and replicas.get("small") == 1, (replicas, log_path.read_text()[-2000:])
-            if passes >= first + 3:
+            if passes >= first + 3 and replicas.get("dear") == 0:
                 break
             assert time.monotonic() < deadline, f"{passes - first} autoscaling passes in 60 s"
             time.sleep(0.5)
-        assert len(_drafter_pids(proc.pid)) == 1
+        while len(_drafter_pids(proc.pid)) != 1:  # the dear pool's replica drains, then exits
+            assert time.monotonic() < deadline + 60, _drafter_pids(proc.pid)
+            time.sleep(0.5)
 
         outputs: list[tuple[str, str]] = []
         stop, started = threading.Event(), time.monotonic()
-        most = {"small": 1, "cold": 0}  # the most replica processes each pool ran
+        most = {"small": 1, "cold": 0, "dear": 0}  # the most replica processes each pool ran
 
         def load(i: int) -> None:
             while not stop.is_set():
@@ -643,6 +651,7 @@ def test_the_autoscaler_closes_the_loop_on_real_processes(tmp_path, reference):
         small = served.get("small", {})
         assert most["small"] >= 2 and len(small) >= 2 and all(c > 0 for c in small.values()), (most, served, calls)
         assert most["cold"] == 1, (most, served, log_path.read_text()[-3000:])  # back from zero, to its max
+        assert most["dear"] == 0, (most, log_path.read_text()[-3000:])  # it does not pay: no load brings it back
 
         # the load is over: back to minReplicas, one step at a time, each replica drained first (up
         # to its 27 s drain where a drafter still holds requests the verifier has finished)
