@@ -654,7 +654,7 @@ class CoSineProposer:
             probe = reason is not None and not down and s.pool.probe_step(req.steps)
             if reason != "yield":  # the request wants the pool (demand): what it would add
                 self.stats.add(self.stats.pool_gain_tokens, name, s.pool.gain_tokens(
-                    self._state(req, name).acceptance_rate, local, len(req.last_path) or s.speculation.max_draft_len,
+                    self._state(req, name).acceptance_rate, local, self._draft_k(req),
                     self.stats.pool_on_context.get(name, 1.0)))
             if reason is not None and not probe:
                 self.stats.add(self.stats.pool_skipped, (name, reason))
@@ -669,6 +669,14 @@ class CoSineProposer:
             req.used.add(name)
             req.judged.discard(name)
             req.inflight[name] = self.pools.ask(name, rid, tuple(ctx), k, tuple(expected), branches)
+
+    def _draft_k(self, req: _Request) -> int:
+        """The draft length what a pool adds for `req` is counted at for the autoscaler
+        (`pool_gain_tokens`): the request's last draft's (the depth the verifier takes now: short
+        where the pass is compute-bound), `max_draft_len` before its first. An ask is still weighed
+        at `max_draft_len` (`_skip_reason`): a pool's draft may be taken deeper than the request's
+        last, and at the last draft's length `cosine-no-head` lost up to 2.6% in the paper study."""
+        return len(req.last_path) or self.settings.speculation.max_draft_len
 
     def _local_estimates(self, req: _Request) -> list[tuple[float, float]]:
         """Per local source, the request's (acceptance estimate, hit rate)."""
