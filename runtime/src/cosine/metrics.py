@@ -87,7 +87,8 @@ class ProposerCollector:
             (names.POOL_PROBE_ASKS, "Draft asks made only to probe: on a request's probe step, where the pool "
              "would be skipped as yield (not demand for the autoscaler).", s.pool_probes),
             (names.POOL_GAIN_TOKENS, "Expected accepted tokens the pool's drafts add over the verifier's own "
-             "sources, summed over the steps a request wanted them (asks but probes, skips as late or down).",
+             "sources, summed over the steps a request wanted them (asks but probes, drafts in flight, skips "
+             "as late or down).",
              s.pool_gain_tokens),
         )
         for name, doc, values in per_pool:

@@ -652,7 +652,7 @@ class CoSineProposer:
             if reason is None and down:
                 reason = "down"  # it would have been asked: demand the autoscaler sees (a pool at zero)
             probe = reason is not None and not down and s.pool.probe_step(req.steps)
-            if reason != "yield":  # the request wants the pool (demand): what it would add
+            if reason != "yield":  # the request wants the pool (demand, its draft in flight included): what it adds
                 self.stats.add(self.stats.pool_gain_tokens, name, s.pool.gain_tokens(
                     self._state(req, name).acceptance_rate, local, self._draft_k(req),
                     self.stats.pool_on_context.get(name, 1.0)))

@@ -39,7 +39,8 @@ class ProposerStats:
     # asks made only to probe: on a request's probe step, where the pool would be skipped as "yield"
     pool_probes: dict[str, int] = field(default_factory=dict)
     # expected accepted tokens over the best local source (`PoolPolicy.gain_tokens`), summed over
-    # the steps a request wanted the pool: its asks but probes, its skips as "late" or "down"
+    # the steps a request wanted the pool: asks but probes, steps its draft was in flight, skips as
+    # "late" or "down" (the autoscaler's demand)
     pool_gain_tokens: dict[str, float] = field(default_factory=dict)
     busy_s: float = 0.0  # seconds in engine steps
     tokens_verified: int = 0  # tokens computed by the steps (pending + draft + prefill)

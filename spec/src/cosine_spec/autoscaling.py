@@ -35,7 +35,7 @@ min(D, n s)``, ``s = A u* / (u replicas)`` the asks per second a replica serves 
 unmeasured: all of ``D``), is worth its price per second, from the first replica on: a pool that
 adds less than one replica's price goes to ``minReplicas``. ``gain`` is what the pool adds over the
 verifier's own sources (its head, prompt lookup) per step a request wants it
-(``cosine_drafter_gain_tokens_total`` over those steps: the proposer's expected accepted tokens
+(``cosine_drafter_gain_tokens_total`` over ``D``: the proposer's expected accepted tokens
 of the pool's draft less the best local source's, at the request's last draft length), not all it
 gets accepted: a pool whose drafts the head would have matched pays nothing. From a verifier
 without that series, growth alone is weighed, by ``yield`` (accepted tokens per ask; with none
@@ -112,15 +112,11 @@ class PoolObservation:
     utilization: float | None = None  # busy fraction of its measured replicas, 0..1 (None: none measured)
     drafter_samples: bool = False
 
-    def wanted_per_s(self) -> float:
-        """Steps per second a request wanted a draft and the proposer weighed what it would add
-        (asks but probes, skips as late or down): what ``gain_tokens_per_s`` is summed over."""
-        asked = max(0.0, self.asks_per_s - self.probes_per_s)
-        return asked + sum(self.skipped_per_s.get(r, 0.0) for r in DEMAND_SKIPS)
-
     def demand_per_s(self) -> float:
-        """Steps per second on which a request wanted a draft from this pool (see the module)."""
-        return self.wanted_per_s() + self.late_per_s
+        """Steps per second on which a request wanted a draft from this pool (see the module):
+        what ``gain_tokens_per_s`` is summed over."""
+        asked = max(0.0, self.asks_per_s - self.probes_per_s)
+        return asked + self.late_per_s + sum(self.skipped_per_s.get(r, 0.0) for r in DEMAND_SKIPS)
 
 
 @dataclass(frozen=True)
@@ -221,8 +217,7 @@ def _worth(pool: PoolObservation, policy: ScalingPolicy, limits: PoolLimits, dem
     # asks per second a replica serves at the target (unmeasured, as at zero: all of the demand)
     per_replica = asks * target / (u * pool.replicas) if asks > 0 and u > 0 and pool.replicas else math.inf
     if pool.gain_tokens_per_s is not None:
-        wanted = pool.wanted_per_s()
-        per_ask = pool.gain_tokens_per_s / wanted if wanted > 0 else 0.0
+        per_ask = pool.gain_tokens_per_s / demand if demand > 0 else 0.0
         n, what = 0, "over the verifier's own sources"
     elif needed > pool.replicas and asks > 0 and u > 0:
         per_ask = pool.yield_tokens if pool.yield_tokens is not None else pool.accepted_tokens_per_s / asks
