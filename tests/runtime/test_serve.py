@@ -38,6 +38,7 @@ pytestmark = pytest.mark.real_model
 MODEL = "smollm2-135m-instruct"
 PROMPTS = ["Name three colors.", "What is 7 times 6?", "Write a haiku about the sea.", "List two fruits."]
 API_KEY = "test-key"
+OPEN_ROUTES = {"/health", "/ping", "/load", "/version"}  # and /metrics (a mount: not in the OpenAPI list)
 # the drain test's: each of the 8 is still mid-stream when SIGTERM lands after every first token
 DRAIN_PROMPTS = [f"Write a long story about a {thing}." for thing in
                  ("lighthouse", "fox", "baker", "comet", "violin", "glacier", "market", "robot")]
@@ -218,6 +219,42 @@ class TestFixedCluster:
             stream_options={"include_usage": True})
         usage = [c.usage for c in stream if c.usage is not None]
         assert usage and usage[-1].completion_tokens == 4
+
+    def test_every_route_but_the_probes_needs_the_key(self, cluster):
+        """`spec.gateway.apiKeySecretRef` on the verifier `cosine serve` starts as the operator
+        starts it (`cosine verifier`, the key in `COSINE_API_KEY`): every route vLLM registered
+        (its own OpenAPI list) refuses a request without the key, `/invocations` (SageMaker's,
+        which runs chat and completions) among them; the probes' routes and `/metrics` stay open;
+        with the key, completions are served on `/v1` and `/invocations` alike. Catches: vLLM's
+        key check, which covers only /v1, /v2, /inference and /cohere, left as the only one:
+        `/invocations` answered a chat request without the key (200)."""
+        base, auth = cluster[0], {"Authorization": f"Bearer {API_KEY}"}
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
+        completion = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 0}
+        for body, path in ((chat, "/invocations"), (completion, "/invocations"), (chat, "/v1/chat/completions"),
+                           (completion, "/v1/completions")):
+            assert httpx.post(f"{base}{path}", json=body, timeout=120).status_code == 401, path
+            served = httpx.post(f"{base}{path}", json=body, headers=auth, timeout=120)
+            assert served.status_code == 200, (path, served.text)
+        routes = httpx.get(f"{base}/openapi.json", headers=auth, timeout=30).json()["paths"]
+        assert "/invocations" in routes and "/v1/chat/completions" in routes and "/tokenize" in routes
+        refused, let_through = 0, []
+        with httpx.Client(base_url=base, timeout=30) as http:
+            for path, methods in routes.items():
+                url = path.replace("{", "").replace("}", "")  # a path parameter, e.g. {response_id}
+                for method in methods:
+                    for headers in ({}, {"Authorization": "Bearer wrong"}):
+                        status = http.request(method.upper(), url, json=chat, headers=headers).status_code
+                        if path in OPEN_ROUTES or path.startswith("/metrics"):
+                            assert status != 401, (method, path)
+                        elif status == 401:
+                            refused += 1
+                        else:
+                            let_through.append((method, path, headers, status))
+        assert not let_through, let_through
+        assert refused > 20
+        for path in (*OPEN_ROUTES, "/metrics"):  # the probes, the scrapers (Prometheus, the endpoint picker)
+            assert httpx.get(f"{base}{path}", timeout=30).status_code == 200, path
 
     def test_killed_drafter_costs_speed_not_requests(self, cluster, reference):
         base, proc, metrics_url, _ = cluster

@@ -344,7 +344,7 @@ def _paper_cell(pair: str, workload: str, c: int, closed: tuple[RequestSpec, ...
 
 def paper_testbed(profiles: Profiles | None = None, concurrency: tuple[int, ...] = (16, 64),
                   requests_per_client: int = 6, workloads: tuple[str, ...] = tuple(WORKLOADS),
-                  seed: int = 0) -> dict[str, Any]:
+                  seed: int = 0, pairs: tuple[str, ...] = tuple(PAIRS)) -> dict[str, Any]:
     """Goodput per dollar closed-loop at each `concurrency` (`requests_per_client` requests per
     client), 256 in / 128 out, on each workload of `WORKLOADS` (the paper's chat and QA prompts,
     and code), for each of `PAPER_SYSTEMS`, each what a user would run:
@@ -362,9 +362,9 @@ def paper_testbed(profiles: Profiles | None = None, concurrency: tuple[int, ...]
     - `cosine-head-scheduler-seam`: `cosine-head` through the scheduler seam CoSine served
       through before (async scheduling off, the proposer's time on every step).
     Per cell, ratios per dollar to `eagle3`, to target-only and to `cosine-head`, and each part's
-    gain: `cosine` per dollar over the ablation without it."""
+    gain: `cosine` per dollar over the ablation without it. `pairs`: which of `PAIRS` (all)."""
     cells = []
-    for pair in PAIRS:
+    for pair in pairs:
         for workload in workloads:
             rng = random.Random(f"{seed}/{workload}")
             for c in concurrency:
