@@ -647,15 +647,15 @@ class CoSineProposer:
         step_s = self.chooser.step_s()
         local = self._local_estimates(req)
         for name in (*req.pools, *req.down):
-            reason = self._skip_reason(name, req, local)
+            alpha = self._state(req, name).acceptance_rate
+            reason = self._skip_reason(name, alpha, local)
             down = name in req.down or not self.pools.allows(name, now)
             if reason is None and down:
                 reason = "down"  # it would have been asked: demand the autoscaler sees (a pool at zero)
             probe = reason is not None and not down and s.pool.probe_step(req.steps)
             if reason != "yield":  # the request wants the pool (demand, its draft in flight included): what it adds
                 self.stats.add(self.stats.pool_gain_tokens, name, s.pool.gain_tokens(
-                    self._state(req, name).acceptance_rate, local, self._draft_k(req),
-                    self.stats.pool_on_context.get(name, 1.0)))
+                    alpha, local, self._draft_k(req), self.stats.pool_on_context.get(name, 1.0)))
             if reason is not None and not probe:
                 self.stats.add(self.stats.pool_skipped, (name, reason))
                 continue
@@ -682,11 +682,11 @@ class CoSineProposer:
         """Per local source, the request's (acceptance estimate, hit rate)."""
         return [(self._state(req, src.name).acceptance_rate, req.hits.get(src.name, 0.5)) for src in self.sources]
 
-    def _skip_reason(self, name: str, req: _Request, local: list[tuple[float, float]]) -> str | None:
-        """Why not to ask the pool this step for the request (`PoolPolicy.skip_reason` against the
-        best local source, `local`, an ask priced at the pool's measured seconds a call; `None`:
-        ask), its probe steps aside (the caller's)."""
-        return self.settings.pool.skip_reason(self._state(req, name).acceptance_rate,
+    def _skip_reason(self, name: str, alpha: float, local: list[tuple[float, float]]) -> str | None:
+        """Why not to ask the pool this step for a request whose acceptance estimate for it is
+        `alpha` (`PoolPolicy.skip_reason` against the best local source, `local`, an ask priced at
+        the pool's measured seconds a call; `None`: ask), its probe steps aside (the caller's)."""
+        return self.settings.pool.skip_reason(alpha,
                                                self.stats.pool_on_time.get(name, 1.0), local,
                                                self.settings.speculation.max_draft_len,
                                                on_context=self.stats.pool_on_context.get(name, 1.0),
