@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from k8s_emulator import CLUSTERS, EmulatorThread, Kube
-from test_handlers import NS, cluster_body, condition
+from k8s_emulator import CLUSTERS, DEPLOYMENTS, EmulatorThread, Kube
+from test_handlers import NS, cluster_body, condition, mark_ready
 
 
 def test_concurrent_status_writers_both_land(emulator: EmulatorThread, kube: Kube) -> None:
@@ -50,3 +50,48 @@ def test_concurrent_status_writers_both_land(emulator: EmulatorThread, kube: Kub
     assert condition(kube, "kappa", "Ready") and condition(kube, "kappa", "ScalingActive")
     status_patches = [p for p in emulator.emulator.patches[start:] if p[1] == "kappa" and p[2] == "status"]
     assert len(status_patches) == 3, "the second writer conflicted once, then landed"
+
+
+def test_a_status_write_says_what_the_children_say_when_it_lands(emulator: EmulatorThread, kube: Kube) -> None:
+    """Two Deployment events' status writers: the first builds its update while the ngram pool is not
+    ready, the pool becomes ready, the second writes, then the first: the status still says 2/2 and
+    Ready. Catches: the children read once, before the write (CI saw a cluster left at ``1/2``
+    drafters and not Ready, both pools ready, until the next resync)."""
+    import asyncio
+    import os
+
+    from cosine_spec.cluster_spec import parse_cluster_spec
+
+    from cosine_operator import handlers
+    from cosine_operator import kube as k
+
+    body = cluster_body("lambda")
+    kube.create(CLUSTERS, NS, body)  # no operator runs here: the Deployments are made by hand
+    for name in ("lambda-verifier", "lambda-drafter-code", "lambda-drafter-ngram"):
+        kube.create(DEPLOYMENTS, NS, {"apiVersion": "apps/v1", "kind": "Deployment",
+                                      "metadata": {"name": name, "namespace": NS}, "spec": {"replicas": 1}})
+    for name in ("lambda-verifier", "lambda-drafter-code"):
+        mark_ready(kube, name)
+    cluster = parse_cluster_spec(body["spec"])
+
+    async def interleaved() -> None:
+        os.environ["KUBECONFIG"] = str(emulator.kubeconfig)
+        api = await k.connect()
+        try:
+            first = handlers._children_status(api, "lambda", NS, 1, cluster)
+            mark_ready(kube, "lambda-drafter-ngram")
+            await handlers._write_status(api, "lambda", NS, handlers._children_status(api, "lambda", NS, 1, cluster))
+            await handlers._write_status(api, "lambda", NS, first)
+        finally:
+            await api.close()
+
+    saved = os.environ.get("KUBECONFIG")
+    try:
+        asyncio.run(interleaved())
+    finally:
+        if saved is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = saved
+    assert kube.get(CLUSTERS, NS, "lambda")["status"]["drafters"]["ready"] == "2/2"
+    assert condition(kube, "lambda", "Ready")["status"] == "True"

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import inspect
 import logging
 import os
 import time
@@ -270,25 +271,32 @@ async def _spot_fallbacks(api: Any, body: kopf.Body, name: str, namespace: str, 
                              "; ".join(messages), generation, _now())]
 
 
-async def _children_status(
+def _children_status(
     api: Any, name: str, namespace: str, generation: int | None, cluster: ClusterSpec
 ) -> Any:
-    """The status's part that comes from the children's Deployments, as a function of the live
-    status (``status.build_status``: the autoscaler's fields and conditions are kept)."""
-    names = [drafter_name(name, p.name) for p in cluster.drafter_pools]
-    deployments = {n: await kube.get(api, "Deployment", namespace, n) for n in names}
-    # a LeaderWorkerSet's replicas and readyReplicas count groups as a Deployment's count pods
-    verifier_kind = "LeaderWorkerSet" if cluster.verifier.nodes > 1 else "Deployment"
-    deployments[verifier_name(name)] = await kube.get(api, verifier_kind, namespace,
-                                                               verifier_name(name))
-    now = _now()
-    return lambda live: status.build_status(name, namespace, generation, cluster, deployments, live, now)
+    """The status's part that comes from the children's Deployments, as an async function of the
+    live status (``status.build_status``: the autoscaler's fields and conditions are kept).
+
+    The children are read when it is called, i.e. by :func:`_write_status` after each read of the
+    live object: a write whose precondition holds then says what the children said no earlier than
+    the write before it. Read once beforehand, two Deployment events' writes could land in the
+    other order, the earlier view last (CI saw a cluster left at ``1/2`` drafters, not Ready, after
+    both pools were: until the next resync)."""
+    async def update(live: dict[str, Any]) -> dict[str, Any]:
+        names = [drafter_name(name, p.name) for p in cluster.drafter_pools]
+        deployments = {n: await kube.get(api, "Deployment", namespace, n) for n in names}
+        # a LeaderWorkerSet's replicas and readyReplicas count groups as a Deployment's count pods
+        verifier_kind = "LeaderWorkerSet" if cluster.verifier.nodes > 1 else "Deployment"
+        deployments[verifier_name(name)] = await kube.get(api, verifier_kind, namespace, verifier_name(name))
+        return status.build_status(name, namespace, generation, cluster, deployments, live, _now())
+    return update
 
 
 async def _write_status(api: Any, name: str, namespace: str, update: Any, attempts: int = 5) -> None:
     """Write ``update(live status)`` onto the live CoSineCluster once, with its ``resourceVersion``
     as a precondition; on a conflict (another writer landed first) read it again and retry, as
-    controller-runtime's ``RetryOnConflict`` does. Conditions merge by type in ``update``
+    controller-runtime's ``RetryOnConflict`` does. ``update`` may be async (it then reads what it
+    needs after the live object: :func:`_children_status`). Conditions merge by type in ``update``
     (``status.merge_conditions``), so concurrent writers each keep their own. Gone: nothing to do.
     Raises ``kopf.TemporaryError`` after ``attempts`` conflicts in a row, ``ApiException`` on
     any other failure."""
@@ -296,8 +304,10 @@ async def _write_status(api: Any, name: str, namespace: str, update: Any, attemp
         live = await kube.get(api, CLUSTER_KIND, namespace, name)
         if live is None or live["metadata"].get("deletionTimestamp"):
             return
-        body = {"metadata": {"resourceVersion": live["metadata"]["resourceVersion"]},
-                "status": update(dict(live.get("status") or {}))}
+        new = update(dict(live.get("status") or {}))
+        if inspect.isawaitable(new):
+            new = await new
+        body = {"metadata": {"resourceVersion": live["metadata"]["resourceVersion"]}, "status": new}
         try:
             await kube.patch(api, CLUSTER_KIND, namespace, name, body, subresource="status")
             return
@@ -379,11 +389,11 @@ async def _reconcile(
     removed = await _prune(api, name, namespace, cluster, children, logger)
     if removed:
         kopf.info(body, reason="PoolsRemoved", message=f"deleted drafter pool(s) {', '.join(removed)}")
-    children_status = await _children_status(api, name, namespace, generation, cluster)
+    children_status = _children_status(api, name, namespace, generation, cluster)
     extra = [c for c in (models, claim) if c is not None] + fallbacks
 
-    def update(live: dict[str, Any]) -> dict[str, Any]:
-        new = children_status(live)
+    async def update(live: dict[str, Any]) -> dict[str, Any]:
+        new = await children_status(live)
         new["conditions"] = status.merge_conditions(new["conditions"], extra)
         return new
 
@@ -543,7 +553,7 @@ async def deployment_event(body: kopf.Body, namespace: str, memo: kopf.Memo, log
         cluster, _ = read_stored_spec(owner.get("spec") or {})
     except ValueError:
         return
-    update = await _children_status(api, cluster_name, namespace, owner["metadata"].get("generation"), cluster)
+    update = _children_status(api, cluster_name, namespace, owner["metadata"].get("generation"), cluster)
     await _write_status(api, cluster_name, namespace, update)
     pool = labels.get(POOL_LABEL)
     if pool and body.metadata.name == drafter_name(cluster_name, pool):  # not a spot pool's sibling
