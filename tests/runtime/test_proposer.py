@@ -265,7 +265,7 @@ def test_retain_releases_finished_requests_whose_output_drafts_for_others():
 def test_lookup_drafts_carry_the_suffix_trees_path_probabilities():
     p = CoSineProposer(ProposerSettings(speculation=_k(4)))
     ctx = [5, 1, 2, 3, 9, 1, 2, 3, 8, 1, 2, 4, 7, 1, 2]
-    assert p._fused("r", p._new_request("r", ctx), ctx) == ((3, 9), LOOKUP, pytest.approx((0.5, 0.25)))
+    assert p._fused("r", p._new_request("r", ctx), ctx, 0, 1)[:3] == ((3, 9), LOOKUP, pytest.approx((0.5, 0.25)))
 
 
 def test_prompt_lookup_acceptance_is_learned_per_domain_across_requests():

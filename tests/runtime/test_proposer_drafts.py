@@ -14,7 +14,8 @@ the router's per-domain priors and new requests' initial states are exercised to
 Why fingerprints: these pin the drafts to those of the proposer before its per-step cost was cut
 (recorded at 360ad3f; re-recorded at 73d0f0a, after the chooser verifies the candidate with the most
 expected accepted tokens where candidates part and the head drafts only as deep as verified, and
-the cheaper proposer reproduces those too), so a change meant to be structural or for speed only
+the cheaper proposer reproduces those too; re-recorded again when candidates came to be weighed by
+their goodput on the step's pass instead, `DraftChooser.fuse`), so a change meant to be structural or for speed only
 is proven not to change a single draft. A change of policy (what is drafted, or k) moves them on purpose:
 re-record with `python3 tests/runtime/test_proposer_drafts.py` and say in the commit why they moved.
 """
@@ -137,16 +138,16 @@ CASES = {
 }
 
 FINGERPRINTS = {
-    'head+lookup 1': '3400cdf57ed42f4e',
-    'head+lookup 4': 'fd09267a6d14a1e0',
-    'head+lookup 16': 'e5a0b8dea255ff6a',
-    'head+lookup 64': '05641911936a5cb5',
+    'head+lookup 1': 'a10a711ef7744375',
+    'head+lookup 4': 'a164ee1789305991',
+    'head+lookup 16': 'e49b3556e1951ea5',
+    'head+lookup 64': 'a67afd5c08479769',
     'lookup 16': 'db4162d6e6023be0',
     'head 16': 'd73fe761a42b4b97',
-    'acceptance rate 16': 'f7643d6bc6f5f095',
-    'context limit 8': '54389608841c7e28',
-    'pools fused 8': '05abdbfc778b84ac',
-    'one pool 8': 'e7ff153ca956446f',
+    'acceptance rate 16': '8a3a0984e8cb222c',
+    'context limit 8': 'a24e0633ff148f29',
+    'pools fused 8': '3b9af72abd902722',
+    'one pool 8': 'a4b2ed24ea1078fe',
 }
 
 

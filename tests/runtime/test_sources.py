@@ -215,6 +215,28 @@ def test_a_short_confident_candidate_does_not_cut_off_a_longer_one_worth_more():
     assert p.chooser.fuse([head, agree], weights)[0] == (1, 2, 3, 4)
 
 
+def test_where_every_verified_token_costs_the_choice_is_by_goodput_not_expected_tokens():
+    """On a pass whose every token costs half a one-token pass (compute-bound, as at 64 requests),
+    the head's two confident tokens (path 0.9, 0.81: 1.36 tokens a pass's time at k = 2) are worth
+    more than lookup's eight at 0.75 a token, though those are expected to be accepted for more
+    (2.7 against 1.71 tokens: at their best k, 1.17 a pass's time); on a flat pass, lookup's.
+    Catches: candidates compared by expected accepted tokens alone, with no price on the tokens
+    verified (SmartSpec, arXiv:2406.14066: goodput)."""
+    from cosine import speculation_control as sc
+    from cosine.fusion import DraftPath
+
+    p = CoSineProposer(_settings(8), sources=[])
+    head = DraftPath("eagle3", (1, 2), (0.9, 0.9))
+    copy = DraftPath("lookup", tuple(range(10, 18)), (0.75,) * 8)
+    weights = {"eagle3": 0.9, "lookup": 0.75}
+    steep = sc.BatchedCost(0.0, sc.PassCurve(((1, 1.0), (2, 1.5))))
+    flat = sc.BatchedCost(0.0, sc.PassCurve(((1, 1.0),)))
+    assert p.chooser.fuse([head, copy], weights, steep)[1] == "eagle3"
+    assert p.chooser.fuse([copy, head], weights, steep)[1] == "eagle3"
+    assert p.chooser.fuse([head, copy], weights, flat)[1] == "lookup"
+    assert p.chooser.fuse([head, copy], weights)[1] == "lookup"
+
+
 def test_the_engine_drafter_drafts_one_token_where_another_sources_draft_wins():
     """Where lookup's draft is the one verified (a copied span), the head's deeper forwards would
     be paid for nothing: the depth falls to its first, free token; it grows back once the head's

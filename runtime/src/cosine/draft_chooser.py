@@ -17,8 +17,10 @@
 
 It chooses in two steps: `fuse` merges several candidates by confidence per position into one chain
 (Gao et al. 2025, arXiv:2503.10325, "confidence-based token fusion"; a chain, since vLLM 0.32
-verifies no trees) with each token's path probability; `draft_len` picks k for that chain from
-goodput on the measured pass curve (`speculation_control.next_draft_len`), down to 0 with probes.
+verifies no trees) with each token's path probability, or takes one candidate alone where it is
+worth more, each weighed by its goodput at its own best length on this step's pass; `draft_len`
+picks k for the chosen chain from goodput on the measured pass curve
+(`speculation_control.next_draft_len`), down to 0 with probes.
 """
 
 from __future__ import annotations
@@ -135,28 +137,39 @@ class DraftChooser:
 
     # ------------------------------------------------------------ the choice
 
-    def fuse(self, paths: Sequence[DraftPath], weights: Mapping[str, float]) -> tuple[tuple[int, ...], str,
-                                                                                     tuple[float, ...]]:
+    def fuse(self, paths: Sequence[DraftPath], weights: Mapping[str, float], cost: sc.Cost | None = None
+             ) -> tuple[tuple[int, ...], str, tuple[float, ...]]:
         """The chain of `paths` (candidates, each token's probability given the ones before it),
         at most `max_draft_len` long, the source of its first token and each token's path
         probability: one candidate as it is; several fused by confidence, `weights` (each
         source's acceptance rate for the request) breaking ties (`fusion.fused_chain`), unless one
-        candidate alone has more expected accepted tokens (`expected_tokens` of the tokens'
-        `fusion.token_score`s) than the fused chain: then that candidate."""
+        candidate alone is worth more than the fused chain: then that candidate.
+
+        A draft's worth is its goodput at its best length under `cost` (what its tokens add to
+        this step's pass, `BatchedCost`; `speculation_control.chain_goodput` of the tokens'
+        `fusion.token_score`s): where every verified token costs compute (a large batch), a longer
+        draft expected to be accepted for a little more does not win over a shorter one that pays
+        more a token (SmartSpec, arXiv:2406.14066, §4, goodput as the criterion). On a flat pass,
+        and without `cost`, this is the most expected accepted tokens (`expected_tokens`)."""
         k_max = self.speculation.max_draft_len
         if not paths:
             return (), "", ()
         if len(paths) == 1:
             return paths[0].token_ids[:k_max], paths[0].drafter, path_of(paths[0].confidences[:k_max])
         chain, winners = fused_chain(paths, k_max, weights)
+
+        prices = None if cost is None else sc.draft_prices(cost, k_max)
+
+        def worth(scores: Sequence[float]) -> float:
+            return expected_tokens(scores) if prices is None else sc.chain_goodput(scores, prices)
+
         # the fused chain follows the likeliest next token at each position; where candidates part,
         # a short confident one can cut a longer one off that is worth more: verify whichever of
-        # the fused chain and each candidate alone has the most expected accepted tokens (the sum
-        # of its path scores; ties to the fused chain)
-        best, best_value = None, expected_tokens(
+        # the fused chain and each candidate alone is worth the most (ties to the fused chain)
+        best, best_value = None, worth(
             [token_score(w.confidences[i], weights.get(w.drafter, 1.0)) for i, w in enumerate(winners)])
         for p in paths:
-            value = expected_tokens([token_score(c, weights.get(p.drafter, 1.0)) for c in p.confidences[:k_max]])
+            value = worth([token_score(c, weights.get(p.drafter, 1.0)) for c in p.confidences[:k_max]])
             if value > best_value:
                 best, best_value = p, value
         if best is not None:
@@ -173,18 +186,23 @@ class DraftChooser:
         curve = self.curve or sc.PassCurve(((1, self.initial_step_s),))
         return sc.best_depth(values, base_tokens, curve.seconds, other_tokens, self.depth_s(), max_depth)
 
-    def draft_len(self, state: sc.SpeculationState, path: Sequence[float], other_tokens: int,
-                  num_requests: int, paid: bool = False) -> tuple[sc.SpeculationState, int]:
+    def cost(self, other_tokens: int, num_requests: int) -> sc.BatchedCost:
+        """A request's verified tokens' price in this step's pass (`speculation_control.BatchedCost`
+        on the measured curve, no drafter seconds): its `num_requests` requests' other tokens are
+        `other_tokens`."""
+        curve = self.curve or sc.PassCurve(((1, self.initial_step_s),))
+        return sc.BatchedCost(draft_token_s=0.0, curve=curve, other_tokens=max(0, other_tokens),
+                              num_requests=max(1, num_requests))
+
+    def draft_len(self, state: sc.SpeculationState, path: Sequence[float], cost: sc.Cost,
+                  paid: bool = False) -> tuple[sc.SpeculationState, int]:
         """(the request's new state for the source, k) for a draft of calibrated path
-        probabilities `path`: each token against what it adds to this batch's pass, whose other
-        requests carry `other_tokens` tokens (`speculation_control.next_draft_len`, probes included).
+        probabilities `path`: each token against what it adds to this batch's pass (`cost`, from
+        `cost()`; `speculation_control.next_draft_len`, probes included).
         `paid`: the draft was made whatever is verified (the engine's own drafter drafts every
         step, as vLLM's eagle3 verifies every token it drafted), so only the pass prices its tokens
         and the control's `min_path_prob` floor does not cut it; how deep it drafts is decided
         for the batch (`engine_depth`)."""
-        curve = self.curve or sc.PassCurve(((1, self.initial_step_s),))
-        cost = sc.BatchedCost(draft_token_s=0.0, curve=curve, other_tokens=max(0, other_tokens),
-                              num_requests=max(1, num_requests))
         by_path = self.speculation.draft_length == "pathProbability"
         control = self._paid_control if paid else self.control
         state, k = sc.next_draft_len(state, self.speculation, control, cost, path if by_path else None)

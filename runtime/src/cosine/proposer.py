@@ -319,15 +319,14 @@ class CoSineProposer:
                 req = self._new_request(rid, ctx[:plen])
             # the tokens the step in flight is expected to emit (its draft's path, the bonus token)
             in_flight = 1.0 + sum(req.last_path) if anchor_tokens > 0 else 0.0
-            tokens, source, path = self._fused(rid, req, ctx)
+            tokens, source, path, cost = self._fused(rid, req, ctx, base - 1 + drafted, num_requests)
             k = 0
             calibrated: tuple[float, ...] = ()
             if tokens:
                 state = req.states.get(source) or self._initial_state(source, req.domain)
                 calibrated = chooser.calibrated(source, req.domain, req.calibration, path)
-                req.states[source], k = chooser.draft_len(
-                    state, calibrated, other_tokens=base - 1 + drafted, num_requests=num_requests,
-                    paid=source in self._paid)
+                cost = cost or chooser.cost(base - 1 + drafted, num_requests)
+                req.states[source], k = chooser.draft_len(state, calibrated, cost, paid=source in self._paid)
             if max_model_len is not None:
                 k = min(k, max(0, max_model_len - len(ctx) - 1))
             draft = drafts[rid] = list(tokens[:k])
@@ -546,10 +545,12 @@ class CoSineProposer:
 
     # ------------------------------------------------------------ candidates and asks
 
-    def _fused(self, rid: str, req: _Request, ctx: Sequence[int]) -> tuple[tuple[int, ...], str, tuple[float, ...]]:
+    def _fused(self, rid: str, req: _Request, ctx: Sequence[int], other_tokens: int, num_requests: int
+               ) -> tuple[tuple[int, ...], str, tuple[float, ...], sc.BatchedCost | None]:
         """Every candidate available now (each local source's, each routed pool's that arrived and
-        continues `ctx`), fused (`DraftChooser.fuse`): the chain, its first token's source and
-        each token's path probability."""
+        continues `ctx`), fused (`DraftChooser.fuse`, each weighed on the step's pass, whose
+        `num_requests` requests' other tokens are `other_tokens`): the chain, its first token's
+        source, each token's path probability, and that pass's cost where candidates were weighed."""
         k_max = self.settings.speculation.max_draft_len
         if req.unverified:
             self._score_unverified(req, ctx)
@@ -572,7 +573,10 @@ class CoSineProposer:
             if usable:
                 paths.append(DraftPath(name, usable[0], usable[1]))
                 alphas[name] = self._state(req, name).acceptance_rate
-        return self.chooser.fuse(paths, alphas if len(paths) > 1 else {})
+        if len(paths) < 2:
+            return (*self.chooser.fuse(paths, {}), None)
+        cost = self.chooser.cost(other_tokens, num_requests)
+        return (*self.chooser.fuse(paths, alphas, cost), cost)
 
     def _state(self, req: _Request, source: str) -> sc.SpeculationState:
         return req.states.get(source) or self._initial_state(source, req.domain)

@@ -335,6 +335,34 @@ def best_path_len(path_probs: Sequence[float], cost: Cost, max_k: int, min_path_
     acceptance estimate and the path product as a token's value is EAGLE-2's dynamic draft tree
     (Li et al. 2024, arXiv:2406.16858, §4), priced by goodput (SmartSpec, arXiv:2406.14066).
     """
+    return _best_path(path_probs, cost, max_k, min_path_prob)[0]
+
+
+def draft_prices(cost: Cost, max_k: int) -> list[float]:
+    """Seconds the step takes a request for a draft of k tokens, k = 0..max_k (its drafting and
+    `verify_s(k + 1)`): what `chain_goodput` divides by."""
+    return [k * cost.draft_token_s + cost.verify_s(k + 1) for k in range(max_k + 1)]
+
+
+def chain_goodput(scores: Sequence[float], prices: Sequence[float]) -> float:
+    """The goodput (expected emitted tokens per second) of a draft whose tokens are accepted each
+    with probability `scores[i]` given the ones before, at its best length (`best_path_len`'s
+    rule, with the path probabilities their running product), priced by `prices`
+    (`draft_prices`; at most len(prices) - 1 tokens): what verifying it is worth this step,
+    comparable between drafts priced alike."""
+    best = 1.0 / prices[0]
+    value = path = 1.0
+    for k in range(1, min(len(scores), len(prices) - 1) + 1):
+        path *= scores[k - 1]
+        value += path
+        g = value / prices[k]
+        if g > best:
+            best = g
+    return best
+
+
+def _best_path(path_probs: Sequence[float], cost: Cost, max_k: int, min_path_prob: float) -> tuple[int, float]:
+    """(`best_path_len`'s k, its goodput in tokens per second)."""
     verify_s, draft_token_s = cost.verify_s, cost.draft_token_s
     best_k, best = 0, 1.0 / verify_s(1)  # goodput_per_s(alpha, 0, cost): one token a pass
     value = 1.0
@@ -346,7 +374,7 @@ def best_path_len(path_probs: Sequence[float], cost: Cost, max_k: int, min_path_
         g = value / (k * draft_token_s + verify_s(k + 1))
         if g > best * 1.0001:
             best_k, best = k, g
-    return best_k
+    return best_k, best
 
 
 def fit_depth_s(samples: Sequence[tuple[int, int, float]], prior_s: float, prior_weight: float = 2.0) -> float:
