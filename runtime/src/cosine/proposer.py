@@ -365,22 +365,16 @@ class CoSineProposer:
                       ) -> tuple[float, ...] | None:
         """What the engine drafter's tokens are worth to the request next step (each one's path
         probability), None where its draft is not paid for: where another source's draft won, or
-        lookup drafted the same tokens, its first token will do, unless that draft will not
-        outlast the step it is verified in (through MRV2, the step in flight: `_outlasts`), after
-        which the drafter's next draft is the one verified. Sets the request's `engine_k`."""
+        lookup drafted the same tokens, its first token will do (unless, through MRV2, that
+        draft will not outlast the step in flight: `_outlasts`). Sets the request's `engine_k`."""
         k_max = self.settings.speculation.max_draft_len
         covered = source not in self._paid or any(
             name not in self._paid and cand[:k] == tokens[:k] for name, (_, cand) in req.unverified.items())
-        # the drafter drafts after the step this draft is verified in (V1; through MRV2, after the
-        # step in flight too): what covers it must still be there then
-        v1 = anchor_tokens <= 0
-        if covered and k and (v1 or source not in self._paid):
+        if covered and anchor_tokens > 0 and source not in self._paid:
             rate = max(self._state(req, name).acceptance_rate for name in self._paid)
             full = tuple(rate ** i for i in range(1, k_max + 1))  # the drafter's full draft, by token
-            if v1:
-                in_flight, anchor_tokens = 1.0 + sum(calibrated[:k]), 2 * k_max + 1
             if not self._outlasts(rid, ctx, anchor_tokens, in_flight, sum(full)):
-                req.engine_k = k_max  # its draft will be verified after all: as deep as it pays
+                req.engine_k = k_max  # the device will verify the engine's draft after all: as deep as it pays
                 return full
         req.engine_k = 0 if covered and k else k
         if covered:
@@ -395,13 +389,12 @@ class CoSineProposer:
 
     def _outlasts(self, rid: str, ctx: Sequence[int], anchor_tokens: int, in_flight: float,
                   engine_value: float) -> bool:
-        """Whether the request's best free candidate (`anchored`, up to `anchor_tokens`), past the
-        `in_flight` tokens the steps before the engine drafter's next draft is verified are
-        expected to emit, is still worth at least `engine_value`, that draft in full (expected
-        accepted tokens: its path probabilities there over the path at the shift, as
-        `vllm_mrv2.choose` weighs it on the device, against sum_i rate^i over k). Through V1 that
-        step is the one the draft chosen now is verified in; through MRV2, the step in flight.
-        Where it is not, the engine's draft is verified next, and must be drafted deep enough."""
+        """The MRV2 seam: whether the request's anchored candidate, past the `in_flight` tokens the
+        step in flight is expected to emit, is still worth at least `engine_value`, the engine
+        drafter's full draft (expected accepted tokens: its path probabilities there over the
+        path at the shift, as `vllm_mrv2.choose` weighs it on the device, against sum_i rate^i
+        over k). Where it is not, the device verifies the engine's draft, which must be drafted
+        deep enough to."""
         tokens, path, _ = self.anchored(rid, ctx, anchor_tokens)
         shift, k_max = round(in_flight), self.settings.speculation.max_draft_len
         if len(tokens) <= shift:
