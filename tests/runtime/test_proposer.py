@@ -155,6 +155,26 @@ def test_a_down_pool_still_shows_its_demand():
     p.close()
 
 
+def test_a_pool_at_zero_replicas_is_not_asked_but_shows_its_demand(caplog):
+    """A pool the autoscaler took to zero has no replica (`ready` 0): asking it would only fail,
+    so it is not asked, which is no error and no warning; its asks are counted skipped "down"
+    (the demand that brings it back), and once a replica is back, new requests are routed to it."""
+    pool = FakePool("coder")
+    pool.ready = 0
+    p = CoSineProposer(ProposerSettings(speculation=_k(3), lookup=False), [pool])
+    with caplog.at_level("INFO", logger="cosine.pool_clients"):
+        for i in range(4):
+            p.propose({"r": [1, 2, 3 + i]})
+    assert pool.calls == 0 and p.stats.pool_errors.get("coder", 0) == 0
+    assert p.stats.pool_skipped[("coder", "down")] == 4
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+    pool.ready = 1
+    p.propose({"r2": [7, 8, 9]})
+    _wait(lambda: pool.calls == 1)
+    assert p._requests["r2"].pools == ["coder"]
+    p.close()
+
+
 def test_failed_pool_is_one_warning_not_a_line_per_call(caplog):
     pool = FakePool("coder", fail=True)
     s = ProposerSettings(speculation=_k(3), lookup=False, pool_retry_s=0.0)  # asked again at once

@@ -105,6 +105,26 @@ def test_a_replica_added_takes_new_requests_at_the_next_resolve(replicas):
         pool.close()
 
 
+def test_a_pool_scaled_to_zero_has_no_replica_ready_until_one_is_listed(replicas):
+    """`ready` (what the proposer checks before asking) follows the address list: none listed (a
+    pool the autoscaler took to zero) is 0, and a replica listed again counts at the next resolve."""
+    clock = Clock()
+    current: list[str] = []
+    pool = ReplicaPool("code", resolve=lambda: list(current), resolve_every_s=5.0, clock=clock)
+    try:
+        assert pool.ready == 0
+        current.append(replicas.addresses[0])
+        assert pool.ready == 0  # not yet re-resolved
+        clock.now = 5.0
+        assert pool.ready == 1
+        assert pool.propose("r", [1, 2], 2).token_ids == (3, 4)
+        current.clear()
+        clock.now = 10.0
+        assert pool.ready == 0
+    finally:
+        pool.close()
+
+
 def test_a_replica_removed_from_the_list_hands_its_requests_over_whole(replicas):
     clock = Clock()
     current = list(replicas.addresses)

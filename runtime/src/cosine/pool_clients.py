@@ -89,8 +89,11 @@ class PoolClients:
         return bool(self.pools)
 
     def allows(self, name: str, now_s: float) -> bool:
-        """Whether the pool may be asked at `now_s` (its breaker is closed)."""
-        return self.breakers[name].allows(now_s)
+        """Whether the pool may be asked at `now_s`: its breaker is closed and it has a replica
+        (`ready`, where the pool counts them: a pool the autoscaler took to zero has none, and
+        asking it would only fail; the proposer counts those asks as skipped "down", the demand
+        that brings it back)."""
+        return self.breakers[name].allows(now_s) and getattr(self.pools[name], "ready", 1) > 0
 
     def ask(self, name: str, rid: str, ctx: tuple[int, ...], k: int, expected: tuple[int, ...] = (),
             branches: int = 0, *, prefill: bool = False) -> Future:

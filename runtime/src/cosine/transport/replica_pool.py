@@ -194,6 +194,14 @@ class ReplicaPool:
 
     # ------------------------------------------------------------ observation
 
+    @property
+    def ready(self) -> int:
+        """Replicas in the address list now (re-resolved if `resolve_every_s` passed), draining
+        ones included (they still draft for the requests they hold): 0 for a pool scaled to zero."""
+        self._refresh()
+        with self._lock:
+            return sum(1 for r in self._replicas.values() if not r.retired)
+
     def home_of(self, request_id: str) -> str | None:
         """The address of the replica holding the request, if any."""
         with self._lock:
