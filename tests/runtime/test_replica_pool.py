@@ -4,6 +4,7 @@ call, releases reach the replica holding the context, and drafters key state by 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
@@ -106,21 +107,35 @@ def test_a_replica_added_takes_new_requests_at_the_next_resolve(replicas):
 
 
 def test_a_pool_scaled_to_zero_has_no_replica_ready_until_one_is_listed(replicas):
-    """`ready` (what the proposer checks before asking) follows the address list: none listed (a
-    pool the autoscaler took to zero) is 0, and a replica listed again counts at the next resolve."""
+    """`ready` (what the proposer checks, on the engine's thread, before asking) follows the
+    address list: none listed (a pool the autoscaler took to zero) is 0, and a replica listed
+    again counts once the next resolve is done, which runs off the caller's thread: a DNS lookup
+    that hangs does not hold the engine's step."""
     clock = Clock()
     current: list[str] = []
-    pool = ReplicaPool("code", resolve=lambda: list(current), resolve_every_s=5.0, clock=clock)
+    gate = threading.Event()
+    gate.set()
+
+    def resolve() -> list[str]:
+        gate.wait(timeout=2.0)  # (a lookup that hangs, until its timeout)
+        return list(current)
+
+    pool = ReplicaPool("code", resolve=resolve, resolve_every_s=5.0, clock=clock)
     try:
         assert pool.ready == 0
         current.append(replicas.addresses[0])
         assert pool.ready == 0  # not yet re-resolved
         clock.now = 5.0
-        assert pool.ready == 1
+        gate.clear()  # the lookup hangs...
+        t0 = time.monotonic()
+        assert pool.ready == 0 and time.monotonic() - t0 < 0.5  # ...and `ready` does not wait for it
+        gate.set()
+        _until(lambda: pool.ready == 1, "the listed replica never counted")
         assert pool.propose("r", [1, 2], 2).token_ids == (3, 4)
         current.clear()
         clock.now = 10.0
-        assert pool.ready == 0
+        pool.ready  # noqa: B018 - starts the re-resolve
+        _until(lambda: pool.ready == 0, "the delisted replica still counted")
     finally:
         pool.close()
 

@@ -136,6 +136,7 @@ class ReplicaPool:
         self._home: dict[str, str] = {}  # request id -> replica address
         self._lock = threading.Lock()
         self._resolved_s = -float("inf")
+        self._resolving = threading.Lock()  # held while one thread re-resolves
         self.rehomes = 0  # requests moved to another replica (their replica left or failed)
         self._refresh(force=True)
 
@@ -196,9 +197,12 @@ class ReplicaPool:
 
     @property
     def ready(self) -> int:
-        """Replicas in the address list now (re-resolved if `resolve_every_s` passed), draining
-        ones included (they still draft for the requests they hold): 0 for a pool scaled to zero."""
-        self._refresh()
+        """Replicas in the address list as last resolved, draining ones included (they still draft
+        for the requests they hold): 0 for a pool scaled to zero. Never blocks (the proposer asks
+        on the engine's thread): a re-resolve that is due (`resolve_every_s`; DNS for a Service
+        name) runs on a thread of its own, and counts from the next call."""
+        if self.clock() - self._resolved_s >= self.resolve_every_s and not self._resolving.locked():
+            threading.Thread(target=self._refresh, daemon=True, name=f"cosine-resolve-{self.name}").start()
         with self._lock:
             return sum(1 for r in self._replicas.values() if not r.retired)
 
@@ -228,11 +232,21 @@ class ReplicaPool:
 
     def _refresh(self, force: bool = False) -> None:
         """Re-resolve the replicas if `resolve_every_s` passed: new ones are connected, ones that
-        left are retired (no new requests; their requests are re-homed at their next call)."""
+        left are retired (no new requests; their requests are re-homed at their next call). One
+        thread at a time: another that finds a re-resolve under way goes on with the replicas known."""
         now = self.clock()
         if not force and now - self._resolved_s < self.resolve_every_s:
             return
-        self._resolved_s = now
+        if not self._resolving.acquire(blocking=force):
+            return
+        try:
+            if force or now - self._resolved_s >= self.resolve_every_s:
+                self._resolved_s = now
+                self._resolve()
+        finally:
+            self._resolving.release()
+
+    def _resolve(self) -> None:
         try:
             current = list(dict.fromkeys(self.resolve()))
         except OSError as e:  # DNS hiccup: keep the replicas we know
