@@ -201,7 +201,7 @@ class ReplicaPool:
         for the requests they hold): 0 for a pool scaled to zero. Never blocks (the proposer asks
         on the engine's thread): a re-resolve that is due (`resolve_every_s`; DNS for a Service
         name) runs on a thread of its own, and counts from the next call."""
-        if self.clock() - self._resolved_s >= self.resolve_every_s and not self._resolving.locked():
+        if self._resolve_due(self.clock()) and not self._resolving.locked():
             threading.Thread(target=self._refresh, daemon=True, name=f"cosine-resolve-{self.name}").start()
         with self._lock:
             return sum(1 for r in self._replicas.values() if not r.retired)
@@ -235,16 +235,19 @@ class ReplicaPool:
         left are retired (no new requests; their requests are re-homed at their next call). One
         thread at a time: another that finds a re-resolve under way goes on with the replicas known."""
         now = self.clock()
-        if not force and now - self._resolved_s < self.resolve_every_s:
+        if not force and not self._resolve_due(now):
             return
         if not self._resolving.acquire(blocking=force):
             return
         try:
-            if force or now - self._resolved_s >= self.resolve_every_s:
+            if force or self._resolve_due(now):  # (not done meanwhile by the thread that held the lock)
                 self._resolved_s = now
                 self._resolve()
         finally:
             self._resolving.release()
+
+    def _resolve_due(self, now: float) -> bool:
+        return now - self._resolved_s >= self.resolve_every_s
 
     def _resolve(self) -> None:
         try:
